@@ -1,0 +1,45 @@
+# Everything runs from the project's own .venv, created on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+CONFIG_DIR ?= examples/mesh
+
+.PHONY: run test bench protos lint install backends envoy clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## Start the control plane on the example mesh (xDS 127.0.0.1:15010, /ready+debug :8080, metrics :15014).
+run: $(STAMP)
+	$(BIN)/pilot-discovery discovery --configDir $(CONFIG_DIR) --meshConfig examples/mesh.yaml \
+		--grpcAddr 127.0.0.1:15010 --httpAddr 127.0.0.1:8080 --monitoringAddr 127.0.0.1:15014 \
+		--secureGRPCAddr ""
+
+## The example backends that the example EndpointSlices point at.
+backends: $(STAMP)
+	$(BIN)/python examples/backends.py
+
+## A sidecar Envoy (no iptables) connected to `make run`; admin on 127.0.0.1:15000.
+envoy: $(STAMP)
+	$(BIN)/envoy -c examples/envoy-sidecar.yaml --use-dynamic-base-id --concurrency 1
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks all $(if $(FULL),--full,)
+
+protos: $(STAMP)
+	$(BIN)/python protos/generate.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check pilot tests benchmarks
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,37 @@
+"""Shared pieces of every Kubernetes-shaped object: metadata and the camelCase model base."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+
+class Model(BaseModel):
+    """Users write camelCase YAML; code reads snake_case. Unknown fields are ignored, as the
+    apiserver's pruning would do for the kinds we read, so a newer manifest never breaks us."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
+
+
+class ObjectMeta(Model):
+    name: str = Field(min_length=1, max_length=253)
+    namespace: str = ""
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    resource_version: str = ""
+    uid: str = ""
+    generation: int = 0
+
+
+class K8sObject(Model):
+    api_version: str
+    kind: str
+    metadata: ObjectMeta
+
+    def spec_equal(self, other: "K8sObject") -> bool:
+        """True when nothing that can change generated config differs: bookkeeping such as
+        resourceVersion, uid and generation is ignored so a no-op update causes no push."""
+        if type(self) is not type(other):
+            return False
+        ignore = {"metadata": {"resource_version", "uid", "generation"}, "status": True}
+        return self.model_dump(exclude=ignore) == other.model_dump(exclude=ignore)

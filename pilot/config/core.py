@@ -1,0 +1,116 @@
+"""The Kubernetes core kinds the control plane reads (only the fields it uses)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from pilot.config.base import K8sObject, Model
+
+
+class ServicePort(Model):
+    name: str = ""
+    port: int = Field(ge=1, le=65535)
+    target_port: int | str | None = None
+    protocol: Literal["TCP", "UDP", "SCTP"] = "TCP"
+    app_protocol: str | None = None
+
+
+class ServiceSpec(Model):
+    ports: list[ServicePort] = Field(default_factory=list)
+    selector: dict[str, str] | None = None
+    cluster_ip: str | None = Field(default=None, alias="clusterIP")
+    type: str = "ClusterIP"
+    external_name: str | None = None
+
+    @field_validator("ports")
+    @classmethod
+    def _unique_ports(cls, ports: list[ServicePort]) -> list[ServicePort]:
+        seen: set[tuple[int, str]] = set()
+        for p in ports:
+            if (p.port, p.protocol) in seen:
+                raise ValueError(f"duplicate port {p.port}/{p.protocol}")
+            seen.add((p.port, p.protocol))
+        if len(ports) > 1 and any(not p.name for p in ports):
+            raise ValueError("every port must have a name when a Service has more than one port")
+        return ports
+
+
+class Service(K8sObject):
+    kind: Literal["Service"] = "Service"
+    spec: ServiceSpec = Field(default_factory=ServiceSpec)
+
+
+class EndpointConditions(Model):
+    ready: bool | None = None
+    serving: bool | None = None
+    terminating: bool | None = None
+
+
+class EndpointRef(Model):
+    kind: str = ""
+    name: str = ""
+    namespace: str = ""
+
+
+class Endpoint(Model):
+    addresses: list[str] = Field(min_length=1)
+    conditions: EndpointConditions = Field(default_factory=EndpointConditions)
+    hostname: str | None = None
+    node_name: str | None = None
+    zone: str | None = None
+    target_ref: EndpointRef | None = None
+
+    @property
+    def is_ready(self) -> bool:
+        # Kubernetes: a nil ready condition means "unknown" and consumers should treat it as ready.
+        return self.conditions.ready is not False
+
+
+class EndpointPort(Model):
+    name: str = ""
+    port: int | None = Field(default=None, ge=1, le=65535)
+    protocol: str = "TCP"
+    app_protocol: str | None = None
+
+
+class EndpointSlice(K8sObject):
+    kind: Literal["EndpointSlice"] = "EndpointSlice"
+    address_type: Literal["IPv4", "IPv6", "FQDN"] = "IPv4"
+    endpoints: list[Endpoint] = Field(default_factory=list)
+    ports: list[EndpointPort] | None = None
+
+    @property
+    def service_name(self) -> str | None:
+        return self.metadata.labels.get("kubernetes.io/service-name")
+
+
+class Container(Model):
+    name: str = ""
+
+
+class PodSpec(Model):
+    service_account_name: str = "default"
+    node_name: str = ""
+    containers: list[Container] = Field(default_factory=list)
+
+
+class PodStatus(Model):
+    pod_ip: str = Field(default="", alias="podIP")
+    phase: str = ""
+
+
+class Pod(K8sObject):
+    kind: Literal["Pod"] = "Pod"
+    spec: PodSpec = Field(default_factory=PodSpec)
+    status: PodStatus = Field(default_factory=PodStatus)
+
+
+class Namespace(K8sObject):
+    kind: Literal["Namespace"] = "Namespace"
+
+
+class ConfigMap(K8sObject):
+    kind: Literal["ConfigMap"] = "ConfigMap"
+    data: dict[str, str] = Field(default_factory=dict)

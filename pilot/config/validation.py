@@ -1,0 +1,75 @@
+"""Turn one decoded YAML document into a typed object, or a precise reason why not."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from pilot.config.base import K8sObject
+from pilot.config.kinds import BY_NAME, lookup
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why a document was not accepted. Shown in logs and /debug/configz, so it names the place."""
+
+    source: str  # file path (or "kube"), with the document index when known
+    kind: str
+    namespace: str
+    name: str
+    reason: str
+
+    def as_dict(self) -> dict:
+        return {"source": self.source, "kind": self.kind, "namespace": self.namespace,
+                "name": self.name, "reason": self.reason}
+
+
+class InvalidObject(ValueError):
+    def __init__(self, kind: str, namespace: str, name: str, reason: str):
+        super().__init__(reason)
+        self.kind, self.namespace, self.name, self.reason = kind, namespace, name, reason
+
+
+def parse_object(doc: object, default_namespace: str = "default") -> K8sObject:
+    """Validate a document. Namespaced kinds without a namespace land in `default_namespace`,
+    as `kubectl apply` would put them."""
+    if not isinstance(doc, dict):
+        raise InvalidObject("", "", "", f"document is a {type(doc).__name__}, not a mapping")
+    kind = str(doc.get("kind") or "")
+    api_version = str(doc.get("apiVersion") or "")
+    meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+    name = str(meta.get("name") or "")
+    namespace = str(meta.get("namespace") or "")
+    if not kind:
+        raise InvalidObject("", namespace, name, "missing kind")
+    k = lookup(api_version, kind)
+    if k is None:
+        if kind in BY_NAME:
+            want = BY_NAME[kind]
+            versions = ", ".join(f"{want.group + '/' if want.group else ''}{v}" for v in want.versions)
+            reason = f"unsupported apiVersion {api_version!r} for {kind} (want {versions})"
+        else:
+            reason = f"unknown kind {kind!r} (apiVersion {api_version!r})"
+        raise InvalidObject(kind, namespace, name, reason)
+    if k.namespaced and not namespace:
+        doc = {**doc, "metadata": {**meta, "namespace": default_namespace}}
+        namespace = default_namespace
+    elif not k.namespaced and namespace:
+        doc = {**doc, "metadata": {k2: v for k2, v in meta.items() if k2 != "namespace"}}
+        namespace = ""
+    try:
+        return k.model.model_validate(doc)
+    except ValidationError as e:
+        raise InvalidObject(kind, namespace, name, format_validation_error(e)) from None
+
+
+def format_validation_error(e: ValidationError, limit: int = 5) -> str:
+    parts = []
+    for err in e.errors()[:limit]:
+        loc = ".".join(str(p) for p in err["loc"])
+        parts.append(f"{loc}: {err['msg']}" if loc else err["msg"])
+    more = len(e.errors()) - limit
+    if more > 0:
+        parts.append(f"... and {more} more")
+    return "; ".join(parts)

@@ -1,0 +1,117 @@
+"""Every environment knob the control plane reads, declared once with its default and help text.
+
+Names and semantics follow istiod so existing Deployments and runbooks keep working.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Generic, TypeVar
+
+from pilot.durations import parse_duration
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Knob(Generic[T]):
+    name: str
+    default: str
+    parse: Callable[[str], T]
+    help: str
+
+    def get(self, environ: dict[str, str] | None = None) -> T:
+        env = os.environ if environ is None else environ
+        raw = env.get(self.name, self.default)
+        try:
+            return self.parse(raw)
+        except ValueError as e:
+            raise ValueError(f"environment variable {self.name}={raw!r}: {e}") from None
+
+
+def _bool(text: str) -> bool:
+    # Go's strconv.ParseBool accepts exactly these.
+    t = text.strip()
+    if t in ("1", "t", "T", "true", "TRUE", "True"):
+        return True
+    if t in ("0", "f", "F", "false", "FALSE", "False", ""):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+def _positive_int(text: str) -> int:
+    v = int(text)
+    if v < 0:
+        raise ValueError("must be >= 0")
+    return v
+
+
+KNOBS: dict[str, Knob] = {}
+
+
+def _knob(name: str, default: str, parse: Callable[[str], T], help: str) -> Knob[T]:
+    k = Knob(name, default, parse, help)
+    KNOBS[name] = k
+    return k
+
+
+DEBOUNCE_AFTER = _knob(
+    "PILOT_DEBOUNCE_AFTER", "100ms", parse_duration,
+    "Quiet period after the last config event before a push starts.")
+DEBOUNCE_MAX = _knob(
+    "PILOT_DEBOUNCE_MAX", "10s", parse_duration,
+    "Longest a push may be delayed by continuing events.")
+ENABLE_EDS_DEBOUNCE = _knob(
+    "PILOT_ENABLE_EDS_DEBOUNCE", "true", _bool,
+    "Debounce endpoint-only updates too; when false they are pushed at once.")
+PUSH_THROTTLE = _knob(
+    "PILOT_PUSH_THROTTLE", "100", _positive_int,
+    "How many proxy pushes may run concurrently.")
+MAX_REQUESTS_PER_SECOND = _knob(
+    "PILOT_MAX_REQUESTS_PER_SECOND", "25", float,
+    "Rate limit for new xDS connections per second (0 disables).")
+XDS_CACHE_SIZE = _knob(
+    "PILOT_XDS_CACHE_SIZE", "60000", _positive_int,
+    "Maximum number of serialised resources held in the xDS cache.")
+POD_NAMESPACE = _knob(
+    "POD_NAMESPACE", "istio-system", str,
+    "The control plane's own namespace; the mesh ConfigMap `istio` is read from it.")
+REVISION = _knob("REVISION", "default", str, "Control plane revision.")
+ENABLE_LEADER_ELECTION = _knob(
+    "ENABLE_LEADER_ELECTION", "true", _bool, "Use leader election for singleton controllers.")
+DEFAULT_WORKLOAD_CERT_TTL = _knob(
+    "DEFAULT_WORKLOAD_CERT_TTL", "24h", parse_duration, "TTL of workload certificates when unspecified.")
+MAX_WORKLOAD_CERT_TTL = _knob(
+    "MAX_WORKLOAD_CERT_TTL", "2160h", parse_duration, "Longest workload certificate TTL accepted.")
+SELF_SIGNED_CA_CERT_TTL = _knob(
+    "CITADEL_SELF_SIGNED_CA_CERT_TTL", "87600h", parse_duration, "TTL of the self-signed root.")
+ROOT_CA_DIR = _knob("ROOT_CA_DIR", "./etc/cacerts", str, "Directory of a plugged-in CA.")
+ENABLE_AMBIENT = _knob("PILOT_ENABLE_AMBIENT", "false", _bool, "Serve ztunnel (ambient mode).")
+
+
+@dataclass(frozen=True)
+class Features:
+    """A snapshot of the knobs, read once at start so a run is reproducible."""
+
+    debounce_after: float
+    debounce_max: float
+    enable_eds_debounce: bool
+    push_throttle: int
+    max_requests_per_second: float
+    xds_cache_size: int
+    pod_namespace: str
+    revision: str
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> "Features":
+        return cls(
+            debounce_after=DEBOUNCE_AFTER.get(environ),
+            debounce_max=DEBOUNCE_MAX.get(environ),
+            enable_eds_debounce=ENABLE_EDS_DEBOUNCE.get(environ),
+            push_throttle=max(1, PUSH_THROTTLE.get(environ)),
+            max_requests_per_second=MAX_REQUESTS_PER_SECOND.get(environ),
+            xds_cache_size=XDS_CACHE_SIZE.get(environ),
+            pod_namespace=POD_NAMESPACE.get(environ),
+            revision=REVISION.get(environ),
+        )

@@ -1,0 +1,157 @@
+"""istiod's /debug endpoints, as JSON views over the server's state (read-only)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from aiohttp import web
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.endpoint.v3 import endpoint_pb2
+from envoy.config.listener.v3 import listener_pb2
+from envoy.config.route.v3 import route_pb2
+from google.protobuf import json_format
+
+from pilot.xds import typeurls
+from pilot.xds.connection import Connection, WatchedResource
+from pilot.xds.discovery import GENERATORS, DiscoveryServer
+
+_MESSAGES = {typeurls.CLUSTER: cluster_pb2.Cluster, typeurls.ENDPOINT: endpoint_pb2.ClusterLoadAssignment,
+             typeurls.LISTENER: listener_pb2.Listener, typeurls.ROUTE: route_pb2.RouteConfiguration}
+_SYNC_FIELDS = {typeurls.CLUSTER: "cluster", typeurls.LISTENER: "listener", typeurls.ROUTE: "route",
+                typeurls.ENDPOINT: "endpoint"}
+
+
+def _json(data, status: int = 200) -> web.Response:
+    return web.Response(text=json.dumps(data, indent=2, default=str) + "\n", status=status,
+                        content_type="application/json")
+
+
+def _iso(ts: float) -> str | None:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts)) if ts else None
+
+
+def _nack(w: WatchedResource) -> dict | None:
+    n = w.last_nack
+    if n is None:
+        return None
+    return {"nonce": n.nonce, "accepted_version": n.version, "code": n.code, "message": n.message,
+            "at": _iso(n.at), "resources": list(n.resources), "config": list(n.origins), "count": w.nacks}
+
+
+class DebugHandlers:
+    def __init__(self, server: DiscoveryServer) -> None:
+        self.server = server
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.get("/debug", self.index),
+            web.get("/debug/syncz", self.syncz),
+            web.get("/debug/adsz", self.adsz),
+            web.get("/debug/connections", self.connections),
+            web.get("/debug/configz", self.configz),
+            web.get("/debug/registryz", self.registryz),
+            web.get("/debug/endpointz", self.endpointz),
+            web.get("/debug/config_dump", self.config_dump),
+            web.get("/debug/push_status", self.push_status),
+            web.get("/debug/mesh", self.mesh),
+            web.get("/debug/cachez", self.cachez),
+        ]
+
+    async def index(self, _req: web.Request) -> web.Response:
+        return _json({"endpoints": sorted(r.path for r in self.routes() if r.path != "/debug")})
+
+    def _sync_status(self, conn: Connection) -> dict:
+        out = {"cluster_id": conn.proxy.metadata.get("CLUSTER_ID", "Kubernetes"), "proxy": conn.proxy.id,
+               "proxy_type": conn.proxy.type, "istio_version": conn.proxy.istio_version,
+               "connection_id": conn.id, "delta": conn.delta}
+        for type_url, field in _SYNC_FIELDS.items():
+            w = conn.watched.get(type_url)
+            out[f"{field}_sent"] = w.nonce_sent if w else ""
+            out[f"{field}_acked"] = w.nonce_acked if w else ""
+            out[f"{field}_version_sent"] = w.version_sent if w else ""
+            out[f"{field}_version_acked"] = w.version_acked if w else ""
+            out[f"{field}_nack"] = _nack(w) if w else None
+        return out
+
+    async def syncz(self, _req: web.Request) -> web.Response:
+        return _json([self._sync_status(c) for c in self.server.connections.values()])
+
+    def _client(self, conn: Connection) -> dict:
+        return {"connectionId": conn.id, "connectedAt": _iso(conn.connected_at), "address": conn.peer,
+                "delta": conn.delta, "labels": conn.proxy.labels, "metadata": conn.proxy.metadata,
+                "watches": {t: (["*"] if w.wildcard else sorted(w.names)) for t, w in conn.watched.items()}}
+
+    async def adsz(self, _req: web.Request) -> web.Response:
+        conns = list(self.server.connections.values())
+        return _json({"totalClients": len(conns), "clients": [self._client(c) for c in conns]})
+
+    async def connections(self, _req: web.Request) -> web.Response:
+        return _json([{"connectionId": c.id, "proxy": c.proxy.id, "address": c.peer,
+                       "connectedAt": _iso(c.connected_at), "delta": c.delta}
+                      for c in self.server.connections.values()])
+
+    async def configz(self, _req: web.Request) -> web.Response:
+        store = self.server.store
+        configs = []
+        for kind in store.kinds():
+            for e in sorted(store.list(kind), key=lambda e: e.key):
+                configs.append({"kind": kind, "namespace": e.key.namespace, "name": e.key.name,
+                                "revision": e.revision, "source": e.source,
+                                "object": e.obj.model_dump(mode="json", by_alias=True, exclude_defaults=True)})
+        return _json({"configs": configs, "rejected": [r.as_dict() for r in store.rejections()]})
+
+    async def registryz(self, _req: web.Request) -> web.Response:
+        ctx = self.server.push_context
+        return _json([{"hostname": s.hostname, "namespace": s.namespace, "name": s.name,
+                       "clusterIP": s.cluster_ip, "revision": s.revision,
+                       "ports": [{"name": p.name, "port": p.port, "protocol": p.protocol.value,
+                                  "targetPort": p.target_port} for p in s.ports]} for s in ctx.services])
+
+    async def endpointz(self, _req: web.Request) -> web.Response:
+        ctx = self.server.push_context
+        out = []
+        for s in ctx.services:
+            for p in s.ports:
+                out.append({"service": s.hostname, "port": p.port, "endpoints": [
+                    {"address": e.address, "port": e.port, "locality": e.locality.label(), "ready": e.ready}
+                    for e in ctx.endpoints(s, p.port)]})
+        return _json(out)
+
+    def _find(self, proxy_id: str) -> Connection | None:
+        for c in self.server.connections.values():
+            p = c.proxy
+            if proxy_id in (p.id, c.id, f"{p.pod_name}.{p.namespace}"):
+                return c
+        return None
+
+    async def config_dump(self, req: web.Request) -> web.Response:
+        proxy_id = req.query.get("proxyID", "")
+        conn = self._find(proxy_id)
+        if conn is None:
+            return _json({"error": f"proxy {proxy_id!r} is not connected"}, status=404)
+        ctx = self.server.push_context
+        configs = []
+        for type_url, msg_cls in _MESSAGES.items():
+            w = conn.watched.get(type_url)
+            requested = w.requested() if w else None
+            if type_url == typeurls.ENDPOINT and w is None:
+                continue
+            resources = GENERATORS[type_url](ctx, conn.proxy, requested, self.server.cache)
+            configs.append({"type": type_url, "resources": [
+                {"name": r.name, "version": r.version,
+                 "resource": json_format.MessageToDict(r.message(msg_cls))} for r in resources]})
+        return _json({"proxy": conn.proxy.id, "version": ctx.version, "configs": configs})
+
+    async def push_status(self, _req: web.Request) -> web.Response:
+        s = self.server
+        return _json({"version": s.push_context.version, "connected": len(s.connections),
+                      "pushes": [vars(p) for p in reversed(s.pushes)]})
+
+    async def mesh(self, _req: web.Request) -> web.Response:
+        m = self.server.mesh
+        return _json({"source": m.source, "version": m.version,
+                      "mesh": m.current.model_dump(mode="json", by_alias=True)})
+
+    async def cachez(self, _req: web.Request) -> web.Response:
+        return _json(self.server.cache.stats())

@@ -1,0 +1,43 @@
+"""Prometheus metrics with istiod's names and labels, one registry per server instance (so tests
+can run several servers in one process without clashing)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_PUSH_BUCKETS = (0.01, 0.1, 0.5, 1, 3, 5, 10, 20, 30)
+_CONVERGENCE_BUCKETS = (0.1, 0.5, 1, 3, 5, 10, 20, 30)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.xds_pushes = Counter("pilot_xds_pushes", "Pushes sent, by type (cds, eds, lds, rds).",
+                                  ["type"], registry=r)
+        self.xds_push_time = Histogram("pilot_xds_push_time", "Seconds to generate and send one type to one proxy.",
+                                       ["type"], buckets=_PUSH_BUCKETS, registry=r)
+        self.proxy_convergence_time = Histogram(
+            "pilot_proxy_convergence_time", "Seconds from the first change of a push to the proxy's ACK.",
+            buckets=_CONVERGENCE_BUCKETS, registry=r)
+        self.debounce_time = Histogram("pilot_debounce_time", "Seconds a push request spent in debounce.",
+                                       buckets=_CONVERGENCE_BUCKETS, registry=r)
+        self.pushcontext_init_seconds = Histogram(
+            "pilot_pushcontext_init_seconds", "Seconds to build a push context.", registry=r)
+        self.proxy_queue_time = Histogram("pilot_proxy_queue_time", "Seconds a proxy waited in the push queue.",
+                                          buckets=_PUSH_BUCKETS, registry=r)
+        self.total_xds_rejects = Counter("pilot_total_xds_rejects", "Responses NACKed by proxies.",
+                                         ["type"], registry=r)
+        self.type_rejects = {
+            t: Gauge(f"pilot_xds_{t}_reject", f"Proxies whose last {t.upper()} response was rejected.",
+                     ["node", "err"], registry=r)
+            for t in ("cds", "eds", "lds", "rds")
+        }
+        self.xds_clients = Gauge("pilot_xds", "Connected xDS clients.", ["version"], registry=r)
+        self.config_events = Counter("pilot_k8s_cfg_events", "Config events by kind and operation.",
+                                     ["type", "event"], registry=r)
+        self.xds_config_size = Histogram("pilot_xds_config_size_bytes", "Bytes in one xDS response.",
+                                         ["type"], buckets=(1e3, 1e4, 1e5, 1e6, 4e6, 1e7), registry=r)
+        self.push_triggers = Counter("pilot_push_triggers", "Pushes by reason.", ["type"], registry=r)
+        self.config_rejections = Gauge("pilot_config_rejected", "Config documents currently rejected.",
+                                       registry=r)
+        self.cache_events = Counter("pilot_xds_cache_reads", "xDS cache reads.", ["type"], registry=r)

@@ -1,0 +1,53 @@
+"""Which MeshConfig is in force: the `istio` ConfigMap's `mesh` key when present, else the file.
+
+An invalid ConfigMap is rejected with its reason and the last good MeshConfig stays in force, so
+a typo in the mesh config never takes the whole mesh down.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from pilot.config.mesh import MeshConfig, MeshConfigError, parse_mesh_config
+from pilot.config.validation import Rejection
+from pilot.model.store import ConfigKey, Store
+
+MESH_CONFIGMAP = "istio"
+MESH_KEY = "mesh"
+
+
+def mesh_version(mesh: MeshConfig) -> str:
+    return hashlib.blake2b(mesh.model_dump_json().encode(), digest_size=6).hexdigest()
+
+
+class MeshHolder:
+    def __init__(self, file_mesh: MeshConfig, system_namespace: str) -> None:
+        self.file_mesh = file_mesh
+        self.system_namespace = system_namespace
+        self.current = file_mesh
+        self.version = mesh_version(file_mesh)
+        self.source = "file"
+
+    @property
+    def configmap_key(self) -> ConfigKey:
+        return ConfigKey("ConfigMap", self.system_namespace, MESH_CONFIGMAP)
+
+    def refresh(self, store: Store) -> bool:
+        """Re-read the ConfigMap; return True when the MeshConfig in force changed."""
+        entry = store.get(self.configmap_key)
+        if entry is None:
+            mesh, source = self.file_mesh, "file"
+            store.set_rejections("meshconfig", [])
+        else:
+            try:
+                mesh = parse_mesh_config(entry.obj.data.get(MESH_KEY, ""))  # type: ignore[attr-defined]
+                source = f"configmap {self.system_namespace}/{MESH_CONFIGMAP}"
+                store.set_rejections("meshconfig", [])
+            except MeshConfigError as e:
+                store.set_rejections("meshconfig", [Rejection(
+                    entry.source, "ConfigMap", self.system_namespace, MESH_CONFIGMAP, str(e))])
+                return False
+        version = mesh_version(mesh)
+        changed = version != self.version
+        self.current, self.version, self.source = mesh, version, source
+        return changed

@@ -1,0 +1,99 @@
+"""Proxy: who is on the other end of an xDS stream, parsed from its Node."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+
+from google.protobuf import json_format
+
+PROXY_TYPES = ("sidecar", "router", "ztunnel")
+
+
+class InvalidNode(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class ProxyTraits:
+    """The parts of a proxy that generated config depends on. Every cache key that can differ
+    between proxies includes these, so two proxies with equal traits share bytes."""
+
+    type: str
+    namespace: str
+    interception_mode: str
+    generator: str  # "" for Envoy, "grpc" for proxyless gRPC clients
+
+
+@dataclass
+class Proxy:
+    id: str
+    type: str
+    ip_addresses: tuple[str, ...]
+    pod_name: str
+    namespace: str
+    dns_domain: str
+    cluster: str = ""
+    metadata: dict = field(default_factory=dict)
+
+    @property
+    def labels(self) -> dict[str, str]:
+        labels = self.metadata.get("LABELS")
+        return dict(labels) if isinstance(labels, dict) else {}
+
+    @property
+    def interception_mode(self) -> str:
+        return str(self.metadata.get("INTERCEPTION_MODE") or "REDIRECT").upper()
+
+    @property
+    def generator(self) -> str:
+        return str(self.metadata.get("GENERATOR") or "")
+
+    @property
+    def is_grpc(self) -> bool:
+        return self.generator == "grpc"
+
+    @property
+    def istio_version(self) -> str:
+        return str(self.metadata.get("ISTIO_VERSION") or "")
+
+    @property
+    def traits(self) -> ProxyTraits:
+        return ProxyTraits(self.type, self.namespace, self.interception_mode, self.generator)
+
+    def mark_grpc(self) -> None:
+        """grpcio clients rarely send GENERATOR metadata; a named host:port LDS request gives them away."""
+        self.metadata = {**self.metadata, "GENERATOR": "grpc"}
+
+
+def parse_node_id(node_id: str) -> tuple[str, tuple[str, ...], str, str, str]:
+    """`TYPE~IP~POD.NAMESPACE~NAMESPACE.svc.DOMAIN` -> (type, ips, pod, namespace, domain)."""
+    parts = node_id.split("~")
+    if len(parts) != 4:
+        raise InvalidNode(f"node id {node_id!r} must have 4 '~'-separated parts: TYPE~IP~POD.NAMESPACE~DOMAIN")
+    ptype, ips, pod_ns, domain = parts
+    if ptype not in PROXY_TYPES:
+        raise InvalidNode(f"node id {node_id!r}: unknown proxy type {ptype!r} (want one of {', '.join(PROXY_TYPES)})")
+    addresses = tuple(a for a in ips.split(",") if a)
+    for a in addresses:
+        try:
+            ipaddress.ip_address(a)
+        except ValueError:
+            raise InvalidNode(f"node id {node_id!r}: {a!r} is not an IP address") from None
+    pod, dot, namespace = pod_ns.partition(".")
+    if not dot or not pod or not namespace:
+        raise InvalidNode(f"node id {node_id!r}: third part must be POD.NAMESPACE")
+    dns_domain = domain
+    if domain.startswith(namespace + ".svc."):
+        dns_domain = domain[len(namespace) + len(".svc."):]
+    return ptype, addresses, pod, namespace, dns_domain
+
+
+def proxy_from_node(node) -> Proxy:
+    """Build a Proxy from an envoy.config.core.v3.Node."""
+    ptype, ips, pod, namespace, domain = parse_node_id(node.id)
+    metadata = json_format.MessageToDict(node.metadata) if node.HasField("metadata") else {}
+    meta_ns = metadata.get("NAMESPACE")
+    if meta_ns and meta_ns != namespace:
+        raise InvalidNode(f"node id namespace {namespace!r} disagrees with metadata NAMESPACE {meta_ns!r}")
+    return Proxy(node.id, ptype, ips, pod, namespace, domain, node.cluster, metadata)

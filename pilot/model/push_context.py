@@ -1,0 +1,74 @@
+"""PushContext: an immutable snapshot of everything generators read for one push version.
+
+Built from the Store once per debounced full push; an endpoint-only push derives a new context
+that shares the services and replaces only the endpoint index.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Mapping
+
+from pilot.config.mesh import MeshConfig
+from pilot.model.services import EndpointAddress, MeshService, endpoints_for_port, mesh_service
+from pilot.model.store import Entry, Store
+
+
+@dataclass(frozen=True)
+class PushContext:
+    version: str
+    mesh: MeshConfig
+    mesh_version: str
+    domain: str
+    services: tuple[MeshService, ...] = ()
+    by_host: Mapping[str, MeshService] = field(default_factory=dict)
+    # (namespace, service name) -> EndpointSlice entries for that service, in a stable order
+    slices: Mapping[tuple[str, str], tuple[Entry, ...]] = field(default_factory=dict)
+    # service port number -> services exposing it, sorted by hostname
+    by_port: Mapping[int, tuple[MeshService, ...]] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, store: Store, mesh: MeshConfig, mesh_version: str, domain: str, version: str) -> "PushContext":
+        services = tuple(sorted((mesh_service(e, domain) for e in store.list("Service")),
+                                key=lambda s: s.hostname))
+        by_port: dict[int, list[MeshService]] = defaultdict(list)
+        for svc in services:
+            for p in svc.ports:
+                by_port[p.port].append(svc)
+        return cls(
+            version=version,
+            mesh=mesh,
+            mesh_version=mesh_version,
+            domain=domain,
+            services=services,
+            by_host=MappingProxyType({s.hostname: s for s in services}),
+            slices=_index_slices(store),
+            by_port=MappingProxyType({p: tuple(v) for p, v in sorted(by_port.items())}),
+        )
+
+    def with_endpoints(self, store: Store, version: str) -> "PushContext":
+        return replace(self, version=version, slices=_index_slices(store))
+
+    def service_slices(self, svc: MeshService) -> tuple[Entry, ...]:
+        return self.slices.get((svc.namespace, svc.name), ())
+
+    def endpoints(self, svc: MeshService, port: int) -> tuple[EndpointAddress, ...]:
+        sp = svc.port(port)
+        if sp is None:
+            return ()
+        return endpoints_for_port(self.service_slices(svc), sp)
+
+    def endpoints_version(self, svc: MeshService) -> tuple[int, ...]:
+        """Revisions of the slices behind a service: the EDS cache-key input."""
+        return tuple(e.revision for e in self.service_slices(svc))
+
+
+def _index_slices(store: Store) -> Mapping[tuple[str, str], tuple[Entry, ...]]:
+    idx: dict[tuple[str, str], list[Entry]] = defaultdict(list)
+    for e in store.list("EndpointSlice"):
+        svc_name = e.obj.service_name  # type: ignore[attr-defined]
+        if svc_name:
+            idx[(e.key.namespace, svc_name)].append(e)
+    return MappingProxyType({k: tuple(sorted(v, key=lambda e: e.key.name)) for k, v in idx.items()})

@@ -1,0 +1,100 @@
+"""The service registry: mesh services and their endpoints, derived from Store entries.
+
+These are plain frozen values so a PushContext can share them freely between pushes and proxies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pilot.config.core import EndpointSlice, Service
+from pilot.model.protocol import Protocol, select_protocol
+from pilot.model.store import Entry
+
+
+@dataclass(frozen=True, slots=True)
+class ServicePort:
+    name: str
+    port: int
+    protocol: Protocol
+    target_port: int | str | None
+
+
+@dataclass(frozen=True, slots=True)
+class MeshService:
+    hostname: str  # FQDN: name.namespace.svc.domain
+    name: str
+    namespace: str
+    cluster_ip: str | None
+    ports: tuple[ServicePort, ...]
+    revision: int  # store revision of the Service object: the cache-key input
+
+    def port(self, number: int) -> ServicePort | None:
+        for p in self.ports:
+            if p.port == number:
+                return p
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Locality:
+    region: str = ""
+    zone: str = ""
+    subzone: str = ""
+
+    def label(self) -> str:
+        return "/".join((self.region, self.zone, self.subzone)).rstrip("/")
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointAddress:
+    address: str
+    port: int
+    locality: Locality
+    ready: bool
+
+
+def mesh_service(entry: Entry, domain: str) -> MeshService:
+    svc: Service = entry.obj  # type: ignore[assignment]
+    ns, name = svc.metadata.namespace, svc.metadata.name
+    cluster_ip = svc.spec.cluster_ip if svc.spec.cluster_ip not in (None, "", "None") else None
+    ports = tuple(
+        ServicePort(p.name, p.port, select_protocol(p.name, p.app_protocol, p.protocol), p.target_port)
+        for p in svc.spec.ports
+    )
+    return MeshService(f"{name}.{ns}.svc.{domain}", name, ns, cluster_ip, ports, entry.revision)
+
+
+def _slice_port(slice_: EndpointSlice, svc_port: ServicePort) -> int | None:
+    """The endpoint port serving a service port: matched by port name, as kube-proxy does."""
+    for p in slice_.ports or ():
+        if p.name == svc_port.name and p.port is not None:
+            return p.port
+    # A slice without a named match but with a numeric targetPort still tells us where to go.
+    if isinstance(svc_port.target_port, int) and not slice_.ports:
+        return svc_port.target_port
+    return None
+
+
+def endpoints_for_port(slices: tuple[Entry, ...], svc_port: ServicePort) -> tuple[EndpointAddress, ...]:
+    """Ready endpoints of one service port across all its slices, deduplicated, stable order."""
+    seen: set[tuple[str, int]] = set()
+    out: list[EndpointAddress] = []
+    for entry in slices:
+        s: EndpointSlice = entry.obj  # type: ignore[assignment]
+        if s.address_type == "FQDN":
+            continue
+        port = _slice_port(s, svc_port)
+        if port is None:
+            continue
+        for ep in s.endpoints:
+            if not ep.is_ready:
+                continue
+            locality = Locality(zone=ep.zone or "")
+            for addr in ep.addresses:
+                if (addr, port) in seen:
+                    continue
+                seen.add((addr, port))
+                out.append(EndpointAddress(addr, port, locality, True))
+    out.sort(key=lambda e: (e.locality.label(), e.address, e.port))
+    return tuple(out)

@@ -1,0 +1,48 @@
+"""CDS: outbound clusters per service port, plus BlackHoleCluster and PassthroughCluster."""
+
+from __future__ import annotations
+
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.core.v3 import protocol_pb2
+from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
+
+from pilot.config.mesh import MeshConfig
+from pilot.model.services import MeshService, ServicePort
+from pilot.networking import names
+from pilot.networking.protos import ads_config_source, duration, pack
+
+_HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+
+
+def outbound_cluster(svc: MeshService, port: ServicePort, mesh: MeshConfig) -> cluster_pb2.Cluster:
+    name = names.outbound_cluster_name(port.port, svc.hostname)
+    c = cluster_pb2.Cluster(
+        name=name,
+        type=cluster_pb2.Cluster.EDS,
+        connect_timeout=duration(mesh.connect_timeout_seconds),
+        lb_policy=cluster_pb2.Cluster.ROUND_ROBIN,
+    )
+    c.eds_cluster_config.eds_config.CopyFrom(ads_config_source())
+    c.eds_cluster_config.service_name = name
+    if port.protocol.is_http2:
+        opts = http_protocol_options_pb2.HttpProtocolOptions()
+        opts.explicit_http_config.http2_protocol_options.CopyFrom(protocol_pb2.Http2ProtocolOptions())
+        c.typed_extension_protocol_options[_HTTP_OPTIONS_KEY].CopyFrom(pack(opts))
+    return c
+
+
+def blackhole_cluster(mesh: MeshConfig) -> cluster_pb2.Cluster:
+    return cluster_pb2.Cluster(
+        name=names.BLACKHOLE_CLUSTER,
+        type=cluster_pb2.Cluster.STATIC,
+        connect_timeout=duration(mesh.connect_timeout_seconds),
+    )
+
+
+def passthrough_cluster(mesh: MeshConfig) -> cluster_pb2.Cluster:
+    return cluster_pb2.Cluster(
+        name=names.PASSTHROUGH_CLUSTER,
+        type=cluster_pb2.Cluster.ORIGINAL_DST,
+        lb_policy=cluster_pb2.Cluster.CLUSTER_PROVIDED,
+        connect_timeout=duration(mesh.connect_timeout_seconds),
+    )

@@ -1,0 +1,37 @@
+"""EDS: ClusterLoadAssignments grouped by locality.
+
+Every locality carries `load_balancing_weight`: grpcio's xDS client ACKs a CLA without it and
+then fails every RPC, and Envoy ignores it unless locality-weighted LB is on, so it is always set.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from envoy.config.core.v3 import address_pb2, base_pb2, health_check_pb2
+from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
+from google.protobuf import wrappers_pb2
+
+from pilot.model.services import EndpointAddress, Locality
+
+
+def cluster_load_assignment(cluster_name: str,
+                            endpoints: tuple[EndpointAddress, ...]) -> endpoint_pb2.ClusterLoadAssignment:
+    by_locality: dict[Locality, list[EndpointAddress]] = defaultdict(list)
+    for ep in endpoints:
+        by_locality[ep.locality].append(ep)
+    cla = endpoint_pb2.ClusterLoadAssignment(cluster_name=cluster_name)
+    for locality in sorted(by_locality, key=Locality.label):
+        eps = by_locality[locality]
+        group = cla.endpoints.add(
+            locality=base_pb2.Locality(region=locality.region, zone=locality.zone, sub_zone=locality.subzone),
+            load_balancing_weight=wrappers_pb2.UInt32Value(value=len(eps)),
+        )
+        for ep in eps:
+            group.lb_endpoints.append(endpoint_components_pb2.LbEndpoint(
+                endpoint=endpoint_components_pb2.Endpoint(address=address_pb2.Address(
+                    socket_address=address_pb2.SocketAddress(address=ep.address, port_value=ep.port))),
+                health_status=health_check_pb2.HEALTHY,
+                load_balancing_weight=wrappers_pb2.UInt32Value(value=1),
+            ))
+    return cla

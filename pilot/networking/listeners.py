@@ -1,0 +1,127 @@
+"""LDS for sidecars and proxyless gRPC clients.
+
+Two sidecar shapes, chosen by the proxy's interception mode:
+- NONE (no iptables): one listener per outbound service port, bound on 127.0.0.1:PORT, so a plain
+  local Envoy works without root.
+- REDIRECT/TPROXY (istiod's default shape): `virtualOutbound` on 15001 using the original
+  destination, handing connections to per-port listeners that do not bind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from envoy.config.core.v3 import address_pb2, base_pb2
+from envoy.config.listener.v3 import api_listener_pb2, listener_components_pb2, listener_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+from google.protobuf import wrappers_pb2
+
+from pilot.config.mesh import MeshConfig
+from pilot.model.services import MeshService
+from pilot.networking import names
+from pilot.networking.filters import (hcm_network_filter, http_connection_manager, router_filter,
+                                      tcp_proxy_filter)
+from pilot.networking.protos import ads_config_source, pack
+
+LOCALHOST = "127.0.0.1"
+WILDCARD = "0.0.0.0"
+
+
+@dataclass(frozen=True)
+class PortPlan:
+    """What one outbound port carries. Built by `plan_ports`; the input of the listener builders."""
+
+    port: int
+    http: bool
+    tcp_services: tuple[MeshService, ...]  # for TCP ports: services on it, stable order
+
+
+def plan_ports(by_port: dict[int, tuple[MeshService, ...]]) -> tuple[list[PortPlan], list[str]]:
+    """Decide each port's protocol. HTTP wins a port shared with TCP services, as in istiod where
+    the HTTP listener takes the wildcard port; the losers are reported as conflicts."""
+    plans: list[PortPlan] = []
+    conflicts: list[str] = []
+    for port, services in sorted(by_port.items()):
+        http = [s for s in services if s.port(port).protocol.is_http]
+        tcp = tuple(s for s in services if not s.port(port).protocol.is_http)
+        if http:
+            plans.append(PortPlan(port, True, ()))
+            conflicts.extend(f"{s.hostname}:{port} is TCP but port {port} is HTTP for "
+                             f"{http[0].hostname}; it gets no outbound listener" for s in tcp)
+        else:
+            plans.append(PortPlan(port, False, tcp))
+    return plans, conflicts
+
+
+def _address(ip: str, port: int) -> address_pb2.Address:
+    return address_pb2.Address(socket_address=address_pb2.SocketAddress(address=ip, port_value=port))
+
+
+def bound_outbound_listener(plan: PortPlan, mesh: MeshConfig) -> listener_pb2.Listener | None:
+    """NONE mode: listen on 127.0.0.1:PORT. A TCP port shared by several services cannot tell
+    them apart without the original destination, so the first (by hostname) gets it."""
+    name = names.listener_name(LOCALHOST, plan.port)
+    listener = listener_pb2.Listener(name=name, address=_address(LOCALHOST, plan.port),
+                                     traffic_direction=base_pb2.OUTBOUND)
+    if plan.http:
+        hcm = http_connection_manager(f"outbound_{LOCALHOST}_{plan.port}",
+                                      names.route_config_name(plan.port), mesh)
+        listener.filter_chains.add(filters=[hcm_network_filter(hcm)])
+    else:
+        svc = plan.tcp_services[0]
+        cluster = names.outbound_cluster_name(plan.port, svc.hostname)
+        listener.filter_chains.add(filters=[tcp_proxy_filter(cluster, cluster, mesh)])
+    return listener
+
+
+def unbound_outbound_listener(plan: PortPlan, mesh: MeshConfig) -> listener_pb2.Listener:
+    """iptables mode: `0.0.0.0_PORT`, reached only through virtualOutbound's original destination."""
+    listener = listener_pb2.Listener(
+        name=names.listener_name(WILDCARD, plan.port), address=_address(WILDCARD, plan.port),
+        bind_to_port=wrappers_pb2.BoolValue(value=False), traffic_direction=base_pb2.OUTBOUND)
+    if plan.http:
+        hcm = http_connection_manager(f"outbound_{WILDCARD}_{plan.port}",
+                                      names.route_config_name(plan.port), mesh)
+        listener.filter_chains.add(filters=[hcm_network_filter(hcm)])
+        return listener
+    for svc in plan.tcp_services:
+        cluster = names.outbound_cluster_name(plan.port, svc.hostname)
+        chain = listener.filter_chains.add(filters=[tcp_proxy_filter(cluster, cluster, mesh)])
+        if svc.cluster_ip:
+            chain.filter_chain_match.prefix_ranges.add(address_prefix=svc.cluster_ip,
+                                                       prefix_len=wrappers_pb2.UInt32Value(value=32))
+    # Without cluster IPs the chains are indistinguishable: keep only the first.
+    seen: set[bytes] = set()
+    unique = []
+    for chain in listener.filter_chains:
+        k = chain.filter_chain_match.SerializeToString(deterministic=True)
+        if k not in seen:
+            seen.add(k)
+            unique.append(chain)
+    del listener.filter_chains[:]
+    listener.filter_chains.extend(unique)
+    return listener
+
+
+def virtual_outbound_listener(mesh: MeshConfig) -> listener_pb2.Listener:
+    fallback = (names.BLACKHOLE_CLUSTER if mesh.outbound_traffic_policy.mode == "REGISTRY_ONLY"
+                else names.PASSTHROUGH_CLUSTER)
+    listener = listener_pb2.Listener(
+        name=names.VIRTUAL_OUTBOUND_LISTENER,
+        address=_address(WILDCARD, names.VIRTUAL_OUTBOUND_PORT),
+        use_original_dst=wrappers_pb2.BoolValue(value=True),
+        traffic_direction=base_pb2.OUTBOUND,
+    )
+    listener.default_filter_chain.CopyFrom(listener_components_pb2.FilterChain(
+        name=fallback, filters=[tcp_proxy_filter(fallback, fallback, mesh)]))
+    return listener
+
+
+def grpc_api_listener(hostname: str, port: int) -> listener_pb2.Listener:
+    """Proxyless gRPC: an API listener named `host:port` whose HCM fetches the same-named route."""
+    name = names.grpc_listener_name(hostname, port)
+    hcm = hcm_pb2.HttpConnectionManager(
+        rds=hcm_pb2.Rds(config_source=ads_config_source(), route_config_name=name),
+        http_filters=[router_filter()],
+    )
+    return listener_pb2.Listener(name=name, api_listener=api_listener_pb2.ApiListener(api_listener=pack(hcm)))

@@ -1,0 +1,40 @@
+"""Resource names, exactly as istiod spells them (users grep for these in config dumps)."""
+
+from __future__ import annotations
+
+BLACKHOLE_CLUSTER = "BlackHoleCluster"
+PASSTHROUGH_CLUSTER = "PassthroughCluster"
+VIRTUAL_OUTBOUND_LISTENER = "virtualOutbound"
+VIRTUAL_OUTBOUND_PORT = 15001
+
+
+def outbound_cluster_name(port: int, hostname: str, subset: str = "") -> str:
+    return f"outbound|{port}|{subset}|{hostname}"
+
+
+def inbound_cluster_name(port: int) -> str:
+    return f"inbound|{port}||"
+
+
+def parse_cluster_name(name: str) -> tuple[str, int, str, str] | None:
+    """`outbound|80||host` -> ("outbound", 80, "", "host"); None for anything else."""
+    parts = name.split("|")
+    if len(parts) != 4 or parts[0] not in ("outbound", "inbound"):
+        return None
+    try:
+        port = int(parts[1])
+    except ValueError:
+        return None
+    return parts[0], port, parts[2], parts[3]
+
+
+def route_config_name(port: int) -> str:
+    return str(port)
+
+
+def listener_name(address: str, port: int) -> str:
+    return f"{address}_{port}"
+
+
+def grpc_listener_name(hostname: str, port: int) -> str:
+    return f"{hostname}:{port}"

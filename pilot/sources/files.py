@@ -1,0 +1,128 @@
+"""The file source: every YAML document under `--configDir`, recursively, kept in the Store.
+
+A reload re-reads only files whose (mtime, size) changed, then syncs the whole directory's state
+into the Store, so creates, edits, deletes and renames all reduce to "the directory now holds
+this". A bad document is rejected with its file, index, kind/namespace/name and reason, and
+never affects any other document.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+import watchfiles
+
+from pilot import logging as plog
+from pilot.config.base import K8sObject
+from pilot.config.validation import InvalidObject, Rejection, parse_object
+from pilot.model.store import ConfigKey, Store
+
+log = plog.get("files")
+
+SUFFIXES = (".yaml", ".yml", ".json")
+
+
+@dataclass(frozen=True)
+class ParsedFile:
+    stamp: tuple[int, int]
+    objects: tuple[tuple[K8sObject, str], ...]
+    rejections: tuple[Rejection, ...]
+
+
+def parse_file(path: Path, default_namespace: str = "default") -> tuple[list[tuple[K8sObject, str]], list[Rejection]]:
+    objects: list[tuple[K8sObject, str]] = []
+    rejections: list[Rejection] = []
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        return [], [Rejection(str(path), "", "", "", f"cannot read file: {e}")]
+    try:
+        docs = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as e:
+        # One broken document makes PyYAML stop; report the file rather than guess at the rest.
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        return [], [Rejection(str(path), "", "", "", f"invalid YAML{where}: {getattr(e, 'problem', e)}")]
+    for index, doc in enumerate(docs):
+        if doc is None:
+            continue
+        source = f"{path}#{index}"
+        if isinstance(doc, dict) and doc.get("kind") == "List" and isinstance(doc.get("items"), list):
+            items = list(enumerate(doc["items"]))
+        else:
+            items = [(None, doc)]
+        for item_index, item in items:
+            src = source if item_index is None else f"{source}.items[{item_index}]"
+            try:
+                objects.append((parse_object(item, default_namespace), src))
+            except InvalidObject as e:
+                rejections.append(Rejection(src, e.kind, e.namespace, e.name, e.reason))
+    return objects, rejections
+
+
+class FileSource:
+    OWNER = "files"
+
+    def __init__(self, root: str | os.PathLike, store: Store, default_namespace: str = "default") -> None:
+        self.root = Path(root).resolve()
+        self.store = store
+        self.default_namespace = default_namespace
+        self._files: dict[Path, ParsedFile] = {}
+        self._prefix = str(self.root) + os.sep
+        self.loads = 0
+
+    def _scan(self) -> list[Path]:
+        if not self.root.is_dir():
+            return []
+        return sorted(p for p in self.root.rglob("*")
+                      if p.suffix in SUFFIXES and p.is_file() and not any(part.startswith(".") for part in
+                                                                          p.relative_to(self.root).parts))
+
+    def load(self) -> None:
+        """Bring the Store in line with the directory. Safe to call at any time."""
+        current: dict[Path, ParsedFile] = {}
+        for path in self._scan():
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            stamp = (st.st_mtime_ns, st.st_size)
+            cached = self._files.get(path)
+            if cached is None or cached.stamp != stamp:
+                objs, rejs = parse_file(path, self.default_namespace)
+                cached = ParsedFile(stamp, tuple(objs), tuple(rejs))
+                for r in rejs:
+                    log.warning("config rejected", source=r.source, kind=r.kind, namespace=r.namespace,
+                                name=r.name, reason=r.reason)
+            current[path] = cached
+        self._files = current
+        desired: dict[ConfigKey, tuple[K8sObject, str]] = {}
+        rejections: list[Rejection] = []
+        for parsed in current.values():
+            rejections.extend(parsed.rejections)
+            for obj, src in parsed.objects:
+                key = ConfigKey.of(obj)
+                if key in desired:
+                    rejections.append(Rejection(src, key.kind, key.namespace, key.name,
+                                                f"duplicate of the object in {desired[key][1]}; the first one is used"))
+                    continue
+                desired[key] = (obj, src)
+        self.store.set_rejections(self.OWNER, rejections)
+        events = self.store.sync(self._prefix, desired.values())
+        self.loads += 1
+        if events:
+            log.info("config loaded", changes=len(events), objects=len(desired), rejected=len(rejections))
+
+    async def watch(self, stop: asyncio.Event | None = None) -> None:
+        """Reload on every change below the root (and if the root itself appears later)."""
+        watch_path = self.root if self.root.exists() else self.root.parent
+        async for _changes in watchfiles.awatch(watch_path, debounce=50, step=20, stop_event=stop,
+                                                recursive=True, ignore_permission_denied=True):
+            try:
+                self.load()
+            except Exception:
+                log.exception("reloading config directory failed; keeping the last good state")

@@ -1,0 +1,164 @@
+"""The ADS gRPC service: StreamAggregatedResources (SotW) and DeltaAggregatedResources.
+
+Responses are pre-assembled bytes, so the methods are registered with a generic handler whose
+response serializer is the identity. Each stream has one reader task and one worker loop; the
+worker alone writes, so responses to requests and pushes never interleave.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+from envoy.service.discovery.v3 import discovery_pb2
+
+from pilot import logging as plog
+from pilot.model.proxy import InvalidNode, proxy_from_node
+from pilot.xds import typeurls
+from pilot.xds.connection import Connection, WatchedResource
+from pilot.xds.discovery import DiscoveryServer
+
+log = plog.get("ads")
+
+SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
+_EOF = object()
+# Wildcard by default for these when the first request names nothing (Envoy's legacy wildcard).
+_WILDCARD_TYPES = {typeurls.CLUSTER, typeurls.LISTENER}
+MAX_NAMES = 100_000  # a request naming more than this is hostile, not a proxy
+
+
+class AdsService:
+    def __init__(self, server: DiscoveryServer) -> None:
+        self.server = server
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        return grpc.method_handlers_generic_handler(SERVICE, {
+            "StreamAggregatedResources": grpc.stream_stream_rpc_method_handler(
+                self.stream_sotw, request_deserializer=discovery_pb2.DiscoveryRequest.FromString),
+            "DeltaAggregatedResources": grpc.stream_stream_rpc_method_handler(
+                self.stream_delta, request_deserializer=discovery_pb2.DeltaDiscoveryRequest.FromString),
+        })
+
+    async def stream_sotw(self, requests, context: grpc.aio.ServicerContext) -> None:
+        await self._stream(requests, context, delta=False)
+
+    async def stream_delta(self, requests, context: grpc.aio.ServicerContext) -> None:
+        await self._stream(requests, context, delta=True)
+
+    async def _stream(self, requests, context, delta: bool) -> None:
+        try:
+            first = await anext(aiter(requests))
+        except (StopAsyncIteration, asyncio.CancelledError):
+            return
+        except Exception as e:  # a client that cannot even send a valid first message
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad request: {e}")
+        if not first.HasField("node") or not first.node.id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first request must carry a node with an id")
+        try:
+            proxy = proxy_from_node(first.node)
+        except InvalidNode as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        conn = Connection(proxy, context.peer() or "", delta)
+        self.server.register(conn)
+        log.info("connected", proxy=proxy.id, peer=conn.peer, delta=delta, conn=conn.id)
+        conn.inbox.put_nowait(first)
+        reader = asyncio.get_running_loop().create_task(self._read(requests, conn))
+
+        async def send(body: bytes) -> None:
+            await context.write(body)
+
+        try:
+            while True:
+                item = await conn.inbox.get()
+                if item is _EOF:
+                    break
+                if item is None:
+                    req = conn.take_push()
+                    if req is not None:
+                        await self.server.push_connection(conn, req, send)
+                elif delta:
+                    await self._on_delta(conn, item, send)
+                else:
+                    await self._on_sotw(conn, item, send)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # One broken stream must not take the server down; the proxy will reconnect.
+            log.exception("stream failed", proxy=proxy.id, conn=conn.id)
+        finally:
+            conn.closed = True
+            reader.cancel()
+            self.server.unregister(conn)
+            log.info("disconnected", proxy=proxy.id, conn=conn.id)
+
+    async def _read(self, requests, conn: Connection) -> None:
+        try:
+            async for req in requests:
+                conn.inbox.put_nowait(req)
+        except asyncio.CancelledError:
+            return
+        except Exception as e:
+            log.debug("stream read ended", conn=conn.id, error=str(e))
+        conn.inbox.put_nowait(_EOF)
+
+    # --- state of the world -----------------------------------------------------------------
+    async def _on_sotw(self, conn: Connection, req: discovery_pb2.DiscoveryRequest, send) -> None:
+        type_url = req.type_url
+        if not type_url:
+            log.warning("request without type_url ignored", proxy=conn.proxy.id)
+            return
+        names = set(req.resource_names[:MAX_NAMES])
+        w = conn.watched.get(type_url)
+        if req.response_nonce and w is not None:
+            if req.response_nonce != w.nonce_sent:
+                return  # stale: the proxy has not seen our latest response yet; it will answer that
+            if req.HasField("error_detail"):
+                self.server.record_nack(conn, w, req.response_nonce, req.version_info,
+                                        req.error_detail.code, req.error_detail.message)
+                return
+            self.server.record_ack(conn, w, req.response_nonce, req.version_info)
+            if w.wildcard or names == w.names:
+                return  # a plain ACK: answering it would loop
+            w.names = names  # an ACK that changes the subscription (e.g. Envoy adding EDS names)
+            await self.server.respond(conn, w, send)
+            return
+        # A new subscription, or a reconnect carrying a nonce from a previous server.
+        if type_url == typeurls.LISTENER and names and "*" not in names and any(":" in n for n in names):
+            conn.proxy.mark_grpc()
+        w = WatchedResource(type_url, wildcard=type_url in _WILDCARD_TYPES and (not names or "*" in names),
+                            names=names - {"*"})
+        conn.watched[type_url] = w
+        await self.server.respond(conn, w, send)
+
+    # --- delta ------------------------------------------------------------------------------
+    async def _on_delta(self, conn: Connection, req: discovery_pb2.DeltaDiscoveryRequest, send) -> None:
+        type_url = req.type_url
+        if not type_url:
+            log.warning("delta request without type_url ignored", proxy=conn.proxy.id)
+            return
+        subscribe = set(req.resource_names_subscribe[:MAX_NAMES])
+        unsubscribe = set(req.resource_names_unsubscribe[:MAX_NAMES])
+        w = conn.watched.get(type_url)
+        first = w is None
+        if first:
+            w = WatchedResource(type_url, wildcard=(type_url in _WILDCARD_TYPES and not subscribe) or "*" in subscribe)
+            # Resume: the proxy already holds these versions; send only what differs.
+            w.sent = dict(req.initial_resource_versions)
+            conn.watched[type_url] = w
+        if req.response_nonce:
+            if req.HasField("error_detail"):
+                self.server.record_nack(conn, w, req.response_nonce, "", req.error_detail.code,
+                                        req.error_detail.message)
+            elif req.response_nonce in w.pending or req.response_nonce == w.nonce_sent:
+                self.server.record_ack(conn, w, req.response_nonce, w.version_sent)
+        if "*" in subscribe:
+            w.wildcard = True
+        if "*" in unsubscribe:
+            w.wildcard = False
+        new_names = subscribe - {"*"} - w.names
+        w.names |= subscribe - {"*"}
+        w.names -= unsubscribe
+        for n in unsubscribe:
+            w.sent.pop(n, None)
+        if first or new_names or (subscribe and w.wildcard):
+            await self.server.respond(conn, w, send)

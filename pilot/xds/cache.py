@@ -1,0 +1,102 @@
+"""The resource cache: each resource serialised once per set of inputs, shared by every proxy.
+
+The cache key *is* the builder plus the exact arguments it is called with (all hashable frozen
+values), so an input the key forgot cannot exist: the builder sees nothing else. A second,
+per-push memo avoids even hashing those arguments again for every proxy in the same push.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable
+
+from google.protobuf import any_pb2
+from google.protobuf.message import Message
+
+from pilot.xds import wire
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class CachedResource:
+    name: str
+    version: str  # content hash: equal bytes, equal version, on every replica
+    any_bytes: bytes  # serialised google.protobuf.Any
+    sotw_field: bytes  # framed as DiscoveryResponse.resources
+    delta_field: bytes  # framed as DeltaDiscoveryResponse.resources (a Resource message)
+    origins: tuple[str, ...] = field(default=())  # config objects it was built from, for debugging
+
+    @classmethod
+    def from_message(cls, name: str, msg: Message, type_url: str, origins: tuple[str, ...] = ()) -> "CachedResource":
+        value = msg.SerializeToString(deterministic=True)
+        any_bytes = any_pb2.Any(type_url=type_url, value=value).SerializeToString(deterministic=True)
+        version = hashlib.blake2b(any_bytes, digest_size=8).hexdigest()
+        resource = b"".join((wire.string_field(wire.RESOURCE_NAME, name),
+                             wire.string_field(wire.RESOURCE_VERSION, version),
+                             wire.length_field(wire.RESOURCE_ANY, any_bytes)))
+        return cls(name, version, any_bytes, wire.length_field(wire.SOTW_RESOURCES, any_bytes),
+                   wire.length_field(wire.DELTA_RESOURCES, resource), origins)
+
+    def message(self, cls: type[Message]) -> Message:
+        a = any_pb2.Any.FromString(self.any_bytes)
+        m = cls()
+        a.Unpack(m)
+        return m
+
+
+class XdsCache:
+    def __init__(self, max_size: int = 60000) -> None:
+        self.max_size = max_size
+        self._entries: OrderedDict[Hashable, CachedResource] = OrderedDict()
+        self._memo: dict[Hashable, CachedResource] = {}
+        self._memo_version: str | None = None
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+        self.builds_by_type: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def resource(self, push_version: str, memo_key: Hashable, type_url: str, name: str,
+                 build: Callable[..., Message], *args: Any, origins: tuple[str, ...] = ()) -> CachedResource:
+        """Return the cached resource for `build(*args)`.
+
+        `memo_key` identifies the resource within one push (name plus whatever proxy traits the
+        caller's args depend on); within a push the memo answers without hashing `args`."""
+        if push_version != self._memo_version:
+            self._memo = {}
+            self._memo_version = push_version
+        mk = (type_url, name, memo_key)
+        hit = self._memo.get(mk)
+        if hit is not None:
+            self.hits += 1
+            return hit
+        key = (type_url, name, build, args)
+        res = self._entries.get(key)
+        if res is not None:
+            self._entries.move_to_end(key)
+            self.hits += 1
+        else:
+            self.misses += 1
+            self.builds_by_type[type_url] = self.builds_by_type.get(type_url, 0) + 1
+            res = CachedResource.from_message(name, build(*args), type_url, origins)
+            self._entries[key] = res
+            if len(self._entries) > self.max_size:
+                self._entries.popitem(last=False)
+                self.evictions += 1
+        self._memo[mk] = res
+        return res
+
+    def items(self):
+        return list(self._entries.items())
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._memo = {}
+        self._memo_version = None
+
+    def stats(self) -> dict:
+        return {"size": len(self._entries), "max_size": self.max_size, "hits": self.hits,
+                "misses": self.misses, "evictions": self.evictions, "builds_by_type": dict(self.builds_by_type)}

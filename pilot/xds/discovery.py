@@ -1,0 +1,282 @@
+"""DiscoveryServer: turns Store changes into pushes and pushes into per-proxy responses.
+
+It owns the current PushContext, the resource cache, the debouncer and the connections. The
+two wire protocols (xds/ads.py) call `respond` for requests and `push_connection` for pushes;
+both go through `_send`, which is where SotW and delta differ.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Callable
+
+from pilot import logging as plog
+from pilot.features import Features
+from pilot.metrics import Metrics
+from pilot.model.events import SERVICE_ENDPOINTS, push_request_for
+from pilot.model.mesh import MeshHolder
+from pilot.model.push_context import PushContext
+from pilot.model.push_request import PushRequest
+from pilot.model.store import Event, Store
+from pilot.networking import names
+from pilot.xds import typeurls, wire
+from pilot.xds.cache import CachedResource, XdsCache
+from pilot.xds.connection import Connection, Nack, WatchedResource
+from pilot.xds.debounce import Debouncer
+from pilot.xds.generators import cds, eds, lds, rds
+
+log = plog.get("ads")
+
+Generator = Callable[[PushContext, object, frozenset[str] | None, XdsCache], list[CachedResource]]
+GENERATORS: dict[str, Generator] = {
+    typeurls.CLUSTER: cds.generate,
+    typeurls.ENDPOINT: eds.generate,
+    typeurls.LISTENER: lds.generate,
+    typeurls.ROUTE: rds.generate,
+}
+
+
+@dataclass
+class PushRecord:
+    """One debounced push, for /debug/push_status and the timeline."""
+
+    version: str
+    full: bool
+    reasons: dict[str, int]
+    config_keys: list[str]
+    debounce_s: float
+    context_build_s: float
+    proxies: int
+    started_at: float = field(default_factory=time.time)
+
+
+class DiscoveryServer:
+    def __init__(self, store: Store, mesh: MeshHolder, features: Features, domain: str = "cluster.local",
+                 metrics: Metrics | None = None) -> None:
+        self.store = store
+        self.mesh = mesh
+        self.features = features
+        self.domain = domain
+        self.metrics = metrics or Metrics()
+        self.cache = XdsCache(features.xds_cache_size)
+        self.connections: dict[str, Connection] = {}
+        self.throttle = asyncio.Semaphore(features.push_throttle)
+        self.debouncer = Debouncer(features.debounce_after, features.debounce_max,
+                                   features.enable_eds_debounce, self._debounced_push)
+        self.pushes: deque[PushRecord] = deque(maxlen=100)
+        self._seq = 0
+        self.push_context = self._build_context(self._next_version())
+        self._tasks: list[asyncio.Task] = []
+        store.subscribe(self.on_store_events)
+
+    # --- lifecycle --------------------------------------------------------------------------
+    def start(self) -> None:
+        self._tasks.append(asyncio.get_running_loop().create_task(self.debouncer.run(), name="debounce"))
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    # --- config changes -> pushes -----------------------------------------------------------
+    def on_store_events(self, events: list[Event]) -> None:
+        for ev in events:
+            self.metrics.config_events.labels(ev.key.kind, ev.op).inc()
+        req = push_request_for(events, self.mesh.configmap_key)
+        if req is not None:
+            self.debouncer.enqueue(req)
+
+    def _next_version(self) -> str:
+        self._seq += 1
+        return f"{datetime.now(timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')}/{self._seq}"
+
+    def _build_context(self, version: str) -> PushContext:
+        self.mesh.refresh(self.store)
+        return PushContext.build(self.store, self.mesh.current, self.mesh.version, self.domain, version)
+
+    async def _debounced_push(self, req: PushRequest, debounce_s: float) -> None:
+        self.metrics.debounce_time.observe(debounce_s)
+        self.push(req, debounce_s)
+
+    def push(self, req: PushRequest, debounce_s: float = 0.0) -> None:
+        """Build the next PushContext (fully, or endpoints only) and queue every affected proxy."""
+        t0 = time.perf_counter()
+        req.version = self._next_version()
+        if req.full:
+            self.push_context = self._build_context(req.version)
+        else:
+            self.push_context = self.push_context.with_endpoints(self.store, req.version)
+        build_s = time.perf_counter() - t0
+        self.metrics.pushcontext_init_seconds.observe(build_s)
+        for reason, n in req.reasons.items():
+            self.metrics.push_triggers.labels(reason).inc(n)
+        queued = 0
+        for conn in list(self.connections.values()):
+            if self._affects(conn, req):
+                conn.enqueue_push(req)
+                queued += 1
+        self.pushes.append(PushRecord(req.version, req.full, dict(req.reasons),
+                                      sorted(str(k) for k in req.config_keys), debounce_s, build_s, queued))
+        log.info("push", version=req.version, full=req.full, reasons=req.reason_text(), proxies=queued,
+                 context_build_ms=round(build_s * 1000, 2))
+
+    def _affects(self, conn: Connection, req: PushRequest) -> bool:
+        if req.full:
+            return True
+        return bool(self._eds_subset(conn, req))
+
+    def _affected_hosts(self, req: PushRequest) -> set[str]:
+        return {f"{k.name}.{k.namespace}.svc.{self.domain}" for k in req.config_keys if k.kind == SERVICE_ENDPOINTS}
+
+    def _eds_subset(self, conn: Connection, req: PushRequest) -> set[str]:
+        w = conn.watched.get(typeurls.ENDPOINT)
+        if w is None:
+            return set()
+        hosts = self._affected_hosts(req)
+        return {n for n in w.names if (p := names.parse_cluster_name(n)) is not None and p[3] in hosts}
+
+    # --- connections ------------------------------------------------------------------------
+    def register(self, conn: Connection) -> None:
+        self.connections[conn.id] = conn
+        self.metrics.xds_clients.labels(conn.proxy.istio_version or "unknown").inc()
+
+    def unregister(self, conn: Connection) -> None:
+        if self.connections.pop(conn.id, None) is None:
+            return
+        self.metrics.xds_clients.labels(conn.proxy.istio_version or "unknown").dec()
+        for w in conn.watched.values():
+            self._clear_reject_gauge(conn, w)
+
+    def _clear_reject_gauge(self, conn: Connection, w: WatchedResource) -> None:
+        gauge = self.metrics.type_rejects.get(typeurls.SHORT.get(w.type_url, ""))
+        if gauge is not None and w.last_nack is not None:
+            try:
+                gauge.remove(conn.proxy.id, w.last_nack.message[:100])
+            except KeyError:
+                pass
+
+    async def push_connection(self, conn: Connection, req: PushRequest, send) -> None:
+        """Send every watched type this push changes, in CDS, EDS, LDS, RDS order."""
+        queued_at = time.monotonic()
+        async with self.throttle:
+            self.metrics.proxy_queue_time.observe(time.monotonic() - queued_at)
+            ctx = self.push_context
+            changed_clusters: set[str] = set()
+            for type_url in typeurls.PUSH_ORDER:
+                w = conn.watched.get(type_url)
+                if w is None or type_url not in GENERATORS:
+                    continue
+                if req.full:
+                    subset = None
+                elif type_url == typeurls.ENDPOINT:
+                    subset = frozenset(self._eds_subset(conn, req))
+                    if not subset:
+                        continue
+                else:
+                    continue
+                t0 = time.perf_counter()
+                requested = w.requested() if subset is None else subset
+                resources = GENERATORS[type_url](ctx, conn.proxy, requested, self.cache)
+                force = changed_clusters if type_url == typeurls.ENDPOINT else set()
+                sent = await self._send(conn, w, ctx, resources, send, partial=subset is not None,
+                                        force=force, push_start=req.start)
+                if type_url == typeurls.CLUSTER:
+                    changed_clusters = sent
+                self.metrics.xds_push_time.labels(typeurls.SHORT[type_url]).observe(time.perf_counter() - t0)
+
+    async def respond(self, conn: Connection, w: WatchedResource, send) -> None:
+        """Answer a request: always send, even if empty, so the proxy's subscription settles."""
+        ctx = self.push_context
+        gen = GENERATORS.get(w.type_url)
+        resources = gen(ctx, conn.proxy, w.requested(), self.cache) if gen else []
+        await self._send(conn, w, ctx, resources, send, partial=False, force=set(), push_start=None,
+                         always=True)
+
+    async def _send(self, conn: Connection, w: WatchedResource, ctx: PushContext,
+                    resources: list[CachedResource], send, *, partial: bool, force: set[str],
+                    push_start: float | None, always: bool = False) -> set[str]:
+        """Send what the proxy does not have yet. Returns the names sent.
+
+        SotW CDS/LDS responses must list everything (omission deletes); SotW EDS/RDS and delta
+        may carry only what changed. Nothing is sent when nothing changed, which also means a
+        version the proxy rejected is never sent to it again."""
+        desired = {r.name: r for r in resources}
+        if conn.delta:
+            changed = [r for r in resources if w.sent.get(r.name) != r.version or r.name in force]
+            removed = [] if partial else [n for n in w.sent if n not in desired]
+            if not changed and not removed and not always:
+                return set()
+            nonce = conn.next_nonce()
+            body = wire.delta_response(ctx.version, [r.delta_field for r in changed], w.type_url, removed, nonce)
+            for n in removed:
+                w.sent.pop(n, None)
+            w.sent.update((r.name, r.version) for r in changed)
+            out = changed
+        else:
+            complete = w.type_url in typeurls.STATE_OF_THE_WORLD_COMPLETE
+            if complete or always:
+                out = resources
+                unchanged = {n: r.version for n, r in desired.items()} == w.sent
+                if unchanged and not always and not force:
+                    return set()
+            else:
+                out = [r for r in resources if w.sent.get(r.name) != r.version or r.name in force]
+                if not out:
+                    return set()
+            nonce = conn.next_nonce()
+            body = wire.sotw_response(ctx.version, [r.sotw_field for r in out], w.type_url, nonce)
+            if complete:
+                w.sent = {n: r.version for n, r in desired.items()}
+            else:
+                w.sent.update((r.name, r.version) for r in out)
+        w.nonce_sent, w.version_sent, w.last_sent_at = nonce, ctx.version, time.time()
+        w.pending[nonce] = tuple(r.name for r in out)
+        if len(w.pending) > 16:  # a proxy that never answers must not grow memory
+            w.pending.pop(next(iter(w.pending)))
+        if push_start is not None:
+            w.push_started[nonce] = push_start
+            if len(w.push_started) > 16:
+                w.push_started.pop(next(iter(w.push_started)))
+        short = typeurls.SHORT.get(w.type_url, "other")
+        self.metrics.xds_pushes.labels(short).inc()
+        self.metrics.xds_config_size.labels(short).observe(len(body))
+        await send(body)
+        return {r.name for r in out}
+
+    # --- ACK / NACK -------------------------------------------------------------------------
+    def record_ack(self, conn: Connection, w: WatchedResource, nonce: str, version: str) -> None:
+        w.nonce_acked, w.version_acked, w.last_acked_at = nonce, version or w.version_sent, time.time()
+        w.pending.pop(nonce, None)
+        start = w.push_started.pop(nonce, None)
+        if start is not None:
+            self.metrics.proxy_convergence_time.observe(time.monotonic() - start)
+        if w.last_nack is not None:
+            self._clear_reject_gauge(conn, w)
+
+    def record_nack(self, conn: Connection, w: WatchedResource, nonce: str, version: str,
+                    code: int, message: str) -> None:
+        names_ = w.pending.pop(nonce, ())
+        w.push_started.pop(nonce, None)
+        origins = self._origins(w.type_url, names_)
+        w.last_nack = Nack(version, nonce, message, code, time.time(), names_, origins)
+        w.nacks += 1
+        short = typeurls.SHORT.get(w.type_url, "other")
+        self.metrics.total_xds_rejects.labels(short).inc()
+        if short in self.metrics.type_rejects:
+            self.metrics.type_rejects[short].labels(conn.proxy.id, message[:100]).set(1)
+        log.warning("proxy rejected config", proxy=conn.proxy.id, type=short, nonce=nonce,
+                    accepted_version=version, error=message, resources=list(names_)[:10],
+                    config=list(origins)[:10])
+
+    def _origins(self, type_url: str, resource_names: tuple[str, ...]) -> tuple[str, ...]:
+        out: dict[str, None] = {}
+        wanted = set(resource_names)
+        for key, res in self.cache.items():
+            if key[0] == type_url and res.name in wanted:
+                out.update(dict.fromkeys(res.origins))
+        return tuple(out)

@@ -1,0 +1,38 @@
+"""EDS generator: a ClusterLoadAssignment for each requested outbound cluster."""
+
+from __future__ import annotations
+
+from envoy.config.endpoint.v3 import endpoint_pb2
+
+from pilot.model.proxy import Proxy
+from pilot.model.push_context import PushContext
+from pilot.model.services import ServicePort, endpoints_for_port
+from pilot.model.store import Entry
+from pilot.networking import endpoints, names
+from pilot.xds.cache import CachedResource, XdsCache
+from pilot.xds.typeurls import ENDPOINT
+
+
+def build_cla(cluster_name: str, port: ServicePort, slices: tuple[Entry, ...]) -> endpoint_pb2.ClusterLoadAssignment:
+    return endpoints.cluster_load_assignment(cluster_name, endpoints_for_port(slices, port))
+
+
+def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
+             cache: XdsCache) -> list[CachedResource]:
+    """Names that are not (or no longer) services are left out: for EDS that means "unknown",
+    and CDS removes the cluster itself."""
+    out: list[CachedResource] = []
+    for name in sorted(requested or ()):
+        parsed = names.parse_cluster_name(name)
+        if parsed is None or parsed[0] != "outbound" or parsed[2]:
+            continue
+        _, port_number, _, host = parsed
+        svc = ctx.by_host.get(host)
+        port = svc.port(port_number) if svc else None
+        if port is None:
+            continue
+        slices = ctx.service_slices(svc)
+        origins = tuple(f"EndpointSlice/{e.key.namespace}/{e.key.name}" for e in slices)
+        out.append(cache.resource(ctx.version, None, ENDPOINT, name, build_cla, name, port, slices,
+                                  origins=(f"Service/{svc.namespace}/{svc.name}", *origins)))
+    return out

@@ -1,0 +1,73 @@
+"""LDS generator: bound per-port listeners (NONE), istiod's virtualOutbound shape, or gRPC API listeners."""
+
+from __future__ import annotations
+
+from pilot.model.proxy import Proxy
+from pilot.model.push_context import PushContext
+from pilot.networking import listeners, names
+from pilot.xds.cache import CachedResource, XdsCache
+from pilot.xds.typeurls import LISTENER
+
+
+def _origins(plan: listeners.PortPlan, ctx: PushContext) -> tuple[str, ...]:
+    svcs = ctx.by_port.get(plan.port, ()) if plan.http else plan.tcp_services
+    return tuple(f"Service/{s.namespace}/{s.name}" for s in svcs)
+
+
+def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
+             cache: XdsCache) -> list[CachedResource]:
+    if proxy.is_grpc:
+        return _grpc(ctx, proxy, requested, cache)
+    plans, _conflicts = listeners.plan_ports(dict(ctx.by_port))
+    mode = proxy.interception_mode
+    out: list[CachedResource] = []
+    if mode == "NONE":
+        for plan in plans:
+            name = names.listener_name(listeners.LOCALHOST, plan.port)
+            out.append(cache.resource(ctx.version, mode, LISTENER, name, listeners.bound_outbound_listener,
+                                      plan, ctx.mesh, origins=_origins(plan, ctx)))
+    else:
+        out.append(cache.resource(ctx.version, mode, LISTENER, names.VIRTUAL_OUTBOUND_LISTENER,
+                                  listeners.virtual_outbound_listener, ctx.mesh, origins=("MeshConfig",)))
+        for plan in plans:
+            name = names.listener_name(listeners.WILDCARD, plan.port)
+            out.append(cache.resource(ctx.version, mode, LISTENER, name, listeners.unbound_outbound_listener,
+                                      plan, ctx.mesh, origins=_origins(plan, ctx)))
+    if requested is not None:
+        out = [r for r in out if r.name in requested]
+    return out
+
+
+def _grpc(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
+          cache: XdsCache) -> list[CachedResource]:
+    out: list[CachedResource] = []
+    for name in sorted(requested or ()):
+        found = resolve_host_port(ctx, name)
+        if found is None:
+            continue
+        svc, port = found
+        out.append(cache.resource(ctx.version, "grpc", LISTENER, name, _grpc_listener, name, svc.hostname, port,
+                                  origins=(f"Service/{svc.namespace}/{svc.name}",)))
+    return out
+
+
+def _grpc_listener(name: str, hostname: str, port: int):
+    listener = listeners.grpc_api_listener(hostname, port)
+    listener.name = name  # answer under the name the client asked for (it may be a short alias)
+    return listener
+
+
+def resolve_host_port(ctx: PushContext, name: str):
+    """`host:port` as a gRPC target names it; host may be the FQDN or `name.namespace[.svc]`."""
+    host, sep, port_text = name.rpartition(":")
+    if not sep or not port_text.isdigit():
+        return None
+    port = int(port_text)
+    svc = ctx.by_host.get(host)
+    if svc is None:
+        parts = host.split(".")
+        if len(parts) in (2, 3) and (len(parts) == 2 or parts[2] == "svc"):
+            svc = ctx.by_host.get(f"{parts[0]}.{parts[1]}.svc.{ctx.domain}")
+    if svc is None or svc.port(port) is None:
+        return None
+    return svc, port

@@ -1,0 +1,31 @@
+"""RDS generator: per-port outbound route configs for Envoy, per-target ones for gRPC clients."""
+
+from __future__ import annotations
+
+from pilot.model.proxy import Proxy
+from pilot.model.push_context import PushContext
+from pilot.networking import routes
+from pilot.xds.cache import CachedResource, XdsCache
+from pilot.xds.generators.lds import resolve_host_port
+from pilot.xds.typeurls import ROUTE
+
+
+def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
+             cache: XdsCache) -> list[CachedResource]:
+    out: list[CachedResource] = []
+    for name in sorted(requested or ()):
+        if proxy.is_grpc or not name.isdigit():
+            found = resolve_host_port(ctx, name)
+            if found is None:
+                continue
+            svc, port = found
+            out.append(cache.resource(ctx.version, "grpc", ROUTE, name, routes.grpc_route_config, name, svc, port,
+                                      origins=(f"Service/{svc.namespace}/{svc.name}",)))
+            continue
+        port = int(name)
+        http = tuple(s for s in ctx.by_port.get(port, ()) if s.port(port).protocol.is_http)
+        # The short-name domains depend on the proxy's namespace: it is part of both keys.
+        out.append(cache.resource(ctx.version, proxy.namespace, ROUTE, name, routes.outbound_route_config,
+                                  port, http, proxy.namespace, ctx.mesh,
+                                  origins=tuple(f"Service/{s.namespace}/{s.name}" for s in http) or ("MeshConfig",)))
+    return out

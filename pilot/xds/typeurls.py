@@ -1,0 +1,14 @@
+"""xDS type URLs, and the order a push sends them in (clusters before the endpoints they use,
+listeners before their routes), as Envoy's own ADS client expects."""
+
+CLUSTER = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+ENDPOINT = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+LISTENER = "type.googleapis.com/envoy.config.listener.v3.Listener"
+ROUTE = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+SECRET = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
+
+PUSH_ORDER = (CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET)
+
+SHORT = {CLUSTER: "cds", ENDPOINT: "eds", LISTENER: "lds", ROUTE: "rds", SECRET: "sds"}
+# For SotW these are "all or nothing": omitting a resource from a response deletes it.
+STATE_OF_THE_WORLD_COMPLETE = {CLUSTER, LISTENER}

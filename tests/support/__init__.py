@@ -1,0 +1,1 @@
+"""Reusable helpers for tests: real Envoy processes, backends, and condition waits."""

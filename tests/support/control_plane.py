@@ -1,0 +1,139 @@
+"""Run the real control plane (`pilot-discovery discovery`) as a subprocess for tests.
+
+Ports are bound as 0 and read back from --portsFile, so parallel runs never race for ports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any, Self
+
+import aiohttp
+
+from .wait import StopWaiting, wait_for
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class ControlPlane:
+    def __init__(self, tmpdir: str | os.PathLike, *, env: dict[str, str] | None = None,
+                 mesh_config: str | None = None, extra_args: list[str] | None = None) -> None:
+        self.workdir = Path(tmpdir) / "control-plane"
+        self.config_dir = self.workdir / "config"
+        self.config_dir.mkdir(parents=True, exist_ok=True)
+        self.env = {"PILOT_DEBOUNCE_AFTER": "50ms", **(env or {})}
+        self.mesh_config = mesh_config
+        self.extra_args = list(extra_args or [])
+        self.proc: asyncio.subprocess.Process | None = None
+        self.ports: dict[str, int] = {}
+        self.log_path = self.workdir / "pilot.log"
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    async def start(self, timeout: float = 20.0) -> Self:
+        ports_file = self.workdir / "ports.json"
+        ports_file.unlink(missing_ok=True)
+        mesh_path = self.workdir / "mesh.yaml"
+        mesh_path.write_text(self.mesh_config or "")
+        args = [sys.executable, "-m", "pilot.cli", "discovery", "--configDir", str(self.config_dir),
+                "--meshConfig", str(mesh_path), "--grpcAddr", "127.0.0.1:0", "--httpAddr", "127.0.0.1:0",
+                "--monitoringAddr", "127.0.0.1:0", "--secureGRPCAddr", "", "--portsFile", str(ports_file),
+                *self.extra_args]
+        env = {**os.environ, **self.env, "PYTHONPATH": str(REPO_ROOT)}
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
+        self.proc = await asyncio.create_subprocess_exec(*args, stdout=self._log, stderr=self._log, env=env,
+                                                         cwd=str(self.workdir))
+
+        def ports() -> dict | None:
+            if self.proc.returncode is not None:
+                raise StopWaiting(f"control plane exited with {self.proc.returncode}:\n{self.log_tail()}")
+            return json.loads(ports_file.read_text()) if ports_file.exists() else None
+
+        self.ports = await wait_for(ports, timeout, message=f"control plane start\n{self.log_tail()}")
+        return self
+
+    async def stop(self) -> int | None:
+        if self.proc is None or self.proc.returncode is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(self.proc.wait(), 10)
+        except asyncio.TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+    async def __aenter__(self) -> Self:
+        return await self.start()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stop()
+
+    def log_tail(self, lines: int = 40) -> str:
+        with contextlib.suppress(FileNotFoundError):
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return ""
+
+    @property
+    def xds_port(self) -> int:
+        return self.ports["grpc"]
+
+    # --- config -------------------------------------------------------------------------------
+    def write(self, name: str, text: str) -> Path:
+        """Write (atomically, as editors and kubectl-like tools do) a YAML file into the config dir."""
+        path = self.config_dir / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.parent / f".{path.name}.tmp"
+        tmp.write_text(textwrap.dedent(text))
+        os.replace(tmp, path)
+        return path
+
+    def remove(self, name: str) -> None:
+        (self.config_dir / name).unlink()
+
+    # --- HTTP ---------------------------------------------------------------------------------
+    async def get(self, path: str, port: str = "http") -> tuple[int, str]:
+        async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{self.ports[port]}{path}") as r:
+            return r.status, await r.text()
+
+    async def debug(self, path: str) -> Any:
+        status, text = await self.get(path)
+        assert status == 200, f"{path}: {status} {text}"
+        return json.loads(text)
+
+    async def metrics(self) -> str:
+        return (await self.get("/metrics", "monitoring"))[1]
+
+    async def sync_status(self, proxy_id: str) -> dict | None:
+        for row in await self.debug("/debug/syncz"):
+            if row["proxy"] == proxy_id:
+                return row
+        return None
+
+    async def wait_synced(self, proxy_id: str, types=("cluster", "listener", "route", "endpoint"),
+                          since_version: str | None = None, timeout: float = 10.0) -> dict:
+        """Wait until the proxy ACKed the latest nonce of each type (optionally a version newer than
+        `since_version`, meaning a push after a change was delivered and accepted)."""
+
+        async def synced() -> dict | None:
+            row = await self.sync_status(proxy_id)
+            if row is None:
+                return None
+            for t in types:
+                if not row[f"{t}_sent"] or row[f"{t}_sent"] != row[f"{t}_acked"]:
+                    return None
+            if since_version is not None and all(row[f"{t}_version_acked"] == since_version for t in types):
+                return None
+            return row
+
+        return await wait_for(synced, timeout, message=f"{proxy_id} synced\n{self.log_tail()}")
+
+    async def push_version(self) -> str:
+        return (await self.debug("/debug/push_status"))["version"]

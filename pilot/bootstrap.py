@@ -101,7 +101,10 @@ class ControlPlane:
         seen: dict[tuple[str, int], None] = {}
         for name, addr_text in (("http", self.opts.http_addr), ("monitoring", self.opts.monitoring_addr)):
             addr = split_addr(addr_text)
-            if addr is None or addr in seen:
+            if addr is None:
+                continue
+            if addr in seen and addr[1] != 0:  # the same fixed address twice: serve both roles on one
+                self.ports[name] = self.ports["http"]
                 continue
             seen[addr] = None
             runner = web.AppRunner(build_app(self.discovery, self.ready), access_log=None)

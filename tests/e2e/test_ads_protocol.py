@@ -1,0 +1,229 @@
+"""The ADS wire rules, checked with a raw xDS client against the real server.
+
+Absence of a response is proven by ordering, not by waiting: a stream's responses come out in
+order, so after an ACK we make a request that must be answered, and the next message must be
+that answer rather than a reply to the ACK.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import grpc
+import pytest
+from envoy.config.core.v3 import base_pb2
+from envoy.service.discovery.v3 import discovery_pb2
+from google.protobuf import struct_pb2
+from google.rpc import status_pb2
+
+from tests.support.control_plane import ControlPlane
+from tests.support.wait import wait_for
+
+CDS = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+EDS = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+LDS = "type.googleapis.com/envoy.config.listener.v3.Listener"
+SOTW = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
+DELTA = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources"
+NODE_ID = "sidecar~10.0.0.5~raw-1.default~default.svc.cluster.local"
+
+SERVICE = """
+apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: default}}
+spec:
+  clusterIP: {ip}
+  ports: [{{name: http, port: 8080}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: {name}-1
+  namespace: default
+  labels: {{kubernetes.io/service-name: {name}}}
+addressType: IPv4
+ports: [{{name: http, port: {port}}}]
+endpoints: [{{addresses: ["10.1.0.1"]}}]
+"""
+
+MESH = """
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: istio, namespace: istio-system}}
+data:
+  mesh: |
+    accessLogFile: {log}
+"""
+
+
+def node(node_id: str = NODE_ID) -> base_pb2.Node:
+    md = struct_pb2.Struct()
+    md.update({"NAMESPACE": "default", "INTERCEPTION_MODE": "NONE"})
+    return base_pb2.Node(id=node_id, metadata=md)
+
+
+@pytest.fixture
+async def cp(tmp_path):
+    plane = ControlPlane(tmp_path)
+    plane.write("svc.yaml", SERVICE.format(name="a", ip="10.96.0.1", port=9001))
+    async with plane:
+        yield plane
+
+
+class Sotw:
+    def __init__(self, port: int) -> None:
+        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        self.call = self.channel.stream_stream(
+            SOTW, request_serializer=discovery_pb2.DiscoveryRequest.SerializeToString,
+            response_deserializer=discovery_pb2.DiscoveryResponse.FromString)()
+        self.sent_node = False
+
+    async def request(self, type_url: str, names=(), nonce: str = "", version: str = "", error: str = "") -> None:
+        req = discovery_pb2.DiscoveryRequest(type_url=type_url, resource_names=list(names),
+                                             response_nonce=nonce, version_info=version)
+        if not self.sent_node:
+            req.node.CopyFrom(node())
+            self.sent_node = True
+        if error:
+            req.error_detail.CopyFrom(status_pb2.Status(code=13, message=error))
+        await self.call.write(req)
+
+    async def read(self, timeout: float = 10.0) -> discovery_pb2.DiscoveryResponse:
+        return await asyncio.wait_for(self.call.read(), timeout)
+
+    async def ack(self, resp: discovery_pb2.DiscoveryResponse, names=()) -> None:
+        await self.request(resp.type_url, names, nonce=resp.nonce, version=resp.version_info)
+
+    async def close(self) -> None:
+        self.call.cancel()
+        await self.channel.close()
+
+
+async def test_ack_gets_no_response_and_nack_is_recorded_not_resent(cp: ControlPlane):
+    c = Sotw(cp.xds_port)
+    try:
+        await c.request(CDS)
+        cds = await c.read()
+        assert cds.type_url == CDS
+        assert "outbound|8080||a.default.svc.cluster.local" in {_name(r) for r in cds.resources}
+        await c.ack(cds)
+        # Had the ACK been answered, that answer would come before this LDS response.
+        await c.request(LDS)
+        lds = await c.read()
+        assert lds.type_url == LDS
+
+        # A CDS change arrives; the proxy rejects it.
+        cp.write("svc-b.yaml", SERVICE.format(name="b", ip="10.96.0.2", port=9002))
+        pushed = await c.read()
+        while pushed.type_url != CDS:  # LDS for the new port may come too; ACK whatever else
+            await c.ack(pushed)
+            pushed = await c.read()
+        await c.request(CDS, nonce=pushed.nonce, version=cds.version_info, error="bad cluster: made up")
+        row = await wait_for(_nack_row(cp), message="nack recorded")
+        assert row["cluster_nack"]["message"] == "bad cluster: made up"
+        assert "Service/default/b" in row["cluster_nack"]["config"]
+        assert 'pilot_total_xds_rejects_total{type="cds"} 1.0' in await cp.metrics()
+
+        # A push that leaves clusters as they were (only listeners change) must not re-send the
+        # rejected CDS: the next response is LDS. (Service b shares port 8080, so LDS did not
+        # change with it and was not pushed.)
+        cp.write("mesh.yaml", MESH.format(log="/dev/stdout"))
+        nxt = await c.read()
+        assert nxt.type_url == LDS, "a rejected CDS version was sent again"
+    finally:
+        await c.close()
+
+
+async def test_unknown_type_url_gets_empty_response_and_stream_survives(cp: ControlPlane):
+    c = Sotw(cp.xds_port)
+    try:
+        await c.request("type.googleapis.com/made.up.Thing", names=["x"])
+        resp = await c.read()
+        assert resp.type_url == "type.googleapis.com/made.up.Thing"
+        assert len(resp.resources) == 0
+        await c.request(CDS)
+        assert (await c.read()).type_url == CDS
+    finally:
+        await c.close()
+
+
+@pytest.mark.parametrize("node_id, reason", [
+    ("not-a-node-id", "4 '~'-separated parts"),
+    ("gateway~10.0.0.1~a.default~default.svc.cluster.local", "unknown proxy type"),
+    ("sidecar~notanip~a.default~default.svc.cluster.local", "not an IP address"),
+])
+async def test_malformed_node_is_refused_with_reason(cp: ControlPlane, node_id: str, reason: str):
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{cp.xds_port}") as ch:
+        call = ch.stream_stream(SOTW, request_serializer=discovery_pb2.DiscoveryRequest.SerializeToString,
+                                response_deserializer=discovery_pb2.DiscoveryResponse.FromString)()
+        await call.write(discovery_pb2.DiscoveryRequest(type_url=CDS, node=base_pb2.Node(id=node_id)))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await asyncio.wait_for(call.read(), 10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert reason in err.value.details()
+
+
+async def test_garbage_bytes_do_not_hurt_the_server(cp: ControlPlane):
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{cp.xds_port}") as ch:
+        call = ch.stream_stream(SOTW, request_serializer=None, response_deserializer=None)()
+        await call.write(b"\xff\xff\xff\xff garbage")
+        with pytest.raises(grpc.aio.AioRpcError):
+            await asyncio.wait_for(call.read(), 10)
+    c = Sotw(cp.xds_port)  # the server still serves everyone else
+    try:
+        await c.request(CDS)
+        assert (await c.read()).type_url == CDS
+    finally:
+        await c.close()
+    assert cp.proc.returncode is None
+
+
+async def test_delta_ack_is_silent_and_reconnect_with_versions_sends_nothing_new(cp: ControlPlane):
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{cp.xds_port}") as ch:
+        def open_stream():
+            return ch.stream_stream(DELTA, request_serializer=discovery_pb2.DeltaDiscoveryRequest.SerializeToString,
+                                    response_deserializer=discovery_pb2.DeltaDiscoveryResponse.FromString)()
+
+        call = open_stream()
+        await call.write(discovery_pb2.DeltaDiscoveryRequest(type_url=CDS, node=node()))
+        first = await asyncio.wait_for(call.read(), 10)
+        versions = {r.name: r.version for r in first.resources}
+        assert "outbound|8080||a.default.svc.cluster.local" in versions
+        await call.write(discovery_pb2.DeltaDiscoveryRequest(type_url=CDS, response_nonce=first.nonce))
+        await call.write(discovery_pb2.DeltaDiscoveryRequest(
+            type_url=EDS, resource_names_subscribe=["outbound|8080||a.default.svc.cluster.local"]))
+        eds = await asyncio.wait_for(call.read(), 10)
+        assert eds.type_url == EDS, "the CDS ACK was answered"
+        assert [r.name for r in eds.resources] == ["outbound|8080||a.default.svc.cluster.local"]
+        call.cancel()
+
+        # Reconnect claiming every version we hold: the response carries nothing.
+        again = open_stream()
+        await again.write(discovery_pb2.DeltaDiscoveryRequest(type_url=CDS, node=node(),
+                                                              initial_resource_versions=versions))
+        resp = await asyncio.wait_for(again.read(), 10)
+        assert list(resp.resources) == [] and list(resp.removed_resources) == []
+        # ...and a stale version is corrected with just that one resource.
+        stale = dict(versions, **{"outbound|8080||a.default.svc.cluster.local": "old"}, gone="x")
+        third = open_stream()
+        await third.write(discovery_pb2.DeltaDiscoveryRequest(type_url=CDS, node=node(),
+                                                              initial_resource_versions=stale))
+        resp = await asyncio.wait_for(third.read(), 10)
+        assert [r.name for r in resp.resources] == ["outbound|8080||a.default.svc.cluster.local"]
+        assert list(resp.removed_resources) == ["gone"]
+        again.cancel()
+        third.cancel()
+
+
+def _name(any_msg) -> str:
+    from envoy.config.cluster.v3 import cluster_pb2
+    c = cluster_pb2.Cluster()
+    any_msg.Unpack(c)
+    return c.name
+
+
+def _nack_row(cp: ControlPlane):
+    async def check():
+        row = await cp.sync_status(NODE_ID)
+        return row if row and row["cluster_nack"] else None
+    return check

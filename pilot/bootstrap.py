@@ -74,7 +74,7 @@ class ControlPlane:
         elif self.opts.kubeconfig:
             raise SystemExit("Kubernetes mode is not implemented yet; use --configDir")
         # The first context is built from what is loaded now; everything after goes through debounce.
-        self.discovery.push_context = self.discovery._build_context(self.discovery._next_version())
+        self.discovery.rebuild()
         self.discovery.start()
         await self._start_grpc()
         await self._start_http()

@@ -30,9 +30,17 @@ class PushContext:
     by_port: Mapping[int, tuple[MeshService, ...]] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, store: Store, mesh: MeshConfig, mesh_version: str, domain: str, version: str) -> "PushContext":
-        services = tuple(sorted((mesh_service(e, domain) for e in store.list("Service")),
-                                key=lambda s: s.hostname))
+    def build(cls, store: Store, mesh: MeshConfig, mesh_version: str, domain: str, version: str,
+              previous: "PushContext | None" = None) -> "PushContext":
+        """Services whose Service object did not change are carried over from `previous` as the
+        same objects, so cache keys built from them compare by identity, not field by field."""
+        old = previous.by_host if previous is not None and previous.domain == domain else {}
+
+        def service(e: Entry) -> MeshService:
+            prev = old.get(f"{e.key.name}.{e.key.namespace}.svc.{domain}")
+            return prev if prev is not None and prev.revision == e.revision else mesh_service(e, domain)
+
+        services = tuple(sorted((service(e) for e in store.list("Service")), key=lambda s: s.hostname))
         by_port: dict[int, list[MeshService]] = defaultdict(list)
         for svc in services:
             for p in svc.ports:

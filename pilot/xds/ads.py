@@ -17,6 +17,7 @@ from pilot.model.proxy import InvalidNode, proxy_from_node
 from pilot.xds import typeurls
 from pilot.xds.connection import Connection, WatchedResource
 from pilot.xds.discovery import DiscoveryServer
+from pilot.xds.ratelimit import TokenBucket
 
 log = plog.get("ads")
 
@@ -30,6 +31,7 @@ MAX_NAMES = 100_000  # a request naming more than this is hostile, not a proxy
 class AdsService:
     def __init__(self, server: DiscoveryServer) -> None:
         self.server = server
+        self.new_streams = TokenBucket(server.features.max_requests_per_second)
 
     def handler(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler(SERVICE, {
@@ -58,6 +60,7 @@ class AdsService:
             proxy = proxy_from_node(first.node)
         except InvalidNode as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        await self.new_streams.acquire()
         conn = Connection(proxy, context.peer() or "", delta)
         self.server.register(conn)
         log.info("connected", proxy=proxy.id, peer=conn.peer, delta=delta, conn=conn.id)

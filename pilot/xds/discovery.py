@@ -95,9 +95,14 @@ class DiscoveryServer:
         self._seq += 1
         return f"{datetime.now(timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')}/{self._seq}"
 
+    def rebuild(self) -> None:
+        """Rebuild the PushContext from the Store now, without a push (startup, after the first load)."""
+        self.push_context = self._build_context(self._next_version())
+
     def _build_context(self, version: str) -> PushContext:
         self.mesh.refresh(self.store)
-        return PushContext.build(self.store, self.mesh.current, self.mesh.version, self.domain, version)
+        previous = getattr(self, "push_context", None)
+        return PushContext.build(self.store, self.mesh.current, self.mesh.version, self.domain, version, previous)
 
     async def _debounced_push(self, req: PushRequest, debounce_s: float) -> None:
         self.metrics.debounce_time.observe(debounce_s)

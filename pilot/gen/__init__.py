@@ -1,0 +1,1 @@
+"""Python generated from protos/ by `make protos`; do not edit."""

@@ -94,7 +94,10 @@ class ControlPlane:
         self._grpc = grpc.aio.server(options=options)
         self._grpc.add_generic_rpc_handlers((AdsService(self.discovery).handler(),))
         host, port = addr
-        self.ports["grpc"] = self._grpc.add_insecure_port(f"{host}:{port}" if ":" not in host else f"[{host}]:{port}")
+        try:
+            self.ports["grpc"] = self._grpc.add_insecure_port(f"{host}:{port}" if ":" not in host else f"[{host}]:{port}")
+        except RuntimeError as e:
+            raise OSError(98, f"--grpcAddr {self.opts.grpc_addr}: cannot listen ({e})") from None
         await self._grpc.start()
 
     async def _start_http(self) -> None:
@@ -109,10 +112,13 @@ class ControlPlane:
             seen[addr] = None
             runner = web.AppRunner(build_app(self.discovery, self.ready), access_log=None)
             await runner.setup()
-            site = web.TCPSite(runner, addr[0], addr[1])
-            await site.start()
-            self.ports[name] = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
             self._runners.append(runner)
+            site = web.TCPSite(runner, addr[0], addr[1])
+            try:
+                await site.start()
+            except OSError as e:
+                raise OSError(e.errno, f"--{name}Addr {addr_text}: {e.strerror}") from None
+            self.ports[name] = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
     async def stop(self) -> None:
         self.loaded = False
@@ -127,7 +133,11 @@ class ControlPlane:
             await r.cleanup()
 
     async def run_until_signalled(self) -> None:
-        await self.start()
+        try:
+            await self.start()
+        except OSError as e:
+            await self.stop()
+            raise SystemExit(f"cannot start: {e}") from None
         loop = asyncio.get_running_loop()
         done = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):

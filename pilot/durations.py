@@ -7,7 +7,8 @@ import re
 _UNITS = {
     "ns": 1e-9,
     "us": 1e-6,
-    "µs": 1e-6,
+    "µs": 1e-6,  # U+00B5 micro sign
+    "μs": 1e-6,  # U+03BC Greek small letter mu; Go accepts both
     "ms": 1e-3,
     "s": 1.0,
     "m": 60.0,
@@ -15,7 +16,7 @@ _UNITS = {
     # Not Go syntax, but istiod's docs write cert TTLs such as "90d"; accept it rather than surprise.
     "d": 86400.0,
 }
-_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h|d)")
+_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h|d)")
 
 
 def parse_duration(text: str) -> float:
@@ -27,6 +28,8 @@ def parse_duration(text: str) -> float:
     if s[0] in "+-":
         sign = -1.0 if s[0] == "-" else 1.0
         s = s[1:]
+        if not s:  # a bare sign is not a duration (Go rejects it too)
+            raise ValueError(f"invalid duration {text!r}")
     if s == "0":
         return 0.0
     pos = 0

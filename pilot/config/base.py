@@ -30,8 +30,10 @@ class K8sObject(Model):
 
     def spec_equal(self, other: "K8sObject") -> bool:
         """True when nothing that can change generated config differs: bookkeeping such as
-        resourceVersion, uid and generation is ignored so a no-op update causes no push."""
+        resourceVersion, uid and generation is ignored so a no-op update causes no push.
+        `status` is compared: the models keep only status fields the registry reads (a Pod's IP
+        and phase), and an update judged equal is dropped, so ignoring it would keep a stale IP."""
         if type(self) is not type(other):
             return False
-        ignore = {"metadata": {"resource_version", "uid", "generation"}, "status": True}
+        ignore = {"metadata": {"resource_version", "uid", "generation"}}
         return self.model_dump(exclude=ignore) == other.model_dump(exclude=ignore)

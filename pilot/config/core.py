@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from pilot.config.base import K8sObject, Model
 
@@ -80,6 +81,24 @@ class EndpointSlice(K8sObject):
     address_type: Literal["IPv4", "IPv6", "FQDN"] = "IPv4"
     endpoints: list[Endpoint] = Field(default_factory=list)
     ports: list[EndpointPort] | None = None
+
+    @model_validator(mode="after")
+    def _addresses_match_type(self) -> EndpointSlice:
+        # The apiserver enforces this; without it an address such as "localhost" in an IPv4 slice
+        # reaches Envoy, which NACKs the whole EDS response ("malformed IP address") instead of
+        # this one object being rejected here with its name.
+        if self.address_type == "FQDN":
+            return self
+        want = ipaddress.IPv4Address if self.address_type == "IPv4" else ipaddress.IPv6Address
+        for i, ep in enumerate(self.endpoints):
+            for addr in ep.addresses:
+                try:
+                    ok = isinstance(ipaddress.ip_address(addr), want)
+                except ValueError:
+                    ok = False
+                if not ok:
+                    raise ValueError(f"endpoints[{i}].addresses: {addr!r} is not an {self.address_type} address")
+        return self
 
     @property
     def service_name(self) -> str | None:

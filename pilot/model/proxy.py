@@ -80,7 +80,8 @@ def parse_node_id(node_id: str) -> tuple[str, tuple[str, ...], str, str, str]:
             ipaddress.ip_address(a)
         except ValueError:
             raise InvalidNode(f"node id {node_id!r}: {a!r} is not an IP address") from None
-    pod, dot, namespace = pod_ns.partition(".")
+    # Pod names may contain dots (DNS subdomains); namespaces cannot (DNS labels): split at the last.
+    pod, dot, namespace = pod_ns.rpartition(".")
     if not dot or not pod or not namespace:
         raise InvalidNode(f"node id {node_id!r}: third part must be POD.NAMESPACE")
     dns_domain = domain

@@ -8,7 +8,10 @@ import asyncio
 import time
 from typing import Awaitable, Callable
 
+from pilot import logging as plog
 from pilot.model.push_request import PushRequest
+
+log = plog.get("debounce")
 
 
 class Debouncer:
@@ -27,10 +30,12 @@ class Debouncer:
     async def run(self) -> None:
         while True:
             req = await self._queue.get()
+            if self._immediate(req):
+                await self._push(req, 0.0)
+                continue
             first = last = time.monotonic()
             merged = req
-            # An endpoint-only request may skip debounce entirely (PILOT_ENABLE_EDS_DEBOUNCE=false).
-            while merged.full or self.debounce_eds:
+            while True:
                 now = time.monotonic()
                 wait = min(self.after - (now - last), self.max_delay - (now - first))
                 if wait <= 0:
@@ -39,7 +44,24 @@ class Debouncer:
                     nxt = await asyncio.wait_for(self._queue.get(), wait)
                 except asyncio.TimeoutError:
                     break
+                if self._immediate(nxt):
+                    # As in istiod, an endpoint-only request skips debounce even while a config
+                    # change waits for its quiet period; it does not extend that period.
+                    await self._push(nxt, 0.0)
+                    continue
                 merged = merged.merge(nxt)
                 self.merged_events += 1
                 last = time.monotonic()
-            await self.on_push(merged, time.monotonic() - first)
+            await self._push(merged, time.monotonic() - first)
+
+    def _immediate(self, req: PushRequest) -> bool:
+        """An endpoint-only request skips debounce entirely when PILOT_ENABLE_EDS_DEBOUNCE=false."""
+        return not req.full and not self.debounce_eds
+
+    async def _push(self, req: PushRequest, debounce_s: float) -> None:
+        # A failed push must not end the loop: every later change would silently never be pushed.
+        try:
+            await self.on_push(req, debounce_s)
+        except Exception:
+            log.exception("push failed; waiting for the next change", full=req.full,
+                          reasons=req.reason_text())

@@ -334,12 +334,15 @@ class Envoy:
         return await self._admin_json("/clusters?format=json")
 
     async def stats(self) -> dict[str, int]:
-        """Counters and gauges as a flat name -> value map (histograms are left out)."""
+        """Counters and gauges as a flat name -> value map (histograms are left out).
+
+        Text stats (e.g. ``control_plane.identifier``, ``*.version_text`` once xDS is
+        connected) are left out too: they are not numbers."""
         data = await self._admin_json("/stats?format=json")
         return {
             entry["name"]: int(entry["value"])
             for entry in data.get("stats", [])
-            if "name" in entry and "value" in entry
+            if "name" in entry and isinstance(entry.get("value"), (int, float))
         }
 
 

@@ -30,6 +30,10 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         out.append(cache.resource(ctx.version, mode, LISTENER, names.VIRTUAL_OUTBOUND_LISTENER,
                                   listeners.virtual_outbound_listener, ctx.mesh, origins=("MeshConfig",)))
         for plan in plans:
+            if plan.port == names.VIRTUAL_OUTBOUND_PORT:
+                # 0.0.0.0:15001 is virtualOutbound's own address: Envoy rejects the whole LDS
+                # update for a second listener there. Traffic to such a port takes the fallback.
+                continue
             name = names.listener_name(listeners.WILDCARD, plan.port)
             out.append(cache.resource(ctx.version, mode, LISTENER, name, listeners.unbound_outbound_listener,
                                       plan, ctx.mesh, origins=_origins(plan, ctx)))

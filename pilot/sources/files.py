@@ -1,14 +1,17 @@
 """The file source: every YAML document under `--configDir`, recursively, kept in the Store.
 
-A reload re-reads only files whose (mtime, size) changed, then syncs the whole directory's state
+A reload re-parses only files whose content changed, then syncs the whole directory's state
 into the Store, so creates, edits, deletes and renames all reduce to "the directory now holds
 this". A bad document is rejected with its file, index, kind/namespace/name and reason, and
-never affects any other document.
+never affects any other document. Nothing is lost to a bad edit either: an object whose new
+version is rejected keeps its last good version (a file that stops being YAML keeps all its
+objects) until the file is fixed or deleted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,16 +31,35 @@ SUFFIXES = (".yaml", ".yml", ".json")
 
 @dataclass(frozen=True)
 class ParsedFile:
-    stamp: tuple[int, int]
+    digest: bytes
     objects: tuple[tuple[K8sObject, str], ...]
     rejections: tuple[Rejection, ...]
+
+
+def _keep_last_good(previous: ParsedFile | None, objs: list[tuple[K8sObject, str]],
+                    rejs: list[Rejection]) -> tuple[list[tuple[K8sObject, str]], list[Rejection]]:
+    """Carry over the previous good version of every object this parse rejected."""
+    if previous is None or not rejs:
+        return objs, rejs
+    have = {ConfigKey.of(o) for o, _ in objs}
+    whole_file = any(not r.kind for r in rejs)  # the file itself failed (YAML, encoding)
+    rejected = {(r.kind, r.namespace, r.name) for r in rejs}
+    kept: list[tuple[K8sObject, str]] = []
+    for obj, src in previous.objects:
+        key = ConfigKey.of(obj)
+        if key not in have and (whole_file or (key.kind, key.namespace, key.name) in rejected):
+            kept.append((obj, src))
+    if not kept:
+        return objs, rejs
+    note = f"; still serving the last good version of {len(kept)} object(s) from this file"
+    return objs + kept, [Rejection(r.source, r.kind, r.namespace, r.name, r.reason + note) for r in rejs]
 
 
 def parse_file(path: Path, default_namespace: str = "default") -> tuple[list[tuple[K8sObject, str]], list[Rejection]]:
     objects: list[tuple[K8sObject, str]] = []
     rejections: list[Rejection] = []
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_bytes().decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         return [], [Rejection(str(path), "", "", "", f"cannot read file: {e}")]
     try:
@@ -87,14 +109,15 @@ class FileSource:
         current: dict[Path, ParsedFile] = {}
         for path in self._scan():
             try:
-                st = path.stat()
+                # Hash the content rather than trust mtime: two same-size edits within the
+                # filesystem's timestamp granularity would otherwise look unchanged.
+                digest = hashlib.blake2b(path.read_bytes(), digest_size=16).digest()
             except OSError:
                 continue
-            stamp = (st.st_mtime_ns, st.st_size)
             cached = self._files.get(path)
-            if cached is None or cached.stamp != stamp:
-                objs, rejs = parse_file(path, self.default_namespace)
-                cached = ParsedFile(stamp, tuple(objs), tuple(rejs))
+            if cached is None or cached.digest != digest:
+                objs, rejs = _keep_last_good(cached, *parse_file(path, self.default_namespace))
+                cached = ParsedFile(digest, tuple(objs), tuple(rejs))
                 for r in rejs:
                     log.warning("config rejected", source=r.source, kind=r.kind, namespace=r.namespace,
                                 name=r.name, reason=r.reason)
@@ -118,11 +141,24 @@ class FileSource:
             log.info("config loaded", changes=len(events), objects=len(desired), rejected=len(rejections))
 
     async def watch(self, stop: asyncio.Event | None = None) -> None:
-        """Reload on every change below the root (and if the root itself appears later)."""
-        watch_path = self.root if self.root.exists() else self.root.parent
-        async for _changes in watchfiles.awatch(watch_path, debounce=50, step=20, stop_event=stop,
+        """Reload on every change below the root. A root that does not exist yet is waited for
+        by watching only its parent's entries, never the parent's whole tree."""
+        stop = stop or asyncio.Event()
+        if not self.root.is_dir():
+            log.warning("config directory does not exist yet; waiting for it", path=str(self.root))
+            async for _ in watchfiles.awatch(self.root.parent, debounce=50, step=20, stop_event=stop,
+                                             recursive=False, ignore_permission_denied=True):
+                if self.root.is_dir():
+                    break
+            if stop.is_set():
+                return
+            self._reload()
+        async for _changes in watchfiles.awatch(self.root, debounce=50, step=20, stop_event=stop,
                                                 recursive=True, ignore_permission_denied=True):
-            try:
-                self.load()
-            except Exception:
-                log.exception("reloading config directory failed; keeping the last good state")
+            self._reload()
+
+    def _reload(self) -> None:
+        try:
+            self.load()
+        except Exception:
+            log.exception("reloading config directory failed; keeping the last good state")

@@ -58,12 +58,6 @@ def write(path: Path, text: str) -> None:
     path.write_text(text)
 
 
-def bump_mtime(path: Path) -> None:
-    """Some filesystems have coarse mtimes: make a rewrite visible even within the same tick."""
-    st = path.stat()
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
-
-
 @pytest.fixture
 def store() -> Store:
     return Store()
@@ -115,7 +109,6 @@ def test_create_modify_delete_rename(tmp_path: Path, store: Store) -> None:
 
     rec.events.clear()
     write(tmp_path / "a.yaml", svc("a", port=81))
-    bump_mtime(tmp_path / "a.yaml")
     src.load()
     assert [(e.op, str(e.key)) for e in rec.events] == [("update", "Service/default/a")]
     assert store.get(ConfigKey("Service", "default", "a")).obj.spec.ports[0].port == 81
@@ -147,7 +140,6 @@ def test_removing_a_document_from_a_file_deletes_only_it(tmp_path: Path, store: 
     src.load()
     rec = Recorder(store)
     write(tmp_path / "a.yaml", svc("b", ip="10.96.0.2"))
-    bump_mtime(tmp_path / "a.yaml")
     src.load()
     assert [(e.op, str(e.key)) for e in rec.events] == [("delete", "Service/default/a")]
     assert keys(store, "Service") == {"default/b"}
@@ -161,12 +153,10 @@ def test_rewriting_identical_content_produces_no_events(tmp_path: Path, store: S
     rec = Recorder(store)
     revision = store.revision
     write(tmp_path / "a.yaml", text)
-    bump_mtime(tmp_path / "a.yaml")
     src.load()
     # Also: the same content reformatted (key order, flow style) is the same object.
     write(tmp_path / "a.yaml", "kind: Service\napiVersion: v1\nspec:\n  ports:\n  - port: 80\n    name: http\n"
           "  clusterIP: 10.96.0.1\nmetadata:\n  namespace: default\n  name: a\n---\n" + eps("a-1", "a"))
-    bump_mtime(tmp_path / "a.yaml")
     src.load()
     assert rec.events == []
     assert store.revision == revision
@@ -258,22 +248,54 @@ def test_fixing_a_bad_file_clears_its_rejection(tmp_path: Path, store: Store) ->
     src.load()
     assert len(store.rejections()) == 1 and store.list("Service") == []
     write(tmp_path / "a.yaml", svc("a", port=80))
-    bump_mtime(tmp_path / "a.yaml")
     src.load()
     assert store.rejections() == []
     assert keys(store, "Service") == {"default/a"}
 
 
-def test_breaking_a_file_removes_its_objects_and_reports_why(tmp_path: Path, store: Store) -> None:
+def test_breaking_an_object_keeps_its_last_good_version_and_reports_why(tmp_path: Path, store: Store) -> None:
     write(tmp_path / "a.yaml", svc("a"))
     write(tmp_path / "b.yaml", svc("b", ip="10.96.0.2"))
     src = FileSource(tmp_path, store)
     src.load()
+    good = store.get(ConfigKey("Service", "default", "a"))
     write(tmp_path / "a.yaml", svc("a", port=0))
-    bump_mtime(tmp_path / "a.yaml")
+    src.load()
+    assert keys(store, "Service") == {"default/a", "default/b"}
+    assert store.get(ConfigKey("Service", "default", "a")).revision == good.revision  # untouched
+    rej = _rejection(store, "a")
+    assert rej.source == f"{tmp_path / 'a.yaml'}#0"
+    assert "last good version" in rej.reason
+    # Fixing it applies the fix and clears the rejection; deleting the file deletes the object.
+    write(tmp_path / "a.yaml", svc("a", port=81))
+    src.load()
+    assert store.rejections() == []
+    assert store.get(ConfigKey("Service", "default", "a")).obj.spec.ports[0].port == 81
+    (tmp_path / "a.yaml").unlink()
     src.load()
     assert keys(store, "Service") == {"default/b"}
-    assert _rejection(store, "a").source == f"{tmp_path / 'a.yaml'}#0"
+
+
+def test_a_file_that_stops_being_yaml_keeps_all_its_objects(tmp_path: Path, store: Store) -> None:
+    write(tmp_path / "ab.yaml", svc("a") + "\n---\n" + svc("b", ip="10.96.0.2"))
+    src = FileSource(tmp_path, store)
+    src.load()
+    write(tmp_path / "ab.yaml", "kind: Service\n  bad: [indent\n")
+    src.load()
+    assert keys(store, "Service") == {"default/a", "default/b"}
+    (rej,) = store.rejections()
+    assert "invalid YAML" in rej.reason and "2 object(s)" in rej.reason
+
+
+def test_same_size_edit_is_noticed(tmp_path: Path, store: Store) -> None:
+    write(tmp_path / "a.yaml", svc("a", port=81))
+    src = FileSource(tmp_path, store)
+    src.load()
+    stat = (tmp_path / "a.yaml").stat()
+    write(tmp_path / "a.yaml", svc("a", port=82))
+    os.utime(tmp_path / "a.yaml", ns=(stat.st_atime_ns, stat.st_mtime_ns))  # same size, same mtime
+    src.load()
+    assert store.get(ConfigKey("Service", "default", "a")).obj.spec.ports[0].port == 82
 
 
 def test_objects_from_other_owners_are_left_alone(tmp_path: Path, store: Store) -> None:

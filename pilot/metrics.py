@@ -41,3 +41,35 @@ class Metrics:
         self.config_rejections = Gauge("pilot_config_rejected", "Config documents currently rejected.",
                                        registry=r)
         self.cache_events = Counter("pilot_xds_cache_reads", "xDS cache reads.", ["type"], registry=r)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def _number(v: float) -> str:
+    if v == float("inf"):
+        return "+Inf"
+    if v == float("-inf"):
+        return "-Inf"
+    if v != v:
+        return "NaN"
+    return repr(float(v))
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    """Prometheus text exposition with istiod's names: counters keep their bare name
+    (`pilot_xds_pushes`, not `pilot_xds_pushes_total`), as istiod's exporter writes them without
+    the counter suffix, so existing dashboards and alerts keep working."""
+    lines: list[str] = []
+    for family in registry.collect():
+        name = family.name
+        lines.append(f"# HELP {name} {family.documentation}")
+        lines.append(f"# TYPE {name} {family.type}")
+        for s in family.samples:
+            if s.name.endswith("_created"):
+                continue
+            sample = name if family.type == "counter" and s.name == f"{name}_total" else s.name
+            labels = ",".join(f'{k}="{_escape(str(v))}"' for k, v in s.labels.items())
+            lines.append(f"{sample}{{{labels}}} {_number(s.value)}" if labels else f"{sample} {_number(s.value)}")
+    return ("\n".join(lines) + "\n").encode()

@@ -12,6 +12,8 @@ from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
 from google.protobuf import json_format
 
+from pilot.model.events import SERVICE_ENDPOINTS
+from pilot.model.store import ConfigKey
 from pilot.xds import typeurls
 from pilot.xds.connection import Connection, WatchedResource
 from pilot.xds.discovery import GENERATORS, DiscoveryServer
@@ -20,6 +22,17 @@ _MESSAGES = {typeurls.CLUSTER: cluster_pb2.Cluster, typeurls.ENDPOINT: endpoint_
              typeurls.LISTENER: listener_pb2.Listener, typeurls.ROUTE: route_pb2.RouteConfiguration}
 _SYNC_FIELDS = {typeurls.CLUSTER: "cluster", typeurls.LISTENER: "listener", typeurls.ROUTE: "route",
                 typeurls.ENDPOINT: "endpoint"}
+
+
+_TYPE_ALIASES = {short: t for t, short in typeurls.SHORT.items()} | {
+    "clusters": typeurls.CLUSTER, "endpoints": typeurls.ENDPOINT, "listeners": typeurls.LISTENER,
+    "routes": typeurls.ROUTE}
+
+
+def _key_ref(key: str) -> str:
+    """`ServiceEndpoints/ns/name` is an endpoint change of Service ns/name."""
+    kind, _, rest = key.partition("/")
+    return f"Service/{rest}" if kind == SERVICE_ENDPOINTS else key
 
 
 def _json(data, status: int = 200) -> web.Response:
@@ -56,6 +69,9 @@ class DebugHandlers:
             web.get("/debug/push_status", self.push_status),
             web.get("/debug/mesh", self.mesh),
             web.get("/debug/cachez", self.cachez),
+            web.get("/debug/push_timeline", self.push_timeline),
+            web.get("/debug/explain", self.explain),
+            web.get("/debug/list", self.index),
         ]
 
     async def index(self, _req: web.Request) -> web.Response:
@@ -146,7 +162,7 @@ class DebugHandlers:
     async def push_status(self, _req: web.Request) -> web.Response:
         s = self.server
         return _json({"version": s.push_context.version, "connected": len(s.connections),
-                      "pushes": [vars(p) for p in reversed(s.pushes)]})
+                      "pushes": [p.as_dict() for p in s.history.recent()]})
 
     async def mesh(self, _req: web.Request) -> web.Response:
         m = self.server.mesh
@@ -155,3 +171,64 @@ class DebugHandlers:
 
     async def cachez(self, _req: web.Request) -> web.Response:
         return _json(self.server.cache.stats())
+
+    async def push_timeline(self, _req: web.Request) -> web.Response:
+        """The last pushes, newest first, with the time spent in each stage."""
+        return _json([p.as_dict() for p in self.server.history.recent()])
+
+    def _origin(self, ref: str) -> dict:
+        if ref == "MeshConfig":
+            m = self.server.mesh
+            return {"kind": "MeshConfig", "source": m.source, "version": m.version}
+        kind, _, rest = ref.partition("/")
+        namespace, _, name = rest.partition("/")
+        entry = self.server.store.get(ConfigKey(kind, namespace, name))
+        out = {"kind": kind, "namespace": namespace, "name": name}
+        if entry is None:
+            out["deleted"] = True
+        else:
+            out.update(revision=entry.revision, resourceVersion=entry.obj.metadata.resource_version or None,
+                       source=entry.source)
+        return out
+
+    async def explain(self, req: web.Request) -> web.Response:
+        """For one resource a proxy holds: what it is built from, which push last changed it and
+        why, and whether the proxy has (and accepted) the current version."""
+        proxy_id, type_url, name = (req.query.get(k, "") for k in ("proxyID", "type", "name"))
+        type_url = _TYPE_ALIASES.get(type_url.lower(), type_url)
+        conn = self._find(proxy_id)
+        if conn is None:
+            return _json({"error": f"proxy {proxy_id!r} is not connected"}, status=404)
+        if type_url not in GENERATORS:
+            return _json({"error": f"unknown type {type_url!r}", "types": sorted(GENERATORS)}, status=400)
+        server = self.server
+        ctx = server.push_context
+        found = [r for r in GENERATORS[type_url](ctx, conn.proxy, frozenset([name]), server.cache) if r.name == name]
+        w = conn.watched.get(type_url)
+        held = w.sent.get(name) if w else None
+        if not found and held is None:
+            return _json({"error": f"{proxy_id} neither has nor would get {typeurls.SHORT.get(type_url)} {name!r}"},
+                         status=404)
+        res = found[0] if found else None
+        out: dict = {"proxy": conn.proxy.id, "type": type_url, "name": name,
+                     "current": {"version": res.version if res else None, "push_context": ctx.version,
+                                 "exists": res is not None},
+                     "proxy_holds": {"version": held, "up_to_date": res is not None and held == res.version}}
+        if w is not None:
+            out["proxy_holds"]["last_response_acked"] = bool(w.nonce_sent) and w.nonce_sent == w.nonce_acked
+            out["proxy_holds"]["nack"] = _nack(w)
+        if res is not None:
+            out["built_from"] = [self._origin(o) for o in res.origins]
+            push_version = server.history.built_in(type_url, name, res.version)
+            record = server.history.get(push_version) if push_version else None
+            changed: dict = {"push_version": push_version}
+            if record is not None:
+                origin_refs = set(res.origins)
+                changed.update(at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.started_at)),
+                               reasons=record.reasons,
+                               because_of=[k for k in record.config_keys if _key_ref(k) in origin_refs]
+                               or record.config_keys)
+            elif push_version:
+                changed["note"] = "built for the startup config or a proxy's request, before any push changed it"
+            out["last_changed"] = changed
+        return _json(out)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import ipaddress
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from pilot import __version__
 from pilot.http.debug import DebugHandlers
+from pilot.metrics import render
 from pilot.xds.discovery import DiscoveryServer
 
 
@@ -42,7 +43,7 @@ def build_app(server: DiscoveryServer, ready) -> web.Application:
 
     async def metrics_handler(_req: web.Request) -> web.Response:
         server.metrics.config_rejections.set(len(server.store.rejections()))
-        body = generate_latest(server.metrics.registry)
+        body = render(server.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     app.add_routes([web.get("/ready", ready_handler), web.get("/version", version_handler),

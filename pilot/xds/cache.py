@@ -55,6 +55,8 @@ class XdsCache:
         self.misses = 0
         self.evictions = 0
         self.builds_by_type: dict[str, int] = {}
+        # Told about every newly built resource (type_url, name, version): push attribution.
+        self.on_build: Callable[[str, str, str], None] | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -82,6 +84,8 @@ class XdsCache:
             self.misses += 1
             self.builds_by_type[type_url] = self.builds_by_type.get(type_url, 0) + 1
             res = CachedResource.from_message(name, build(*args), type_url, origins)
+            if self.on_build is not None:
+                self.on_build(type_url, name, res.version)
             self._entries[key] = res
             if len(self._entries) > self.max_size:
                 self._entries.popitem(last=False)

@@ -39,7 +39,8 @@ class WatchedResource:
     nacks: int = 0
     # Names in each response still awaiting an ACK, for tying a NACK to its resources.
     pending: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    push_started: dict[str, float] = field(default_factory=dict)  # nonce -> PushRequest.start
+    # nonce -> (PushRequest.start, push version): convergence is measured from the first event
+    push_started: dict[str, tuple[float, str]] = field(default_factory=dict)
 
     def requested(self) -> frozenset[str] | None:
         """None means "everything" (wildcard); otherwise the names asked for."""

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable
 
@@ -27,6 +25,7 @@ from pilot.xds import typeurls, wire
 from pilot.xds.cache import CachedResource, XdsCache
 from pilot.xds.connection import Connection, Nack, WatchedResource
 from pilot.xds.debounce import Debouncer
+from pilot.xds.pushstatus import PushHistory, PushRecord
 from pilot.xds.generators import cds, eds, lds, rds
 
 log = plog.get("ads")
@@ -38,20 +37,6 @@ GENERATORS: dict[str, Generator] = {
     typeurls.LISTENER: lds.generate,
     typeurls.ROUTE: rds.generate,
 }
-
-
-@dataclass
-class PushRecord:
-    """One debounced push, for /debug/push_status and the timeline."""
-
-    version: str
-    full: bool
-    reasons: dict[str, int]
-    config_keys: list[str]
-    debounce_s: float
-    context_build_s: float
-    proxies: int
-    started_at: float = field(default_factory=time.time)
 
 
 class DiscoveryServer:
@@ -67,7 +52,8 @@ class DiscoveryServer:
         self.throttle = asyncio.Semaphore(features.push_throttle)
         self.debouncer = Debouncer(features.debounce_after, features.debounce_max,
                                    features.enable_eds_debounce, self._debounced_push)
-        self.pushes: deque[PushRecord] = deque(maxlen=100)
+        self.history = PushHistory()
+        self.cache.on_build = self._note_build
         self._seq = 0
         self.push_context = self._build_context(self._next_version())
         self._tasks: list[asyncio.Task] = []
@@ -125,10 +111,13 @@ class DiscoveryServer:
             if self._affects(conn, req):
                 conn.enqueue_push(req)
                 queued += 1
-        self.pushes.append(PushRecord(req.version, req.full, dict(req.reasons),
-                                      sorted(str(k) for k in req.config_keys), debounce_s, build_s, queued))
+        self.history.add(PushRecord(req.version, req.full, dict(req.reasons),
+                                    sorted(str(k) for k in req.config_keys), debounce_s, build_s, queued, req.start))
         log.info("push", version=req.version, full=req.full, reasons=req.reason_text(), proxies=queued,
                  context_build_ms=round(build_s * 1000, 2))
+
+    def _note_build(self, type_url: str, name: str, resource_version: str) -> None:
+        self.history.note_build(type_url, name, resource_version, self.push_context.version)
 
     def _affects(self, conn: Connection, req: PushRequest) -> bool:
         if req.full:
@@ -168,8 +157,12 @@ class DiscoveryServer:
     async def push_connection(self, conn: Connection, req: PushRequest, send) -> None:
         """Send every watched type this push changes, in CDS, EDS, LDS, RDS order."""
         queued_at = time.monotonic()
+        record = self.history.get(req.version)
         async with self.throttle:
-            self.metrics.proxy_queue_time.observe(time.monotonic() - queued_at)
+            queued = time.monotonic() - queued_at
+            self.metrics.proxy_queue_time.observe(queued)
+            if record is not None:
+                record.queue_max_s = max(record.queue_max_s, queued)
             ctx = self.push_context
             changed_clusters: set[str] = set()
             for type_url in typeurls.PUSH_ORDER:
@@ -187,24 +180,29 @@ class DiscoveryServer:
                 t0 = time.perf_counter()
                 requested = w.requested() if subset is None else subset
                 resources = GENERATORS[type_url](ctx, conn.proxy, requested, self.cache)
+                t1 = time.perf_counter()
                 force = changed_clusters if type_url == typeurls.ENDPOINT else set()
                 sent = await self._send(conn, w, ctx, resources, send, partial=subset is not None,
-                                        force=force, push_start=req.start)
+                                        force=force, push=req)
                 if type_url == typeurls.CLUSTER:
                     changed_clusters = sent
-                self.metrics.xds_push_time.labels(typeurls.SHORT[type_url]).observe(time.perf_counter() - t0)
+                t2 = time.perf_counter()
+                short = typeurls.SHORT[type_url]
+                self.metrics.xds_push_time.labels(short).observe(t2 - t0)
+                if record is not None:
+                    record.generate_s[short] += t1 - t0
+                    record.send_s += t2 - t1
 
     async def respond(self, conn: Connection, w: WatchedResource, send) -> None:
         """Answer a request: always send, even if empty, so the proxy's subscription settles."""
         ctx = self.push_context
         gen = GENERATORS.get(w.type_url)
         resources = gen(ctx, conn.proxy, w.requested(), self.cache) if gen else []
-        await self._send(conn, w, ctx, resources, send, partial=False, force=set(), push_start=None,
-                         always=True)
+        await self._send(conn, w, ctx, resources, send, partial=False, force=set(), push=None, always=True)
 
     async def _send(self, conn: Connection, w: WatchedResource, ctx: PushContext,
                     resources: list[CachedResource], send, *, partial: bool, force: set[str],
-                    push_start: float | None, always: bool = False) -> set[str]:
+                    push: PushRequest | None, always: bool = False) -> set[str]:
         """Send what the proxy does not have yet. Returns the names sent.
 
         SotW CDS/LDS responses must list everything (omission deletes); SotW EDS/RDS and delta
@@ -243,10 +241,14 @@ class DiscoveryServer:
         w.pending[nonce] = tuple(r.name for r in out)
         if len(w.pending) > 16:  # a proxy that never answers must not grow memory
             w.pending.pop(next(iter(w.pending)))
-        if push_start is not None:
-            w.push_started[nonce] = push_start
+        if push is not None:
+            w.push_started[nonce] = (push.start, push.version)
             if len(w.push_started) > 16:
                 w.push_started.pop(next(iter(w.push_started)))
+            record = self.history.get(push.version)
+            if record is not None:
+                record.responses += 1
+                record.bytes_sent += len(body)
         short = typeurls.SHORT.get(w.type_url, "other")
         self.metrics.xds_pushes.labels(short).inc()
         self.metrics.xds_config_size.labels(short).observe(len(body))
@@ -257,16 +259,25 @@ class DiscoveryServer:
     def record_ack(self, conn: Connection, w: WatchedResource, nonce: str, version: str) -> None:
         w.nonce_acked, w.version_acked, w.last_acked_at = nonce, version or w.version_sent, time.time()
         w.pending.pop(nonce, None)
-        start = w.push_started.pop(nonce, None)
-        if start is not None:
-            self.metrics.proxy_convergence_time.observe(time.monotonic() - start)
+        started = w.push_started.pop(nonce, None)
+        if started is not None:
+            start, push_version = started
+            converged = time.monotonic() - start
+            self.metrics.proxy_convergence_time.observe(converged)
+            record = self.history.get(push_version)
+            if record is not None:
+                record.acks += 1
+                record.convergence_max_s = max(record.convergence_max_s, converged)
         if w.last_nack is not None:
             self._clear_reject_gauge(conn, w)
 
     def record_nack(self, conn: Connection, w: WatchedResource, nonce: str, version: str,
                     code: int, message: str) -> None:
         names_ = w.pending.pop(nonce, ())
-        w.push_started.pop(nonce, None)
+        started = w.push_started.pop(nonce, None)
+        record = self.history.get(started[1]) if started else None
+        if record is not None:
+            record.nacks += 1
         origins = self._origins(w.type_url, names_)
         w.last_nack = Nack(version, nonce, message, code, time.time(), names_, origins)
         w.nacks += 1

@@ -49,9 +49,9 @@ def endpoint_slice_yaml(service: str, backend_port: int, *, name: str | None = N
 
 
 def parse_counters(metrics_text: str, family: str) -> dict[str, float]:
-    """`family_total{type="x"} N` lines -> {"x": N} (prometheus-client adds `_total`)."""
+    """`family{type="x"} N` lines -> {"x": N} (istiod's counter names carry no `_total`)."""
     out: dict[str, float] = {}
-    for m in re.finditer(rf'^{family}_total\{{type="([^"]+)"\}} ([0-9.e+]+)$', metrics_text, re.MULTILINE):
+    for m in re.finditer(rf'^{family}\{{type="([^"]+)"\}} ([0-9.e+]+)$', metrics_text, re.MULTILINE):
         out[m.group(1)] = float(m.group(2))
     return out
 

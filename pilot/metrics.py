@@ -32,6 +32,9 @@ class Metrics:
                      ["node", "err"], registry=r)
             for t in ("cds", "eds", "lds", "rds")
         }
+        self.rejected_config = Gauge(
+            "pilot_xds_rejected_config", "Proxies currently rejecting a resource built from this config object.",
+            ["type", "config"], registry=r)
         self.xds_clients = Gauge("pilot_xds", "Connected xDS clients.", ["version"], registry=r)
         self.config_events = Counter("pilot_k8s_cfg_events", "Config events by kind and operation.",
                                      ["type", "event"], registry=r)

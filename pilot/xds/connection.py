@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from pilot.model.proxy import Proxy
 from pilot.model.push_request import PushRequest
+from pilot.xds.cache import CachedResource
 
 
 @dataclass
@@ -18,8 +19,9 @@ class Nack:
     message: str
     code: int
     at: float
-    resources: tuple[str, ...]  # names in the rejected response
+    resources: tuple[str, ...]  # the rejected resources (those Envoy named, else the whole response)
     origins: tuple[str, ...]  # config objects those resources were built from
+    cleared: bool = False  # a later ACK (or disconnect) ended this rejection
 
 
 @dataclass
@@ -37,8 +39,8 @@ class WatchedResource:
     last_acked_at: float = 0.0
     last_nack: Nack | None = None
     nacks: int = 0
-    # Names in each response still awaiting an ACK, for tying a NACK to its resources.
-    pending: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Each response still awaiting an ACK, for tying a NACK to its resources and their config.
+    pending: dict[str, tuple[CachedResource, ...]] = field(default_factory=dict)
     # nonce -> (PushRequest.start, push version): convergence is measured from the first event
     push_started: dict[str, tuple[float, str]] = field(default_factory=dict)
 

@@ -30,6 +30,8 @@ from pilot.xds.generators import cds, eds, lds, rds
 
 log = plog.get("ads")
 
+MAX_NACK_MESSAGE = 4096  # Envoy embeds text dumps; keep enough to read, not a hostile client's megabytes
+
 Generator = Callable[[PushContext, object, frozenset[str] | None, XdsCache], list[CachedResource]]
 GENERATORS: dict[str, Generator] = {
     typeurls.CLUSTER: cds.generate,
@@ -147,12 +149,19 @@ class DiscoveryServer:
             self._clear_reject_gauge(conn, w)
 
     def _clear_reject_gauge(self, conn: Connection, w: WatchedResource) -> None:
-        gauge = self.metrics.type_rejects.get(typeurls.SHORT.get(w.type_url, ""))
-        if gauge is not None and w.last_nack is not None:
+        """The proxy no longer rejects what it last rejected (it ACKed since, or left)."""
+        if w.last_nack is None or w.last_nack.cleared:
+            return
+        w.last_nack.cleared = True
+        short = typeurls.SHORT.get(w.type_url, "other")
+        gauge = self.metrics.type_rejects.get(short)
+        if gauge is not None:
             try:
                 gauge.remove(conn.proxy.id, w.last_nack.message[:100])
             except KeyError:
                 pass
+        for origin in w.last_nack.origins:
+            self.metrics.rejected_config.labels(short, origin).dec()
 
     async def push_connection(self, conn: Connection, req: PushRequest, send) -> None:
         """Send every watched type this push changes, in CDS, EDS, LDS, RDS order."""
@@ -238,7 +247,7 @@ class DiscoveryServer:
             else:
                 w.sent.update((r.name, r.version) for r in out)
         w.nonce_sent, w.version_sent, w.last_sent_at = nonce, ctx.version, time.time()
-        w.pending[nonce] = tuple(r.name for r in out)
+        w.pending[nonce] = tuple(out)
         if len(w.pending) > 16:  # a proxy that never answers must not grow memory
             w.pending.pop(next(iter(w.pending)))
         if push is not None:
@@ -273,26 +282,25 @@ class DiscoveryServer:
 
     def record_nack(self, conn: Connection, w: WatchedResource, nonce: str, version: str,
                     code: int, message: str) -> None:
-        names_ = w.pending.pop(nonce, ())
+        message = message[:MAX_NACK_MESSAGE]
+        sent = w.pending.pop(nonce, ())
         started = w.push_started.pop(nonce, None)
         record = self.history.get(started[1]) if started else None
         if record is not None:
             record.nacks += 1
-        origins = self._origins(w.type_url, names_)
+        # Envoy names the resource it choked on; blame only those when it does.
+        named = tuple(r for r in sent if r.name in message) or sent
+        names_ = tuple(r.name for r in named)
+        origins = tuple(dict.fromkeys(o for r in named for o in r.origins))
+        self._clear_reject_gauge(conn, w)
         w.last_nack = Nack(version, nonce, message, code, time.time(), names_, origins)
         w.nacks += 1
         short = typeurls.SHORT.get(w.type_url, "other")
         self.metrics.total_xds_rejects.labels(short).inc()
         if short in self.metrics.type_rejects:
             self.metrics.type_rejects[short].labels(conn.proxy.id, message[:100]).set(1)
+        for origin in origins:
+            self.metrics.rejected_config.labels(short, origin).inc()
         log.warning("proxy rejected config", proxy=conn.proxy.id, type=short, nonce=nonce,
                     accepted_version=version, error=message, resources=list(names_)[:10],
                     config=list(origins)[:10])
-
-    def _origins(self, type_url: str, resource_names: tuple[str, ...]) -> tuple[str, ...]:
-        out: dict[str, None] = {}
-        wanted = set(resource_names)
-        for key, res in self.cache.items():
-            if key[0] == type_url and res.name in wanted:
-                out.update(dict.fromkeys(res.origins))
-        return tuple(out)

@@ -118,11 +118,16 @@ async def test_ack_gets_no_response_and_nack_is_recorded_not_resent(cp: ControlP
         while pushed.type_url != CDS:  # LDS for the new port may come too; ACK whatever else
             await c.ack(pushed)
             pushed = await c.read()
-        await c.request(CDS, nonce=pushed.nonce, version=cds.version_info, error="bad cluster: made up")
+        error = "Error adding/updating cluster(s) outbound|8080||b.default.svc.cluster.local: made up"
+        await c.request(CDS, nonce=pushed.nonce, version=cds.version_info, error=error)
         row = await wait_for(_nack_row(cp), message="nack recorded")
-        assert row["cluster_nack"]["message"] == "bad cluster: made up"
-        assert "Service/default/b" in row["cluster_nack"]["config"]
-        assert 'pilot_total_xds_rejects{type="cds"} 1.0' in await cp.metrics()
+        assert row["cluster_nack"]["message"] == error
+        # The resource Envoy named, and only it, is tied to the config object it came from.
+        assert row["cluster_nack"]["resources"] == ["outbound|8080||b.default.svc.cluster.local"]
+        assert row["cluster_nack"]["config"] == ["Service/default/b"]
+        metrics = await cp.metrics()
+        assert 'pilot_total_xds_rejects{type="cds"} 1.0' in metrics
+        assert 'pilot_xds_rejected_config{type="cds",config="Service/default/b"} 1.0' in metrics
 
         # A push that leaves clusters as they were (only listeners change) must not re-send the
         # rejected CDS: the next response is LDS. (Service b shares port 8080, so LDS did not

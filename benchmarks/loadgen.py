@@ -1,0 +1,162 @@
+"""The load generator: N simulated sidecars multiplexed over a few gRPC channels, in a process of
+its own, driven by the orchestrator over JSON lines (see benchmarks/ipc.py).
+
+    python -m benchmarks.loadgen --target 127.0.0.1:15010 [--channels 10] [--delta] [--namespaces 10]
+
+Commands: connect {start, count}; synced {timeout}; converge {type, changes: [[X, name|null]...],
+timeout}; watching {type, name}; capture {type, path}; stats; disconnect. It is a real xDS
+client: every byte it reads came over the wire from the server under test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import resource
+import sys
+from pathlib import Path
+
+import grpc
+import psutil
+
+from benchmarks import ipc, responses
+from benchmarks.mesh import namespace
+from benchmarks.proxy import Received, SimProxy
+from benchmarks.responses import TYPE_URL
+from benchmarks.watches import ChangeWatch, SyncWatch
+
+CHANNEL_OPTIONS = [
+    # Without a local pool, channels with equal arguments share one TCP connection.
+    ("grpc.use_local_subchannel_pool", 1),
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.max_send_message_length", -1),
+]
+
+
+def _cpu_s() -> float:
+    """Our own CPU time: if it nears the wall time, the generator, not the server, is the limit."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+class LoadGenerator:
+    def __init__(self, target: str, channels: int, delta: bool, namespaces: int) -> None:
+        self.target = target
+        self.delta = delta
+        self.namespaces = max(1, namespaces)
+        self.channels = [grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+                         for _ in range(max(1, channels))]
+        self.proxies: list[SimProxy] = []
+        self.tasks: list[asyncio.Task] = []
+        self.watches: set = set()
+        self.responses: dict[str, int] = {}
+        self.bytes: dict[str, int] = {}
+
+    # --- proxies ------------------------------------------------------------------------------
+    def _on_ack(self, proxy: SimProxy, ev: Received) -> None:
+        self.responses[ev.type] = self.responses.get(ev.type, 0) + 1
+        self.bytes[ev.type] = self.bytes.get(ev.type, 0) + ev.size
+        for w in list(self.watches):
+            w.offer(proxy, ev)
+
+    async def _run(self, proxy: SimProxy, channel: grpc.aio.Channel) -> None:
+        try:
+            await proxy.run(channel)
+        except Exception as e:  # noqa: BLE001 - one broken proxy is reported, not fatal
+            proxy.error = f"{type(e).__name__}: {e}"
+            proxy.closed = True
+        finally:
+            for w in list(self.watches):
+                w.fail(proxy)
+
+    async def connect(self, msg: dict) -> dict:
+        start, count = int(msg.get("start", len(self.proxies))), int(msg["count"])
+        new = [SimProxy(i, namespace(i % self.namespaces), self.delta, self._on_ack, capture=(i == 0))
+               for i in range(start, start + count)]
+        self.proxies.extend(new)
+        loop = asyncio.get_running_loop()
+        for p in new:
+            self.tasks.append(loop.create_task(self._run(p, self.channels[p.index % len(self.channels)])))
+        return {"connected": len(new), "total": len(self.proxies)}
+
+    # --- questions ----------------------------------------------------------------------------
+    async def _wait(self, watch, timeout: float) -> None:
+        self.watches.add(watch)
+        try:
+            await asyncio.wait_for(watch.done.wait(), timeout)
+        except TimeoutError:
+            pass  # the result says who is missing
+        finally:
+            self.watches.discard(watch)
+
+    async def synced(self, msg: dict) -> dict:
+        watch = SyncWatch(self.proxies)
+        await self._wait(watch, float(msg.get("timeout", 60)))
+        return watch.result()
+
+    async def converge(self, msg: dict) -> dict:
+        """Wait until every proxy has received and ACKed, for each change, a response of the type
+        received at or after the change's wall time X (carrying the named resource, if any)."""
+        changes = [(float(x), name) for x, name in msg["changes"]]
+        watch = ChangeWatch(msg["type"], changes, self.proxies)
+        await self._wait(watch, float(msg.get("timeout", 60)))
+        return watch.result()
+
+    async def watching(self, msg: dict) -> dict:
+        type_url = TYPE_URL[msg["type"]]
+        return {"watching": sum(p.watches(type_url, msg["name"]) for p in self.proxies)}
+
+    async def capture(self, msg: dict) -> dict:
+        """Save the last raw response of a type that proxy 0 received (the floor server replays it)."""
+        raw = self.proxies[0].last_raw.get(TYPE_URL[msg["type"]]) if self.proxies else None
+        if raw is None:
+            raise ValueError(f"proxy 0 has received no {msg['type']} response")
+        Path(msg["path"]).write_bytes(raw)
+        return {"bytes": len(raw)}
+
+    async def stats(self, msg: dict) -> dict:
+        return {"proxies": len(self.proxies), "open": sum(not p.closed for p in self.proxies),
+                "responses": dict(self.responses), "bytes": dict(self.bytes),
+                "errors": sorted({p.error for p in self.proxies if p.error})[:10],
+                "contents": dict(responses.stats),
+                "cpu_s": _cpu_s(), "rss_mb": round(psutil.Process().memory_info().rss / (1 << 20), 1),
+                "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+
+    async def disconnect(self, msg: dict | None = None) -> dict:
+        for p in self.proxies:
+            p.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        self.tasks.clear()
+        return {"closed": len(self.proxies)}
+
+    async def close(self) -> None:
+        await self.disconnect()
+        for ch in self.channels:
+            await ch.close()
+
+
+async def amain(args: argparse.Namespace) -> None:
+    lg = LoadGenerator(args.target, args.channels, args.delta, args.namespaces)
+    handlers = {"connect": lg.connect, "synced": lg.synced, "converge": lg.converge, "watching": lg.watching,
+                "capture": lg.capture, "stats": lg.stats, "disconnect": lg.disconnect}
+    try:
+        await ipc.serve_commands({"ready": True, "target": args.target}, handlers)
+    finally:
+        await lg.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.loadgen", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", required=True, help="xDS server host:port (127.0.0.1 only)")
+    parser.add_argument("--channels", type=int, default=10, help="gRPC channels the proxies share")
+    parser.add_argument("--delta", action="store_true", help="use delta xDS instead of state of the world")
+    parser.add_argument("--namespaces", type=int, default=10, help="namespaces the proxies are spread over")
+    args = parser.parse_args(argv)
+    if not args.target.startswith("127.0.0.1:"):
+        parser.error("--target must be 127.0.0.1:PORT")
+    asyncio.run(amain(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

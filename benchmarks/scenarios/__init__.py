@@ -1,0 +1,5 @@
+"""The scenarios, in the order `all` runs them. Each is `async run(Options) -> dict`."""
+
+from benchmarks.scenarios import churn, connect, eds, memory, push
+
+SCENARIOS = {"push": push.run, "eds": eds.run, "churn": churn.run, "connect": connect.run, "memory": memory.run}

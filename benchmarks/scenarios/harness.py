@@ -1,0 +1,141 @@
+"""The processes of one scenario: a fresh mesh directory, the server under test, load generators
+(and, for `push`, the floor server), each in its own process, all stopped on the way out.
+
+Every scenario starts from a fresh server so that one scenario's cache, connections and garbage
+never colour the next one's numbers.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Self
+
+from benchmarks import stats
+from benchmarks.ipc import Child
+from benchmarks.mesh import MeshFiles
+from benchmarks.options import Options
+from benchmarks.report import environment
+from benchmarks.server import ServerProcess
+
+
+class Loadgen:
+    """The orchestrator's handle on one load generator process."""
+
+    def __init__(self, child: Child, opts: Options) -> None:
+        self.child = child
+        self.opts = opts
+
+    async def connect(self, start: int, count: int) -> dict:
+        return await self.child.request("connect", start=start, count=count)
+
+    async def synced(self, timeout: float) -> dict:
+        return await self.child.request("synced", timeout=timeout, wait=timeout + 30)
+
+    async def converge(self, type_: str, changes: list[tuple[float, str | None]], timeout: float) -> dict:
+        """Per change, per proxy: ms from the change's wall time to the ACK of the first response
+        of `type_` received after it that carries the named resource (None: any response)."""
+        return await self.child.request("converge", type=type_, changes=changes, timeout=timeout,
+                                        wait=timeout + 30)
+
+    async def watching(self, type_: str, name: str) -> int:
+        return (await self.child.request("watching", type=type_, name=name))["watching"]
+
+    async def capture(self, type_: str, path: Path) -> int:
+        return (await self.child.request("capture", type=type_, path=str(path)))["bytes"]
+
+    async def stats(self) -> dict:
+        return await self.child.request("stats")
+
+    async def stop(self) -> None:
+        await self.child.stop()
+
+
+class Harness:
+    def __init__(self, opts: Options, scenario: str) -> None:
+        self.opts = opts
+        self.scenario = scenario
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"pilot-bench-{scenario}-"))
+        self.mesh = MeshFiles(self.workdir / "config", opts.services, opts.namespaces)
+        self.server = ServerProcess(self.workdir, self.mesh.root, dict(opts.server_env))
+        self._children: list[Child] = []
+        self._failed = False
+
+    async def __aenter__(self) -> Self:
+        try:
+            self.mesh.write_all()
+            await self.server.start(timeout=self.opts.timeout())
+        except BaseException as e:
+            await self.__aexit__(type(e), e, e.__traceback__)  # never leave a server behind
+            raise
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        self._failed = exc_type is not None
+        for child in reversed(self._children):
+            await child.stop()
+        await self.server.stop()
+        if self._failed or self.opts.keep_workdir:
+            print(f"[{self.scenario}] logs kept in {self.workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    async def child(self, module: str, args: list[str], label: str) -> tuple[Child, dict]:
+        child = Child(module, args, self.workdir / f"{label}.log")
+        self._children.append(child)
+        hello = await child.start()
+        return child, hello
+
+    async def loadgen(self, port: int, label: str = "loadgen") -> Loadgen:
+        args = ["--target", f"127.0.0.1:{port}", "--channels", str(self.opts.channels),
+                "--namespaces", str(self.opts.namespaces), *(["--delta"] if self.opts.delta else [])]
+        child, _ = await self.child("benchmarks.loadgen", args, label)
+        return Loadgen(child, self.opts)
+
+    async def connect_all(self, lg: Loadgen, count: int, start: int = 0) -> dict:
+        """Connect proxies and wait until each holds its full config; a setup step, so any
+        proxy left without config makes the scenario fail rather than report half a mesh."""
+        await lg.connect(start, count)
+        sync = await lg.synced(self.opts.timeout())
+        if sync["synced"] != sync["proxies"]:
+            raise RuntimeError(f"only {sync['synced']}/{sync['proxies']} proxies got full config: "
+                               f"missing {sync['missing']}, errors {sync['errors']}\n{self.server.log_tail()}")
+        return sync
+
+    async def last_push(self) -> dict:
+        pushes = await self.server.pushes()
+        return pushes[0] if pushes else {}
+
+    def result(self, **fields: Any) -> dict:
+        """The fields every scenario's JSON has, then the scenario's own."""
+        return {"scenario": self.scenario,
+                "params": {**self.opts.public(), "server_env": self.server.env},
+                "environment": environment(),
+                "proxies": self.opts.proxies,
+                **fields}
+
+
+def pooled(changes: list[dict], key: str = "ack_ms") -> list[float]:
+    return [v for c in changes for v in c[key]]
+
+
+def summarize(changes: list[dict]) -> dict:
+    return stats.summary(pooled(changes))
+
+
+class CpuWindow:
+    """CPU seconds a process spends between open and close, with the wall time it took."""
+
+    def __init__(self, cpu_s) -> None:
+        self._cpu_s = cpu_s
+        self.cpu0 = cpu_s()
+        self.t0 = time.time()
+        self.cpu = self.wall = 0.0
+
+    def close(self) -> float:
+        self.cpu = self._cpu_s() - self.cpu0
+        self.wall = time.time() - self.t0
+        return self.cpu

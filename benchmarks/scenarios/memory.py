@@ -1,0 +1,40 @@
+"""`memory`: the server's RSS with S services and 0, P and 2P connected proxies (each step
+waits until every proxy holds its full config). The growth per proxy is what a proxy costs the
+server: its connection state, not its config, if bytes are shared."""
+
+from __future__ import annotations
+
+from benchmarks import stats
+from benchmarks.options import Options
+from benchmarks.scenarios.harness import CpuWindow, Harness
+
+
+async def run(opts: Options) -> dict:
+    async with Harness(opts, "memory") as h:
+        steps = [{"proxies": 0, "rss_mb": h.server.rss_mb()}]
+        lg = await h.loadgen(h.server.grpc_port)
+        window = CpuWindow(h.server.cpu_s)
+        last = None
+        for total in (opts.proxies, 2 * opts.proxies):
+            connected = steps[-1]["proxies"]
+            last = await h.connect_all(lg, total - connected, start=connected)
+            steps.append({"proxies": total, "rss_mb": h.server.rss_mb(),
+                          "synced_ms": stats.summary(last["synced_ms"])})
+        window.close()
+        lg_stats = await lg.stats()
+        p = max(1, opts.proxies)
+        per_proxy_kb = (steps[2]["rss_mb"] - steps[1]["rss_mb"]) * 1024 / p
+        return h.result(
+            proxies=2 * opts.proxies,
+            rss_mb_by_proxies={str(s["proxies"]): round(s["rss_mb"], 1) for s in steps},
+            per_proxy_kb=round(per_proxy_kb, 1),
+            steps=steps,
+            convergence_ms=stats.summary(last["synced_ms"]) if last else stats.summary([]),
+            proxies_acked=last["synced"] if last else 0,
+            server_cpu_s=window.cpu,
+            server_rss_mb=steps[-1]["rss_mb"],
+            bytes_received={"total_by_type": lg_stats["bytes"]},
+            loadgen=lg_stats,
+            note=f"RSS {steps[0]['rss_mb']:.0f}/{steps[1]['rss_mb']:.0f}/{steps[2]['rss_mb']:.0f} MB "
+                 f"at 0/{opts.proxies}/{2 * opts.proxies} proxies",
+        )

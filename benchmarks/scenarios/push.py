@@ -1,0 +1,119 @@
+"""`push`: a mesh-wide change reaches every proxy's CDS; compared with the floor in the same run.
+
+The change is the mesh ConfigMap's connectTimeout, which is part of every outbound cluster, so
+each proxy must get a new CDS (and, as Envoy needs to re-warm changed clusters, their EDS).
+Convergence runs from the file write to each proxy's CDS ACK, so it includes the file watch and
+the debounce; `first_receipt_ms` (the first proxy's CDS) says how much of it passed before the
+push began, and `after_first_receipt_ms` is the part a bare server could be compared with.
+Then the same load generator measures the floor (benchmarks/floor.py) streaming the very CDS
+bytes our server sent, to the same number of clients: `ratio` is our p99 over the floor's p99.
+"""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+
+from benchmarks import stats
+from benchmarks.options import Options
+from benchmarks.scenarios.harness import CpuWindow, Harness, Loadgen, pooled
+
+
+async def _server_rounds(h: Harness, lg: Loadgen, opts: Options) -> list[dict]:
+    rounds = []
+    for _ in range(opts.rounds):
+        window = CpuWindow(h.server.cpu_s)
+        x = time.time()
+        h.mesh.bump_connect_timeout()
+        cds = (await lg.converge("cds", [(x, None)], opts.timeout()))["changes"][0]
+        window.close()
+        # The push goes on with EDS for the changed clusters; let it finish before the next round
+        # so rounds never overlap, and report the whole push's cost too.
+        eds = (await lg.converge("eds", [(x, None)], opts.timeout()))["changes"][0]
+        rounds.append({"cds": cds, "eds_ack_ms": stats.summary(eds["ack_ms"]), "server_cpu_s": window.cpu,
+                       "server_cpu_with_eds_s": h.server.cpu_s() - window.cpu0,
+                       # Seen from the proxies: the file watch, the debounce and the context build
+                       # are over when the first proxy receives its CDS.
+                       "first_receipt_ms": min(cds["recv_ms"], default=None),
+                       "server_push": await h.last_push()})
+    return rounds
+
+
+async def _floor_rounds(h: Harness, opts: Options, captured) -> dict:
+    args = ["--response", str(captured), *(["--delta"] if opts.delta else [])]
+    floor, hello = await h.child("benchmarks.floor", args, "floor")
+    ps = psutil.Process(floor.pid)
+    lg = await h.loadgen(hello["port"], label="loadgen-floor")
+    await lg.connect(0, opts.proxies)
+    # The floor answers only CDS, so "set up" means every proxy holds the initial CDS.
+    setup = (await lg.converge("cds", [(0.0, None)], opts.timeout()))["changes"][0]
+    if setup["acked"] != opts.proxies:
+        raise RuntimeError(f"floor: only {setup['acked']}/{opts.proxies} proxies got CDS")
+
+    def cpu_s() -> float:
+        t = ps.cpu_times()
+        return t.user + t.system
+
+    rounds = []
+    for _ in range(opts.rounds):
+        window = CpuWindow(cpu_s)
+        x = time.time()
+        await floor.request("push")
+        cds = (await lg.converge("cds", [(x, None)], opts.timeout()))["changes"][0]
+        window.close()
+        rounds.append({"cds": cds, "cpu_s": window.cpu})
+    ack = pooled([r["cds"] for r in rounds])
+    result = {"convergence_ms": stats.summary(ack),
+              "proxies_acked": min(r["cds"]["acked"] for r in rounds),
+              "cpu_s": sum(r["cpu_s"] for r in rounds) / len(rounds),
+              "rss_mb": ps.memory_info().rss / (1 << 20),
+              "rounds": [{"p50": stats.summary(r["cds"]["ack_ms"])["p50"],
+                          "p99": stats.summary(r["cds"]["ack_ms"])["p99"], "cpu_s": r["cpu_s"]} for r in rounds]}
+    await lg.stop()
+    await floor.stop()
+    return result
+
+
+async def run(opts: Options) -> dict:
+    async with Harness(opts, "push") as h:
+        lg = await h.loadgen(h.server.grpc_port)
+        setup = await h.connect_all(lg, opts.proxies)
+        rounds = await _server_rounds(h, lg, opts)
+        rss = h.server.rss_mb()
+        captured = h.workdir / "cds-response.bin"
+        cds_bytes = await lg.capture("cds", captured)
+        lg_stats = await lg.stats()
+        await lg.stop()
+        await h.server.stop()  # free the CPU for the floor
+        floor = await _floor_rounds(h, opts, captured)
+
+        cds = [r["cds"] for r in rounds]
+        conv = stats.summary(pooled(cds))
+        floor_p99 = floor["convergence_ms"]["p99"]
+        # What follows the push start, comparable with the floor, which has no watch or debounce.
+        after_first = stats.summary([v - r["first_receipt_ms"] for r in rounds for v in r["cds"]["ack_ms"]])
+        return h.result(
+            change="mesh ConfigMap connectTimeout (every outbound cluster)",
+            convergence_ms=conv,
+            proxies_acked=min(c["acked"] for c in cds),
+            server_cpu_s=sum(r["server_cpu_s"] for r in rounds) / len(rounds),
+            server_cpu_with_eds_s=sum(r["server_cpu_with_eds_s"] for r in rounds) / len(rounds),
+            server_rss_mb=rss,
+            floor_ms=floor_p99,
+            ratio=round(conv["p99"] / floor_p99, 3) if floor_p99 else None,
+            first_receipt_ms=stats.summary(r["first_receipt_ms"] for r in rounds)["p50"],
+            after_first_receipt_ms=after_first,
+            ratio_after_first_receipt=round(after_first["p99"] / floor_p99, 3) if floor_p99 else None,
+            floor=floor,
+            cds_response_bytes=cds_bytes,
+            bytes_received={"cds_per_push": sum(c["bytes"] for c in cds) // len(cds),
+                            "total_by_type": lg_stats["bytes"]},
+            setup_ms=stats.summary(setup["synced_ms"]),
+            rounds=[{**{k: v for k, v in stats.summary(r["cds"]["ack_ms"]).items() if k in ("min", "p50", "p99", "max")},
+                     "acked": r["cds"]["acked"], "first_receipt_ms": r["first_receipt_ms"],
+                     "server_cpu_s": r["server_cpu_s"], "server_cpu_with_eds_s": r["server_cpu_with_eds_s"],
+                     "eds_ack_ms": r["eds_ack_ms"], "server_push": r["server_push"]} for r in rounds],
+            loadgen=lg_stats,
+            note=f"floor p99 {floor_p99} ms",
+        )

@@ -133,3 +133,55 @@ class Namespace(K8sObject):
 class ConfigMap(K8sObject):
     kind: Literal["ConfigMap"] = "ConfigMap"
     data: dict[str, str] = Field(default_factory=dict)
+
+
+LOCALITY_LABELS = ("topology.kubernetes.io/region", "topology.kubernetes.io/zone",
+                   "topology.istio.io/subzone")
+
+
+class NodeAddress(Model):
+    type: str = ""
+    address: str = ""
+
+
+class NodeStatus(Model):
+    addresses: list[NodeAddress] = Field(default_factory=list)
+
+
+class Node(K8sObject):
+    """Only locality labels and addresses are kept: a big cluster's node objects are large and
+    change often (heartbeats), and nothing else in them shapes proxy config."""
+
+    kind: Literal["Node"] = "Node"
+    status: NodeStatus = Field(default_factory=NodeStatus)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _keep_locality_only(cls, data: object) -> object:
+        if isinstance(data, dict) and isinstance(data.get("metadata"), dict):
+            meta = data["metadata"]
+            labels = meta.get("labels") or {}
+            data = {**data, "metadata": {**meta, "annotations": {},
+                                         "labels": {k: v for k, v in labels.items() if k in LOCALITY_LABELS}}}
+        return data
+
+
+TLS_SECRET_KEYS = ("tls.crt", "tls.key", "ca.crt", "cert", "key", "cacert")
+
+
+class Secret(K8sObject):
+    """Gateway credentials. Secrets that cannot be one (no certificate keys) keep no data at all."""
+
+    kind: Literal["Secret"] = "Secret"
+    type: str = "Opaque"
+    data: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _only_tls_material(cls, data: object) -> object:
+        if isinstance(data, dict):
+            payload = data.get("data") or {}
+            keep = {k: v for k, v in payload.items() if k in TLS_SECRET_KEYS} if isinstance(payload, dict) else {}
+            data = {**data, "data": keep}
+            data.pop("stringData", None)
+        return data

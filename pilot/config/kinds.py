@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pilot.config.base import K8sObject
-from pilot.config.core import ConfigMap, EndpointSlice, Namespace, Pod, Service
+from pilot.config.core import ConfigMap, EndpointSlice, Namespace, Node, Pod, Secret, Service
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,19 @@ class Kind:
         group, _, version = api_version.rpartition("/")
         return group == self.group and version in self.versions
 
+    @property
+    def api_version(self) -> str:
+        """The version we read and write (the first one listed)."""
+        return f"{self.group}/{self.versions[0]}" if self.group else self.versions[0]
+
+    def path(self, namespace: str | None = None, name: str | None = None) -> str:
+        """REST path: the collection across namespaces, in one namespace, or one object."""
+        base = f"/apis/{self.group}/{self.versions[0]}" if self.group else f"/api/{self.versions[0]}"
+        if self.namespaced and namespace:
+            base += f"/namespaces/{namespace}"
+        base += f"/{self.plural}"
+        return f"{base}/{name}" if name else base
+
 
 KINDS: tuple[Kind, ...] = (
     Kind("", ("v1",), "Service", "services", True, Service),
@@ -28,6 +41,8 @@ KINDS: tuple[Kind, ...] = (
     Kind("", ("v1",), "Pod", "pods", True, Pod),
     Kind("", ("v1",), "Namespace", "namespaces", False, Namespace),
     Kind("", ("v1",), "ConfigMap", "configmaps", True, ConfigMap),
+    Kind("", ("v1",), "Node", "nodes", False, Node),
+    Kind("", ("v1",), "Secret", "secrets", True, Secret),
 )
 
 BY_NAME: dict[str, Kind] = {k.kind: k for k in KINDS}

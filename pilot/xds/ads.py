@@ -128,8 +128,8 @@ class AdsService:
         # A new subscription, or a reconnect carrying a nonce from a previous server.
         if type_url == typeurls.LISTENER and names and "*" not in names and any(":" in n for n in names):
             conn.proxy.mark_grpc()
-        w = WatchedResource(type_url, wildcard=type_url in _WILDCARD_TYPES and (not names or "*" in names),
-                            names=names - {"*"})
+        w = WatchedResource(type_url, wildcard=type_url in _WILDCARD_TYPES and (not names or "*" in names))
+        w.names = names - {"*"}
         conn.watched[type_url] = w
         await self.server.respond(conn, w, send)
 

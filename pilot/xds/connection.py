@@ -4,6 +4,7 @@ sent, what it acknowledged, and the last thing it rejected."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -28,7 +29,7 @@ class Nack:
 class WatchedResource:
     type_url: str
     wildcard: bool = False
-    names: set[str] = field(default_factory=set)
+    _names: frozenset[str] = frozenset()
     # What the proxy holds (delta) or was last sent (SotW): name -> resource version.
     sent: dict[str, str] = field(default_factory=dict)
     nonce_sent: str = ""
@@ -44,9 +45,31 @@ class WatchedResource:
     # nonce -> (PushRequest.start, push version): convergence is measured from the first event
     push_started: dict[str, tuple[float, str]] = field(default_factory=dict)
 
+    _by_host: dict[str, tuple[str, ...]] | None = field(default=None, repr=False)
+
+    @property
+    def names(self) -> frozenset[str]:
+        return self._names
+
+    @names.setter
+    def names(self, value) -> None:
+        # Interned: a thousand proxies naming the same thousand clusters share the strings.
+        self._names = frozenset(map(sys.intern, value))
+        self._by_host = None
+
     def requested(self) -> frozenset[str] | None:
-        """None means "everything" (wildcard); otherwise the names asked for."""
-        return None if self.wildcard else frozenset(self.names)
+        """None means "everything" (wildcard); otherwise the names asked for. The same frozenset
+        object until the subscription changes, so its hash is computed once."""
+        return None if self.wildcard else self._names
+
+    def names_for_hosts(self, hosts: set[str]) -> frozenset[str]:
+        """The subscribed cluster-style names (`dir|port|subset|host`) of these hosts."""
+        if self._by_host is None:
+            by_host: dict[str, list[str]] = {}
+            for n in self._names:
+                by_host.setdefault(n.rpartition("|")[2], []).append(n)
+            self._by_host = {h: tuple(v) for h, v in by_host.items()}
+        return frozenset(n for h in hosts for n in self._by_host.get(h, ()))
 
 
 class Connection:

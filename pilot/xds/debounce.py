@@ -37,7 +37,12 @@ class Debouncer:
             merged = req
             while True:
                 now = time.monotonic()
-                wait = min(self.after - (now - last), self.max_delay - (now - first))
+                # Endpoint-only batches close PILOT_DEBOUNCE_AFTER after their *first* event:
+                # under steady endpoint churn (10 changes/s) istiod's rolling quiet period never
+                # comes and every change waits PILOT_DEBOUNCE_MAX. Config changes keep istiod's
+                # rolling window, since a full push costs far more.
+                limit = self.max_delay if merged.full else min(self.max_delay, self.after)
+                wait = min(self.after - (now - last), limit - (now - first))
                 if wait <= 0:
                     break
                 try:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import datetime, timezone
-from typing import Callable
 
 from pilot import logging as plog
 from pilot.features import Features
@@ -20,19 +19,18 @@ from pilot.model.mesh import MeshHolder
 from pilot.model.push_context import PushContext
 from pilot.model.push_request import PushRequest
 from pilot.model.store import Event, Store
-from pilot.networking import names
 from pilot.xds import typeurls, wire
-from pilot.xds.cache import CachedResource, XdsCache
+from pilot.xds.cache import XdsCache
 from pilot.xds.connection import Connection, Nack, WatchedResource
 from pilot.xds.debounce import Debouncer
-from pilot.xds.pushstatus import PushHistory, PushRecord
+from pilot.xds.generated import Generated, GenerationMemo, Generator
 from pilot.xds.generators import cds, eds, lds, rds
+from pilot.xds.pushstatus import PushHistory, PushRecord
 
 log = plog.get("ads")
 
 MAX_NACK_MESSAGE = 4096  # Envoy embeds text dumps; keep enough to read, not a hostile client's megabytes
 
-Generator = Callable[[PushContext, object, frozenset[str] | None, XdsCache], list[CachedResource]]
 GENERATORS: dict[str, Generator] = {
     typeurls.CLUSTER: cds.generate,
     typeurls.ENDPOINT: eds.generate,
@@ -50,6 +48,7 @@ class DiscoveryServer:
         self.domain = domain
         self.metrics = metrics or Metrics()
         self.cache = XdsCache(features.xds_cache_size)
+        self.generated = GenerationMemo(GENERATORS, self.cache)
         self.connections: dict[str, Connection] = {}
         self.throttle = asyncio.Semaphore(features.push_throttle)
         self.debouncer = Debouncer(features.debounce_after, features.debounce_max,
@@ -129,12 +128,11 @@ class DiscoveryServer:
     def _affected_hosts(self, req: PushRequest) -> set[str]:
         return {f"{k.name}.{k.namespace}.svc.{self.domain}" for k in req.config_keys if k.kind == SERVICE_ENDPOINTS}
 
-    def _eds_subset(self, conn: Connection, req: PushRequest) -> set[str]:
+    def _eds_subset(self, conn: Connection, req: PushRequest) -> frozenset[str]:
         w = conn.watched.get(typeurls.ENDPOINT)
         if w is None:
-            return set()
-        hosts = self._affected_hosts(req)
-        return {n for n in w.names if (p := names.parse_cluster_name(n)) is not None and p[3] in hosts}
+            return frozenset()
+        return w.names_for_hosts(self._affected_hosts(req))
 
     # --- connections ------------------------------------------------------------------------
     def register(self, conn: Connection) -> None:
@@ -181,14 +179,14 @@ class DiscoveryServer:
                 if req.full:
                     subset = None
                 elif type_url == typeurls.ENDPOINT:
-                    subset = frozenset(self._eds_subset(conn, req))
+                    subset = self._eds_subset(conn, req)
                     if not subset:
                         continue
                 else:
                     continue
                 t0 = time.perf_counter()
                 requested = w.requested() if subset is None else subset
-                resources = GENERATORS[type_url](ctx, conn.proxy, requested, self.cache)
+                resources = self.generated.generate(ctx, type_url, conn.proxy, requested)
                 t1 = time.perf_counter()
                 force = changed_clusters if type_url == typeurls.ENDPOINT else set()
                 sent = await self._send(conn, w, ctx, resources, send, partial=subset is not None,
@@ -205,19 +203,22 @@ class DiscoveryServer:
     async def respond(self, conn: Connection, w: WatchedResource, send) -> None:
         """Answer a request: always send, even if empty, so the proxy's subscription settles."""
         ctx = self.push_context
-        gen = GENERATORS.get(w.type_url)
-        resources = gen(ctx, conn.proxy, w.requested(), self.cache) if gen else []
+        if w.type_url in GENERATORS:
+            resources = self.generated.generate(ctx, w.type_url, conn.proxy, w.requested())
+        else:
+            resources = Generated(())
         await self._send(conn, w, ctx, resources, send, partial=False, force=set(), push=None, always=True)
 
     async def _send(self, conn: Connection, w: WatchedResource, ctx: PushContext,
-                    resources: list[CachedResource], send, *, partial: bool, force: set[str],
+                    generated: Generated, send, *, partial: bool, force: set[str],
                     push: PushRequest | None, always: bool = False) -> set[str]:
         """Send what the proxy does not have yet. Returns the names sent.
 
         SotW CDS/LDS responses must list everything (omission deletes); SotW EDS/RDS and delta
         may carry only what changed. Nothing is sent when nothing changed, which also means a
         version the proxy rejected is never sent to it again."""
-        desired = {r.name: r for r in resources}
+        resources = generated.resources
+        desired = generated.versions()
         if conn.delta:
             changed = [r for r in resources if w.sent.get(r.name) != r.version or r.name in force]
             removed = [] if partial else [n for n in w.sent if n not in desired]
@@ -233,18 +234,21 @@ class DiscoveryServer:
             complete = w.type_url in typeurls.STATE_OF_THE_WORLD_COMPLETE
             if complete or always:
                 out = resources
-                unchanged = {n: r.version for n, r in desired.items()} == w.sent
-                if unchanged and not always and not force:
+                if not always and not force and (desired is w.sent or desired == w.sent):
                     return set()
+                fields = generated.sotw_fields()  # shared by every proxy that gets this output
             else:
                 out = [r for r in resources if w.sent.get(r.name) != r.version or r.name in force]
                 if not out:
                     return set()
+                fields = b"".join(r.sotw_field for r in out)
             nonce = conn.next_nonce()
-            body = wire.sotw_response(ctx.version, [r.sotw_field for r in out], w.type_url, nonce)
+            body = wire.sotw_response(ctx.version, [fields], w.type_url, nonce)
             if complete:
-                w.sent = {n: r.version for n, r in desired.items()}
+                w.sent = desired  # shared and never mutated: complete types are only ever replaced
             else:
+                if w.sent is desired or not isinstance(w.sent, dict):
+                    w.sent = dict(w.sent)
                 w.sent.update((r.name, r.version) for r in out)
         w.nonce_sent, w.version_sent, w.last_sent_at = nonce, ctx.version, time.time()
         w.pending[nonce] = tuple(out)

@@ -483,6 +483,31 @@ async def test_eds_is_not_held_back_by_a_debouncing_full_push(running) -> None:
     assert debounce_s >= 0.3
 
 
+async def test_endpoint_churn_is_not_starved_by_a_rolling_quiet_period(running) -> None:
+    """Endpoint changes every 50 ms against a 200 ms debounce: batches still go out about every
+    200 ms, not once at PILOT_DEBOUNCE_MAX as a rolling quiet period would do."""
+    pushes = Pushes()
+    d = running(Debouncer(0.2, 5.0, True, pushes))
+    stop = asyncio.Event()
+
+    async def churn() -> None:
+        i = 0
+        while not stop.is_set():
+            d.enqueue(_eds(f"e{i}"))
+            i += 1
+            await asyncio.sleep(0.05)  # pacing of the load, not synchronisation
+
+    task = asyncio.create_task(churn())
+    try:
+        start = time.monotonic()
+        await pushes.next()
+        await pushes.next()
+        assert time.monotonic() - start < 1.5
+    finally:
+        stop.set()
+        await task
+
+
 async def test_eds_is_debounced_when_enabled(running) -> None:
     pushes = Pushes()
     d = running(Debouncer(0.05, 5.0, True, pushes))

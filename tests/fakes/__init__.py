@@ -1,0 +1,1 @@
+"""In-process fakes of external systems that speak the real wire protocols."""

@@ -236,3 +236,28 @@ async def test_endpoint_edit_to_ack_latency(mesh: Mesh):
         if count1 > count0 else None,
     }
     print("FIGURES " + json.dumps(figures))
+
+
+async def test_changed_clusters_warm_at_once(mesh: Mesh):
+    """A CDS change re-creates clusters, and Envoy keeps them warming (and its CDS ACK back)
+    until their endpoints arrive again: without re-sending EDS for exactly those clusters the
+    ACK takes initial_fetch_timeout (15 s). It must come within a couple of seconds."""
+    before = (await mesh.cp.sync_status(mesh.node_id))["cluster_acked"]
+    mesh.cp.write("mesh.yaml", """
+        apiVersion: v1
+        kind: ConfigMap
+        metadata: {name: istio, namespace: istio-system}
+        data:
+          mesh: |
+            connectTimeout: 3s
+        """)
+
+    async def cds_acked() -> bool:
+        row = await mesh.cp.sync_status(mesh.node_id)
+        return row["cluster_acked"] != before and row["cluster_sent"] == row["cluster_acked"]
+
+    await wait_for(cds_acked, timeout=5, message="CDS ACK after a cluster change (warming stuck?)")
+    dump = await mesh.envoy.config_dump(resource="dynamic_active_clusters")
+    timeouts = {c["cluster"]["name"]: c["cluster"]["connect_timeout"] for c in dump["configs"]}
+    assert timeouts[f"outbound|{mesh.port}||{fqdn('alpha')}"] == "3s"
+    await mesh.wait_routed(fqdn("alpha"), "a")

@@ -79,8 +79,10 @@ class ControlPlane:
         await self._start_grpc()
         await self._start_http()
         self.loaded = True
-        if self.opts.ports_file:
-            Path(self.opts.ports_file).write_text(json.dumps(self.ports))
+        if self.opts.ports_file:  # atomically: a reader never sees a half-written file
+            tmp = Path(self.opts.ports_file + ".tmp")
+            tmp.write_text(json.dumps(self.ports))
+            os.replace(tmp, self.opts.ports_file)
         log.info("ready", ports=self.ports, config_dir=self.opts.config_dir)
 
     async def _start_grpc(self) -> None:

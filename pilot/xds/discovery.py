@@ -211,8 +211,9 @@ class DiscoveryServer:
 
     async def _send(self, conn: Connection, w: WatchedResource, ctx: PushContext,
                     generated: Generated, send, *, partial: bool, force: set[str],
-                    push: PushRequest | None, always: bool = False) -> set[str]:
-        """Send what the proxy does not have yet. Returns the names sent.
+                    push: PushRequest | None, always: bool = False) -> frozenset[str]:
+        """Send what the proxy does not have yet. Returns the names whose content changed (for
+        CDS: the clusters Envoy will re-create and keep warming until their EDS is re-sent).
 
         SotW CDS/LDS responses must list everything (omission deletes); SotW EDS/RDS and delta
         may carry only what changed. Nothing is sent when nothing changed, which also means a
@@ -223,24 +224,27 @@ class DiscoveryServer:
             changed = [r for r in resources if w.sent.get(r.name) != r.version or r.name in force]
             removed = [] if partial else [n for n in w.sent if n not in desired]
             if not changed and not removed and not always:
-                return set()
+                return frozenset()
             nonce = conn.next_nonce()
             body = wire.delta_response(ctx.version, [r.delta_field for r in changed], w.type_url, removed, nonce)
             for n in removed:
                 w.sent.pop(n, None)
             w.sent.update((r.name, r.version) for r in changed)
             out = changed
+            changed = frozenset(r.name for r in changed)
         else:
             complete = w.type_url in typeurls.STATE_OF_THE_WORLD_COMPLETE
             if complete or always:
                 out = resources
                 if not always and not force and (desired is w.sent or desired == w.sent):
-                    return set()
+                    return frozenset()
+                changed = self.generated.changed(w.sent, generated) if complete else frozenset()
                 fields = generated.sotw_fields()  # shared by every proxy that gets this output
             else:
                 out = [r for r in resources if w.sent.get(r.name) != r.version or r.name in force]
                 if not out:
-                    return set()
+                    return frozenset()
+                changed = frozenset()
                 fields = b"".join(r.sotw_field for r in out)
             nonce = conn.next_nonce()
             body = wire.sotw_response(ctx.version, [fields], w.type_url, nonce)
@@ -266,7 +270,7 @@ class DiscoveryServer:
         self.metrics.xds_pushes.labels(short).inc()
         self.metrics.xds_config_size.labels(short).observe(len(body))
         await send(body)
-        return {r.name for r in out}
+        return changed
 
     # --- ACK / NACK -------------------------------------------------------------------------
     def record_ack(self, conn: Connection, w: WatchedResource, nonce: str, version: str) -> None:

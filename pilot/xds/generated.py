@@ -42,6 +42,7 @@ class GenerationMemo:
         self.cache = cache
         self._version: str | None = None
         self._memo: dict[Hashable, Generated] = {}
+        self._diffs: dict[tuple[int, int], tuple[Mapping, Generated, frozenset[str]]] = {}
         self.hits = 0
         self.misses = 0
 
@@ -49,6 +50,7 @@ class GenerationMemo:
                  requested: frozenset[str] | None) -> Generated:
         if ctx.version != self._version:
             self._memo = {}
+            self._diffs = {}
             self._version = ctx.version
         # Generators read nothing of a proxy but its traits: the traits are the whole key.
         key = (type_url, proxy.traits, requested)
@@ -60,3 +62,14 @@ class GenerationMemo:
         else:
             self.hits += 1
         return out
+
+    def changed(self, held: Mapping[str, str], new: Generated) -> frozenset[str]:
+        """Names in `new` whose version differs from `held` (what a proxy has). Proxies that held
+        the same shared version map get the same answer without comparing again."""
+        key = (id(held), id(new))
+        hit = self._diffs.get(key)
+        if hit is not None and hit[0] is held and hit[1] is new:
+            return hit[2]
+        result = frozenset(r.name for r in new.resources if held.get(r.name) != r.version)
+        self._diffs[key] = (held, new, result)  # the references keep both ids from being reused
+        return result

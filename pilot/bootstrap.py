@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import signal
+import socket
 from pathlib import Path
 
 import grpc
@@ -18,12 +19,19 @@ from pilot.cli import Options
 from pilot.config.mesh import MeshConfig, MeshConfigError, parse_mesh_config
 from pilot.http.server import build_app
 from pilot.model.mesh import MeshHolder
-from pilot.model.store import Store
+from pilot.model.store import ConfigKey, Store
 from pilot.sources.files import FileSource
+from pilot.sources.kube.client import Kube, in_cluster, load_api_client
+from pilot.sources.kube.leader import LeaderElection
+from pilot.sources.kube.source import KubeSource
+from pilot.sources.kube.writers import RootCertWriter
 from pilot.xds.ads import AdsService
 from pilot.xds.discovery import DiscoveryServer
 
 log = plog.get("bootstrap")
+
+# istiod's lease name for its namespace controller, which writes istio-ca-root-cert.
+LEADER_LEASE = "istio-namespace-controller-election"
 
 
 def split_addr(addr: str, default_host: str = "0.0.0.0") -> tuple[str, int] | None:
@@ -54,8 +62,14 @@ class ControlPlane:
         self.store = Store()
         self.mesh = MeshHolder(load_mesh_file(opts.mesh_config), features.pod_namespace)
         self.discovery = DiscoveryServer(self.store, self.mesh, features, opts.domain)
+        self.ads = AdsService(self.discovery)
         self.files = FileSource(opts.config_dir, self.store) if opts.config_dir else None
+        self.kube: Kube | None = None
+        self.kube_source: KubeSource | None = None
+        self.leader: LeaderElection | None = None
+        self.root_cert_writer: RootCertWriter | None = None
         self.loaded = False
+        self.draining = False
         self.ports: dict[str, int] = {}
         self._grpc: grpc.aio.Server | None = None
         self._runners: list[web.AppRunner] = []
@@ -63,6 +77,12 @@ class ControlPlane:
         self._tasks: list[asyncio.Task] = []
 
     def ready(self) -> tuple[bool, str]:
+        if self.draining:
+            return False, "shutting down"
+        if self.kube_source is not None:
+            synced, why = self.kube_source.synced()
+            if not synced:
+                return False, why
         if not self.loaded:
             return False, "initial config not loaded"
         return True, "ok"
@@ -71,19 +91,64 @@ class ControlPlane:
         if self.files is not None:
             self.files.load()
             self._tasks.append(asyncio.create_task(self.files.watch(self._stop), name="file-watch"))
-        elif self.opts.kubeconfig:
-            raise SystemExit("Kubernetes mode is not implemented yet; use --configDir")
+        elif self.opts.kubeconfig or in_cluster():
+            await self._start_kube()
+        else:
+            raise SystemExit("no config source: pass --configDir DIR (file mode) or --kubeconfig PATH, "
+                             "or run in a cluster")
+        await self._start_http()  # /ready answers 503 with the reason while informers sync
+        if self.kube_source is not None:
+            await self.kube_source.wait_synced()
+            self._start_leader_election()
         # The first context is built from what is loaded now; everything after goes through debounce.
         self.discovery.rebuild()
         self.discovery.start()
         await self._start_grpc()
-        await self._start_http()
         self.loaded = True
         if self.opts.ports_file:  # atomically: a reader never sees a half-written file
             tmp = Path(self.opts.ports_file + ".tmp")
             tmp.write_text(json.dumps(self.ports))
             os.replace(tmp, self.opts.ports_file)
-        log.info("ready", ports=self.ports, config_dir=self.opts.config_dir)
+        log.info("ready", ports=self.ports, config_dir=self.opts.config_dir, kubeconfig=self.opts.kubeconfig)
+
+    async def _start_kube(self) -> None:
+        self.kube = Kube(await load_api_client(self.opts.kubeconfig))
+        self.kube_source = KubeSource(self.kube, self.store, self.mesh.configmap_key,
+                                      selectors_of=lambda: self.mesh.peek(self.store).discovery_selectors)
+        self.kube_source.start()
+
+    def _start_leader_election(self) -> None:
+        root = Path(self.features.root_ca_dir) / "root-cert.pem"
+        if root.exists():
+            self.root_cert_writer = RootCertWriter(self.kube, self.store, root.read_text(),
+                                                   namespace_selected=self._namespace_selected)
+        else:
+            log.info("no root certificate yet; the istio-ca-root-cert writer is idle", path=str(root))
+        writer = self.root_cert_writer
+
+        async def started() -> None:
+            if writer is not None:
+                await writer.start()
+
+        async def stopped() -> None:
+            if writer is not None:
+                await writer.stop()
+
+        if not self.features.enable_leader_election:
+            self._tasks.append(asyncio.create_task(started(), name="always-leader"))
+            return
+        identity = os.environ.get("POD_NAME") or socket.gethostname()
+        self.leader = LeaderElection(self.kube, self.features.pod_namespace, LEADER_LEASE, identity,
+                                     on_started=started, on_stopped=stopped)
+        self._tasks.append(asyncio.create_task(self.leader.run(), name="leader-election"))
+
+    def _namespace_selected(self, namespace: str) -> bool:
+        selectors = self.mesh.peek(self.store).discovery_selectors
+        if not selectors:
+            return True
+        entry = self.store.get(ConfigKey("Namespace", "", namespace))
+        labels = entry.obj.metadata.labels if entry else {}
+        return any(s.matches(labels) for s in selectors)
 
     async def _start_grpc(self) -> None:
         addr = split_addr(self.opts.grpc_addr)
@@ -94,7 +159,7 @@ class ControlPlane:
         if self.opts.keepalive_max_server_connection_age:
             options.append(("grpc.max_connection_age_ms", int(self.opts.keepalive_max_server_connection_age * 1000)))
         self._grpc = grpc.aio.server(options=options)
-        self._grpc.add_generic_rpc_handlers((AdsService(self.discovery).handler(),))
+        self._grpc.add_generic_rpc_handlers((self.ads.handler(),))
         host, port = addr
         try:
             self.ports["grpc"] = self._grpc.add_insecure_port(f"{host}:{port}" if ":" not in host else f"[{host}]:{port}")
@@ -122,30 +187,55 @@ class ControlPlane:
                 raise OSError(e.errno, f"--{name}Addr {addr_text}: {e.strerror}") from None
             self.ports[name] = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
+    async def drain(self, duration: float) -> None:
+        """SIGTERM: /ready turns 503, new streams are refused, and existing streams are closed
+        spread over `duration` so proxies do not all reconnect to the other replicas at once."""
+        self.draining = True
+        await self.ads.drain(duration)
+        if self.leader is not None:
+            await self.leader.release()
+        elif self.root_cert_writer is not None:
+            await self.root_cert_writer.stop()
+
     async def stop(self) -> None:
         self.loaded = False
         self._stop.set()
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.root_cert_writer is not None:
+            await self.root_cert_writer.stop()
+        if self.kube_source is not None:
+            await self.kube_source.stop()
         if self._grpc is not None:
             await self._grpc.stop(grace=1.0)
         await self.discovery.stop()
         for r in self._runners:
             await r.cleanup()
+        if self.kube is not None:
+            await self.kube.close()
 
     async def run_until_signalled(self) -> None:
-        try:
-            await self.start()
-        except OSError as e:
-            await self.stop()
-            raise SystemExit(f"cannot start: {e}") from None
         loop = asyncio.get_running_loop()
         done = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, done.set)
-        await done.wait()
-        log.info("shutting down")
+        starting = asyncio.create_task(self.start())
+        waiter = asyncio.create_task(done.wait())
+        await asyncio.wait({starting, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        if starting.done():
+            try:
+                starting.result()
+            except OSError as e:
+                waiter.cancel()
+                await self.stop()
+                raise SystemExit(f"cannot start: {e}") from None
+            await waiter
+        else:  # a signal while still starting (e.g. informers waiting for the apiserver)
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+        log.info("shutting down", drain_seconds=self.features.drain_duration)
+        await self.drain(self.features.drain_duration)
         await self.stop()
 
 

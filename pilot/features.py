@@ -87,6 +87,9 @@ MAX_WORKLOAD_CERT_TTL = _knob(
 SELF_SIGNED_CA_CERT_TTL = _knob(
     "CITADEL_SELF_SIGNED_CA_CERT_TTL", "87600h", parse_duration, "TTL of the self-signed root.")
 ROOT_CA_DIR = _knob("ROOT_CA_DIR", "./etc/cacerts", str, "Directory of a plugged-in CA.")
+DRAIN_DURATION = _knob(
+    "PILOT_DRAIN_DURATION", "5s", parse_duration,
+    "On SIGTERM, xDS streams are closed spread over this long so proxies reconnect gradually.")
 ENABLE_AMBIENT = _knob("PILOT_ENABLE_AMBIENT", "false", _bool, "Serve ztunnel (ambient mode).")
 
 
@@ -102,6 +105,9 @@ class Features:
     xds_cache_size: int
     pod_namespace: str
     revision: str
+    enable_leader_election: bool = True
+    root_ca_dir: str = "./etc/cacerts"
+    drain_duration: float = 5.0
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "Features":
@@ -114,4 +120,7 @@ class Features:
             xds_cache_size=XDS_CACHE_SIZE.get(environ),
             pod_namespace=POD_NAMESPACE.get(environ),
             revision=REVISION.get(environ),
+            enable_leader_election=ENABLE_LEADER_ELECTION.get(environ),
+            root_ca_dir=ROOT_CA_DIR.get(environ),
+            drain_duration=DRAIN_DURATION.get(environ),
         )

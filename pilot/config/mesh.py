@@ -28,6 +28,37 @@ class HttpRetryPolicy(Model):
         return v
 
 
+class LabelSelectorRequirement(Model):
+    key: str
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: list[str] = Field(default_factory=list)
+
+
+class LabelSelector(Model):
+    """A Kubernetes label selector (matchLabels AND matchExpressions)."""
+
+    match_labels: dict[str, str] = Field(default_factory=dict)
+    match_expressions: list[LabelSelectorRequirement] = Field(default_factory=list)
+
+    def __hash__(self) -> int:
+        return hash(self.model_dump_json())
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        if any(labels.get(k) != v for k, v in self.match_labels.items()):
+            return False
+        for req in self.match_expressions:
+            present = req.key in labels
+            if req.operator == "In" and not (present and labels[req.key] in req.values):
+                return False
+            if req.operator == "NotIn" and present and labels[req.key] in req.values:
+                return False
+            if req.operator == "Exists" and not present:
+                return False
+            if req.operator == "DoesNotExist" and present:
+                return False
+        return True
+
+
 class ProxyConfig(Model):
     discovery_address: str = "istiod.istio-system.svc:15012"
 
@@ -41,6 +72,8 @@ class MeshConfig(Model):
     default_http_retry_policy: HttpRetryPolicy = Field(default_factory=HttpRetryPolicy)
     access_log_file: str = ""
     default_config: ProxyConfig = Field(default_factory=ProxyConfig)
+    # Which namespaces' services, endpoints and pods the control plane discovers (none = all).
+    discovery_selectors: tuple[LabelSelector, ...] = ()
 
     @field_validator("connect_timeout")
     @classmethod

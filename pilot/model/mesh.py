@@ -32,6 +32,16 @@ class MeshHolder:
     def configmap_key(self) -> ConfigKey:
         return ConfigKey("ConfigMap", self.system_namespace, MESH_CONFIGMAP)
 
+    def peek(self, store: Store) -> MeshConfig:
+        """The MeshConfig the Store holds right now (before the next push applies it)."""
+        entry = store.get(self.configmap_key)
+        if entry is None:
+            return self.file_mesh
+        try:
+            return parse_mesh_config(entry.obj.data.get(MESH_KEY, ""))  # type: ignore[attr-defined]
+        except MeshConfigError:
+            return self.current
+
     def refresh(self, store: Store) -> bool:
         """Re-read the ConfigMap; return True when the MeshConfig in force changed."""
         entry = store.get(self.configmap_key)

@@ -8,6 +8,7 @@ worker alone writes, so responses to requests and pushes never interleave.
 from __future__ import annotations
 
 import asyncio
+import random
 
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
@@ -32,6 +33,18 @@ class AdsService:
     def __init__(self, server: DiscoveryServer) -> None:
         self.server = server
         self.new_streams = TokenBucket(server.features.max_requests_per_second)
+        self.draining = False
+
+    async def drain(self, duration: float) -> None:
+        """Refuse new streams and end the open ones at random moments within `duration`."""
+        self.draining = True
+        conns = list(self.server.connections.values())
+        random.shuffle(conns)
+        step = duration / max(1, len(conns))
+        for i, conn in enumerate(conns):
+            if i and step > 0:
+                await asyncio.sleep(step)  # pacing the reconnects, not synchronisation
+            conn.inbox.put_nowait(_EOF)
 
     def handler(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler(SERVICE, {
@@ -48,6 +61,8 @@ class AdsService:
         await self._stream(requests, context, delta=True)
 
     async def _stream(self, requests, context, delta: bool) -> None:
+        if self.draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "server is shutting down; connect to another replica")
         try:
             first = await anext(aiter(requests))
         except (StopAsyncIteration, asyncio.CancelledError):

@@ -1,0 +1,98 @@
+"""Singleton writers run by the leader only.
+
+RootCertWriter keeps a ConfigMap `istio-ca-root-cert` (key `root-cert.pem`) in every watched
+namespace, as istiod's namespace controller does, and repairs it when someone edits or deletes
+it. Workloads mount it to trust the mesh CA.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from pilot import logging as plog
+from pilot.model.store import ConfigKey, Event, Store
+from pilot.sources.kube.client import ApiError, Kube
+
+log = plog.get("rootcert")
+
+CONFIGMAP = "istio-ca-root-cert"
+KEY = "root-cert.pem"
+LABELS = {"istio.io/config": "true"}
+
+
+class RootCertWriter:
+    def __init__(self, kube: Kube, store: Store, root_pem: str,
+                 namespace_selected=lambda _ns: True) -> None:
+        self.kube = kube
+        self.store = store
+        self.root_pem = root_pem
+        self.namespace_selected = namespace_selected
+        self.active = False
+        self.writes = 0
+        self._dirty: set[str] = set()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        store.subscribe(self._on_events)
+
+    # The leader election calls these.
+    async def start(self) -> None:
+        self.active = True
+        self._dirty = {e.key.name for e in self.store.list("Namespace")}
+        self._wake.set()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="root-cert-writer")
+
+    async def stop(self) -> None:
+        self.active = False
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    def _on_events(self, events: list[Event]) -> None:
+        if not self.active:
+            return
+        for e in events:
+            if e.key.kind == "Namespace" and e.op != "delete":
+                self._dirty.add(e.key.name)
+            elif e.key.kind == "ConfigMap" and e.key.name == CONFIGMAP:
+                self._dirty.add(e.key.namespace)
+        if self._dirty:
+            self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            batch, self._dirty = self._dirty, set()
+            for ns in sorted(batch):
+                try:
+                    await self._reconcile(ns)
+                except Exception as e:  # retried on the next change or leadership; never fatal
+                    log.warning("could not write the root cert ConfigMap", namespace=ns, error=str(e))
+                    self._dirty.add(ns)
+            if self._dirty:
+                await asyncio.sleep(1.0)  # failed writes: retry soon, not in a hot loop
+                self._wake.set()
+
+    async def _reconcile(self, namespace: str) -> None:
+        if self.store.get(ConfigKey("Namespace", "", namespace)) is None or not self.namespace_selected(namespace):
+            return
+        current = self.store.get(ConfigKey("ConfigMap", namespace, CONFIGMAP))
+        if current is not None and current.obj.data.get(KEY) == self.root_pem:  # type: ignore[attr-defined]
+            return
+        path = f"/api/v1/namespaces/{namespace}/configmaps"
+        body = {"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": CONFIGMAP, "namespace": namespace, "labels": LABELS},
+                "data": {KEY: self.root_pem}}
+        try:
+            await self.kube.request("POST", path, body=body)
+        except ApiError as e:
+            if e.status != 409:
+                raise
+            existing = await self.kube.request("GET", f"{path}/{CONFIGMAP}")
+            if (existing.get("data") or {}).get(KEY) == self.root_pem:
+                return
+            existing["data"] = {**(existing.get("data") or {}), KEY: self.root_pem}
+            await self.kube.request("PUT", f"{path}/{CONFIGMAP}", body=existing)
+        self.writes += 1
+        log.info("wrote root cert ConfigMap", namespace=namespace)

@@ -70,6 +70,7 @@ class ControlPlane:
         self.root_cert_writer: RootCertWriter | None = None
         self.loaded = False
         self.draining = False
+        self.identity = os.environ.get("POD_NAME") or socket.gethostname()
         self.ports: dict[str, int] = {}
         self._grpc: grpc.aio.Server | None = None
         self._runners: list[web.AppRunner] = []
@@ -97,6 +98,7 @@ class ControlPlane:
             raise SystemExit("no config source: pass --configDir DIR (file mode) or --kubeconfig PATH, "
                              "or run in a cluster")
         await self._start_http()  # /ready answers 503 with the reason while informers sync
+        self._write_ports()
         if self.kube_source is not None:
             await self.kube_source.wait_synced()
             self._start_leader_election()
@@ -105,14 +107,19 @@ class ControlPlane:
         self.discovery.start()
         await self._start_grpc()
         self.loaded = True
-        if self.opts.ports_file:  # atomically: a reader never sees a half-written file
+        self._write_ports()
+        log.info("ready", ports=self.ports, config_dir=self.opts.config_dir, kubeconfig=self.opts.kubeconfig)
+
+    def _write_ports(self) -> None:
+        """--portsFile: HTTP ports as soon as they listen, then all of them once serving xDS.
+        Written atomically: a reader never sees a half-written file."""
+        if self.opts.ports_file:
             tmp = Path(self.opts.ports_file + ".tmp")
             tmp.write_text(json.dumps(self.ports))
             os.replace(tmp, self.opts.ports_file)
-        log.info("ready", ports=self.ports, config_dir=self.opts.config_dir, kubeconfig=self.opts.kubeconfig)
 
     async def _start_kube(self) -> None:
-        self.kube = Kube(await load_api_client(self.opts.kubeconfig))
+        self.kube = Kube(await load_api_client(self.opts.kubeconfig, identity=self.identity))
         self.kube_source = KubeSource(self.kube, self.store, self.mesh.configmap_key,
                                       selectors_of=lambda: self.mesh.peek(self.store).discovery_selectors)
         self.kube_source.start()
@@ -137,9 +144,10 @@ class ControlPlane:
         if not self.features.enable_leader_election:
             self._tasks.append(asyncio.create_task(started(), name="always-leader"))
             return
-        identity = os.environ.get("POD_NAME") or socket.gethostname()
-        self.leader = LeaderElection(self.kube, self.features.pod_namespace, LEADER_LEASE, identity,
-                                     on_started=started, on_stopped=stopped)
+        f = self.features
+        self.leader = LeaderElection(self.kube, f.pod_namespace, LEADER_LEASE, self.identity,
+                                     lease_duration=f.leader_lease_duration, renew_deadline=f.leader_renew_deadline,
+                                     retry_period=f.leader_retry_period, on_started=started, on_stopped=stopped)
         self._tasks.append(asyncio.create_task(self.leader.run(), name="leader-election"))
 
     def _namespace_selected(self, namespace: str) -> bool:

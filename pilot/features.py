@@ -87,6 +87,14 @@ MAX_WORKLOAD_CERT_TTL = _knob(
 SELF_SIGNED_CA_CERT_TTL = _knob(
     "CITADEL_SELF_SIGNED_CA_CERT_TTL", "87600h", parse_duration, "TTL of the self-signed root.")
 ROOT_CA_DIR = _knob("ROOT_CA_DIR", "./etc/cacerts", str, "Directory of a plugged-in CA.")
+# Not istiod knobs (istiod hard-codes client-go's defaults); exposed so small clusters and tests
+# can fail over faster. The defaults are istiod's.
+LEADER_LEASE_DURATION = _knob("PILOT_LEADER_LEASE_DURATION", "30s", parse_duration,
+                              "How long a leader's Lease is valid without renewal.")
+LEADER_RENEW_DEADLINE = _knob("PILOT_LEADER_RENEW_DEADLINE", "15s", parse_duration,
+                              "A leader that cannot renew for this long steps down.")
+LEADER_RETRY_PERIOD = _knob("PILOT_LEADER_RETRY_PERIOD", "7.5s", parse_duration,
+                            "How often candidates try to take the Lease (with jitter).")
 DRAIN_DURATION = _knob(
     "PILOT_DRAIN_DURATION", "5s", parse_duration,
     "On SIGTERM, xDS streams are closed spread over this long so proxies reconnect gradually.")
@@ -108,6 +116,9 @@ class Features:
     enable_leader_election: bool = True
     root_ca_dir: str = "./etc/cacerts"
     drain_duration: float = 5.0
+    leader_lease_duration: float = 30.0
+    leader_renew_deadline: float = 15.0
+    leader_retry_period: float = 7.5
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "Features":
@@ -123,4 +134,7 @@ class Features:
             enable_leader_election=ENABLE_LEADER_ELECTION.get(environ),
             root_ca_dir=ROOT_CA_DIR.get(environ),
             drain_duration=DRAIN_DURATION.get(environ),
+            leader_lease_duration=LEADER_LEASE_DURATION.get(environ),
+            leader_renew_deadline=LEADER_RENEW_DEADLINE.get(environ),
+            leader_retry_period=LEADER_RETRY_PERIOD.get(environ),
         )

@@ -30,10 +30,18 @@ class K8sObject(Model):
 
     def spec_equal(self, other: "K8sObject") -> bool:
         """True when nothing that can change generated config differs: bookkeeping such as
-        resourceVersion, uid and generation is ignored so a no-op update causes no push.
+        resourceVersion, uid, generation and non-Istio annotations is ignored so a no-op update
+        causes no push.
         `status` is compared: the models keep only status fields the registry reads (a Pod's IP
         and phase), and an update judged equal is dropped, so ignoring it would keep a stale IP."""
         if type(self) is not type(other):
             return False
-        ignore = {"metadata": {"resource_version", "uid", "generation"}}
-        return self.model_dump(exclude=ignore) == other.model_dump(exclude=ignore)
+        ignore = {"metadata": {"resource_version", "uid", "generation", "annotations"}}
+        return (self.model_dump(exclude=ignore) == other.model_dump(exclude=ignore)
+                and _meaningful(self.metadata.annotations) == _meaningful(other.metadata.annotations))
+
+
+def _meaningful(annotations: dict[str, str]) -> dict[str, str]:
+    """Annotations in Istio's domains can change proxy config; others (kubectl's
+    last-applied-configuration, deployment tooling) change on every apply and must not push."""
+    return {k: v for k, v in annotations.items() if "istio.io/" in k}

@@ -431,6 +431,7 @@ class RequestInfo:
     subresource: str | None = None
     status: int | None = None  # None while a watch stream is still open
     faulted: bool = False
+    user_agent: str = ""  # tells replicas of one client apart
 
     @property
     def record(self) -> RequestRecord:
@@ -1402,7 +1403,8 @@ class FakeApiServer:
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
         query = {k: v for k, v in request.query.items()}
-        info = RequestInfo(request.method, request.path, query, time.monotonic())
+        info = RequestInfo(request.method, request.path, query, time.monotonic(),
+                           user_agent=request.headers.get("User-Agent", ""))
         self.request_log.append(info)
         try:
             route = self._route(request.path)

@@ -24,11 +24,14 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 class ControlPlane:
     def __init__(self, tmpdir: str | os.PathLike, *, env: dict[str, str] | None = None,
-                 mesh_config: str | None = None, extra_args: list[str] | None = None) -> None:
-        self.workdir = Path(tmpdir) / "control-plane"
+                 mesh_config: str | None = None, extra_args: list[str] | None = None,
+                 kubeconfig: str | None = None, name: str = "control-plane") -> None:
+        """File mode by default; with `kubeconfig`, Kubernetes mode (no --configDir)."""
+        self.workdir = Path(tmpdir) / name
+        self.kubeconfig = kubeconfig
         self.config_dir = self.workdir / "config"
         self.config_dir.mkdir(parents=True, exist_ok=True)
-        self.env = {"PILOT_DEBOUNCE_AFTER": "50ms", **(env or {})}
+        self.env = {"PILOT_DEBOUNCE_AFTER": "50ms", "PILOT_DRAIN_DURATION": "100ms", **(env or {})}
         self.mesh_config = mesh_config
         self.extra_args = list(extra_args or [])
         self.proc: asyncio.subprocess.Process | None = None
@@ -37,11 +40,20 @@ class ControlPlane:
 
     # --- lifecycle ----------------------------------------------------------------------------
     async def start(self, timeout: float = 20.0) -> Self:
+        """Start and wait until xDS is served."""
+        return await self._start("grpc", timeout)
+
+    async def start_process_only(self, timeout: float = 20.0) -> Self:
+        """Start and wait only until the HTTP endpoints listen (e.g. to watch /ready turn 200)."""
+        return await self._start("http", timeout)
+
+    async def _start(self, wait_for_port: str, timeout: float) -> Self:
         ports_file = self.workdir / "ports.json"
         ports_file.unlink(missing_ok=True)
         mesh_path = self.workdir / "mesh.yaml"
         mesh_path.write_text(self.mesh_config or "")
-        args = [sys.executable, "-m", "pilot.cli", "discovery", "--configDir", str(self.config_dir),
+        source = ["--kubeconfig", self.kubeconfig] if self.kubeconfig else ["--configDir", str(self.config_dir)]
+        args = [sys.executable, "-m", "pilot.cli", "discovery", *source,
                 "--meshConfig", str(mesh_path), "--grpcAddr", "127.0.0.1:0", "--httpAddr", "127.0.0.1:0",
                 "--monitoringAddr", "127.0.0.1:0", "--secureGRPCAddr", "", "--portsFile", str(ports_file),
                 *self.extra_args]
@@ -53,10 +65,20 @@ class ControlPlane:
         def ports() -> dict | None:
             if self.proc.returncode is not None:
                 raise StopWaiting(f"control plane exited with {self.proc.returncode}:\n{self.log_tail()}")
-            return json.loads(ports_file.read_text()) if ports_file.exists() else None
+            if not ports_file.exists():
+                return None
+            ports = json.loads(ports_file.read_text())
+            return ports if wait_for_port in ports else None
 
         self.ports = await wait_for(ports, timeout, message=f"control plane start\n{self.log_tail()}")
         return self
+
+    async def kill(self) -> None:
+        """SIGKILL: no drain, no lease release (a crashed replica)."""
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
+            self._log.close()
 
     async def stop(self) -> int | None:
         if self.proc is None or self.proc.returncode is not None:

@@ -16,6 +16,8 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio import client, config
 
+from pilot import __version__
+
 REQUEST_TIMEOUT = 30.0  # seconds, for every non-watch request
 
 
@@ -40,13 +42,16 @@ def in_cluster() -> bool:
         "/var/run/secrets/kubernetes.io/serviceaccount/token")
 
 
-async def load_api_client(kubeconfig: str | None) -> client.ApiClient:
+async def load_api_client(kubeconfig: str | None, identity: str = "") -> client.ApiClient:
     cfg = client.Configuration()
     if kubeconfig:
         await config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
     else:
         config.load_incluster_config(client_configuration=cfg)
-    return client.ApiClient(configuration=cfg)
+    api = client.ApiClient(configuration=cfg)
+    # Audit logs (and tests) can tell replicas apart.
+    api.user_agent = f"pilot-discovery/{__version__}" + (f" ({identity})" if identity else "")
+    return api
 
 
 @dataclass

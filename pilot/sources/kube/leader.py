@@ -14,10 +14,14 @@ from typing import Awaitable, Callable
 
 from pilot import logging as plog
 from pilot.sources.kube.client import ApiError, Kube
+from pilot.sources.kube.rbac import Rule
 
 log = plog.get("leader")
 
 LEASE_PATH = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
+# What _try_acquire_or_renew and release call, in the system namespace only (see rbac.py):
+# GET the lease, POST it when absent, PUT it to renew, take over or release.
+RBAC = (Rule("namespace", "coordination.k8s.io", "leases", frozenset({"get", "create", "update"})),)
 
 
 def _now() -> datetime:

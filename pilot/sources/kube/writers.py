@@ -12,12 +12,16 @@ import asyncio
 from pilot import logging as plog
 from pilot.model.store import ConfigKey, Event, Store
 from pilot.sources.kube.client import ApiError, Kube
+from pilot.sources.kube.rbac import Rule
 
 log = plog.get("rootcert")
 
 CONFIGMAP = "istio-ca-root-cert"
 KEY = "root-cert.pem"
 LABELS = {"istio.io/config": "true"}
+# What _reconcile calls, in every namespace (see rbac.py): POST the ConfigMap, and on 409 GET
+# it and PUT the corrected copy. Reads of ConfigMaps otherwise come from the informer.
+RBAC = (Rule("cluster", "", "configmaps", frozenset({"create", "get", "update"})),)
 
 
 class RootCertWriter:

@@ -1,0 +1,154 @@
+"""The control plane in Kubernetes mode, against a fake apiserver that speaks the real protocol,
+driven by the real kubernetes-asyncio client inside the real server process, serving a real Envoy.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.e2e.mesh_config import fqdn, parse_counters
+from tests.fakes.apiserver import FakeApiServer
+from tests.support.backends import HttpBackend, http_get
+from tests.support.control_plane import ControlPlane
+from tests.support.envoy import Envoy
+from tests.support.node import sidecar_node_id
+from tests.support.ports import free_port
+from tests.support.wait import wait_for
+
+pytestmark = pytest.mark.timeout(90)
+NODE = sidecar_node_id("kube-client")
+
+
+def service(name: str, port: int, ns: str = "default") -> dict:
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": ns},
+            "spec": {"ports": [{"name": "http", "port": port}]}}
+
+
+def endpoint_slice(service_name: str, backend_port: int, ns: str = "default") -> dict:
+    return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": f"{service_name}-1", "namespace": ns,
+                         "labels": {"kubernetes.io/service-name": service_name}},
+            "addressType": "IPv4", "ports": [{"name": "http", "port": backend_port}],
+            "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True}}]}
+
+
+@pytest.fixture
+async def cluster(tmp_path):
+    fake = await FakeApiServer(bookmark_interval=0.5).start()
+    kubeconfig = fake.write_kubeconfig(tmp_path / "kubeconfig")
+    backends = [await HttpBackend(n).start() for n in ("one", "two", "three")]
+    port = free_port()
+    fake.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "istio-system"}})
+    fake.create(service("web", port))
+    fake.create(endpoint_slice("web", backends[0].port))
+    cp = ControlPlane(tmp_path, kubeconfig=kubeconfig, env={"ENABLE_LEADER_ELECTION": "false"})
+    envoy = Envoy()
+    try:
+        await cp.start()
+        await envoy.start(Envoy.bootstrap(NODE, cp.xds_port), tmp_path)
+        await envoy.wait_ready()
+        yield fake, cp, envoy, backends, port
+    finally:
+        await envoy.stop()
+        await cp.stop()
+        for b in backends:
+            await b.stop()
+        await fake.stop()
+
+
+async def routed(port: int, backend: str) -> bool:
+    status, body = await http_get(f"http://127.0.0.1:{port}/", headers={"Host": fqdn("web")}, timeout=3)
+    return status == 200 and json.loads(body)["name"] == backend
+
+
+async def test_envoy_routes_to_endpoints_found_in_kubernetes(cluster):
+    fake, cp, envoy, backends, port = cluster
+    await wait_for(lambda: routed(port, "one"), message="routing from kube EndpointSlices")
+    assert (await cp.get("/ready"))[0] == 200
+    fake.apply(endpoint_slice("web", backends[1].port))
+    await wait_for(lambda: routed(port, "two"), message="EndpointSlice update reached Envoy")
+
+
+async def test_a_forced_410_loses_no_update_and_pushes_no_cds_or_lds(cluster):
+    fake, cp, envoy, backends, port = cluster
+    await wait_for(lambda: routed(port, "one"))
+    await cp.wait_synced(NODE)
+    before = parse_counters(await cp.metrics(), "pilot_xds_pushes")
+    lists_before = fake.count("list", "endpointslices")
+    # The watch breaks and its resourceVersion is gone; meanwhile the endpoints move.
+    fake.expire_history()
+    fake.drop_watches()
+    fake.apply(endpoint_slice("web", backends[2].port))
+    await wait_for(lambda: routed(port, "three"), timeout=20, message="update made while the watch was broken")
+    assert fake.count("list", "endpointslices") > lists_before, "a 410 must be followed by a fresh LIST"
+    after = parse_counters(await cp.metrics(), "pilot_xds_pushes")
+    for t in ("cds", "lds", "rds"):
+        assert after.get(t, 0) == before.get(t, 0), f"relist caused a {t} push: {before} -> {after}"
+
+
+async def test_serves_the_last_config_while_the_apiserver_is_away_then_catches_up(cluster):
+    fake, cp, envoy, backends, port = cluster
+    await wait_for(lambda: routed(port, "one"))
+    await fake.go_away()
+    try:
+        # Still serving: Envoy keeps routing and a brand-new proxy gets full config.
+        assert await routed(port, "one")
+        late = Envoy()
+        await late.start(Envoy.bootstrap(sidecar_node_id("late"), cp.xds_port), cp.workdir)
+        try:
+            await late.wait_ready()
+        finally:
+            await late.stop()
+    finally:
+        await fake.come_back()
+    fake.apply(endpoint_slice("web", backends[1].port))
+    await wait_for(lambda: routed(port, "two"), timeout=40, message="caught up after the apiserver came back")
+
+
+async def test_no_push_for_status_only_or_identical_updates(cluster):
+    fake, cp, envoy, backends, port = cluster
+    await wait_for(lambda: routed(port, "one"))
+    await cp.wait_synced(NODE)
+    pushes = await cp.debug("/debug/push_status")
+    svc = fake.get("services", "web", namespace="default")
+    svc["metadata"].setdefault("annotations", {})["touched"] = "no"  # metadata noise we do not read
+    svc = fake.update(svc)
+    svc["status"] = {"loadBalancer": {"ingress": [{"ip": "1.2.3.4"}]}}
+    fake.update_status(svc)
+    # A real change afterwards proves the earlier events were processed (events are ordered).
+    fake.apply(endpoint_slice("web", backends[1].port))
+    await wait_for(lambda: routed(port, "two"))
+    later = await cp.debug("/debug/push_status")
+    new = [p for p in later["pushes"] if p["version"] not in {q["version"] for q in pushes["pushes"]}]
+    assert new and all(not p["full"] for p in new), new
+
+
+async def test_ready_waits_for_every_informer(tmp_path):
+    fake = await FakeApiServer().start()
+    gate = fake.hang_when(lambda r: r.verb == "list" and r.resource == "nodes")
+    cp = ControlPlane(tmp_path, kubeconfig=fake.write_kubeconfig(tmp_path / "kc"),
+                      env={"ENABLE_LEADER_ELECTION": "false"})
+    try:
+        await cp.start_process_only()
+        status, text = await wait_for(_http_ready_answer(cp), message="/ready answers while syncing")
+        assert status == 503 and "Node" in text
+        gate.release()
+        await wait_for(_ready(cp), timeout=20, message="ready after the Node list completes")
+    finally:
+        gate.release()
+        await cp.stop()
+        await fake.stop()
+
+
+def _http_ready_answer(cp: ControlPlane):
+    async def check():
+        return await cp.get("/ready")
+    return check
+
+
+def _ready(cp: ControlPlane):
+    async def check():
+        return (await cp.get("/ready"))[0] == 200
+    return check

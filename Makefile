@@ -34,6 +34,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks all $(if $(FULL),--full,)
+	$(BIN)/python -m pytest -q -s -m slow
 
 protos: $(STAMP)
 	$(BIN)/python protos/generate.py

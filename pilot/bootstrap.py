@@ -165,7 +165,9 @@ class ControlPlane:
         options = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 16 << 20),
                    ("grpc.keepalive_time_ms", 30_000), ("grpc.http2.max_pings_without_data", 0)]
         if self.opts.keepalive_max_server_connection_age:
-            options.append(("grpc.max_connection_age_ms", int(self.opts.keepalive_max_server_connection_age * 1000)))
+            # gRPC adds +-10% jitter to the age; like istiod, streams then get 10 s to finish.
+            options += [("grpc.max_connection_age_ms", int(self.opts.keepalive_max_server_connection_age * 1000)),
+                        ("grpc.max_connection_age_grace_ms", 10_000)]
         self._grpc = grpc.aio.server(options=options)
         self._grpc.add_generic_rpc_handlers((self.ads.handler(),))
         host, port = addr

@@ -1,0 +1,65 @@
+"""SIGTERM: /ready turns 503, new streams are refused, open streams are closed over the drain
+period, and the process exits 0."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import grpc
+import pytest
+from envoy.config.core.v3 import base_pb2
+from envoy.service.discovery.v3 import discovery_pb2
+
+from tests.support.control_plane import ControlPlane
+from tests.support.wait import wait_for
+
+pytestmark = pytest.mark.timeout(60)
+SOTW = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
+CDS = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+
+
+def open_stream(channel: grpc.aio.Channel, pod: str):
+    call = channel.stream_stream(SOTW, request_serializer=discovery_pb2.DiscoveryRequest.SerializeToString,
+                                 response_deserializer=discovery_pb2.DiscoveryResponse.FromString)()
+    node = base_pb2.Node(id=f"sidecar~10.0.0.1~{pod}.default~default.svc.cluster.local")
+    return call, discovery_pb2.DiscoveryRequest(type_url=CDS, node=node)
+
+
+async def test_sigterm_drains_and_exits_cleanly(tmp_path):
+    cp = ControlPlane(tmp_path, env={"PILOT_DRAIN_DURATION": "2s"})
+    await cp.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{cp.xds_port}")
+    try:
+        streams = []
+        for i in range(4):
+            call, req = open_stream(channel, f"p{i}")
+            await call.write(req)
+            await asyncio.wait_for(call.read(), 10)
+            streams.append(call)
+        assert (await cp.get("/ready"))[0] == 200
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        cp.proc.send_signal(signal.SIGTERM)
+        await wait_for(lambda: _not_ready(cp), timeout=5, message="/ready 503 while draining")
+        # A newcomer is told to go elsewhere.
+        call, req = open_stream(channel, "newcomer")
+        await call.write(req)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await asyncio.wait_for(call.read(), 10)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        # The open streams end one by one, spread over the drain period rather than all at once.
+        ended = []
+        for s in streams:
+            got = await asyncio.wait_for(s.read(), 10)
+            assert got is grpc.aio.EOF
+            ended.append(loop.time() - t0)
+        assert max(ended) - min(ended) > 0.5, ended
+        assert await asyncio.wait_for(cp.proc.wait(), 15) == 0
+    finally:
+        await channel.close()
+        await cp.stop()
+
+
+async def _not_ready(cp: ControlPlane) -> bool:
+    return (await cp.get("/ready"))[0] == 503

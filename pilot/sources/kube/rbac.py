@@ -14,8 +14,9 @@ Scopes: "cluster" rules go into the ClusterRole (every namespace, and cluster-sc
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, Literal
+from typing import Literal
 
 Scope = Literal["cluster", "namespace"]
 

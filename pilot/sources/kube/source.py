@@ -25,6 +25,11 @@ SELECTED_KINDS = ("Service", "EndpointSlice", "Pod")
 WATCHED_KINDS = ("Namespace", "Service", "EndpointSlice", "Pod", "Node", "ConfigMap", "Secret")
 
 
+# Only TLS Secrets can be gateway credentials: the apiserver filters the rest out, so the
+# control plane never holds other Secrets (RBAC cannot narrow by type; this does).
+FIELD_SELECTORS = {"Secret": "type=kubernetes.io/tls"}
+
+
 def watched_kinds() -> list[Kind]:
     return [BY_NAME[k] for k in WATCHED_KINDS]
 
@@ -41,7 +46,8 @@ class KubeSource:
         self.informers: dict[str, Informer] = {}
         for kind in watched_kinds():
             accept = self._in_selected_namespace if kind.kind in SELECTED_KINDS else (lambda _o: True)
-            self.informers[kind.kind] = Informer(kube, kind, store, accept=accept)
+            self.informers[kind.kind] = Informer(kube, kind, store, accept=accept,
+                                                 field_selector=FIELD_SELECTORS.get(kind.kind))
         self._tasks: list[asyncio.Task] = []
         store.subscribe(self._on_events)
 

@@ -1,0 +1,560 @@
+"""The Kubernetes manifests (deploy/) and the Dockerfile agree with the code. Fast; no cluster.
+
+`kubectl kustomize deploy/` is rendered once and checked against what the code actually does:
+the container args go through the real CLI parser, env values through the real knob parsers,
+the mesh ConfigMap through the real MeshConfig parser, and the RBAC must equal
+`required_rules()`, which is itself checked against the requests the informers, the leader
+election and the root-cert writer make (recorded from a fake client).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pilot import cli
+from pilot import features as feat
+from pilot.config.kinds import KINDS, Kind
+from pilot.config.mesh import parse_mesh_config
+from pilot.durations import parse_duration
+from pilot.sources.kube import rbac
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+SYSTEM_NS = "istio-system"
+
+# ARCHITECTURE.md section 4 "Ports": 8080 /ready + debug, 15010 xDS, 15012 TLS xDS + CA,
+# 15014 metrics, 15017 webhooks. The Service exposes the webhooks on 443 as istiod's does.
+PORTS = {8080, 15010, 15012, 15014, 15017}
+SERVICE_PORTS = {"grpc-xds": (15010, 15010), "https-dns": (15012, 15012),
+                 "https-webhook": (443, 15017), "http-monitoring": (15014, 15014)}
+# API groups served by kube-apiserver itself; kinds in any other group need a CRD in deploy/crds.
+BUILTIN_GROUPS = {"", "apps", "discovery.k8s.io", "coordination.k8s.io", "networking.k8s.io", "policy",
+                  "batch", "autoscaling", "rbac.authorization.k8s.io", "admissionregistration.k8s.io",
+                  "certificates.k8s.io", "apiextensions.k8s.io", "storage.k8s.io", "node.k8s.io"}
+
+
+def _kubectl() -> str:
+    path = shutil.which("kubectl") or ("/usr/bin/kubectl" if Path("/usr/bin/kubectl").exists() else None)
+    if path is None:
+        pytest.skip("kubectl is not installed: cannot render the kustomize base (deploy/)")
+    return path
+
+
+def _render(directory: Path) -> list[dict]:
+    out = subprocess.run([_kubectl(), "kustomize", str(directory)], capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert out.returncode == 0, f"kubectl kustomize {directory} failed:\n{out.stderr}"
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+@pytest.fixture(scope="module")
+def objects() -> dict[tuple[str, str], dict]:
+    docs = _render(DEPLOY)
+    index: dict[tuple[str, str], dict] = {}
+    for d in docs:
+        key = (d["kind"], d["metadata"]["name"])
+        assert key not in index, f"{key} rendered twice"
+        index[key] = d
+    return index
+
+
+@pytest.fixture(scope="module")
+def deployment(objects) -> dict:
+    return objects[("Deployment", "istiod")]
+
+
+@pytest.fixture(scope="module")
+def container(deployment) -> dict:
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1, "one container: the control plane"
+    return containers[0]
+
+
+def _argv(container: dict) -> list[str]:
+    """What the container runs after the `pilot-discovery` entrypoint."""
+    command = list(container.get("command") or ["pilot-discovery"])
+    assert command[0] == "pilot-discovery", command
+    return command[1:] + list(container.get("args") or [])
+
+
+def _parse_argv(argv: list[str]) -> cli.Options:
+    try:
+        command, opts = cli.parse(argv)
+    except SystemExit as e:  # argparse reports the bad flag on stderr and exits
+        pytest.fail(f"the container's args do not parse with pilot-discovery's CLI: {argv} (exit {e.code})")
+    assert command == "discovery" and opts is not None
+    return opts
+
+
+def _port(addr: str) -> int | None:
+    return int(addr.rpartition(":")[2]) if addr else None
+
+
+# --- the objects ------------------------------------------------------------------------------
+def test_every_expected_object_is_rendered(objects):
+    expected = {("Namespace", SYSTEM_NS), ("ServiceAccount", "istiod"), ("ClusterRole", "istiod-istio-system"),
+                ("ClusterRoleBinding", "istiod-istio-system"), ("Role", "istiod"), ("RoleBinding", "istiod"),
+                ("ConfigMap", "istio"), ("Deployment", "istiod"), ("Service", "istiod"),
+                ("PodDisruptionBudget", "istiod"), ("HorizontalPodAutoscaler", "istiod")}
+    assert expected <= set(objects), f"missing: {sorted(expected - set(objects))}"
+    for (kind, name), obj in objects.items():
+        if kind not in ("Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"):
+            assert obj["metadata"].get("namespace") == SYSTEM_NS, f"{kind}/{name} is not in {SYSTEM_NS}"
+
+
+def test_selectors_and_references_line_up(objects, deployment):
+    spec = deployment["spec"]
+    pod_labels = spec["template"]["metadata"]["labels"]
+    selector = spec["selector"]["matchLabels"]
+    assert selector.items() <= pod_labels.items()
+    assert spec["replicas"] == 2
+    assert spec["template"]["spec"]["serviceAccountName"] == "istiod"
+    assert objects[("Service", "istiod")]["spec"]["selector"].items() <= pod_labels.items()
+    pdb = objects[("PodDisruptionBudget", "istiod")]
+    assert pdb["apiVersion"] == "policy/v1" and pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    hpa = objects[("HorizontalPodAutoscaler", "istiod")]
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "istiod"}
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 5)
+    assert hpa["spec"]["metrics"] == [{"type": "Resource", "resource": {
+        "name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}}}]
+    keys = {c["topologyKey"] for c in spec["template"]["spec"]["topologySpreadConstraints"]}
+    assert keys == {"topology.kubernetes.io/zone", "kubernetes.io/hostname"}
+    for c in spec["template"]["spec"]["topologySpreadConstraints"]:
+        assert c["labelSelector"]["matchLabels"].items() <= pod_labels.items()
+
+
+# --- the container ------------------------------------------------------------------------------
+def test_container_args_parse_with_the_real_cli(container):
+    argv = _argv(container)
+    assert argv[0] == "discovery"
+    opts = _parse_argv(argv)
+    assert opts.config_dir is None and opts.kubeconfig is None, "in-cluster mode: no --configDir/--kubeconfig"
+    assert opts.monitoring_addr == ":15014"
+    assert opts.domain == "cluster.local"
+    assert opts.keepalive_max_server_connection_age == parse_duration("30m")
+    assert opts.log_output_level == "default:info"
+
+
+def test_mesh_config_flag_points_at_the_mounted_configmap(deployment, container):
+    opts = _parse_argv(_argv(container))
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    mounts = [m for m in container["volumeMounts"] if volumes[m["name"]].get("configMap", {}).get("name") == "istio"]
+    assert mounts, "the istio ConfigMap is mounted"
+    assert any(opts.mesh_config == f"{m['mountPath'].rstrip('/')}/mesh" for m in mounts), opts.mesh_config
+
+
+def test_ports_match_the_architecture_and_the_cli(objects, container):
+    container_ports = {p["containerPort"] for p in container["ports"]}
+    assert container_ports == PORTS
+    assert all(p.get("protocol", "TCP") == "TCP" for p in container["ports"])
+    opts = _parse_argv(_argv(container))
+    listening = {_port(a) for a in (opts.grpc_addr, opts.secure_grpc_addr, opts.http_addr,
+                                    opts.monitoring_addr, opts.https_addr)} - {None}
+    assert listening == PORTS, "the flags (or their defaults) listen where the manifest says"
+    svc = {p["name"]: (p["port"], p["targetPort"]) for p in objects[("Service", "istiod")]["spec"]["ports"]}
+    assert svc == SERVICE_PORTS
+    named = {p["name"]: p["containerPort"] for p in container["ports"]}
+    for port, target in svc.values():
+        assert (named.get(target) if isinstance(target, str) else target) in container_ports
+
+
+def test_probes(container):
+    ready = container["readinessProbe"]["httpGet"]
+    assert (ready["path"], ready["port"]) == ("/ready", 8080)
+    live = container["livenessProbe"]
+    assert "httpGet" in live or "tcpSocket" in live
+    if "httpGet" in live:  # must answer non-localhost callers (debug paths are localhost-only)
+        assert live["httpGet"]["path"] in ("/ready", "/version") and live["httpGet"]["port"] == 8080
+    # Generous: a liveness failure restarts the pod, which must never happen during a slow sync.
+    assert live.get("failureThreshold", 3) * live.get("periodSeconds", 10) >= 60
+
+
+def test_security_context(deployment, container):
+    pod = deployment["spec"]["template"]["spec"].get("securityContext", {})
+    ctr = container["securityContext"]
+
+    def effective(key):
+        return ctr.get(key, pod.get(key))
+
+    assert effective("runAsNonRoot") is True
+    assert effective("runAsUser") == 1337
+    assert effective("seccompProfile") == {"type": "RuntimeDefault"}
+    assert ctr["readOnlyRootFilesystem"] is True
+    assert ctr["allowPrivilegeEscalation"] is False
+    assert ctr.get("privileged", False) is False
+    assert ctr["capabilities"]["drop"] == ["ALL"] and not ctr["capabilities"].get("add")
+    res = container["resources"]
+    assert {"cpu", "memory"} <= set(res["requests"]) and "memory" in res["limits"]
+
+
+def test_writable_paths_are_empty_dirs(deployment, container):
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    writable = {m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")}
+    assert "/tmp" in writable
+    for m in container["volumeMounts"]:
+        if not m.get("readOnly"):
+            assert "emptyDir" in volumes[m["name"]], f"{m['mountPath']} is writable but not an emptyDir"
+
+
+def test_env_knobs_parse_and_drain_fits_the_grace_period(deployment, container):
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    values = {name: e["value"] for name, e in env.items() if "value" in e}
+    for name, value in values.items():
+        if name in feat.KNOBS:
+            feat.KNOBS[name].get({name: value})  # raises on a value the code would reject
+        else:
+            assert name in ("PYTHONUNBUFFERED",), f"{name} is not a knob pilot/features.py reads"
+    features = feat.Features.from_env({**values, "POD_NAMESPACE": deployment["metadata"]["namespace"]})
+    assert features.pod_namespace == SYSTEM_NS
+    grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace > features.drain_duration + 5, "drain, release the lease and exit before SIGKILL"
+    assert features.root_ca_dir in {m["mountPath"] for m in container["volumeMounts"]}
+
+
+# --- MeshConfig -------------------------------------------------------------------------------------
+def test_mesh_configmap_parses(objects):
+    data = objects[("ConfigMap", "istio")]["data"]
+    mesh = parse_mesh_config(data["mesh"])
+    raw = yaml.safe_load(data["mesh"])
+    for field in ("trustDomain", "rootNamespace", "connectTimeout", "outboundTrafficPolicy", "enableAutoMtls",
+                  "defaultHttpRetryPolicy", "accessLogFile", "defaultConfig", "discoverySelectors"):
+        assert field in raw, f"the default MeshConfig spells out {field}"
+    assert mesh.root_namespace == SYSTEM_NS
+    host, _, port = mesh.default_config.discovery_address.rpartition(":")
+    assert host in (f"istiod.{SYSTEM_NS}.svc", f"istiod.{SYSTEM_NS}.svc.cluster.local")
+    assert int(port) in {p["port"] for p in objects[("Service", "istiod")]["spec"]["ports"]}
+
+
+# --- RBAC -------------------------------------------------------------------------------------------
+def _triples(rules: list[dict]) -> set[tuple[str, str, str]]:
+    out = set()
+    for r in rules:
+        assert set(r) <= {"apiGroups", "resources", "verbs"}, f"no resourceNames/nonResourceURLs here: {r}"
+        for group in r["apiGroups"]:
+            for resource in r["resources"]:
+                for verb in r["verbs"]:
+                    assert "*" not in (group, resource, verb), f"wildcard in {r}"
+                    out.add((group, resource, verb))
+    return out
+
+
+def _required(scope: str) -> set[tuple[str, str, str]]:
+    return {(r.api_group, r.resource, v) for r in rbac.required_rules() if r.scope == scope for v in r.verbs}
+
+
+def test_cluster_role_is_exactly_the_required_rules(objects):
+    granted = _triples(objects[("ClusterRole", "istiod-istio-system")]["rules"])
+    required = _required("cluster")
+    assert granted - required == set(), "granted but never used (least privilege)"
+    assert required - granted == set(), "used by the code but not granted"
+
+
+def test_role_is_exactly_the_required_rules(objects):
+    role = objects[("Role", "istiod")]
+    assert role["metadata"]["namespace"] == SYSTEM_NS
+    granted = _triples(role["rules"])
+    required = _required("namespace")
+    assert granted - required == set(), "granted but never used (least privilege)"
+    assert required - granted == set(), "used by the code but not granted"
+    # Nothing else grants anything to the service account.
+    roles = [k for k in objects if k[0] in ("Role", "ClusterRole")]
+    assert sorted(roles) == [("ClusterRole", "istiod-istio-system"), ("Role", "istiod")]
+
+
+def test_bindings_bind_the_service_account(objects):
+    subject = [{"kind": "ServiceAccount", "name": "istiod", "namespace": SYSTEM_NS}]
+    crb = objects[("ClusterRoleBinding", "istiod-istio-system")]
+    assert crb["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                              "name": "istiod-istio-system"}
+    assert crb["subjects"] == subject
+    rb = objects[("RoleBinding", "istiod")]
+    assert rb["metadata"]["namespace"] == SYSTEM_NS
+    assert rb["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "istiod"}
+    assert rb["subjects"] == subject
+
+
+# The declarations behind required_rules() are checked against the requests the code really makes.
+class _Stream:
+    async def readline(self) -> bytes:
+        return b""
+
+
+class _Response:
+    content = _Stream()
+
+    def release(self) -> None:
+        pass
+
+
+class RecordingKube:
+    """Stands in for client.Kube: records (method, path, query) and answers from `handler`."""
+
+    def __init__(self, handler) -> None:
+        self.handler = handler
+        self.calls: list[tuple[str, str, dict]] = []
+
+    async def request(self, method, path, *, query=None, body=None, timeout=30.0, content_type=""):
+        self.calls.append((method, path, dict(query or {})))
+        return self.handler(method, path, body)
+
+    async def open(self, method, path, *, query=None, body=None, timeout=30.0, content_type=""):
+        self.calls.append((method, path, dict(query or {})))
+        return _Response()
+
+
+def _rbac_of(method: str, path: str, query: dict) -> tuple[str | None, str, str, str]:
+    """(namespace or None, apiGroup, resource, verb) that the apiserver authorizes a request as."""
+    m = re.fullmatch(r"/api/v1/(.*)", path) or re.fullmatch(r"/apis/([^/]+)/[^/]+/(.*)", path)
+    assert m, path
+    group, rest = ("", m.group(1)) if path.startswith("/api/") else (m.group(1), m.group(2))
+    segs = rest.split("/")
+    namespace = None
+    if segs[0] == "namespaces" and len(segs) >= 3:
+        namespace, segs = segs[1], segs[2:]
+    resource, name = segs[0], (segs[1] if len(segs) > 1 else None)
+    assert len(segs) <= 2, f"subresources are not modelled: {path}"
+    if method == "GET":
+        verb = "get" if name else ("watch" if query.get("watch") in ("true", "1") else "list")
+    else:
+        verb = {"POST": "create", "PUT": "update", "PATCH": "patch",
+                "DELETE": "delete" if name else "deletecollection"}[method]
+    return namespace, group, resource, verb
+
+
+def _allowed(namespace: str | None, group: str, resource: str, verb: str) -> bool:
+    for r in rbac.required_rules():
+        if ((r.api_group, r.resource) == (group, resource) and verb in r.verbs
+                and (r.scope == "cluster" or namespace == SYSTEM_NS)):
+            return True
+    return False
+
+
+async def test_required_rules_cover_every_request_the_code_makes_and_nothing_more():
+    from pilot.config.validation import parse_object
+    from pilot.model.store import Store
+    from pilot.sources.kube.client import ApiError
+    from pilot.sources.kube.informer import Informer
+    from pilot.sources.kube.leader import LeaderElection
+    from pilot.sources.kube.source import watched_kinds
+    from pilot.sources.kube.writers import CONFIGMAP, KEY, RootCertWriter
+
+    calls: list[tuple[str, str, dict]] = []
+
+    # Informers: LIST then WATCH of every watched kind, cluster-wide.
+    for kind in watched_kinds():
+        kube = RecordingKube(lambda *_: {"items": [], "metadata": {"resourceVersion": "7"}})
+        informer = Informer(kube, kind, Store())
+        await informer._list()
+        await informer._watch()
+        calls += kube.calls
+
+    # Leader election: create the lease when absent, take over an expired one, release it.
+    state = {"lease": None}
+
+    def leases(method, path, body):
+        if method == "GET":
+            if state["lease"] is None:
+                raise ApiError(404, "NotFound")
+            return state["lease"]
+        state["lease"] = {**body, "metadata": {**body["metadata"], "resourceVersion": "1"}}
+        return state["lease"]
+
+    kube = RecordingKube(leases)
+    election = LeaderElection(kube, SYSTEM_NS, "istio-namespace-controller-election", "me")
+    assert await election._try_acquire_or_renew()
+    state["lease"]["spec"] = {"holderIdentity": "other", "leaseDurationSeconds": 1,
+                              "renewTime": "2000-01-01T00:00:00.000000Z"}
+    assert await election._try_acquire_or_renew()
+    election.is_leader = True
+    await election.release()
+    calls += kube.calls
+
+    # Root-cert writer in an ordinary namespace: create, and on conflict read and update.
+    def configmaps(method, path, body):
+        if method == "POST":
+            raise ApiError(409, "AlreadyExists")
+        if method == "GET":
+            return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": CONFIGMAP},
+                    "data": {KEY: "stale"}}
+        return body
+
+    store = Store()
+    store.apply(parse_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bookinfo"}}))
+    kube = RecordingKube(configmaps)
+    await RootCertWriter(kube, store, "PEM")._reconcile("bookinfo")
+    assert kube.calls[-1][0] == "PUT"
+    calls += kube.calls
+
+    used = {_rbac_of(*c) for c in calls}
+    denied = sorted(u for u in used if not _allowed(*u))
+    assert denied == [], f"requests the code makes that required_rules() does not grant: {denied}"
+    exercised = {(g, r, v) for _ns, g, r, v in used}
+    declared = {(r.api_group, r.resource, v) for r in rbac.required_rules() for v in r.verbs}
+    assert declared - exercised == set(), "declared but never requested (least privilege)"
+
+
+def test_every_module_that_calls_the_apiserver_declares_its_rbac():
+    declaring = {name.rsplit(".", 1)[1] + ".py" for name in rbac.RBAC_MODULES}
+    informer_modules = {"informer.py"}  # list+watch comes from the kind registry
+    offenders = []
+    for path in sorted((ROOT / "pilot").rglob("*.py")):
+        if "gen" in path.relative_to(ROOT / "pilot").parts:
+            continue
+        text = path.read_text()
+        if re.search(r"\bkube\.(request|open)\(", text) and path.name not in declaring | informer_modules:
+            offenders.append(str(path.relative_to(ROOT)))
+        if path.name in declaring:
+            tree = ast.parse(text)
+            assert any(isinstance(n, (ast.Assign, ast.AnnAssign)) and "RBAC" in ast.unparse(n).split("=")[0]
+                       for n in tree.body), f"{path.name} is in RBAC_MODULES but declares no RBAC"
+    assert offenders == [], f"call the apiserver without an RBAC declaration in rbac.RBAC_MODULES: {offenders}"
+
+
+def test_rbac_module_rejects_wildcards_and_merges():
+    with pytest.raises(ValueError):
+        rbac.Rule("cluster", "", "*", frozenset({"get"}))
+    with pytest.raises(ValueError):
+        rbac.Rule("cluster", "", "pods", frozenset({"*"}))
+    merged = rbac.merge([rbac.Rule("cluster", "", "pods", frozenset({"list"})),
+                         rbac.Rule("cluster", "", "pods", frozenset({"watch"})),
+                         rbac.Rule("namespace", "", "pods", frozenset({"list"}))])
+    assert merged == [rbac.Rule("cluster", "", "pods", frozenset({"list", "watch"}))]
+
+
+# --- CRDs -----------------------------------------------------------------------------------------
+def _structural_errors(schema: dict, where: str) -> list[str]:
+    errors = []
+    if "type" not in schema and not (schema.get("x-kubernetes-int-or-string")
+                                     or schema.get("x-kubernetes-preserve-unknown-fields")):
+        errors.append(f"{where}: no type")
+    for name, sub in (schema.get("properties") or {}).items():
+        errors += _structural_errors(sub, f"{where}.{name}")
+    if isinstance(schema.get("items"), dict):
+        errors += _structural_errors(schema["items"], f"{where}[]")
+    if isinstance(schema.get("additionalProperties"), dict):
+        errors += _structural_errors(schema["additionalProperties"], f"{where}{{}}")
+    return errors
+
+
+def _crd_problems(kinds: tuple[Kind, ...], crds: list[dict]) -> list[str]:
+    """Why `crds` do not serve every custom kind in `kinds` (empty: they do)."""
+    problems = []
+    by_name = {(c["spec"]["group"], c["spec"]["names"]["kind"]): c for c in crds}
+    for kind in kinds:
+        if kind.group in BUILTIN_GROUPS:
+            continue
+        crd = by_name.get((kind.group, kind.kind))
+        if crd is None:
+            problems.append(f"{kind.kind}.{kind.group}: no CRD in deploy/crds")
+            continue
+        spec = crd["spec"]
+        if crd["metadata"]["name"] != f"{kind.plural}.{kind.group}" or spec["names"]["plural"] != kind.plural:
+            problems.append(f"{kind.kind}: CRD name/plural do not match {kind.plural}.{kind.group}")
+        if spec["scope"] != ("Namespaced" if kind.namespaced else "Cluster"):
+            problems.append(f"{kind.kind}: scope {spec['scope']}")
+        versions = {v["name"]: v for v in spec["versions"]}
+        if sum(1 for v in versions.values() if v.get("storage")) != 1:
+            problems.append(f"{kind.kind}: exactly one storage version")
+        for version in kind.versions:
+            v = versions.get(version)
+            if v is None or not v.get("served"):
+                problems.append(f"{kind.kind}: version {version} not served")
+                continue
+            schema = (v.get("schema") or {}).get("openAPIV3Schema")
+            if not schema or schema.get("type") != "object":
+                problems.append(f"{kind.kind} {version}: no structural openAPIV3Schema")
+            else:
+                problems += [f"{kind.kind} {version}: {e}" for e in _structural_errors(schema, "")]
+    return problems
+
+
+def test_every_custom_kind_in_the_registry_has_a_crd(objects):
+    crds = _render(DEPLOY / "crds")
+    assert all(c["kind"] == "CustomResourceDefinition" for c in crds)
+    assert _crd_problems(KINDS, crds) == []
+    rendered = {n for (k, n) in objects if k == "CustomResourceDefinition"}
+    assert {c["metadata"]["name"] for c in crds} == rendered, "the base includes deploy/crds"
+
+
+def test_the_crd_check_fails_for_a_custom_kind_without_one():
+    from pilot.config.core import Service
+
+    custom = Kind("networking.istio.io", ("v1",), "VirtualService", "virtualservices", True, Service)
+    assert _crd_problems((custom,), []) == ["VirtualService.networking.istio.io: no CRD in deploy/crds"]
+    crd = {"metadata": {"name": "virtualservices.networking.istio.io"},
+           "spec": {"group": "networking.istio.io", "scope": "Namespaced",
+                    "names": {"kind": "VirtualService", "plural": "virtualservices"},
+                    "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                        "type": "object", "properties": {"spec": {"type": "object", "properties": {
+                            "hosts": {"type": "array", "items": {"type": "string"}}}}}}}}]}}
+    assert _crd_problems((custom,), [crd]) == []
+    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["x"] = {}
+    assert _crd_problems((custom,), [crd]) == ["VirtualService v1: .spec.x: no type"]
+
+
+# --- Dockerfile -----------------------------------------------------------------------------------
+def _dockerfile_stages() -> list[list[str]]:
+    """Instructions (continuations joined, comments dropped) grouped by FROM."""
+    text = (ROOT / "Dockerfile").read_text()
+    lines, current = [], ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not current and (not line or line.startswith("#")):
+            continue
+        if line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            current += line[:-1] + " "
+            continue
+        lines.append(current + line)
+        current = ""
+    stages: list[list[str]] = [[]]
+    for line in lines:
+        if line.split()[0].upper() == "FROM":
+            stages.append([])
+        stages[-1].append(line)
+    return stages
+
+
+def test_dockerfile_final_stage_is_small_and_non_root():
+    stages = _dockerfile_stages()
+    args = {m.group(1): m.group(2) for line in stages[0]
+            if (m := re.fullmatch(r"ARG (\w+)=(\S+)", line))}
+    assert len(stages) >= 3, "multi-stage: a builder and the final image"
+    final = stages[-1]
+    base = final[0].split()[1]
+    base = re.sub(r"\$\{(\w+)\}", lambda m: args.get(m.group(1), m.group(0)), base)
+    assert base == "python:3.11-slim"
+    users = [line.split()[1] for line in final if line.upper().startswith("USER ")]
+    assert users, "the final stage sets USER"
+    uid = users[-1].split(":")[0]
+    assert uid.isdigit() and int(uid) == 1337, "numeric, so the kubelet can verify runAsNonRoot"
+    body = "\n".join(final).lower()
+    for tool in ("gcc", "g++", "build-essential", "clang", "make ", "python3-dev", "libc6-dev"):
+        assert tool not in body, f"{tool} in the final stage"
+    assert not any(line.upper().startswith(("COPY . ", "ADD ")) for line in final), "no source tree in the image"
+    assert 'ENTRYPOINT ["pilot-discovery"]' in final and 'CMD ["discovery"]' in final
+    exposed = {int(p) for line in final if line.upper().startswith("EXPOSE ") for p in line.split()[1:]}
+    assert exposed == PORTS
+    assert any("pip wheel" in line for stage in stages[1:-1] for line in stage), "the builder builds wheels"
+
+
+def test_dockerignore_keeps_the_context_small_but_buildable():
+    patterns = {p.strip().rstrip("/") for p in (ROOT / ".dockerignore").read_text().splitlines()
+                if p.strip() and not p.startswith("#")}
+    assert {".git", ".venv", "tests"} <= patterns
+    assert "benchmarks" in patterns or "benchmarks/results" in patterns
+    copied = {w for line in _dockerfile_stages()[1] if line.upper().startswith("COPY ") and "--from" not in line
+              for w in line.split()[1:-1]}
+    assert copied and not copied & patterns, f"the builder copies something .dockerignore excludes: {copied}"

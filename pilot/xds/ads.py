@@ -176,7 +176,7 @@ class AdsService:
         new_names = subscribe - {"*"} - w.names
         w.names |= subscribe - {"*"}
         w.names -= unsubscribe
-        for n in unsubscribe:
-            w.sent.pop(n, None)
+        if unsubscribe:  # held maps are shared between proxies: replace, never mutate
+            w.sent = {n: v for n, v in w.sent.items() if n not in unsubscribe}
         if first or new_names or (subscribe and w.wildcard):
             await self.server.respond(conn, w, send)

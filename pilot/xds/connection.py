@@ -7,6 +7,7 @@ import asyncio
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Mapping
 
 from pilot.model.proxy import Proxy
 from pilot.model.push_request import PushRequest
@@ -30,8 +31,9 @@ class WatchedResource:
     type_url: str
     wildcard: bool = False
     _names: frozenset[str] = frozenset()
-    # What the proxy holds (delta) or was last sent (SotW): name -> resource version.
-    sent: dict[str, str] = field(default_factory=dict)
+    # What the proxy holds (delta) or was last sent (SotW): name -> resource version. Shared
+    # between proxies in the same state and never mutated in place: always replaced.
+    sent: Mapping[str, str] = field(default_factory=dict)
     nonce_sent: str = ""
     version_sent: str = ""
     nonce_acked: str = ""

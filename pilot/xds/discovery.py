@@ -171,7 +171,7 @@ class DiscoveryServer:
             if record is not None:
                 record.queue_max_s = max(record.queue_max_s, queued)
             ctx = self.push_context
-            changed_clusters: set[str] = set()
+            changed_clusters: frozenset[str] = frozenset()
             for type_url in typeurls.PUSH_ORDER:
                 w = conn.watched.get(type_url)
                 if w is None or type_url not in GENERATORS:
@@ -188,7 +188,7 @@ class DiscoveryServer:
                 requested = w.requested() if subset is None else subset
                 resources = self.generated.generate(ctx, type_url, conn.proxy, requested)
                 t1 = time.perf_counter()
-                force = changed_clusters if type_url == typeurls.ENDPOINT else set()
+                force = changed_clusters if type_url == typeurls.ENDPOINT else frozenset()
                 sent = await self._send(conn, w, ctx, resources, send, partial=subset is not None,
                                         force=force, push=req)
                 if type_url == typeurls.CLUSTER:
@@ -207,10 +207,10 @@ class DiscoveryServer:
             resources = self.generated.generate(ctx, w.type_url, conn.proxy, w.requested())
         else:
             resources = Generated(())
-        await self._send(conn, w, ctx, resources, send, partial=False, force=set(), push=None, always=True)
+        await self._send(conn, w, ctx, resources, send, partial=False, force=frozenset(), push=None, always=True)
 
     async def _send(self, conn: Connection, w: WatchedResource, ctx: PushContext,
-                    generated: Generated, send, *, partial: bool, force: set[str],
+                    generated: Generated, send, *, partial: bool, force: frozenset[str],
                     push: PushRequest | None, always: bool = False) -> frozenset[str]:
         """Send what the proxy does not have yet. Returns the names whose content changed (for
         CDS: the clusters Envoy will re-create and keep warming until their EDS is re-sent).
@@ -218,42 +218,18 @@ class DiscoveryServer:
         SotW CDS/LDS responses must list everything (omission deletes); SotW EDS/RDS and delta
         may carry only what changed. Nothing is sent when nothing changed, which also means a
         version the proxy rejected is never sent to it again."""
-        resources = generated.resources
-        desired = generated.versions()
+        plan = self.generated.plan(w.sent, generated, frozenset(force), delta=conn.delta,
+                                   complete=w.type_url in typeurls.STATE_OF_THE_WORLD_COMPLETE,
+                                   partial=partial, always=always)
+        if plan.empty and not always:
+            return frozenset()
+        nonce = conn.next_nonce()
         if conn.delta:
-            changed = [r for r in resources if w.sent.get(r.name) != r.version or r.name in force]
-            removed = [] if partial else [n for n in w.sent if n not in desired]
-            if not changed and not removed and not always:
-                return frozenset()
-            nonce = conn.next_nonce()
-            body = wire.delta_response(ctx.version, [r.delta_field for r in changed], w.type_url, removed, nonce)
-            for n in removed:
-                w.sent.pop(n, None)
-            w.sent.update((r.name, r.version) for r in changed)
-            out = changed
-            changed = frozenset(r.name for r in changed)
+            body = wire.delta_response(ctx.version, [plan.fields], w.type_url, list(plan.removed), nonce)
         else:
-            complete = w.type_url in typeurls.STATE_OF_THE_WORLD_COMPLETE
-            if complete or always:
-                out = resources
-                if not always and not force and (desired is w.sent or desired == w.sent):
-                    return frozenset()
-                changed = self.generated.changed(w.sent, generated) if complete else frozenset()
-                fields = generated.sotw_fields()  # shared by every proxy that gets this output
-            else:
-                out = [r for r in resources if w.sent.get(r.name) != r.version or r.name in force]
-                if not out:
-                    return frozenset()
-                changed = frozenset()
-                fields = b"".join(r.sotw_field for r in out)
-            nonce = conn.next_nonce()
-            body = wire.sotw_response(ctx.version, [fields], w.type_url, nonce)
-            if complete:
-                w.sent = desired  # shared and never mutated: complete types are only ever replaced
-            else:
-                if w.sent is desired or not isinstance(w.sent, dict):
-                    w.sent = dict(w.sent)
-                w.sent.update((r.name, r.version) for r in out)
+            body = wire.sotw_response(ctx.version, [plan.fields], w.type_url, nonce)
+        w.sent = plan.held_after  # shared, never mutated in place
+        out = plan.out
         w.nonce_sent, w.version_sent, w.last_sent_at = nonce, ctx.version, time.time()
         w.pending[nonce] = tuple(out)
         if len(w.pending) > 16:  # a proxy that never answers must not grow memory
@@ -270,7 +246,7 @@ class DiscoveryServer:
         self.metrics.xds_pushes.labels(short).inc()
         self.metrics.xds_config_size.labels(short).observe(len(body))
         await send(body)
-        return changed
+        return plan.changed
 
     # --- ACK / NACK -------------------------------------------------------------------------
     def record_ack(self, conn: Connection, w: WatchedResource, nonce: str, version: str) -> None:

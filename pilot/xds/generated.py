@@ -42,7 +42,7 @@ class GenerationMemo:
         self.cache = cache
         self._version: str | None = None
         self._memo: dict[Hashable, Generated] = {}
-        self._diffs: dict[tuple[int, int], tuple[Mapping, Generated, frozenset[str]]] = {}
+        self._plans: dict[Hashable, tuple[Mapping, Generated, Plan]] = {}
         self.hits = 0
         self.misses = 0
 
@@ -50,7 +50,7 @@ class GenerationMemo:
                  requested: frozenset[str] | None) -> Generated:
         if ctx.version != self._version:
             self._memo = {}
-            self._diffs = {}
+            self._plans = {}
             self._version = ctx.version
         # Generators read nothing of a proxy but its traits: the traits are the whole key.
         key = (type_url, proxy.traits, requested)
@@ -63,13 +63,49 @@ class GenerationMemo:
             self.hits += 1
         return out
 
-    def changed(self, held: Mapping[str, str], new: Generated) -> frozenset[str]:
-        """Names in `new` whose version differs from `held` (what a proxy has). Proxies that held
-        the same shared version map get the same answer without comparing again."""
-        key = (id(held), id(new))
-        hit = self._diffs.get(key)
-        if hit is not None and hit[0] is held and hit[1] is new:
+    def plan(self, held: Mapping[str, str], generated: Generated, force: frozenset[str], **mode: bool) -> Plan:
+        """`plan_response`, shared by every proxy that holds the same map and gets the same
+        output in this push: a full push to a thousand identical sidecars plans once."""
+        key = (id(held), id(generated), force, *sorted(mode.items()))
+        hit = self._plans.get(key)
+        if hit is not None and hit[0] is held and hit[1] is generated:
             return hit[2]
-        result = frozenset(r.name for r in new.resources if held.get(r.name) != r.version)
-        self._diffs[key] = (held, new, result)  # the references keep both ids from being reused
+        result = plan_response(held, generated, force, **mode)
+        self._plans[key] = (held, generated, result)  # the references keep both ids from being reused
         return result
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """What one response carries, given what a proxy holds and what it should hold."""
+
+    out: tuple[CachedResource, ...]
+    fields: bytes  # `out`, framed for the protocol's response message
+    removed: tuple[str, ...]  # delta only
+    held_after: Mapping[str, str]  # name -> version once the proxy takes this response
+    changed: frozenset[str]  # names whose content differs from what was held (or forced)
+    empty: bool  # nothing to tell the proxy
+
+
+def plan_response(held: Mapping[str, str], generated: Generated, force: frozenset[str], *, delta: bool,
+                  complete: bool, partial: bool, always: bool) -> Plan:
+    """Pure: the response for one proxy. `held` maps are never mutated (a new map is made), so
+    proxies in the same state share them, and with them this plan."""
+    desired = generated.versions()
+    changed = frozenset(n for n, v in desired.items() if held.get(n) != v) | (force & desired.keys())
+    if delta:
+        out = tuple(r for r in generated.resources if r.name in changed)
+        removed = () if partial else tuple(n for n in held if n not in desired)
+        if not partial and len(out) == len(desired) and not any(n not in desired for n in held):
+            held_after: Mapping[str, str] = desired
+        else:
+            held_after = {**{n: v for n, v in held.items() if n not in removed}, **{r.name: r.version for r in out}}
+        return Plan(out, b"".join(r.delta_field for r in out), removed, held_after, changed,
+                    not out and not removed)
+    if complete or always:
+        unchanged = not changed and (not complete or held.keys() == desired.keys())
+        held_after = desired if complete else {**held, **desired}
+        return Plan(generated.resources, generated.sotw_fields(), (), held_after, changed, unchanged)
+    out = tuple(r for r in generated.resources if r.name in changed)
+    return Plan(out, b"".join(r.sotw_field for r in out), (), {**held, **{r.name: r.version for r in out}},
+                changed, not out)

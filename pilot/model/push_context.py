@@ -13,6 +13,8 @@ from typing import Mapping
 
 from pilot.config.mesh import MeshConfig
 from pilot.model.services import EndpointAddress, MeshService, endpoints_for_port, mesh_service
+from pilot.model.ports import plan_ports
+from pilot.model.mesh_settings import MeshSettings
 from pilot.model.store import Entry, Store
 
 
@@ -28,6 +30,13 @@ class PushContext:
     slices: Mapping[tuple[str, str], tuple[Entry, ...]] = field(default_factory=dict)
     # service port number -> services exposing it, sorted by hostname
     by_port: Mapping[int, tuple[MeshService, ...]] = field(default_factory=dict)
+    # The MeshConfig slices builders read (the same objects while they do not change).
+    settings: MeshSettings | None = None
+    # Per-port plans for listeners (which ports are HTTP; TCP services per port).
+    port_plans: tuple = ()
+    conflicts: tuple[str, ...] = ()  # services that lost their port to another (shown in debug)
+    # port -> the HTTP services on it: one outbound RouteConfiguration each
+    http_by_port: Mapping[int, tuple[MeshService, ...]] = field(default_factory=dict)
 
     @classmethod
     def build(cls, store: Store, mesh: MeshConfig, mesh_version: str, domain: str, version: str,
@@ -45,6 +54,11 @@ class PushContext:
         for svc in services:
             for p in svc.ports:
                 by_port[p.port].append(svc)
+        settings = MeshSettings.of(mesh)
+        if previous is not None and previous.settings == settings:
+            settings = previous.settings
+        ports = MappingProxyType({p: tuple(v) for p, v in sorted(by_port.items())})
+        plans, conflicts = plan_ports(ports)
         return cls(
             version=version,
             mesh=mesh,
@@ -53,7 +67,12 @@ class PushContext:
             services=services,
             by_host=MappingProxyType({s.hostname: s for s in services}),
             slices=_index_slices(store),
-            by_port=MappingProxyType({p: tuple(v) for p, v in sorted(by_port.items())}),
+            by_port=ports,
+            settings=settings,
+            port_plans=tuple(plans),
+            conflicts=tuple(conflicts),
+            http_by_port=MappingProxyType({p: tuple(s for s in v if s.port(p).protocol.is_http)
+                                           for p, v in ports.items()}),
         )
 
     def with_endpoints(self, store: Store, version: str) -> "PushContext":

@@ -6,20 +6,20 @@ from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import protocol_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 
-from pilot.config.mesh import MeshConfig
 from pilot.model.services import MeshService, ServicePort
 from pilot.networking import names
 from pilot.networking.protos import ads_config_source, duration, pack
+from pilot.model.mesh_settings import ClusterSettings
 
 _HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
 
-def outbound_cluster(svc: MeshService, port: ServicePort, mesh: MeshConfig) -> cluster_pb2.Cluster:
+def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSettings) -> cluster_pb2.Cluster:
     name = names.outbound_cluster_name(port.port, svc.hostname)
     c = cluster_pb2.Cluster(
         name=name,
         type=cluster_pb2.Cluster.EDS,
-        connect_timeout=duration(mesh.connect_timeout_seconds),
+        connect_timeout=duration(settings.connect_timeout_s),
         lb_policy=cluster_pb2.Cluster.ROUND_ROBIN,
     )
     c.eds_cluster_config.eds_config.CopyFrom(ads_config_source())
@@ -31,18 +31,18 @@ def outbound_cluster(svc: MeshService, port: ServicePort, mesh: MeshConfig) -> c
     return c
 
 
-def blackhole_cluster(mesh: MeshConfig) -> cluster_pb2.Cluster:
+def blackhole_cluster(settings: ClusterSettings) -> cluster_pb2.Cluster:
     return cluster_pb2.Cluster(
         name=names.BLACKHOLE_CLUSTER,
         type=cluster_pb2.Cluster.STATIC,
-        connect_timeout=duration(mesh.connect_timeout_seconds),
+        connect_timeout=duration(settings.connect_timeout_s),
     )
 
 
-def passthrough_cluster(mesh: MeshConfig) -> cluster_pb2.Cluster:
+def passthrough_cluster(settings: ClusterSettings) -> cluster_pb2.Cluster:
     return cluster_pb2.Cluster(
         name=names.PASSTHROUGH_CLUSTER,
         type=cluster_pb2.Cluster.ORIGINAL_DST,
         lb_policy=cluster_pb2.Cluster.CLUSTER_PROVIDED,
-        connect_timeout=duration(mesh.connect_timeout_seconds),
+        connect_timeout=duration(settings.connect_timeout_s),
     )

@@ -9,18 +9,18 @@ from envoy.extensions.filters.http.router.v3 import router_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 
-from pilot.config.mesh import MeshConfig
 from pilot.networking.protos import ads_config_source, pack
+from pilot.model.mesh_settings import ListenerSettings
 
 HCM_FILTER = "envoy.filters.network.http_connection_manager"
 TCP_PROXY_FILTER = "envoy.filters.network.tcp_proxy"
 
 
-def access_logs(mesh: MeshConfig) -> list[accesslog_pb2.AccessLog]:
-    if not mesh.access_log_file:
+def access_logs(settings: ListenerSettings) -> list[accesslog_pb2.AccessLog]:
+    if not settings.access_log_file:
         return []
     return [accesslog_pb2.AccessLog(name="envoy.access_loggers.file",
-                                    typed_config=pack(file_pb2.FileAccessLog(path=mesh.access_log_file)))]
+                                    typed_config=pack(file_pb2.FileAccessLog(path=settings.access_log_file)))]
 
 
 def router_filter() -> hcm_pb2.HttpFilter:
@@ -28,13 +28,13 @@ def router_filter() -> hcm_pb2.HttpFilter:
 
 
 def http_connection_manager(stat_prefix: str, route_config_name: str,
-                            mesh: MeshConfig) -> hcm_pb2.HttpConnectionManager:
+                            settings: ListenerSettings) -> hcm_pb2.HttpConnectionManager:
     hcm = hcm_pb2.HttpConnectionManager(
         stat_prefix=stat_prefix,
         codec_type=hcm_pb2.HttpConnectionManager.AUTO,
         rds=hcm_pb2.Rds(config_source=ads_config_source(), route_config_name=route_config_name),
         http_filters=[router_filter()],
-        access_log=access_logs(mesh),
+        access_log=access_logs(settings),
     )
     return hcm
 
@@ -43,6 +43,6 @@ def hcm_network_filter(hcm: hcm_pb2.HttpConnectionManager) -> listener_component
     return listener_components_pb2.Filter(name=HCM_FILTER, typed_config=pack(hcm))
 
 
-def tcp_proxy_filter(stat_prefix: str, cluster: str, mesh: MeshConfig) -> listener_components_pb2.Filter:
-    tp = tcp_proxy_pb2.TcpProxy(stat_prefix=stat_prefix, cluster=cluster, access_log=access_logs(mesh))
+def tcp_proxy_filter(stat_prefix: str, cluster: str, settings: ListenerSettings) -> listener_components_pb2.Filter:
+    tp = tcp_proxy_pb2.TcpProxy(stat_prefix=stat_prefix, cluster=cluster, access_log=access_logs(settings))
     return listener_components_pb2.Filter(name=TCP_PROXY_FILTER, typed_config=pack(tp))

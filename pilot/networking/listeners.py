@@ -9,55 +9,28 @@ Two sidecar shapes, chosen by the proxy's interception mode:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from envoy.config.core.v3 import address_pb2, base_pb2
 from envoy.config.listener.v3 import api_listener_pb2, listener_components_pb2, listener_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from google.protobuf import wrappers_pb2
 
-from pilot.config.mesh import MeshConfig
+from pilot.model.ports import PortPlan
 from pilot.model.services import MeshService
 from pilot.networking import names
 from pilot.networking.filters import (hcm_network_filter, http_connection_manager, router_filter,
                                       tcp_proxy_filter)
 from pilot.networking.protos import ads_config_source, pack
+from pilot.model.mesh_settings import ListenerSettings
 
 LOCALHOST = "127.0.0.1"
 WILDCARD = "0.0.0.0"
-
-
-@dataclass(frozen=True)
-class PortPlan:
-    """What one outbound port carries. Built by `plan_ports`; the input of the listener builders."""
-
-    port: int
-    http: bool
-    tcp_services: tuple[MeshService, ...]  # for TCP ports: services on it, stable order
-
-
-def plan_ports(by_port: dict[int, tuple[MeshService, ...]]) -> tuple[list[PortPlan], list[str]]:
-    """Decide each port's protocol. HTTP wins a port shared with TCP services, as in istiod where
-    the HTTP listener takes the wildcard port; the losers are reported as conflicts."""
-    plans: list[PortPlan] = []
-    conflicts: list[str] = []
-    for port, services in sorted(by_port.items()):
-        http = [s for s in services if s.port(port).protocol.is_http]
-        tcp = tuple(s for s in services if not s.port(port).protocol.is_http)
-        if http:
-            plans.append(PortPlan(port, True, ()))
-            conflicts.extend(f"{s.hostname}:{port} is TCP but port {port} is HTTP for "
-                             f"{http[0].hostname}; it gets no outbound listener" for s in tcp)
-        else:
-            plans.append(PortPlan(port, False, tcp))
-    return plans, conflicts
 
 
 def _address(ip: str, port: int) -> address_pb2.Address:
     return address_pb2.Address(socket_address=address_pb2.SocketAddress(address=ip, port_value=port))
 
 
-def bound_outbound_listener(plan: PortPlan, mesh: MeshConfig) -> listener_pb2.Listener | None:
+def bound_outbound_listener(plan: PortPlan, settings: ListenerSettings) -> listener_pb2.Listener | None:
     """NONE mode: listen on 127.0.0.1:PORT. A TCP port shared by several services cannot tell
     them apart without the original destination, so the first (by hostname) gets it."""
     name = names.listener_name(LOCALHOST, plan.port)
@@ -65,28 +38,28 @@ def bound_outbound_listener(plan: PortPlan, mesh: MeshConfig) -> listener_pb2.Li
                                      traffic_direction=base_pb2.OUTBOUND)
     if plan.http:
         hcm = http_connection_manager(f"outbound_{LOCALHOST}_{plan.port}",
-                                      names.route_config_name(plan.port), mesh)
+                                      names.route_config_name(plan.port), settings)
         listener.filter_chains.add(filters=[hcm_network_filter(hcm)])
     else:
         svc = plan.tcp_services[0]
         cluster = names.outbound_cluster_name(plan.port, svc.hostname)
-        listener.filter_chains.add(filters=[tcp_proxy_filter(cluster, cluster, mesh)])
+        listener.filter_chains.add(filters=[tcp_proxy_filter(cluster, cluster, settings)])
     return listener
 
 
-def unbound_outbound_listener(plan: PortPlan, mesh: MeshConfig) -> listener_pb2.Listener:
+def unbound_outbound_listener(plan: PortPlan, settings: ListenerSettings) -> listener_pb2.Listener:
     """iptables mode: `0.0.0.0_PORT`, reached only through virtualOutbound's original destination."""
     listener = listener_pb2.Listener(
         name=names.listener_name(WILDCARD, plan.port), address=_address(WILDCARD, plan.port),
         bind_to_port=wrappers_pb2.BoolValue(value=False), traffic_direction=base_pb2.OUTBOUND)
     if plan.http:
         hcm = http_connection_manager(f"outbound_{WILDCARD}_{plan.port}",
-                                      names.route_config_name(plan.port), mesh)
+                                      names.route_config_name(plan.port), settings)
         listener.filter_chains.add(filters=[hcm_network_filter(hcm)])
         return listener
     for svc in plan.tcp_services:
         cluster = names.outbound_cluster_name(plan.port, svc.hostname)
-        chain = listener.filter_chains.add(filters=[tcp_proxy_filter(cluster, cluster, mesh)])
+        chain = listener.filter_chains.add(filters=[tcp_proxy_filter(cluster, cluster, settings)])
         if svc.cluster_ip:
             chain.filter_chain_match.prefix_ranges.add(address_prefix=svc.cluster_ip,
                                                        prefix_len=wrappers_pb2.UInt32Value(value=32))
@@ -103,8 +76,8 @@ def unbound_outbound_listener(plan: PortPlan, mesh: MeshConfig) -> listener_pb2.
     return listener
 
 
-def virtual_outbound_listener(mesh: MeshConfig) -> listener_pb2.Listener:
-    fallback = (names.BLACKHOLE_CLUSTER if mesh.outbound_traffic_policy.mode == "REGISTRY_ONLY"
+def virtual_outbound_listener(settings: ListenerSettings) -> listener_pb2.Listener:
+    fallback = (names.BLACKHOLE_CLUSTER if settings.registry_only
                 else names.PASSTHROUGH_CLUSTER)
     listener = listener_pb2.Listener(
         name=names.VIRTUAL_OUTBOUND_LISTENER,
@@ -113,7 +86,7 @@ def virtual_outbound_listener(mesh: MeshConfig) -> listener_pb2.Listener:
         traffic_direction=base_pb2.OUTBOUND,
     )
     listener.default_filter_chain.CopyFrom(listener_components_pb2.FilterChain(
-        name=fallback, filters=[tcp_proxy_filter(fallback, fallback, mesh)]))
+        name=fallback, filters=[tcp_proxy_filter(fallback, fallback, settings)]))
     return listener
 
 

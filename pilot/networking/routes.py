@@ -7,11 +7,12 @@ from google.protobuf import wrappers_pb2
 
 from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2
 
-from pilot.config.mesh import HttpRetryPolicy, MeshConfig
+from pilot.config.mesh import HttpRetryPolicy
 from pilot.durations import parse_duration
 from pilot.model.services import MeshService
 from pilot.networking import names
 from pilot.networking.protos import duration
+from pilot.model.mesh_settings import RouteSettings
 
 
 def service_domains(svc: MeshService, port: int, proxy_namespace: str) -> list[str]:
@@ -47,7 +48,7 @@ def retry_policy(policy: HttpRetryPolicy) -> route_components_pb2.RetryPolicy | 
 
 
 def service_virtual_host(svc: MeshService, port: int, domains: list[str],
-                         mesh: MeshConfig) -> route_components_pb2.VirtualHost:
+                         settings: RouteSettings) -> route_components_pb2.VirtualHost:
     route = route_components_pb2.Route(
         name="default",
         match=route_components_pb2.RouteMatch(prefix="/"),
@@ -57,14 +58,14 @@ def service_virtual_host(svc: MeshService, port: int, domains: list[str],
             timeout=duration(0),
         ),
     )
-    rp = retry_policy(mesh.default_http_retry_policy)
+    rp = retry_policy(settings.retry)
     if rp is not None:
         route.route.retry_policy.CopyFrom(rp)
     return route_components_pb2.VirtualHost(name=f"{svc.hostname}:{port}", domains=domains, routes=[route])
 
 
-def _catch_all(mesh: MeshConfig) -> route_components_pb2.VirtualHost:
-    if mesh.outbound_traffic_policy.mode == "REGISTRY_ONLY":
+def _catch_all(settings: RouteSettings) -> route_components_pb2.VirtualHost:
+    if settings.registry_only:
         return route_components_pb2.VirtualHost(name="block_all", domains=["*"], routes=[
             route_components_pb2.Route(name="block_all", match=route_components_pb2.RouteMatch(prefix="/"),
                                        direct_response=route_components_pb2.DirectResponseAction(status=502))])
@@ -75,7 +76,7 @@ def _catch_all(mesh: MeshConfig) -> route_components_pb2.VirtualHost:
 
 
 def outbound_route_config(port: int, services: tuple[MeshService, ...], proxy_namespace: str,
-                          mesh: MeshConfig) -> route_pb2.RouteConfiguration:
+                          settings: RouteSettings) -> route_pb2.RouteConfiguration:
     """`services` are the HTTP services on this port, in a stable order. A domain claimed twice
     (two Services with one cluster IP) goes to the first: Envoy rejects duplicate domains."""
     rc = route_pb2.RouteConfiguration(name=names.route_config_name(port),
@@ -84,8 +85,8 @@ def outbound_route_config(port: int, services: tuple[MeshService, ...], proxy_na
     for svc in services:
         domains = [d for d in service_domains(svc, port, proxy_namespace) if d not in used]
         used.update(domains)
-        rc.virtual_hosts.append(service_virtual_host(svc, port, domains, mesh))
-    rc.virtual_hosts.append(_catch_all(mesh))
+        rc.virtual_hosts.append(service_virtual_host(svc, port, domains, settings))
+    rc.virtual_hosts.append(_catch_all(settings))
     return rc
 
 

@@ -7,6 +7,7 @@ import asyncio
 import sys
 import time
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Mapping
 
 from pilot.model.proxy import Proxy
@@ -26,6 +27,9 @@ class Nack:
     cleared: bool = False  # a later ACK (or disconnect) ended this rejection
 
 
+NOTHING_HELD: Mapping[str, str] = MappingProxyType({})  # one shared "holds nothing" state
+
+
 @dataclass
 class WatchedResource:
     type_url: str
@@ -33,7 +37,7 @@ class WatchedResource:
     _names: frozenset[str] = frozenset()
     # What the proxy holds (delta) or was last sent (SotW): name -> resource version. Shared
     # between proxies in the same state and never mutated in place: always replaced.
-    sent: Mapping[str, str] = field(default_factory=dict)
+    sent: Mapping[str, str] = field(default_factory=lambda: NOTHING_HELD)
     nonce_sent: str = ""
     version_sent: str = ""
     nonce_acked: str = ""

@@ -89,23 +89,27 @@ class Plan:
 
 def plan_response(held: Mapping[str, str], generated: Generated, force: frozenset[str], *, delta: bool,
                   complete: bool, partial: bool, always: bool) -> Plan:
-    """Pure: the response for one proxy. `held` maps are never mutated (a new map is made), so
-    proxies in the same state share them, and with them this plan."""
+    """Pure: the response for one proxy. `held` maps are never mutated: when the proxy ends up
+    holding exactly the generated set, `held_after` *is* the generated version map, so proxies
+    in the same state share one map and, through the memo, one plan."""
     desired = generated.versions()
     changed = frozenset(n for n, v in desired.items() if held.get(n) != v) | (force & desired.keys())
-    if delta:
-        out = tuple(r for r in generated.resources if r.name in changed)
-        removed = () if partial else tuple(n for n in held if n not in desired)
-        if not partial and len(out) == len(desired) and not any(n not in desired for n in held):
-            held_after: Mapping[str, str] = desired
-        else:
-            held_after = {**{n: v for n, v in held.items() if n not in removed}, **{r.name: r.version for r in out}}
-        return Plan(out, b"".join(r.delta_field for r in out), removed, held_after, changed,
-                    not out and not removed)
     if complete or always:
+        if delta:
+            out = tuple(r for r in generated.resources if r.name in changed)
+            removed = tuple(n for n in held if n not in desired)
+            return Plan(out, b"".join(r.delta_field for r in out), removed, desired, changed,
+                        not out and not removed)
         unchanged = not changed and (not complete or held.keys() == desired.keys())
-        held_after = desired if complete else {**held, **desired}
-        return Plan(generated.resources, generated.sotw_fields(), (), held_after, changed, unchanged)
+        return Plan(generated.resources, generated.sotw_fields(), (), desired, changed, unchanged)
+    # Named resources (EDS, RDS): send only what changed; a subset push (partial) leaves the rest.
     out = tuple(r for r in generated.resources if r.name in changed)
-    return Plan(out, b"".join(r.sotw_field for r in out), (), {**held, **{r.name: r.version for r in out}},
-                changed, not out)
+    fields = b"".join((r.delta_field if delta else r.sotw_field) for r in out)
+    removed = () if partial or not delta else tuple(n for n in held if n not in desired)
+    if not partial:
+        held_after: Mapping[str, str] = desired
+    elif held.keys() <= desired.keys():
+        held_after = desired
+    else:
+        held_after = {**held, **{r.name: r.version for r in out}}
+    return Plan(out, fields, removed, held_after, changed, not out and not removed)

@@ -437,3 +437,20 @@ def test_versions_do_not_depend_on_arrival_order() -> None:
         ra, rb = everything(a, p, a.ctx()), everything(b, p, b.ctx())
         assert {k: r.version for k, r in ra.items()} == {k: r.version for k, r in rb.items()}
         assert all(ra[k].any_bytes == rb[k].any_bytes for k in ra)
+
+
+@pytest.mark.parametrize("mode", ["NONE", "REDIRECT"])
+def test_a_mesh_setting_rebuilds_only_what_reads_it(world: World, mode: str) -> None:
+    """connectTimeout is read by clusters alone: routes, listeners and endpoints stay cached."""
+    p = proxy(interception=mode)
+    before = everything(world, p, world.ctx())
+    world.apply(mesh_configmap({"connectTimeout": "7s"}))
+    builds = dict(world.cache.builds_by_type)
+    after = everything(world, p, world.ctx())
+    for (t, name), res in before.items():
+        if t == CLUSTER:
+            assert after[(t, name)].version != res.version, name
+        else:
+            assert after[(t, name)] is res, (t, name)
+    assert world.cache.builds_by_type[ROUTE] == builds.get(ROUTE, 0)
+    assert world.cache.builds_by_type[LISTENER] == builds.get(LISTENER, 0)

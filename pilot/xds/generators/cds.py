@@ -22,12 +22,12 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
             name = names.outbound_cluster_name(port.port, svc.hostname)
             if want(name):
                 out.append(cache.resource(ctx.version, memo, CLUSTER, name, clusters.outbound_cluster,
-                                          svc, port, ctx.mesh, origins=(f"Service/{svc.namespace}/{svc.name}",)))
+                                          svc, port, ctx.settings.clusters, origins=(f"Service/{svc.namespace}/{svc.name}",)))
     if not proxy.is_grpc:
         # ORIGINAL_DST/STATIC catch-alls are Envoy-only; grpcio NACKs cluster types it cannot use.
         for name, build in ((names.BLACKHOLE_CLUSTER, clusters.blackhole_cluster),
                             (names.PASSTHROUGH_CLUSTER, clusters.passthrough_cluster)):
             if want(name):
-                out.append(cache.resource(ctx.version, memo, CLUSTER, name, build, ctx.mesh,
+                out.append(cache.resource(ctx.version, memo, CLUSTER, name, build, ctx.settings.clusters,
                                           origins=("MeshConfig",)))
     return out

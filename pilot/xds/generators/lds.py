@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pilot.model.ports import PortPlan
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
 from pilot.networking import listeners, names
@@ -9,7 +10,7 @@ from pilot.xds.cache import CachedResource, XdsCache
 from pilot.xds.typeurls import LISTENER
 
 
-def _origins(plan: listeners.PortPlan, ctx: PushContext) -> tuple[str, ...]:
+def _origins(plan: PortPlan, ctx: PushContext) -> tuple[str, ...]:
     svcs = ctx.by_port.get(plan.port, ()) if plan.http else plan.tcp_services
     return tuple(f"Service/{s.namespace}/{s.name}" for s in svcs)
 
@@ -18,17 +19,18 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
              cache: XdsCache) -> list[CachedResource]:
     if proxy.is_grpc:
         return _grpc(ctx, proxy, requested, cache)
-    plans, _conflicts = listeners.plan_ports(dict(ctx.by_port))
+    plans = ctx.port_plans
+    settings = ctx.settings.listeners
     mode = proxy.interception_mode
     out: list[CachedResource] = []
     if mode == "NONE":
         for plan in plans:
             name = names.listener_name(listeners.LOCALHOST, plan.port)
             out.append(cache.resource(ctx.version, mode, LISTENER, name, listeners.bound_outbound_listener,
-                                      plan, ctx.mesh, origins=_origins(plan, ctx)))
+                                      plan, settings, origins=_origins(plan, ctx)))
     else:
         out.append(cache.resource(ctx.version, mode, LISTENER, names.VIRTUAL_OUTBOUND_LISTENER,
-                                  listeners.virtual_outbound_listener, ctx.mesh, origins=("MeshConfig",)))
+                                  listeners.virtual_outbound_listener, settings, origins=("MeshConfig",)))
         for plan in plans:
             if plan.port == names.VIRTUAL_OUTBOUND_PORT:
                 # 0.0.0.0:15001 is virtualOutbound's own address: Envoy rejects the whole LDS
@@ -36,7 +38,7 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
                 continue
             name = names.listener_name(listeners.WILDCARD, plan.port)
             out.append(cache.resource(ctx.version, mode, LISTENER, name, listeners.unbound_outbound_listener,
-                                      plan, ctx.mesh, origins=_origins(plan, ctx)))
+                                      plan, settings, origins=_origins(plan, ctx)))
     if requested is not None:
         out = [r for r in out if r.name in requested]
     return out

@@ -23,9 +23,9 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
                                       origins=(f"Service/{svc.namespace}/{svc.name}",)))
             continue
         port = int(name)
-        http = tuple(s for s in ctx.by_port.get(port, ()) if s.port(port).protocol.is_http)
+        http = ctx.http_by_port.get(port, ())
         # The short-name domains depend on the proxy's namespace: it is part of both keys.
         out.append(cache.resource(ctx.version, proxy.namespace, ROUTE, name, routes.outbound_route_config,
-                                  port, http, proxy.namespace, ctx.mesh,
+                                  port, http, proxy.namespace, ctx.settings.routes,
                                   origins=tuple(f"Service/{s.namespace}/{s.name}" for s in http) or ("MeshConfig",)))
     return out

@@ -1,0 +1,42 @@
+"""The slices of MeshConfig each builder family reads.
+
+Builders take these instead of the whole MeshConfig so a cache key holds exactly what a resource
+depends on: changing connectTimeout rebuilds clusters, not every route and listener too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pilot.config.mesh import HttpRetryPolicy, MeshConfig
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSettings:
+    connect_timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class RouteSettings:
+    retry: HttpRetryPolicy
+    registry_only: bool  # outboundTrafficPolicy REGISTRY_ONLY: unknown hosts get 502, not passthrough
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerSettings:
+    access_log_file: str
+    registry_only: bool
+
+
+@dataclass(frozen=True, slots=True)
+class MeshSettings:
+    clusters: ClusterSettings
+    routes: RouteSettings
+    listeners: ListenerSettings
+
+    @classmethod
+    def of(cls, mesh: MeshConfig) -> "MeshSettings":
+        registry_only = mesh.outbound_traffic_policy.mode == "REGISTRY_ONLY"
+        return cls(ClusterSettings(mesh.connect_timeout_seconds),
+                   RouteSettings(mesh.default_http_retry_policy, registry_only),
+                   ListenerSettings(mesh.access_log_file, registry_only))

@@ -1,0 +1,34 @@
+"""Which outbound ports carry HTTP and which TCP services, decided once per PushContext."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from pilot.model.services import MeshService
+
+
+@dataclass(frozen=True)
+class PortPlan:
+    """What one outbound port carries. Built by `plan_ports`; the input of the listener builders."""
+
+    port: int
+    http: bool
+    tcp_services: tuple[MeshService, ...]  # for TCP ports: services on it, stable order
+
+
+def plan_ports(by_port: Mapping[int, tuple[MeshService, ...]]) -> tuple[list[PortPlan], list[str]]:
+    """Decide each port's protocol. HTTP wins a port shared with TCP services, as in istiod where
+    the HTTP listener takes the wildcard port; the losers are reported as conflicts."""
+    plans: list[PortPlan] = []
+    conflicts: list[str] = []
+    for port, services in sorted(by_port.items()):
+        http = [s for s in services if s.port(port).protocol.is_http]
+        tcp = tuple(s for s in services if not s.port(port).protocol.is_http)
+        if http:
+            plans.append(PortPlan(port, True, ()))
+            conflicts.extend(f"{s.hostname}:{port} is TCP but port {port} is HTTP for "
+                             f"{http[0].hostname}; it gets no outbound listener" for s in tcp)
+        else:
+            plans.append(PortPlan(port, False, tcp))
+    return plans, conflicts

@@ -165,25 +165,31 @@ class DiscoveryServer:
         """Send every watched type this push changes, in CDS, EDS, LDS, RDS order."""
         queued_at = time.monotonic()
         record = self.history.get(req.version)
-        async with self.throttle:
-            queued = time.monotonic() - queued_at
-            self.metrics.proxy_queue_time.observe(queued)
-            if record is not None:
-                record.queue_max_s = max(record.queue_max_s, queued)
-            ctx = self.push_context
-            changed_clusters: frozenset[str] = frozenset()
-            for type_url in typeurls.PUSH_ORDER:
-                w = conn.watched.get(type_url)
-                if w is None or type_url not in GENERATORS:
+        ctx = self.push_context
+        changed_clusters: frozenset[str] = frozenset()
+        first = True
+        for type_url in typeurls.PUSH_ORDER:
+            w = conn.watched.get(type_url)
+            if w is None or type_url not in GENERATORS:
+                continue
+            if req.full:
+                subset = None
+            elif type_url == typeurls.ENDPOINT:
+                subset = self._eds_subset(conn, req)
+                if not subset:
                     continue
-                if req.full:
-                    subset = None
-                elif type_url == typeurls.ENDPOINT:
-                    subset = self._eds_subset(conn, req)
-                    if not subset:
-                        continue
-                else:
-                    continue
+            else:
+                continue
+            # The throttle is taken per type, not per proxy: waiting proxies queue FIFO behind
+            # each step, so every proxy gets its CDS before anyone's EDS, LDS and RDS. Order
+            # per proxy is unchanged (CDS, EDS, LDS, RDS).
+            async with self.throttle:
+                if first:
+                    queued = time.monotonic() - queued_at
+                    self.metrics.proxy_queue_time.observe(queued)
+                    if record is not None:
+                        record.queue_max_s = max(record.queue_max_s, queued)
+                    first = False
                 t0 = time.perf_counter()
                 requested = w.requested() if subset is None else subset
                 resources = self.generated.generate(ctx, type_url, conn.proxy, requested)
@@ -194,11 +200,11 @@ class DiscoveryServer:
                 if type_url == typeurls.CLUSTER:
                     changed_clusters = sent
                 t2 = time.perf_counter()
-                short = typeurls.SHORT[type_url]
-                self.metrics.xds_push_time.labels(short).observe(t2 - t0)
-                if record is not None:
-                    record.generate_s[short] += t1 - t0
-                    record.send_s += t2 - t1
+            short = typeurls.SHORT[type_url]
+            self.metrics.xds_push_time.labels(short).observe(t2 - t0)
+            if record is not None:
+                record.generate_s[short] += t1 - t0
+                record.send_s += t2 - t1
 
     async def respond(self, conn: Connection, w: WatchedResource, send) -> None:
         """Answer a request: always send, even if empty, so the proxy's subscription settles."""

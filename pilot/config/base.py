@@ -21,6 +21,7 @@ class ObjectMeta(Model):
     resource_version: str = ""
     uid: str = ""
     generation: int = 0
+    creation_timestamp: str = ""
 
 
 class K8sObject(Model):
@@ -36,7 +37,7 @@ class K8sObject(Model):
         and phase), and an update judged equal is dropped, so ignoring it would keep a stale IP."""
         if type(self) is not type(other):
             return False
-        ignore = {"metadata": {"resource_version", "uid", "generation", "annotations"}}
+        ignore = {"metadata": {"resource_version", "uid", "generation", "annotations", "creation_timestamp"}}
         return (self.model_dump(exclude=ignore) == other.model_dump(exclude=ignore)
                 and _meaningful(self.metadata.annotations) == _meaningful(other.metadata.annotations))
 

@@ -8,6 +8,9 @@ from pilot.model.store import ConfigKey, Event
 
 # The synthetic key an endpoint change carries: the service whose endpoints moved.
 SERVICE_ENDPOINTS = "ServiceEndpoints"
+# Every service of a namespace (a Pod's labels changed: subsets may have changed members).
+NAMESPACE_ENDPOINTS = "NamespaceEndpoints"
+TRAFFIC_KINDS = ("VirtualService", "DestinationRule", "ServiceEntry", "WorkloadEntry", "Sidecar", "Gateway")
 
 
 def push_request_for(events: list[Event], mesh_configmap: ConfigKey) -> PushRequest | None:
@@ -35,6 +38,16 @@ def _one(ev: Event, mesh_configmap: ConfigKey) -> PushRequest | None:
     if kind == "Service":
         r = PushRequest(full=True, config_keys={ev.key})
         r.reasons[reasons.SERVICE_UPDATE] += 1
+        return r
+    if kind in TRAFFIC_KINDS:
+        r = PushRequest(full=True, config_keys={ev.key})
+        r.reasons[reasons.CONFIG_UPDATE] += 1
+        return r
+    if kind == "Pod" and ev.old is not None and ev.new is not None and \
+            ev.old.obj.metadata.labels != ev.new.obj.metadata.labels:
+        # Subset membership follows Pod labels: refresh the namespace's endpoints.
+        r = PushRequest(full=False, config_keys={ev.key, ConfigKey(NAMESPACE_ENDPOINTS, "", ev.key.namespace)})
+        r.reasons[reasons.ENDPOINT_UPDATE] += 1
         return r
     if ev.key == mesh_configmap:
         r = PushRequest(full=True, config_keys={ev.key})

@@ -14,6 +14,7 @@ from typing import Mapping
 from pilot.config.mesh import MeshConfig
 from pilot.model.services import EndpointAddress, MeshService, endpoints_for_port, mesh_service
 from pilot.model.ports import plan_ports
+from pilot.model.traffic import TrafficIndex
 from pilot.model.mesh_settings import MeshSettings
 from pilot.model.store import Entry, Store
 
@@ -37,6 +38,8 @@ class PushContext:
     conflicts: tuple[str, ...] = ()  # services that lost their port to another (shown in debug)
     # port -> the HTTP services on it: one outbound RouteConfiguration each
     http_by_port: Mapping[int, tuple[MeshService, ...]] = field(default_factory=dict)
+    traffic: TrafficIndex = field(default_factory=TrafficIndex)
+    pods: Mapping[tuple[str, str], Entry] = field(default_factory=dict)
 
     @classmethod
     def build(cls, store: Store, mesh: MeshConfig, mesh_version: str, domain: str, version: str,
@@ -73,10 +76,25 @@ class PushContext:
             conflicts=tuple(conflicts),
             http_by_port=MappingProxyType({p: tuple(s for s in v if s.port(p).protocol.is_http)
                                            for p, v in ports.items()}),
+            traffic=TrafficIndex.build(store, domain, mesh.root_namespace),
+            pods=_index_pods(store),
         )
 
     def with_endpoints(self, store: Store, version: str) -> "PushContext":
-        return replace(self, version=version, slices=_index_slices(store))
+        return replace(self, version=version, slices=_index_slices(store), pods=_index_pods(store))
+
+    def pods_of(self, slices: tuple[Entry, ...]) -> tuple[Entry, ...]:
+        """The Pods behind these slices' endpoints (their labels decide subset membership)."""
+        out: dict[tuple[str, str], Entry] = {}
+        for s in slices:
+            for ep in s.obj.endpoints:  # type: ignore[attr-defined]
+                ref = ep.target_ref
+                if ref is not None and ref.kind == "Pod":
+                    key = (ref.namespace or s.key.namespace, ref.name)
+                    pod = self.pods.get(key)
+                    if pod is not None:
+                        out[key] = pod
+        return tuple(out[k] for k in sorted(out))
 
     def service_slices(self, svc: MeshService) -> tuple[Entry, ...]:
         return self.slices.get((svc.namespace, svc.name), ())
@@ -90,6 +108,10 @@ class PushContext:
     def endpoints_version(self, svc: MeshService) -> tuple[int, ...]:
         """Revisions of the slices behind a service: the EDS cache-key input."""
         return tuple(e.revision for e in self.service_slices(svc))
+
+
+def _index_pods(store: Store) -> Mapping[tuple[str, str], Entry]:
+    return MappingProxyType({(e.key.namespace, e.key.name): e for e in store.list("Pod")})
 
 
 def _index_slices(store: Store) -> Mapping[tuple[str, str], tuple[Entry, ...]]:

@@ -76,8 +76,12 @@ def _slice_port(slice_: EndpointSlice, svc_port: ServicePort) -> int | None:
     return None
 
 
-def endpoints_for_port(slices: tuple[Entry, ...], svc_port: ServicePort) -> tuple[EndpointAddress, ...]:
-    """Ready endpoints of one service port across all its slices, deduplicated, stable order."""
+def endpoints_for_port(slices: tuple[Entry, ...], svc_port: ServicePort,
+                       subset_labels: tuple[tuple[str, str], ...] = (),
+                       pods: tuple[Entry, ...] = ()) -> tuple[EndpointAddress, ...]:
+    """Ready endpoints of one service port across all its slices, deduplicated, stable order.
+    With `subset_labels`, only endpoints whose Pod (in `pods`) carries all those labels."""
+    pod_labels = {(p.key.namespace, p.key.name): p.obj.metadata.labels for p in pods}
     seen: set[tuple[str, int]] = set()
     out: list[EndpointAddress] = []
     for entry in slices:
@@ -90,6 +94,11 @@ def endpoints_for_port(slices: tuple[Entry, ...], svc_port: ServicePort) -> tupl
         for ep in s.endpoints:
             if not ep.is_ready:
                 continue
+            if subset_labels:
+                ref = ep.target_ref
+                labels = pod_labels.get((ref.namespace or entry.key.namespace, ref.name)) if ref and ref.kind == "Pod" else None
+                if labels is None or any(labels.get(k) != v for k, v in subset_labels):
+                    continue
             locality = Locality(zone=ep.zone or "")
             for addr in ep.addresses:
                 if (addr, port) in seen:

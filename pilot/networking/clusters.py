@@ -7,15 +7,20 @@ from envoy.config.core.v3 import protocol_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 
 from pilot.model.services import MeshService, ServicePort
+from pilot.model.store import Entry
 from pilot.networking import names
 from pilot.networking.protos import ads_config_source, duration, pack
 from pilot.model.mesh_settings import ClusterSettings
+from pilot.networking.traffic_policy import apply_policy, effective_policy
 
 _HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
 
-def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSettings) -> cluster_pb2.Cluster:
-    name = names.outbound_cluster_name(port.port, svc.hostname)
+def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSettings,
+                     destination_rule: Entry | None = None, subset: str = "") -> cluster_pb2.Cluster:
+    """`destination_rule` is the DestinationRule in force for this client (its traffic policy and,
+    for a subset cluster, the subset's)."""
+    name = names.outbound_cluster_name(port.port, svc.hostname, subset)
     c = cluster_pb2.Cluster(
         name=name,
         type=cluster_pb2.Cluster.EDS,
@@ -28,6 +33,9 @@ def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSetti
         opts = http_protocol_options_pb2.HttpProtocolOptions()
         opts.explicit_http_config.http2_protocol_options.CopyFrom(protocol_pb2.Http2ProtocolOptions())
         c.typed_extension_protocol_options[_HTTP_OPTIONS_KEY].CopyFrom(pack(opts))
+    if destination_rule is not None:
+        policy = effective_policy(destination_rule.obj.spec, subset, port.port)  # type: ignore[attr-defined]
+        apply_policy(c, policy, svc.hostname, port.protocol.is_http2)
     return c
 
 

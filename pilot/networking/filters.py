@@ -5,6 +5,8 @@ from __future__ import annotations
 from envoy.config.accesslog.v3 import accesslog_pb2
 from envoy.config.listener.v3 import listener_components_pb2
 from envoy.extensions.access_loggers.file.v3 import file_pb2
+from envoy.extensions.filters.http.cors.v3 import cors_pb2
+from envoy.extensions.filters.http.fault.v3 import fault_pb2
 from envoy.extensions.filters.http.router.v3 import router_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
@@ -23,6 +25,15 @@ def access_logs(settings: ListenerSettings) -> list[accesslog_pb2.AccessLog]:
                                     typed_config=pack(file_pb2.FileAccessLog(path=settings.access_log_file)))]
 
 
+def fault_filter() -> hcm_pb2.HttpFilter:
+    """Inert until a route's typed_per_filter_config (a VirtualService fault) configures it."""
+    return hcm_pb2.HttpFilter(name="envoy.filters.http.fault", typed_config=pack(fault_pb2.HTTPFault()))
+
+
+def cors_filter() -> hcm_pb2.HttpFilter:
+    return hcm_pb2.HttpFilter(name="envoy.filters.http.cors", typed_config=pack(cors_pb2.Cors()))
+
+
 def router_filter() -> hcm_pb2.HttpFilter:
     return hcm_pb2.HttpFilter(name="envoy.filters.http.router", typed_config=pack(router_pb2.Router()))
 
@@ -33,7 +44,7 @@ def http_connection_manager(stat_prefix: str, route_config_name: str,
         stat_prefix=stat_prefix,
         codec_type=hcm_pb2.HttpConnectionManager.AUTO,
         rds=hcm_pb2.Rds(config_source=ads_config_source(), route_config_name=route_config_name),
-        http_filters=[router_filter()],
+        http_filters=[fault_filter(), cors_filter(), router_filter()],
         access_log=access_logs(settings),
     )
     return hcm

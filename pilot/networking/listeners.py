@@ -15,7 +15,6 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import http_con
 from google.protobuf import wrappers_pb2
 
 from pilot.model.ports import PortPlan
-from pilot.model.services import MeshService
 from pilot.networking import names
 from pilot.networking.filters import (hcm_network_filter, http_connection_manager, router_filter,
                                       tcp_proxy_filter)

@@ -5,12 +5,12 @@ from __future__ import annotations
 from envoy.config.route.v3 import route_components_pb2, route_pb2
 from google.protobuf import wrappers_pb2
 
-from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2
 
-from pilot.config.mesh import HttpRetryPolicy
-from pilot.durations import parse_duration
 from pilot.model.services import MeshService
+from pilot.model.store import Entry
 from pilot.networking import names
+from pilot.networking.http_routes import RouteInputs, virtual_service_routes
+from pilot.networking.retries import retry_policy
 from pilot.networking.protos import duration
 from pilot.model.mesh_settings import RouteSettings
 
@@ -31,24 +31,12 @@ def service_domains(svc: MeshService, port: int, proxy_namespace: str) -> list[s
     return out
 
 
-def retry_policy(policy: HttpRetryPolicy) -> route_components_pb2.RetryPolicy | None:
-    if policy.attempts <= 0:
-        return None
-    rp = route_components_pb2.RetryPolicy(
-        retry_on=policy.retry_on,
-        num_retries=wrappers_pb2.UInt32Value(value=policy.attempts),
-        host_selection_retry_max_attempts=5,
-        retriable_status_codes=[503],
-    )
-    rp.retry_host_predicate.add(name="envoy.retry_host_predicates.previous_hosts").typed_config.Pack(
-        previous_hosts_pb2.PreviousHostsPredicate())
-    if policy.per_try_timeout:
-        rp.per_try_timeout.CopyFrom(duration(parse_duration(policy.per_try_timeout)))
-    return rp
-
-
-def service_virtual_host(svc: MeshService, port: int, domains: list[str],
-                         settings: RouteSettings) -> route_components_pb2.VirtualHost:
+def service_virtual_host(svc: MeshService, port: int, domains: list[str], settings: RouteSettings,
+                         vs_routes: list[route_components_pb2.Route] | None = None
+                         ) -> route_components_pb2.VirtualHost:
+    """The service's default route, or the routes of the VirtualService that applies to it."""
+    if vs_routes:
+        return route_components_pb2.VirtualHost(name=f"{svc.hostname}:{port}", domains=domains, routes=vs_routes)
     route = route_components_pb2.Route(
         name="default",
         match=route_components_pb2.RouteMatch(prefix="/"),
@@ -76,16 +64,25 @@ def _catch_all(settings: RouteSettings) -> route_components_pb2.VirtualHost:
 
 
 def outbound_route_config(port: int, services: tuple[MeshService, ...], proxy_namespace: str,
-                          settings: RouteSettings) -> route_pb2.RouteConfiguration:
-    """`services` are the HTTP services on this port, in a stable order. A domain claimed twice
-    (two Services with one cluster IP) goes to the first: Envoy rejects duplicate domains."""
+                          settings: RouteSettings, virtual_services: tuple[Entry | None, ...] = (),
+                          all_services: tuple[MeshService, ...] = (), domain: str = "cluster.local"
+                          ) -> route_pb2.RouteConfiguration:
+    """`services` are the HTTP services on this port, in a stable order, and `virtual_services`
+    the VirtualService applying to each (or None). A domain claimed twice (two Services with one
+    cluster IP) goes to the first: Envoy rejects duplicate domains."""
+    by_host = {s.hostname: s for s in all_services} if any(virtual_services) else {}
     rc = route_pb2.RouteConfiguration(name=names.route_config_name(port),
                                       validate_clusters=wrappers_pb2.BoolValue(value=False))
     used: set[str] = set()
-    for svc in services:
+    for i, svc in enumerate(services):
         domains = [d for d in service_domains(svc, port, proxy_namespace) if d not in used]
         used.update(domains)
-        rc.virtual_hosts.append(service_virtual_host(svc, port, domains, settings))
+        vs = virtual_services[i] if i < len(virtual_services) else None
+        vs_routes = None
+        if vs is not None:
+            inputs = RouteInputs(vs.key.namespace, domain, port, by_host, settings.retry)
+            vs_routes = virtual_service_routes(vs.obj.spec.http, inputs)  # type: ignore[attr-defined]
+        rc.virtual_hosts.append(service_virtual_host(svc, port, domains, settings, vs_routes))
     rc.virtual_hosts.append(_catch_all(settings))
     return rc
 

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from pilot import logging as plog
 from pilot.features import Features
 from pilot.metrics import Metrics
-from pilot.model.events import SERVICE_ENDPOINTS, push_request_for
+from pilot.model.events import NAMESPACE_ENDPOINTS, SERVICE_ENDPOINTS, push_request_for
 from pilot.model.mesh import MeshHolder
 from pilot.model.push_context import PushContext
 from pilot.model.push_request import PushRequest
@@ -126,7 +126,11 @@ class DiscoveryServer:
         return bool(self._eds_subset(conn, req))
 
     def _affected_hosts(self, req: PushRequest) -> set[str]:
-        return {f"{k.name}.{k.namespace}.svc.{self.domain}" for k in req.config_keys if k.kind == SERVICE_ENDPOINTS}
+        hosts = {f"{k.name}.{k.namespace}.svc.{self.domain}" for k in req.config_keys if k.kind == SERVICE_ENDPOINTS}
+        namespaces = {k.name for k in req.config_keys if k.kind == NAMESPACE_ENDPOINTS}
+        if namespaces:
+            hosts.update(s.hostname for s in self.push_context.services if s.namespace in namespaces)
+        return hosts
 
     def _eds_subset(self, conn: Connection, req: PushRequest) -> frozenset[str]:
         w = conn.watched.get(typeurls.ENDPOINT)

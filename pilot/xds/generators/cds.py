@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
+from pilot.model.store import Entry
 from pilot.networking import clusters, names
 from pilot.xds.cache import CachedResource, XdsCache
 from pilot.xds.typeurls import CLUSTER
@@ -12,17 +13,22 @@ from pilot.xds.typeurls import CLUSTER
 def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
              cache: XdsCache) -> list[CachedResource]:
     out: list[CachedResource] = []
-    memo = proxy.is_grpc  # gRPC and Envoy get the same outbound clusters
+    # The DestinationRule in force depends on the client's namespace; nothing else of the proxy.
+    memo = proxy.namespace
 
     def want(name: str) -> bool:
         return requested is None or name in requested
 
     for svc in ctx.services:
+        dr = ctx.traffic.destination_rule(svc.hostname, proxy.namespace, svc.namespace)
+        origins = (f"Service/{svc.namespace}/{svc.name}",) + ((ref(dr),) if dr else ())
+        subsets = [s.name for s in dr.obj.spec.subsets] if dr else []
         for port in svc.ports:
-            name = names.outbound_cluster_name(port.port, svc.hostname)
-            if want(name):
-                out.append(cache.resource(ctx.version, memo, CLUSTER, name, clusters.outbound_cluster,
-                                          svc, port, ctx.settings.clusters, origins=(f"Service/{svc.namespace}/{svc.name}",)))
+            for subset in ("", *subsets):
+                name = names.outbound_cluster_name(port.port, svc.hostname, subset)
+                if want(name):
+                    out.append(cache.resource(ctx.version, memo, CLUSTER, name, clusters.outbound_cluster,
+                                              svc, port, ctx.settings.clusters, dr, subset, origins=origins))
     if not proxy.is_grpc:
         # ORIGINAL_DST/STATIC catch-alls are Envoy-only; grpcio NACKs cluster types it cannot use.
         for name, build in ((names.BLACKHOLE_CLUSTER, clusters.blackhole_cluster),
@@ -31,3 +37,7 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
                 out.append(cache.resource(ctx.version, memo, CLUSTER, name, build, ctx.settings.clusters,
                                           origins=("MeshConfig",)))
     return out
+
+
+def ref(e: Entry) -> str:
+    return f"{e.key.kind}/{e.key.namespace}/{e.key.name}"

@@ -13,8 +13,10 @@ from pilot.xds.cache import CachedResource, XdsCache
 from pilot.xds.typeurls import ENDPOINT
 
 
-def build_cla(cluster_name: str, port: ServicePort, slices: tuple[Entry, ...]) -> endpoint_pb2.ClusterLoadAssignment:
-    return endpoints.cluster_load_assignment(cluster_name, endpoints_for_port(slices, port))
+def build_cla(cluster_name: str, port: ServicePort, slices: tuple[Entry, ...],
+              subset_labels: tuple[tuple[str, str], ...] = (), pods: tuple[Entry, ...] = ()
+              ) -> endpoint_pb2.ClusterLoadAssignment:
+    return endpoints.cluster_load_assignment(cluster_name, endpoints_for_port(slices, port, subset_labels, pods))
 
 
 def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
@@ -24,15 +26,28 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
     out: list[CachedResource] = []
     for name in sorted(requested or ()):
         parsed = names.parse_cluster_name(name)
-        if parsed is None or parsed[0] != "outbound" or parsed[2]:
+        if parsed is None or parsed[0] != "outbound":
             continue
-        _, port_number, _, host = parsed
+        _, port_number, subset, host = parsed
         svc = ctx.by_host.get(host)
         port = svc.port(port_number) if svc else None
         if port is None:
             continue
         slices = ctx.service_slices(svc)
         origins = tuple(f"EndpointSlice/{e.key.namespace}/{e.key.name}" for e in slices)
-        out.append(cache.resource(ctx.version, None, ENDPOINT, name, build_cla, name, port, slices,
-                                  origins=(f"Service/{svc.namespace}/{svc.name}", *origins)))
+        if not subset:
+            out.append(cache.resource(ctx.version, None, ENDPOINT, name, build_cla, name, port, slices,
+                                      origins=(f"Service/{svc.namespace}/{svc.name}", *origins)))
+            continue
+        # A subset's members are the endpoints whose Pods carry its labels; which subset
+        # definition applies depends on the client's namespace (DestinationRule precedence).
+        dr = ctx.traffic.destination_rule(host, proxy.namespace, svc.namespace)
+        spec = next((s for s in dr.obj.spec.subsets if s.name == subset), None) if dr else None
+        if spec is None:
+            continue
+        labels = tuple(sorted(spec.labels.items()))
+        pods = ctx.pods_of(slices)
+        out.append(cache.resource(ctx.version, proxy.namespace, ENDPOINT, name, build_cla, name, port, slices,
+                                  labels, pods, origins=(f"Service/{svc.namespace}/{svc.name}", *origins,
+                                                         f"DestinationRule/{dr.key.namespace}/{dr.key.name}")))
     return out

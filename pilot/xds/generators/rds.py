@@ -24,8 +24,13 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
             continue
         port = int(name)
         http = ctx.http_by_port.get(port, ())
+        vss = tuple(ctx.traffic.virtual_service(s.hostname) for s in http)
+        # Destination ports come from any service, so all of them are inputs when a VS applies.
+        everything = ctx.services if any(vss) else ()
+        origins = tuple(f"Service/{s.namespace}/{s.name}" for s in http) + tuple(
+            f"VirtualService/{v.key.namespace}/{v.key.name}" for v in dict.fromkeys(v for v in vss if v))
         # The short-name domains depend on the proxy's namespace: it is part of both keys.
         out.append(cache.resource(ctx.version, proxy.namespace, ROUTE, name, routes.outbound_route_config,
-                                  port, http, proxy.namespace, ctx.settings.routes,
-                                  origins=tuple(f"Service/{s.namespace}/{s.name}" for s in http) or ("MeshConfig",)))
+                                  port, http, proxy.namespace, ctx.settings.routes, vss, everything, ctx.domain,
+                                  origins=origins or ("MeshConfig",)))
     return out

@@ -1,0 +1,101 @@
+"""Indexes of the traffic rules (VirtualService, DestinationRule) a PushContext serves.
+
+Precedence follows istiod: for sidecars, the oldest VirtualService claiming a host wins and the
+others are reported as conflicts; a DestinationRule in the client's namespace beats one in the
+service's namespace, which beats one in the root namespace; an exact host beats a wildcard.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+from pilot.model.store import Entry, Store
+
+MESH_GATEWAY = "mesh"
+
+
+def resolve_host(host: str, namespace: str, domain: str) -> str:
+    """Short names in Istio config mean a Service in the config's own namespace."""
+    if "." in host or host.startswith("*"):
+        return host
+    return f"{host}.{namespace}.svc.{domain}"
+
+
+def _age(e: Entry) -> tuple:
+    """Oldest first, as istiod orders configs: creationTimestamp, then namespace/name (file mode has
+    no timestamps, so there the name decides; an edit never changes precedence)."""
+    return (e.obj.metadata.creation_timestamp, e.key.namespace, e.key.name)
+
+
+def host_matches(pattern: str, host: str) -> bool:
+    if pattern == host or pattern == "*":
+        return True
+    return pattern.startswith("*.") and host.endswith(pattern[1:])
+
+
+@dataclass(frozen=True)
+class TrafficIndex:
+    # mesh-bound VirtualServices by resolved host (exact or wildcard), oldest first
+    virtual_services: Mapping[str, tuple[Entry, ...]] = field(default_factory=dict)
+    destination_rules: Mapping[str, tuple[Entry, ...]] = field(default_factory=dict)
+    conflicts: tuple[str, ...] = ()
+    root_namespace: str = "istio-system"
+
+    @classmethod
+    def build(cls, store: Store, domain: str, root_namespace: str) -> "TrafficIndex":
+        vs: dict[str, list[Entry]] = defaultdict(list)
+        for e in store.list("VirtualService"):
+            spec = e.obj.spec  # type: ignore[attr-defined]
+            gateways = spec.gateways or [MESH_GATEWAY]
+            if MESH_GATEWAY not in gateways:
+                continue
+            for h in spec.hosts:
+                vs[resolve_host(h, e.key.namespace, domain)].append(e)
+        dr: dict[str, list[Entry]] = defaultdict(list)
+        for e in store.list("DestinationRule"):
+            dr[resolve_host(e.obj.spec.host, e.key.namespace, domain)].append(e)  # type: ignore[attr-defined]
+        conflicts = []
+        for host, entries in vs.items():
+            entries.sort(key=_age)
+            for loser in entries[1:]:
+                conflicts.append(f"VirtualService {loser.key.namespace}/{loser.key.name}: host {host} is already "
+                                 f"claimed by {entries[0].key.namespace}/{entries[0].key.name}; ignored for sidecars")
+        return cls(MappingProxyType({h: tuple(v) for h, v in vs.items()}),
+                   MappingProxyType({h: tuple(sorted(v, key=_age)) for h, v in dr.items()}),
+                   tuple(sorted(conflicts)), root_namespace)
+
+    def virtual_service(self, host: str) -> Entry | None:
+        entries = self.virtual_services.get(host)
+        if entries:
+            return entries[0]
+        best = None
+        for pattern, entries in self.virtual_services.items():
+            if pattern.startswith("*") and host_matches(pattern, host):
+                if best is None or len(pattern) > len(best[0]):
+                    best = (pattern, entries[0])
+        return best[1] if best else None
+
+    def destination_rule(self, host: str, client_namespace: str, service_namespace: str) -> Entry | None:
+        candidates = list(self.destination_rules.get(host, ()))
+        if not candidates:
+            wild = [(p, es) for p, es in self.destination_rules.items() if p.startswith("*") and host_matches(p, host)]
+            if wild:
+                candidates = list(max(wild, key=lambda pe: len(pe[0]))[1])
+        if not candidates:
+            return None
+        for ns in (client_namespace, service_namespace, self.root_namespace):
+            for e in candidates:
+                if e.key.namespace == ns and _exported_to(e, client_namespace):
+                    return e
+        for e in candidates:
+            if _exported_to(e, client_namespace):
+                return e
+        return None
+
+
+def _exported_to(e: Entry, namespace: str) -> bool:
+    export = e.obj.spec.export_to  # type: ignore[attr-defined]
+    return not export or "*" in export or namespace in export or ("." in export and e.key.namespace == namespace)

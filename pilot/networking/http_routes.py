@@ -1,0 +1,263 @@
+"""VirtualService HTTP rules -> Envoy routes (istiod's translation, pure functions).
+
+Rules keep their order (first match wins); a rule with several matches becomes one Envoy route
+per match, as in istiod. Destinations become `outbound|PORT|SUBSET|HOST` clusters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from envoy.config.core.v3 import base_pb2
+from envoy.config.route.v3 import route_components_pb2 as rc
+from envoy.extensions.filters.http.cors.v3 import cors_pb2
+from envoy.extensions.filters.http.fault.v3 import fault_pb2
+from envoy.extensions.filters.common.fault.v3 import fault_pb2 as common_fault_pb2
+from envoy.type.matcher.v3 import regex_pb2, string_pb2
+from envoy.type.v3 import percent_pb2
+from google.protobuf import wrappers_pb2
+
+from pilot.config.mesh import HttpRetryPolicy
+from pilot.durations import parse_duration
+from pilot.model.services import MeshService
+from pilot.model.traffic import resolve_host
+from pilot.networking import names
+from pilot.networking.protos import duration, pack
+from pilot.networking.retries import retry_policy
+
+FAULT_FILTER = "envoy.filters.http.fault"
+CORS_FILTER = "envoy.filters.http.cors"
+_REDIRECT_CODES = {301: rc.RedirectAction.MOVED_PERMANENTLY, 302: rc.RedirectAction.FOUND,
+                   303: rc.RedirectAction.SEE_OTHER, 307: rc.RedirectAction.TEMPORARY_REDIRECT,
+                   308: rc.RedirectAction.PERMANENT_REDIRECT}
+
+
+@dataclass(frozen=True)
+class RouteInputs:
+    """What translating one VirtualService needs besides its rules (all hashable)."""
+
+    namespace: str  # of the VirtualService: short destination hosts resolve against it
+    domain: str
+    port: int  # the route configuration's port
+    services: Mapping[str, MeshService]  # FQDN -> service, for destination ports
+    default_retry: HttpRetryPolicy
+
+
+def destination_cluster(dest, inputs: RouteInputs) -> str:
+    host = resolve_host(dest.host, inputs.namespace, inputs.domain)
+    port = dest.port.number if dest.port is not None and dest.port.number else None
+    if port is None:
+        svc = inputs.services.get(host)
+        # A destination without a port uses the service's only port, else the listener's port.
+        port = svc.ports[0].port if svc is not None and len(svc.ports) == 1 else inputs.port
+    return names.outbound_cluster_name(port, host, dest.subset or "")
+
+
+def _string_matcher(m) -> string_pb2.StringMatcher:
+    if m.exact is not None:
+        return string_pb2.StringMatcher(exact=m.exact)
+    if m.prefix is not None:
+        return string_pb2.StringMatcher(prefix=m.prefix)
+    return string_pb2.StringMatcher(safe_regex=regex_pb2.RegexMatcher(regex=m.regex))
+
+
+def _header(name: str, m, invert: bool = False) -> rc.HeaderMatcher:
+    return rc.HeaderMatcher(name=name, string_match=_string_matcher(m), invert_match=invert)
+
+
+def route_match(match) -> rc.RouteMatch:
+    out = rc.RouteMatch()
+    uri = match.uri if match is not None else None
+    if uri is None:
+        out.prefix = "/"
+    elif uri.exact is not None:
+        out.path = uri.exact
+    elif uri.prefix is not None:
+        out.prefix = uri.prefix
+    else:
+        out.safe_regex.CopyFrom(regex_pb2.RegexMatcher(regex=uri.regex))
+    if match is None:
+        return out
+    if match.ignore_uri_case:
+        out.case_sensitive.CopyFrom(wrappers_pb2.BoolValue(value=False))
+    for name, m in sorted(match.headers.items()):
+        out.headers.append(_header(name.lower(), m))
+    for name, m in sorted(match.without_headers.items()):
+        out.headers.append(_header(name.lower(), m, invert=True))
+    for pseudo, m in ((":method", match.method), (":authority", match.authority), (":scheme", match.scheme)):
+        if m is not None:
+            out.headers.append(_header(pseudo, m))
+    for name, m in sorted(match.query_params.items()):
+        out.query_parameters.add(name=name, string_match=_string_matcher(m))
+    return out
+
+
+def _headers_to_add(ops, append: bool) -> list[base_pb2.HeaderValueOption]:
+    action = (base_pb2.HeaderValueOption.APPEND_IF_EXISTS_OR_ADD if append
+              else base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD)
+    items = ops.add.items() if append else ops.set.items()
+    return [base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key=k, value=v), append_action=action)
+            for k, v in sorted(items)]
+
+
+def _apply_headers(route: rc.Route, headers) -> None:
+    if headers is None:
+        return
+    if headers.request is not None:
+        route.request_headers_to_add.extend(_headers_to_add(headers.request, False) +
+                                            _headers_to_add(headers.request, True))
+        route.request_headers_to_remove.extend(headers.request.remove)
+    if headers.response is not None:
+        route.response_headers_to_add.extend(_headers_to_add(headers.response, False) +
+                                             _headers_to_add(headers.response, True))
+        route.response_headers_to_remove.extend(headers.response.remove)
+
+
+def _percent(p, default: float = 100.0) -> percent_pb2.FractionalPercent:
+    """An Istio Percent (or its absence: `default`). Millionths keep 0.1% exact."""
+    value = p.value if p is not None else default
+    return percent_pb2.FractionalPercent(numerator=int(round(value * 10_000)),
+                                         denominator=percent_pb2.FractionalPercent.MILLION)
+
+
+def _fault(fault) -> fault_pb2.HTTPFault:
+    out = fault_pb2.HTTPFault()
+    if fault.delay is not None and fault.delay.fixed_delay:
+        out.delay.CopyFrom(common_fault_pb2.FaultDelay(
+            fixed_delay=duration(parse_duration(fault.delay.fixed_delay)),
+            percentage=_percent(fault.delay.percentage)))
+    if fault.abort is not None:
+        abort = fault_pb2.FaultAbort(percentage=_percent(fault.abort.percentage))
+        if fault.abort.http_status:
+            abort.http_status = fault.abort.http_status
+        elif fault.abort.grpc_status:
+            abort.grpc_status = _GRPC_CODES.get(fault.abort.grpc_status.upper(), 14)
+        out.abort.CopyFrom(abort)
+    return out
+
+
+_GRPC_CODES = {"OK": 0, "CANCELLED": 1, "UNKNOWN": 2, "INVALID_ARGUMENT": 3, "DEADLINE_EXCEEDED": 4,
+               "NOT_FOUND": 5, "ALREADY_EXISTS": 6, "PERMISSION_DENIED": 7, "RESOURCE_EXHAUSTED": 8,
+               "FAILED_PRECONDITION": 9, "ABORTED": 10, "OUT_OF_RANGE": 11, "UNIMPLEMENTED": 12,
+               "INTERNAL": 13, "UNAVAILABLE": 14, "DATA_LOSS": 15, "UNAUTHENTICATED": 16}
+
+
+def _cors(policy) -> cors_pb2.CorsPolicy:
+    out = cors_pb2.CorsPolicy(allow_origin_string_match=[_string_matcher(m) for m in policy.allow_origins],
+                              allow_methods=",".join(policy.allow_methods),
+                              allow_headers=",".join(policy.allow_headers),
+                              expose_headers=",".join(policy.expose_headers))
+    if policy.max_age:
+        out.max_age = str(int(parse_duration(policy.max_age)))
+    if policy.allow_credentials is not None:
+        out.allow_credentials.CopyFrom(wrappers_pb2.BoolValue(value=policy.allow_credentials))
+    return out
+
+
+def _retry(retries, default: HttpRetryPolicy) -> rc.RetryPolicy | None:
+    if retries is None:
+        return retry_policy(default)
+    if retries.attempts == 0:
+        return None
+    retry_on = retries.retry_on or default.retry_on
+    # istiod: numeric entries of retryOn are status codes; the rest are Envoy retry conditions.
+    codes = [int(p) for p in retry_on.split(",") if p.strip().isdigit()]
+    conditions = [p.strip() for p in retry_on.split(",") if p.strip() and not p.strip().isdigit()]
+    if codes and "retriable-status-codes" not in conditions:
+        conditions.append("retriable-status-codes")
+    policy = HttpRetryPolicy(attempts=retries.attempts, per_try_timeout=retries.per_try_timeout,
+                             retry_on=",".join(conditions))
+    out = retry_policy(policy)
+    if out is not None and codes:
+        del out.retriable_status_codes[:]
+        out.retriable_status_codes.extend(codes)
+    return out
+
+
+def _action(rule, inputs: RouteInputs, route: rc.Route, match) -> None:
+    if rule.redirect is not None:
+        r = rule.redirect
+        action = rc.RedirectAction(response_code=_REDIRECT_CODES.get(r.redirect_code or 301,
+                                                                      rc.RedirectAction.MOVED_PERMANENTLY))
+        if r.uri:
+            action.path_redirect = r.uri
+        if r.authority:
+            action.host_redirect = r.authority
+        if r.port:
+            action.port_redirect = r.port
+        if r.scheme:
+            action.scheme_redirect = r.scheme
+        route.redirect.CopyFrom(action)
+        return
+    if rule.direct_response is not None:
+        d = rule.direct_response
+        action = rc.DirectResponseAction(status=d.status)
+        if d.body is not None and (d.body.string or d.body.bytes):
+            action.body.inline_string = d.body.string or d.body.bytes
+        route.direct_response.CopyFrom(action)
+        return
+    action = route.route
+    dests = list(rule.route)
+    if len(dests) == 1:
+        action.cluster = destination_cluster(dests[0].destination, inputs)
+    else:
+        for d in dests:
+            if d.weight <= 0:
+                continue
+            wc = action.weighted_clusters.clusters.add(name=destination_cluster(d.destination, inputs),
+                                                       weight=wrappers_pb2.UInt32Value(value=d.weight))
+            if d.headers is not None:
+                holder = rc.Route()
+                _apply_headers(holder, d.headers)
+                wc.request_headers_to_add.extend(holder.request_headers_to_add)
+                wc.request_headers_to_remove.extend(holder.request_headers_to_remove)
+                wc.response_headers_to_add.extend(holder.response_headers_to_add)
+                wc.response_headers_to_remove.extend(holder.response_headers_to_remove)
+    action.timeout.CopyFrom(duration(parse_duration(rule.timeout) if rule.timeout else 0))
+    rp = _retry(rule.retries, inputs.default_retry)
+    if rp is not None:
+        action.retry_policy.CopyFrom(rp)
+    if rule.rewrite is not None:
+        rw = rule.rewrite
+        if rw.uri is not None:
+            if match is not None and match.uri is not None and match.uri.exact is not None:
+                action.regex_rewrite.CopyFrom(regex_pb2.RegexMatchAndSubstitute(
+                    pattern=regex_pb2.RegexMatcher(regex=".*"), substitution=rw.uri))
+            else:
+                action.prefix_rewrite = rw.uri
+        if rw.uri_regex_rewrite is not None:
+            action.regex_rewrite.CopyFrom(regex_pb2.RegexMatchAndSubstitute(
+                pattern=regex_pb2.RegexMatcher(regex=rw.uri_regex_rewrite.match),
+                substitution=rw.uri_regex_rewrite.rewrite))
+        if rw.authority:
+            action.host_rewrite_literal = rw.authority
+    if rule.mirror is not None:
+        mp = action.request_mirror_policies.add(cluster=destination_cluster(rule.mirror, inputs))
+        if rule.mirror_percentage is not None:
+            mp.runtime_fraction.default_value.CopyFrom(_percent(rule.mirror_percentage))
+
+
+def http_rule_routes(rule, index: int, inputs: RouteInputs) -> list[rc.Route]:
+    """One Envoy route per match of a rule (one for a rule without matches)."""
+    matches = [m for m in rule.match if m.port is None or m.port == inputs.port] if rule.match else [None]
+    if rule.match and not matches:
+        return []  # every match is for another port
+    out = []
+    for match in matches:
+        route = rc.Route(name=rule.name or f"rule-{index}", match=route_match(match))
+        _action(rule, inputs, route, match)
+        _apply_headers(route, rule.headers)
+        if rule.fault is not None:
+            route.typed_per_filter_config[FAULT_FILTER].CopyFrom(pack(_fault(rule.fault)))
+        if rule.cors_policy is not None:
+            route.typed_per_filter_config[CORS_FILTER].CopyFrom(pack(_cors(rule.cors_policy)))
+        out.append(route)
+    return out
+
+
+def virtual_service_routes(rules, inputs: RouteInputs) -> list[rc.Route]:
+    routes: list[rc.Route] = []
+    for i, rule in enumerate(rules):
+        routes.extend(http_rule_routes(rule, i, inputs))
+    return routes

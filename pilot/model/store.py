@@ -96,6 +96,12 @@ class Store:
         events = self._write([], [key], source_for=lambda _o: "")
         return events[0] if events else None
 
+    def write(self, upserts: Iterable[tuple[K8sObject, str]], deletes: Iterable[ConfigKey]) -> list[Event]:
+        """Apply several (object, source) upserts and deletes as one batch of events."""
+        upserts = list(upserts)
+        sources = {ConfigKey.of(o): s for o, s in upserts}
+        return self._write([o for o, _ in upserts], list(deletes), source_for=lambda o: sources[ConfigKey.of(o)])
+
     def sync(self, owner_prefix: str, desired: Iterable[tuple[K8sObject, str]]) -> list[Event]:
         """Make the objects whose source starts with `owner_prefix` exactly `desired`
         ((object, source) pairs). Used by sources that know their whole state at once."""

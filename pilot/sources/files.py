@@ -94,8 +94,34 @@ class FileSource:
         self.store = store
         self.default_namespace = default_namespace
         self._files: dict[Path, ParsedFile] = {}
+        self._owners: dict[ConfigKey, Path] = {}  # which file an object in the Store came from
+        self._duplicates: list[Rejection] = []
         self._prefix = str(self.root) + os.sep
         self.loads = 0
+        self.incremental_loads = 0
+
+    def _is_config_file(self, path: Path) -> bool:
+        try:
+            rel = path.relative_to(self.root)
+        except ValueError:
+            return False
+        return path.suffix in SUFFIXES and not any(part.startswith(".") for part in rel.parts)
+
+    def _parse(self, path: Path, previous: ParsedFile | None) -> ParsedFile | None:
+        """Parse `path` unless its content is unchanged; None when it cannot be read (gone)."""
+        try:
+            # Hash the content rather than trust mtime: two same-size edits within the
+            # filesystem's timestamp granularity would otherwise look unchanged.
+            digest = hashlib.blake2b(path.read_bytes(), digest_size=16).digest()
+        except OSError:
+            return None
+        if previous is not None and previous.digest == digest:
+            return previous
+        objs, rejs = _keep_last_good(previous, *parse_file(path, self.default_namespace))
+        for r in rejs:
+            log.warning("config rejected", source=r.source, kind=r.kind, namespace=r.namespace,
+                        name=r.name, reason=r.reason)
+        return ParsedFile(digest, tuple(objs), tuple(rejs))
 
     def _scan(self) -> list[Path]:
         if not self.root.is_dir():
@@ -108,37 +134,72 @@ class FileSource:
         """Bring the Store in line with the directory. Safe to call at any time."""
         current: dict[Path, ParsedFile] = {}
         for path in self._scan():
-            try:
-                # Hash the content rather than trust mtime: two same-size edits within the
-                # filesystem's timestamp granularity would otherwise look unchanged.
-                digest = hashlib.blake2b(path.read_bytes(), digest_size=16).digest()
-            except OSError:
-                continue
-            cached = self._files.get(path)
-            if cached is None or cached.digest != digest:
-                objs, rejs = _keep_last_good(cached, *parse_file(path, self.default_namespace))
-                cached = ParsedFile(digest, tuple(objs), tuple(rejs))
-                for r in rejs:
-                    log.warning("config rejected", source=r.source, kind=r.kind, namespace=r.namespace,
-                                name=r.name, reason=r.reason)
-            current[path] = cached
+            parsed = self._parse(path, self._files.get(path))
+            if parsed is not None:
+                current[path] = parsed
         self._files = current
         desired: dict[ConfigKey, tuple[K8sObject, str]] = {}
-        rejections: list[Rejection] = []
-        for parsed in current.values():
-            rejections.extend(parsed.rejections)
+        owners: dict[ConfigKey, Path] = {}
+        duplicates: list[Rejection] = []
+        for path, parsed in current.items():
             for obj, src in parsed.objects:
                 key = ConfigKey.of(obj)
                 if key in desired:
-                    rejections.append(Rejection(src, key.kind, key.namespace, key.name,
+                    duplicates.append(Rejection(src, key.kind, key.namespace, key.name,
                                                 f"duplicate of the object in {desired[key][1]}; the first one is used"))
                     continue
                 desired[key] = (obj, src)
-        self.store.set_rejections(self.OWNER, rejections)
+                owners[key] = path
+        self._owners, self._duplicates = owners, duplicates
+        self._publish_rejections()
         events = self.store.sync(self._prefix, desired.values())
         self.loads += 1
         if events:
-            log.info("config loaded", changes=len(events), objects=len(desired), rejected=len(rejections))
+            log.info("config loaded", changes=len(events), objects=len(desired),
+                     rejected=len(self.store.rejections()))
+
+    def load_paths(self, paths: set[Path]) -> None:
+        """Re-read only the files that changed. Anything a file-by-file update cannot decide
+        alone (a directory moved, an object defined in two files) falls back to `load()`."""
+        upserts: list[tuple[K8sObject, str]] = []
+        deletes: list[ConfigKey] = []
+        for path in sorted(paths):
+            if path.is_dir() or (not path.exists() and any(p.is_relative_to(path) and p != path for p in self._files)):
+                return self.load()
+            if not self._is_config_file(path):
+                continue
+            old = self._files.get(path)
+            new = self._parse(path, old) if path.exists() else None
+            if new is old and new is not None:
+                continue
+            old_objs = {ConfigKey.of(o): (o, src) for o, src in (old.objects if old else ())}
+            new_objs = {ConfigKey.of(o): (o, src) for o, src in (new.objects if new else ())}
+            if new is not None and len(new_objs) != len(new.objects):
+                return self.load()  # the same object twice in one file
+            if any(self._owners.get(k, path) != path for k in new_objs):
+                return self.load()  # claimed by another file: duplicates are decided in one place
+            if any(r.reason.startswith("duplicate of") and r.source.startswith(str(path)) for r in self._duplicates):
+                return self.load()
+            for key in old_objs.keys() - new_objs.keys():
+                deletes.append(key)
+                self._owners.pop(key, None)
+            for key, item in new_objs.items():
+                upserts.append(item)
+                self._owners[key] = path
+            if new is None:
+                self._files.pop(path, None)
+            else:
+                self._files[path] = new
+        self._publish_rejections()
+        moved = {ConfigKey.of(o) for o, _ in upserts}  # a rename deletes from one file, adds in another
+        events = self.store.write(upserts, [k for k in deletes if k not in moved])
+        self.incremental_loads += 1
+        if events:
+            log.info("config changed", changes=len(events), files=len(paths))
+
+    def _publish_rejections(self) -> None:
+        rejections = [r for parsed in self._files.values() for r in parsed.rejections]
+        self.store.set_rejections(self.OWNER, rejections + self._duplicates)
 
     async def watch(self, stop: asyncio.Event | None = None) -> None:
         """Reload on every change below the root. A root that does not exist yet is waited for
@@ -153,12 +214,15 @@ class FileSource:
             if stop.is_set():
                 return
             self._reload()
-        async for _changes in watchfiles.awatch(self.root, debounce=50, step=20, stop_event=stop,
-                                                recursive=True, ignore_permission_denied=True):
-            self._reload()
+        async for changes in watchfiles.awatch(self.root, debounce=50, step=20, stop_event=stop,
+                                               recursive=True, ignore_permission_denied=True):
+            self._reload({Path(p) for _, p in changes})
 
-    def _reload(self) -> None:
+    def _reload(self, paths: set[Path] | None = None) -> None:
         try:
-            self.load()
+            if paths:
+                self.load_paths(paths)
+            else:
+                self.load()
         except Exception:
             log.exception("reloading config directory failed; keeping the last good state")

@@ -125,7 +125,10 @@ class AdsService:
         if not type_url:
             log.warning("request without type_url ignored", proxy=conn.proxy.id)
             return
-        names = set(req.resource_names[:MAX_NAMES])
+        requested = req.resource_names
+        if len(requested) > MAX_NAMES:
+            log.warning("request names too many resources; ignored", proxy=conn.proxy.id, count=len(requested))
+            return
         w = conn.watched.get(type_url)
         if req.response_nonce and w is not None:
             if req.response_nonce != w.nonce_sent:
@@ -135,12 +138,17 @@ class AdsService:
                                         req.error_detail.code, req.error_detail.message)
                 return
             self.server.record_ack(conn, w, req.response_nonce, req.version_info)
-            if w.wildcard or names == w.names:
+            # Most messages are plain ACKs repeating the subscription: check without building a set.
+            if w.wildcard or (len(requested) == len(w.names) and w.names.issuperset(requested)):
                 return  # a plain ACK: answering it would loop
+            names = frozenset(requested)
+            if names == w.names:
+                return  # the same subscription, with repeated names
             w.names = names  # an ACK that changes the subscription (e.g. Envoy adding EDS names)
             await self.server.respond(conn, w, send)
             return
         # A new subscription, or a reconnect carrying a nonce from a previous server.
+        names = set(requested)
         if type_url == typeurls.LISTENER and names and "*" not in names and any(":" in n for n in names):
             conn.proxy.mark_grpc()
         w = WatchedResource(type_url, wildcard=type_url in _WILDCARD_TYPES and (not names or "*" in names))

@@ -361,3 +361,45 @@ async def test_watch_picks_up_a_config_dir_created_later(tmp_path: Path, store: 
     finally:
         stop.set()
         await asyncio.wait_for(task, 5)
+
+
+def _state(store: Store) -> dict:
+    return {str(e.key): (e.obj.model_dump(), e.source) for k in store.kinds() for e in store.list(k)}
+
+
+def test_incremental_reload_matches_a_full_reload(tmp_path: Path) -> None:
+    """The watcher re-reads only the files that changed; after every step the Store must hold
+    exactly what a full reload after the same history gives, rejections included."""
+    incremental, full = Store(), Store()
+    inc, whole = FileSource(tmp_path, incremental), FileSource(tmp_path, full)
+    inc.load()
+    whole.load()
+    steps = [
+        ("write", "a.yaml", svc("a", port=81)),
+        ("write", "b.yaml", svc("b", ip="10.96.0.2")),
+        ("write", "a.yaml", svc("a", port=82)),                  # edit
+        ("write", "dup.yaml", svc("a", port=99)),                # duplicate of a: first one wins
+        ("delete", "dup.yaml", None),
+        ("write", "a.yaml", "kind: [broken"),                    # keeps the last good a
+        ("write", "a.yaml", svc("a", port=83)),                  # fixed
+        ("rename", "b.yaml", "nested/c.yaml"),
+        ("write", "ab.yaml", svc("x", ip="10.96.0.9") + "\n---\n" + svc("y", ip="10.96.0.8")),
+        ("write", "ab.yaml", svc("x", ip="10.96.0.9")),          # one document removed
+        ("delete", "a.yaml", None),
+    ]
+    for op, name, arg in steps:
+        changed = {tmp_path / name}
+        if op == "write":
+            write(tmp_path / name, arg)
+        elif op == "delete":
+            (tmp_path / name).unlink()
+        else:
+            (tmp_path / arg).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(tmp_path / name, tmp_path / arg)
+            changed.add(tmp_path / arg)
+        inc.load_paths(changed)
+        whole.load()
+        assert _state(incremental) == _state(full), (op, name)
+        assert sorted((r.source, r.name, r.reason) for r in incremental.rejections()) == \
+            sorted((r.source, r.name, r.reason) for r in full.rejections()), (op, name)
+    assert inc.incremental_loads > 0

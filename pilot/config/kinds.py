@@ -6,6 +6,14 @@ from dataclasses import dataclass
 
 from pilot.config.base import K8sObject
 from pilot.config.core import ConfigMap, EndpointSlice, Namespace, Node, Pod, Secret, Service
+from pilot.config.networking import (
+    DestinationRule,
+    Gateway,
+    ServiceEntry,
+    Sidecar,
+    VirtualService,
+    WorkloadEntry,
+)
 
 
 @dataclass(frozen=True)
@@ -35,6 +43,8 @@ class Kind:
         return f"{base}/{name}" if name else base
 
 
+ISTIO_VERSIONS = ("v1", "v1beta1", "v1alpha3")
+
 KINDS: tuple[Kind, ...] = (
     Kind("", ("v1",), "Service", "services", True, Service),
     Kind("discovery.k8s.io", ("v1",), "EndpointSlice", "endpointslices", True, EndpointSlice),
@@ -43,6 +53,13 @@ KINDS: tuple[Kind, ...] = (
     Kind("", ("v1",), "ConfigMap", "configmaps", True, ConfigMap),
     Kind("", ("v1",), "Node", "nodes", False, Node),
     Kind("", ("v1",), "Secret", "secrets", True, Secret),
+    # networking.istio.io: v1 is read and written; v1beta1 and v1alpha3 serve the same schema.
+    Kind("networking.istio.io", ISTIO_VERSIONS, "VirtualService", "virtualservices", True, VirtualService),
+    Kind("networking.istio.io", ISTIO_VERSIONS, "DestinationRule", "destinationrules", True, DestinationRule),
+    Kind("networking.istio.io", ISTIO_VERSIONS, "ServiceEntry", "serviceentries", True, ServiceEntry),
+    Kind("networking.istio.io", ISTIO_VERSIONS, "WorkloadEntry", "workloadentries", True, WorkloadEntry),
+    Kind("networking.istio.io", ISTIO_VERSIONS, "Sidecar", "sidecars", True, Sidecar),
+    Kind("networking.istio.io", ISTIO_VERSIONS, "Gateway", "gateways", True, Gateway),
 )
 
 BY_NAME: dict[str, Kind] = {k.kind: k for k in KINDS}

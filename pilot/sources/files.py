@@ -164,8 +164,9 @@ class FileSource:
         upserts: list[tuple[K8sObject, str]] = []
         deletes: list[ConfigKey] = []
         for path in sorted(paths):
-            if path.is_dir() or (not path.exists() and any(p.is_relative_to(path) and p != path for p in self._files)):
-                return self.load()
+            if path.is_dir() or (not path.exists() and path.suffix not in SUFFIXES and
+                                 any(p.is_relative_to(path) for p in self._files)):
+                return self.load()  # a directory appeared, went or moved
             if not self._is_config_file(path):
                 continue
             old = self._files.get(path)

@@ -54,6 +54,9 @@ class DiscoveryServer:
         self.debouncer = Debouncer(features.debounce_after, features.debounce_max,
                                    features.enable_eds_debounce, self._debounced_push)
         self.history = PushHistory()
+        self._busy: set[str] = set()  # connections with a push queued or being sent
+        self._idle = asyncio.Event()
+        self._idle.set()
         self.cache.on_build = self._note_build
         self._seq = 0
         self.push_context = self._build_context(self._next_version())
@@ -94,6 +97,15 @@ class DiscoveryServer:
     async def _debounced_push(self, req: PushRequest, debounce_s: float) -> None:
         self.metrics.debounce_time.observe(debounce_s)
         self.push(req, debounce_s)
+        # Like istiod, start the next push only once this one reached every proxy: changes that
+        # arrive meanwhile merge into one push instead of queueing a push per change, so batch
+        # size follows how fast proxies are served. A stuck proxy cannot hold pushes back for
+        # longer than PILOT_DEBOUNCE_MAX.
+        try:
+            await asyncio.wait_for(self._idle.wait(), self.features.debounce_max)
+        except asyncio.TimeoutError:
+            log.warning("push still in flight after PILOT_DEBOUNCE_MAX; starting the next one",
+                        proxies_busy=len(self._busy))
 
     def push(self, req: PushRequest, debounce_s: float = 0.0) -> None:
         """Build the next PushContext (fully, or endpoints only) and queue every affected proxy."""
@@ -111,7 +123,10 @@ class DiscoveryServer:
         for conn in list(self.connections.values()):
             if self._affects(conn, req):
                 conn.enqueue_push(req)
+                self._busy.add(conn.id)
                 queued += 1
+        if self._busy:
+            self._idle.clear()
         self.history.add(PushRecord(req.version, req.full, dict(req.reasons),
                                     sorted(str(k) for k in req.config_keys), debounce_s, build_s, queued, req.start))
         log.info("push", version=req.version, full=req.full, reasons=req.reason_text(), proxies=queued,
@@ -143,7 +158,15 @@ class DiscoveryServer:
         self.connections[conn.id] = conn
         self.metrics.xds_clients.labels(conn.proxy.istio_version or "unknown").inc()
 
+    def _done_pushing(self, conn: Connection) -> None:
+        if conn.pending_push is None:
+            self._busy.discard(conn.id)
+            if not self._busy:
+                self._idle.set()
+
     def unregister(self, conn: Connection) -> None:
+        conn.pending_push = None
+        self._done_pushing(conn)
         if self.connections.pop(conn.id, None) is None:
             return
         self.metrics.xds_clients.labels(conn.proxy.istio_version or "unknown").dec()
@@ -167,6 +190,12 @@ class DiscoveryServer:
 
     async def push_connection(self, conn: Connection, req: PushRequest, send) -> None:
         """Send every watched type this push changes, in CDS, EDS, LDS, RDS order."""
+        try:
+            await self._push_types(conn, req, send)
+        finally:
+            self._done_pushing(conn)
+
+    async def _push_types(self, conn: Connection, req: PushRequest, send) -> None:
         queued_at = time.monotonic()
         record = self.history.get(req.version)
         ctx = self.push_context

@@ -63,6 +63,8 @@ def _string_matcher(m) -> string_pb2.StringMatcher:
 
 
 def _header(name: str, m, invert: bool = False) -> rc.HeaderMatcher:
+    if m.exact is None and m.prefix is None and m.regex is None:  # `{}`: Istio's "header present"
+        return rc.HeaderMatcher(name=name, present_match=True, invert_match=invert)
     return rc.HeaderMatcher(name=name, string_match=_string_matcher(m), invert_match=invert)
 
 
@@ -89,7 +91,10 @@ def route_match(match) -> rc.RouteMatch:
         if m is not None:
             out.headers.append(_header(pseudo, m))
     for name, m in sorted(match.query_params.items()):
-        out.query_parameters.add(name=name, string_match=_string_matcher(m))
+        if m.exact is None and m.prefix is None and m.regex is None:
+            out.query_parameters.add(name=name, present_match=True)
+        else:
+            out.query_parameters.add(name=name, string_match=_string_matcher(m))
     return out
 
 

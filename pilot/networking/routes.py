@@ -11,6 +11,7 @@ from pilot.model.store import Entry
 from pilot.networking import names
 from pilot.networking.http_routes import RouteInputs, virtual_service_routes
 from pilot.networking.retries import retry_policy
+from pilot.durations import parse_duration
 from pilot.networking.protos import duration
 from pilot.model.mesh_settings import RouteSettings
 
@@ -65,11 +66,13 @@ def _catch_all(settings: RouteSettings) -> route_components_pb2.VirtualHost:
 
 def outbound_route_config(port: int, services: tuple[MeshService, ...], proxy_namespace: str,
                           settings: RouteSettings, virtual_services: tuple[Entry | None, ...] = (),
-                          all_services: tuple[MeshService, ...] = (), domain: str = "cluster.local"
-                          ) -> route_pb2.RouteConfiguration:
+                          all_services: tuple[MeshService, ...] = (), domain: str = "cluster.local",
+                          hash_policies: tuple[tuple[str, HashKey], ...] = ()) -> route_pb2.RouteConfiguration:
     """`services` are the HTTP services on this port, in a stable order, and `virtual_services`
-    the VirtualService applying to each (or None). A domain claimed twice (two Services with one
-    cluster IP) goes to the first: Envoy rejects duplicate domains."""
+    the VirtualService applying to each (or None). `hash_policies` are the (host, key) pairs of
+    destinations whose DestinationRule asks for consistent hashing: their routes carry the hash
+    policy. A domain claimed twice (two Services with one cluster IP) goes to the first: Envoy
+    rejects duplicate domains."""
     by_host = {s.hostname: s for s in all_services} if any(virtual_services) else {}
     rc = route_pb2.RouteConfiguration(name=names.route_config_name(port),
                                       validate_clusters=wrappers_pb2.BoolValue(value=False))
@@ -83,8 +86,51 @@ def outbound_route_config(port: int, services: tuple[MeshService, ...], proxy_na
             inputs = RouteInputs(vs.key.namespace, domain, port, by_host, settings.retry)
             vs_routes = virtual_service_routes(vs.obj.spec.http, inputs)  # type: ignore[attr-defined]
         rc.virtual_hosts.append(service_virtual_host(svc, port, domains, settings, vs_routes))
+    if hash_policies:
+        _apply_hash_policies(rc, dict(hash_policies))
     rc.virtual_hosts.append(_catch_all(settings))
     return rc
+
+
+# (header name, cookie name, cookie ttl seconds, use source IP, query parameter name)
+HashKey = tuple[str, str, float, bool, str]
+
+
+def hash_key(consistent_hash) -> HashKey:
+    cookie = consistent_hash.http_cookie
+    ttl = parse_duration(cookie.ttl) if cookie is not None and cookie.ttl else 0.0
+    return (consistent_hash.http_header_name or "", cookie.name if cookie is not None else "", ttl,
+            bool(consistent_hash.use_source_ip), consistent_hash.http_query_parameter_name or "")
+
+
+def _hash_policy(key: HashKey) -> route_components_pb2.RouteAction.HashPolicy:
+    header, cookie, ttl, source_ip, query = key
+    hp = route_components_pb2.RouteAction.HashPolicy()
+    if header:
+        hp.header.header_name = header
+    elif cookie:
+        hp.cookie.name = cookie
+        if ttl:
+            hp.cookie.ttl.CopyFrom(duration(ttl))
+    elif source_ip:
+        hp.connection_properties.source_ip = True
+    elif query:
+        hp.query_parameter.name = query
+    return hp
+
+
+def _apply_hash_policies(rc: route_pb2.RouteConfiguration, by_host: dict[str, HashKey]) -> None:
+    """Consistent hashing needs the key on the route: the cluster's RING_HASH alone hashes nothing."""
+    for vh in rc.virtual_hosts:
+        for route in vh.routes:
+            if not route.HasField("route"):
+                continue
+            action = route.route
+            cluster = action.cluster or (action.weighted_clusters.clusters[0].name
+                                         if action.weighted_clusters.clusters else "")
+            key = by_host.get(cluster.rpartition("|")[2])
+            if key is not None:
+                action.hash_policy.append(_hash_policy(key))
 
 
 def grpc_route_config(route_name: str, svc: MeshService, port: int) -> route_pb2.RouteConfiguration:

@@ -7,6 +7,7 @@ a JSON description of the request plus the backend's name.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any, Self
 
@@ -25,6 +26,7 @@ class HttpBackend:
         self.name = name
         self.host = host
         self.status = status
+        self.fail_next = 0
         self.request_count = 0
         self.requests: list[dict[str, Any]] = []
         self._requested_port = port
@@ -52,8 +54,16 @@ class HttpBackend:
         }
         self.request_count += 1
         self.requests.append(info)
+        # `?delay=SECONDS` makes the answer slow (timeouts); `fail_next` answers 503 that many times (retries).
+        delay = float(request.query.get("delay", "0") or 0)
+        if delay > 0:
+            await asyncio.sleep(min(delay, 30))
+        status = self.status
+        if self.fail_next > 0:
+            self.fail_next -= 1
+            status = 503
         return web.Response(
-            status=self.status,
+            status=status,
             text=json.dumps(info),
             content_type="application/json",
             headers={"x-backend-name": self.name},

@@ -22,7 +22,8 @@ log = plog.get("kube")
 # Kinds whose objects are limited to selected namespaces.
 SELECTED_KINDS = ("Service", "EndpointSlice", "Pod")
 # Everything the control plane lists and watches. The RBAC in deploy/ is derived from this.
-WATCHED_KINDS = ("Namespace", "Service", "EndpointSlice", "Pod", "Node", "ConfigMap", "Secret")
+WATCHED_KINDS = ("Namespace", "Service", "EndpointSlice", "Pod", "Node", "ConfigMap", "Secret",
+                 "VirtualService", "DestinationRule", "ServiceEntry", "WorkloadEntry", "Sidecar", "Gateway")
 
 
 # Only TLS Secrets can be gateway credentials: the apiserver filters the rest out, so the

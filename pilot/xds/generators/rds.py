@@ -29,8 +29,23 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         everything = ctx.services if any(vss) else ()
         origins = tuple(f"Service/{s.namespace}/{s.name}" for s in http) + tuple(
             f"VirtualService/{v.key.namespace}/{v.key.name}" for v in dict.fromkeys(v for v in vss if v))
+        hashes = _hash_policies(ctx, proxy.namespace)
         # The short-name domains depend on the proxy's namespace: it is part of both keys.
         out.append(cache.resource(ctx.version, proxy.namespace, ROUTE, name, routes.outbound_route_config,
                                   port, http, proxy.namespace, ctx.settings.routes, vss, everything, ctx.domain,
-                                  origins=origins or ("MeshConfig",)))
+                                  hashes, origins=origins or ("MeshConfig",)))
     return out
+
+
+def _hash_policies(ctx: PushContext, namespace: str) -> tuple:
+    """(host, hash key) for every service whose DestinationRule, as this client sees it, asks
+    for consistent hashing."""
+    out = []
+    for host, entries in ctx.traffic.destination_rules.items():
+        svc = ctx.by_host.get(host)
+        dr = ctx.traffic.destination_rule(host, namespace, svc.namespace if svc else namespace)
+        policy = dr.obj.spec.traffic_policy if dr is not None else None
+        lb = policy.load_balancer if policy is not None else None
+        if lb is not None and lb.consistent_hash is not None:
+            out.append((host, routes.hash_key(lb.consistent_hash)))
+    return tuple(sorted(out))

@@ -161,7 +161,9 @@ class DebugHandlers:
 
     async def push_status(self, _req: web.Request) -> web.Response:
         s = self.server
-        return _json({"version": s.push_context.version, "connected": len(s.connections),
+        ctx = s.push_context
+        return _json({"version": ctx.version, "connected": len(s.connections),
+                      "conflicts": list(ctx.conflicts) + list(ctx.traffic.conflicts),
                       "pushes": [p.as_dict() for p in s.history.recent()]})
 
     async def mesh(self, _req: web.Request) -> web.Response:

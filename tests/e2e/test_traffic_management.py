@@ -364,3 +364,22 @@ async def test_outlier_detection_ejects_a_failing_endpoint(mesh: Mesh):
         return all(a == "v1" for a in answers)
 
     await mesh.until(ejected, "failing endpoint ejected", timeout=15)
+
+
+async def test_conflicting_virtual_services_are_reported(mesh: Mesh):
+    mesh.virtual_service("""
+        hosts: [reviews]
+        http: [{route: [{destination: {host: reviews, subset: v1}}]}]
+        """)
+    mesh.cp.write("vs-other.yaml", "apiVersion: networking.istio.io/v1\nkind: VirtualService\n"
+                                   "metadata: {name: zz-reviews-too, namespace: default}\nspec:\n"
+                                   "  hosts: [reviews.default.svc.cluster.local]\n"
+                                   "  http: [{route: [{destination: {host: reviews, subset: v2}}]}]\n")
+
+    async def reported():
+        status = await mesh.cp.debug("/debug/push_status")
+        return [c for c in status["conflicts"] if "zz-reviews-too" in c]
+
+    (conflict,) = await mesh.until(reported, "conflict listed")
+    assert "default/reviews" in conflict
+    assert (await mesh.get())[1] == "v1"  # the older one keeps serving

@@ -233,3 +233,20 @@ async def test_figures_endpoint_event_to_envoy_ack(cluster, capsys):
     with capsys.disabled():
         print("\nFIGURES " + json.dumps({"kube_endpoint_event_to_ack_ms": {
             "median": round(statistics.median(samples), 1), "p99": round(samples[-1], 1)}}))
+
+
+async def test_a_crd_installed_later_is_picked_up_without_restart(cluster):
+    """The networking.istio.io CRDs are missing at start (404): the server is ready anyway and
+    serves their objects once they are installed."""
+    fake, cp, envoy, backends, port = cluster
+    assert (await cp.get("/ready"))[0] == 200
+    fake.register_crd("networking.istio.io", "v1", "virtualservices", "VirtualService")
+    fake.create({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+                 "metadata": {"name": "web", "namespace": "default"},
+                 "spec": {"hosts": ["web"], "http": [{"directResponse": {"status": 418}}]}})
+
+    async def teapot() -> bool:
+        status, _ = await http_get(f"http://127.0.0.1:{port}/", headers={"Host": fqdn("web")}, timeout=3)
+        return status == 418
+
+    await wait_for(teapot, timeout=40, message="VirtualService from a CRD installed after start")

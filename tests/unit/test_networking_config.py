@@ -428,7 +428,7 @@ def _proto_json_name(field: str) -> str:
 
 def _models() -> list[type[BaseModel]]:
     return [v for v in vars(net).values()
-            if isinstance(v, type) and issubclass(v, BaseModel) and v.__module__ == net.__name__]
+            if isinstance(v, type) and issubclass(v, BaseModel) and v.__module__.startswith(net.__name__ + ".")]
 
 
 def test_every_field_reads_the_istio_json_name():

@@ -12,7 +12,8 @@ from types import MappingProxyType
 from typing import Mapping
 
 from pilot.config.mesh import MeshConfig
-from pilot.model.services import EndpointAddress, MeshService, endpoints_for_port, mesh_service
+from pilot.model.services import (EndpointAddress, MeshService, endpoints_for_port, mesh_service,
+                                  service_entry_endpoints, service_entry_services)
 from pilot.model.ports import plan_ports
 from pilot.model.traffic import TrafficIndex
 from pilot.model.mesh_settings import MeshSettings
@@ -39,6 +40,8 @@ class PushContext:
     # port -> the HTTP services on it: one outbound RouteConfiguration each
     http_by_port: Mapping[int, tuple[MeshService, ...]] = field(default_factory=dict)
     traffic: TrafficIndex = field(default_factory=TrafficIndex)
+    service_entries: Mapping[tuple[str, str], Entry] = field(default_factory=dict)
+    workload_entries_by_ns: Mapping[str, tuple[Entry, ...]] = field(default_factory=dict)
     pods: Mapping[tuple[str, str], Entry] = field(default_factory=dict)
 
     @classmethod
@@ -52,7 +55,17 @@ class PushContext:
             prev = old.get(f"{e.key.name}.{e.key.namespace}.svc.{domain}")
             return prev if prev is not None and prev.revision == e.revision else mesh_service(e, domain)
 
-        services = tuple(sorted((service(e) for e in store.list("Service")), key=lambda s: s.hostname))
+        kube = [service(e) for e in store.list("Service")]
+        # A ServiceEntry host that is also a Kubernetes Service is that Service (istiod merges
+        # them; we keep the Service and its endpoints). Between ServiceEntries the oldest wins.
+        taken = {s.hostname for s in kube}
+        entries = []
+        for e in sorted(store.list("ServiceEntry"), key=lambda e: (e.obj.metadata.creation_timestamp, e.key)):
+            for se_svc in service_entry_services(e):
+                if se_svc.hostname not in taken:
+                    taken.add(se_svc.hostname)
+                    entries.append(se_svc)
+        services = tuple(sorted(kube + entries, key=lambda s: s.hostname))
         by_port: dict[int, list[MeshService]] = defaultdict(list)
         for svc in services:
             for p in svc.ports:
@@ -77,6 +90,8 @@ class PushContext:
             http_by_port=MappingProxyType({p: tuple(s for s in v if s.port(p).protocol.is_http)
                                            for p, v in ports.items()}),
             traffic=TrafficIndex.build(store, domain, mesh.root_namespace),
+            service_entries=MappingProxyType({(e.key.namespace, e.key.name): e for e in store.list("ServiceEntry")}),
+            workload_entries_by_ns=_by_namespace(store.list("WorkloadEntry")),
             pods=_index_pods(store),
         )
 
@@ -103,11 +118,28 @@ class PushContext:
         sp = svc.port(port)
         if sp is None:
             return ()
+        if svc.kind == "ServiceEntry":
+            entry = self.service_entry(svc)
+            return service_entry_endpoints(entry, sp, self.workload_entries(svc)) if entry else ()
         return endpoints_for_port(self.service_slices(svc), sp)
+
+    def service_entry(self, svc: MeshService) -> Entry | None:
+        return self.service_entries.get((svc.namespace, svc.name))
+
+    def workload_entries(self, svc: MeshService) -> tuple[Entry, ...]:
+        """WorkloadEntries in the ServiceEntry's namespace (its workloadSelector picks among them)."""
+        return self.workload_entries_by_ns.get(svc.namespace, ())
 
     def endpoints_version(self, svc: MeshService) -> tuple[int, ...]:
         """Revisions of the slices behind a service: the EDS cache-key input."""
         return tuple(e.revision for e in self.service_slices(svc))
+
+
+def _by_namespace(entries: list[Entry]) -> Mapping[str, tuple[Entry, ...]]:
+    out: dict[str, list[Entry]] = defaultdict(list)
+    for e in entries:
+        out[e.key.namespace].append(e)
+    return MappingProxyType({ns: tuple(sorted(v, key=lambda e: e.key.name)) for ns, v in out.items()})
 
 
 def _index_pods(store: Store) -> Mapping[tuple[str, str], Entry]:

@@ -28,6 +28,13 @@ class MeshService:
     cluster_ip: str | None
     ports: tuple[ServicePort, ...]
     revision: int  # store revision of the Service object: the cache-key input
+    kind: str = "Service"  # or "ServiceEntry"
+    resolution: str = ""  # ServiceEntry resolution: NONE, STATIC, DNS, DNS_ROUND_ROBIN
+
+    @property
+    def origin(self) -> str:
+        """The config object it comes from, as debug views name it."""
+        return f"{self.kind}/{self.namespace}/{self.name}"
 
     def port(self, number: int) -> ServicePort | None:
         for p in self.ports:
@@ -107,3 +114,36 @@ def endpoints_for_port(slices: tuple[Entry, ...], svc_port: ServicePort,
                 out.append(EndpointAddress(addr, port, locality, True))
     out.sort(key=lambda e: (e.locality.label(), e.address, e.port))
     return tuple(out)
+
+
+def service_entry_services(entry: Entry) -> list[MeshService]:
+    """One MeshService per host of a ServiceEntry; `name` is the ServiceEntry's."""
+    se = entry.obj
+    spec = se.spec  # type: ignore[attr-defined]
+    ports = tuple(ServicePort(p.name, p.number, select_protocol(p.name, p.protocol.lower() or None), p.target_port)
+                  for p in spec.ports)
+    address = next((a for a in spec.addresses if "/" not in a), None)
+    return [MeshService(host, se.metadata.name, se.metadata.namespace, address, ports, entry.revision,
+                        kind="ServiceEntry", resolution=spec.resolution) for host in spec.hosts]
+
+
+def service_entry_endpoints(entry: Entry, port: ServicePort, workload_entries: tuple[Entry, ...] = ()
+                            ) -> tuple[EndpointAddress, ...]:
+    """Inline endpoints of a ServiceEntry, or the WorkloadEntries its workloadSelector picks.
+    An endpoint's port is its `ports[port name]`, else the port's targetPort, else its number."""
+    spec = entry.obj.spec  # type: ignore[attr-defined]
+    workloads = list(spec.endpoints)
+    if spec.workload_selector is not None:
+        selector = spec.workload_selector.match_labels
+        for we in workload_entries:
+            labels = we.obj.spec.labels  # type: ignore[attr-defined]
+            if all(labels.get(k) == v for k, v in selector.items()):
+                workloads.append(we.obj.spec)  # type: ignore[attr-defined]
+    out: list[EndpointAddress] = []
+    for w in workloads:
+        if not w.address or w.address.startswith("unix://"):
+            continue
+        number = w.ports.get(port.name) or (port.target_port if isinstance(port.target_port, int) else None) or port.port
+        parts = (w.locality.split("/") + ["", "", ""])[:3]
+        out.append(EndpointAddress(w.address, number, Locality(*parts), True))
+    return tuple(sorted(set(out), key=lambda e: (e.locality.label(), e.address, e.port)))

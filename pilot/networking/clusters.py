@@ -6,9 +6,10 @@ from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import protocol_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 
-from pilot.model.services import MeshService, ServicePort
+from pilot.model.services import EndpointAddress, Locality, MeshService, ServicePort
 from pilot.model.store import Entry
 from pilot.networking import names
+from pilot.networking.endpoints import cluster_load_assignment
 from pilot.networking.protos import ads_config_source, duration, pack
 from pilot.model.mesh_settings import ClusterSettings
 from pilot.networking.traffic_policy import apply_policy, effective_policy
@@ -17,18 +18,31 @@ _HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
 
 def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSettings,
-                     destination_rule: Entry | None = None, subset: str = "") -> cluster_pb2.Cluster:
+                     destination_rule: Entry | None = None, subset: str = "",
+                     dns_targets: tuple[EndpointAddress, ...] = ()) -> cluster_pb2.Cluster:
     """`destination_rule` is the DestinationRule in force for this client (its traffic policy and,
-    for a subset cluster, the subset's)."""
+    for a subset cluster, the subset's). ServiceEntries with DNS resolution resolve
+    `dns_targets` in Envoy; with resolution NONE traffic goes where the client sent it."""
     name = names.outbound_cluster_name(port.port, svc.hostname, subset)
     c = cluster_pb2.Cluster(
         name=name,
-        type=cluster_pb2.Cluster.EDS,
         connect_timeout=duration(settings.connect_timeout_s),
         lb_policy=cluster_pb2.Cluster.ROUND_ROBIN,
     )
-    c.eds_cluster_config.eds_config.CopyFrom(ads_config_source())
-    c.eds_cluster_config.service_name = name
+    if svc.resolution in ("DNS", "DNS_ROUND_ROBIN"):
+        c.type = cluster_pb2.Cluster.STRICT_DNS if svc.resolution == "DNS" else cluster_pb2.Cluster.LOGICAL_DNS
+        c.dns_lookup_family = cluster_pb2.Cluster.V4_PREFERRED
+        targets = dns_targets or (EndpointAddress(svc.hostname, port.port, Locality(), True),)
+        if svc.resolution == "DNS_ROUND_ROBIN":
+            targets = targets[:1]  # LOGICAL_DNS takes exactly one host
+        c.load_assignment.CopyFrom(cluster_load_assignment(name, targets))
+    elif svc.resolution == "NONE":
+        c.type = cluster_pb2.Cluster.ORIGINAL_DST
+        c.lb_policy = cluster_pb2.Cluster.CLUSTER_PROVIDED
+    else:
+        c.type = cluster_pb2.Cluster.EDS
+        c.eds_cluster_config.eds_config.CopyFrom(ads_config_source())
+        c.eds_cluster_config.service_name = name
     if port.protocol.is_http2:
         opts = http_protocol_options_pb2.HttpProtocolOptions()
         opts.explicit_http_config.http2_protocol_options.CopyFrom(protocol_pb2.Http2ProtocolOptions())

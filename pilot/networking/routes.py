@@ -20,9 +20,12 @@ def service_domains(svc: MeshService, port: int, proxy_namespace: str) -> list[s
     """Every name a client may use for a service: FQDN, name.namespace(.svc), the short name when
     the client is in the same namespace (it would resolve elsewhere otherwise), and the cluster IP;
     each with and without the port."""
-    hosts = [svc.hostname, f"{svc.name}.{svc.namespace}.svc", f"{svc.name}.{svc.namespace}"]
-    if proxy_namespace == svc.namespace:
-        hosts.append(svc.name)
+    if svc.kind == "ServiceEntry":
+        hosts = [svc.hostname]  # external names have no Kubernetes short forms
+    else:
+        hosts = [svc.hostname, f"{svc.name}.{svc.namespace}.svc", f"{svc.name}.{svc.namespace}"]
+        if proxy_namespace == svc.namespace:
+            hosts.append(svc.name)
     if svc.cluster_ip:
         hosts.append(svc.cluster_ip)
     out: list[str] = []

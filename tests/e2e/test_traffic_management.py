@@ -383,3 +383,60 @@ async def test_conflicting_virtual_services_are_reported(mesh: Mesh):
     (conflict,) = await mesh.until(reported, "conflict listed")
     assert "default/reviews" in conflict
     assert (await mesh.get())[1] == "v1"  # the older one keeps serving
+
+
+async def test_service_entries_static_dns_and_workload_entries(mesh: Mesh, tmp_path):
+    """External hosts: STATIC with an inline endpoint, DNS resolved by Envoy (localhost), and a
+    workloadSelector picking a WorkloadEntry."""
+    extra = [await HttpBackend(n).start() for n in ("static", "dns", "workload")]
+    try:
+        mesh.cp.write("se.yaml", textwrap.dedent(f"""\
+            apiVersion: networking.istio.io/v1
+            kind: ServiceEntry
+            metadata: {{name: static-api, namespace: default}}
+            spec:
+              hosts: [api.static.test]
+              ports: [{{number: {mesh.port}, name: http, protocol: HTTP}}]
+              resolution: STATIC
+              endpoints: [{{address: 127.0.0.1, ports: {{http: {extra[0].port}}}}}]
+            ---
+            apiVersion: networking.istio.io/v1
+            kind: ServiceEntry
+            metadata: {{name: dns-api, namespace: default}}
+            spec:
+              hosts: [api.dns.test]
+              ports: [{{number: {mesh.port}, name: http, protocol: HTTP}}]
+              resolution: DNS
+              endpoints: [{{address: localhost, ports: {{http: {extra[1].port}}}}}]
+            ---
+            apiVersion: networking.istio.io/v1
+            kind: ServiceEntry
+            metadata: {{name: vm-api, namespace: default}}
+            spec:
+              hosts: [api.vm.test]
+              ports: [{{number: {mesh.port}, name: http, protocol: HTTP}}]
+              resolution: STATIC
+              workloadSelector: {{labels: {{app: vm}}}}
+            ---
+            apiVersion: networking.istio.io/v1
+            kind: WorkloadEntry
+            metadata: {{name: vm-1, namespace: default}}
+            spec:
+              address: 127.0.0.1
+              ports: {{http: {extra[2].port}}}
+              labels: {{app: vm}}
+            """))
+
+        async def answered_by(host: str, name: str):
+            async with aiohttp.ClientSession() as s:
+                async with s.get(f"http://127.0.0.1:{mesh.port}/", headers={"Host": host},
+                                 timeout=aiohttp.ClientTimeout(total=5)) as r:
+                    return r.status == 200 and json.loads(await r.text())["name"] == name
+
+        for host, name in (("api.static.test", "static"), ("api.dns.test", "dns"), ("api.vm.test", "workload")):
+            await mesh.until(lambda h=host, n=name: answered_by(h, n), f"{host} -> {name}", timeout=15)
+        registry = {s["hostname"] for s in await mesh.cp.debug("/debug/registryz")}
+        assert {"api.static.test", "api.dns.test", "api.vm.test"} <= registry
+    finally:
+        for b in extra:
+            await b.stop()

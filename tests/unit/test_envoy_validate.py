@@ -109,9 +109,13 @@ def test_example_resources_pass_envoy_validate(interception: str, tmp_path: Path
     config = generated_bootstrap(interception)
     names = {ld["name"] for ld in config["static_resources"]["listeners"]}
     if interception == "NONE":
-        assert names == {"127.0.0.1_9080", "127.0.0.1_9300"}
+        assert names == {"127.0.0.1_9080", "127.0.0.1_9300", "127.0.0.1_9443"}
     else:
-        assert names == {"virtualOutbound", "0.0.0.0_9080", "0.0.0.0_9300"}
+        assert names == {"virtualOutbound", "0.0.0.0_9080", "0.0.0.0_9300", "0.0.0.0_9443"}
+    clusters = {c["name"]: c for c in config["static_resources"]["clusters"]}
+    # The example's traffic rules are in there: the ServiceEntry's DNS cluster, ratings' policy.
+    assert clusters["outbound|9443||api.example.com"]["type"] == "STRICT_DNS"
+    assert "outlier_detection" in clusters["outbound|9080||ratings.default.svc.cluster.local"]
     assert_valid(config, tmp_path)
 
 

@@ -21,14 +21,17 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
 
     for svc in ctx.services:
         dr = ctx.traffic.destination_rule(svc.hostname, proxy.namespace, svc.namespace)
-        origins = (f"Service/{svc.namespace}/{svc.name}",) + ((ref(dr),) if dr else ())
+        origins = (svc.origin,) + ((ref(dr),) if dr else ())
         subsets = [s.name for s in dr.obj.spec.subsets] if dr else []
+        dns = svc.resolution in ("DNS", "DNS_ROUND_ROBIN")
         for port in svc.ports:
+            targets = ctx.endpoints(svc, port.port) if dns else ()
             for subset in ("", *subsets):
                 name = names.outbound_cluster_name(port.port, svc.hostname, subset)
                 if want(name):
                     out.append(cache.resource(ctx.version, memo, CLUSTER, name, clusters.outbound_cluster,
-                                              svc, port, ctx.settings.clusters, dr, subset, origins=origins))
+                                              svc, port, ctx.settings.clusters, dr, subset, targets,
+                                              origins=origins))
     if not proxy.is_grpc:
         # ORIGINAL_DST/STATIC catch-alls are Envoy-only; grpcio NACKs cluster types it cannot use.
         for name, build in ((names.BLACKHOLE_CLUSTER, clusters.blackhole_cluster),

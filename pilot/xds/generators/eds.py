@@ -6,7 +6,7 @@ from envoy.config.endpoint.v3 import endpoint_pb2
 
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
-from pilot.model.services import ServicePort, endpoints_for_port
+from pilot.model.services import ServicePort, endpoints_for_port, service_entry_endpoints
 from pilot.model.store import Entry
 from pilot.networking import endpoints, names
 from pilot.xds.cache import CachedResource, XdsCache
@@ -17,6 +17,12 @@ def build_cla(cluster_name: str, port: ServicePort, slices: tuple[Entry, ...],
               subset_labels: tuple[tuple[str, str], ...] = (), pods: tuple[Entry, ...] = ()
               ) -> endpoint_pb2.ClusterLoadAssignment:
     return endpoints.cluster_load_assignment(cluster_name, endpoints_for_port(slices, port, subset_labels, pods))
+
+
+def build_service_entry_cla(cluster_name: str, port: ServicePort, service_entry: Entry,
+                            workload_entries: tuple[Entry, ...]) -> endpoint_pb2.ClusterLoadAssignment:
+    return endpoints.cluster_load_assignment(cluster_name,
+                                             service_entry_endpoints(service_entry, port, workload_entries))
 
 
 def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
@@ -33,11 +39,20 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         port = svc.port(port_number) if svc else None
         if port is None:
             continue
+        if svc.kind == "ServiceEntry":
+            if svc.resolution != "STATIC" or subset:
+                continue  # DNS/NONE clusters carry no EDS; ServiceEntry subsets: not yet
+            se = ctx.service_entry(svc)
+            wes = ctx.workload_entries(svc)
+            out.append(cache.resource(ctx.version, None, ENDPOINT, name, build_service_entry_cla, name, port, se, wes,
+                                      origins=(svc.origin, *(f"WorkloadEntry/{w.key.namespace}/{w.key.name}"
+                                                             for w in wes))))
+            continue
         slices = ctx.service_slices(svc)
         origins = tuple(f"EndpointSlice/{e.key.namespace}/{e.key.name}" for e in slices)
         if not subset:
             out.append(cache.resource(ctx.version, None, ENDPOINT, name, build_cla, name, port, slices,
-                                      origins=(f"Service/{svc.namespace}/{svc.name}", *origins)))
+                                      origins=(svc.origin, *origins)))
             continue
         # A subset's members are the endpoints whose Pods carry its labels; which subset
         # definition applies depends on the client's namespace (DestinationRule precedence).
@@ -48,6 +63,6 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         labels = tuple(sorted(spec.labels.items()))
         pods = ctx.pods_of(slices)
         out.append(cache.resource(ctx.version, proxy.namespace, ENDPOINT, name, build_cla, name, port, slices,
-                                  labels, pods, origins=(f"Service/{svc.namespace}/{svc.name}", *origins,
+                                  labels, pods, origins=(svc.origin, *origins,
                                                          f"DestinationRule/{dr.key.namespace}/{dr.key.name}")))
     return out

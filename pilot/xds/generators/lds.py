@@ -12,7 +12,7 @@ from pilot.xds.typeurls import LISTENER
 
 def _origins(plan: PortPlan, ctx: PushContext) -> tuple[str, ...]:
     svcs = ctx.by_port.get(plan.port, ()) if plan.http else plan.tcp_services
-    return tuple(f"Service/{s.namespace}/{s.name}" for s in svcs)
+    return tuple(s.origin for s in svcs)
 
 
 def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
@@ -53,7 +53,7 @@ def _grpc(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
             continue
         svc, port = found
         out.append(cache.resource(ctx.version, "grpc", LISTENER, name, _grpc_listener, name, svc.hostname, port,
-                                  origins=(f"Service/{svc.namespace}/{svc.name}",)))
+                                  origins=(svc.origin,)))
     return out
 
 

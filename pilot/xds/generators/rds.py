@@ -20,14 +20,14 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
                 continue
             svc, port = found
             out.append(cache.resource(ctx.version, "grpc", ROUTE, name, routes.grpc_route_config, name, svc, port,
-                                      origins=(f"Service/{svc.namespace}/{svc.name}",)))
+                                      origins=(svc.origin,)))
             continue
         port = int(name)
         http = ctx.http_by_port.get(port, ())
         vss = tuple(ctx.traffic.virtual_service(s.hostname) for s in http)
         # Destination ports come from any service, so all of them are inputs when a VS applies.
         everything = ctx.services if any(vss) else ()
-        origins = tuple(f"Service/{s.namespace}/{s.name}" for s in http) + tuple(
+        origins = tuple(s.origin for s in http) + tuple(
             f"VirtualService/{v.key.namespace}/{v.key.name}" for v in dict.fromkeys(v for v in vss if v))
         hashes = _hash_policies(ctx, proxy.namespace)
         # The short-name domains depend on the proxy's namespace: it is part of both keys.

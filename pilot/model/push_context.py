@@ -15,6 +15,7 @@ from pilot.config.mesh import MeshConfig
 from pilot.model.services import (EndpointAddress, MeshService, endpoints_for_port, mesh_service,
                                   service_entry_endpoints, service_entry_services)
 from pilot.model.ports import plan_ports
+from pilot.model.sidecar_scope import ServiceView, scoped_view, select_sidecar
 from pilot.model.traffic import TrafficIndex
 from pilot.model.mesh_settings import MeshSettings
 from pilot.model.store import Entry, Store
@@ -40,8 +41,11 @@ class PushContext:
     # port -> the HTTP services on it: one outbound RouteConfiguration each
     http_by_port: Mapping[int, tuple[MeshService, ...]] = field(default_factory=dict)
     traffic: TrafficIndex = field(default_factory=TrafficIndex)
+    sidecars: Mapping[str, tuple[Entry, ...]] = field(default_factory=dict)  # by namespace, oldest first
     service_entries: Mapping[tuple[str, str], Entry] = field(default_factory=dict)
     workload_entries_by_ns: Mapping[str, tuple[Entry, ...]] = field(default_factory=dict)
+    full_view: ServiceView | None = None
+    _views: dict = field(default_factory=dict, compare=False, repr=False)  # per-push memo
     pods: Mapping[tuple[str, str], Entry] = field(default_factory=dict)
 
     @classmethod
@@ -75,6 +79,7 @@ class PushContext:
             settings = previous.settings
         ports = MappingProxyType({p: tuple(v) for p, v in sorted(by_port.items())})
         plans, conflicts = plan_ports(ports)
+        http = MappingProxyType({p: tuple(s for s in v if s.port(p).protocol.is_http) for p, v in ports.items()})
         return cls(
             version=version,
             mesh=mesh,
@@ -87,16 +92,30 @@ class PushContext:
             settings=settings,
             port_plans=tuple(plans),
             conflicts=tuple(conflicts),
-            http_by_port=MappingProxyType({p: tuple(s for s in v if s.port(p).protocol.is_http)
-                                           for p, v in ports.items()}),
+            http_by_port=http,
             traffic=TrafficIndex.build(store, domain, mesh.root_namespace),
+            sidecars=_by_namespace(store.list("Sidecar"), oldest_first=True),
             service_entries=MappingProxyType({(e.key.namespace, e.key.name): e for e in store.list("ServiceEntry")}),
             workload_entries_by_ns=_by_namespace(store.list("WorkloadEntry")),
+            full_view=ServiceView(services, ports, http, tuple(plans), None),
             pods=_index_pods(store),
         )
 
+    def sidecar_for(self, namespace: str, labels: Mapping[str, str]) -> Entry | None:
+        if not self.sidecars:
+            return None
+        return select_sidecar(self.sidecars, namespace, labels, self.mesh.root_namespace)
+
+    def view(self, sidecar: Entry | None) -> ServiceView:
+        """What proxies under this Sidecar (None: no Sidecar) see; built once per push."""
+        view = self._views.get(sidecar)
+        if view is None:
+            view = self.full_view if sidecar is None else scoped_view(sidecar, self.services)
+            self._views[sidecar] = view
+        return view
+
     def with_endpoints(self, store: Store, version: str) -> "PushContext":
-        return replace(self, version=version, slices=_index_slices(store), pods=_index_pods(store))
+        return replace(self, version=version, slices=_index_slices(store), pods=_index_pods(store), _views={})
 
     def pods_of(self, slices: tuple[Entry, ...]) -> tuple[Entry, ...]:
         """The Pods behind these slices' endpoints (their labels decide subset membership)."""
@@ -135,11 +154,15 @@ class PushContext:
         return tuple(e.revision for e in self.service_slices(svc))
 
 
-def _by_namespace(entries: list[Entry]) -> Mapping[str, tuple[Entry, ...]]:
+def _by_namespace(entries: list[Entry], oldest_first: bool = False) -> Mapping[str, tuple[Entry, ...]]:
     out: dict[str, list[Entry]] = defaultdict(list)
     for e in entries:
         out[e.key.namespace].append(e)
-    return MappingProxyType({ns: tuple(sorted(v, key=lambda e: e.key.name)) for ns, v in out.items()})
+
+    def order(e: Entry) -> tuple:
+        return (e.obj.metadata.creation_timestamp, e.key.name) if oldest_first else (e.key.name,)
+
+    return MappingProxyType({ns: tuple(sorted(v, key=order)) for ns, v in out.items()})
 
 
 def _index_pods(store: Store) -> Mapping[tuple[str, str], Entry]:

@@ -1,8 +1,7 @@
 """The resource cache: each resource serialised once per set of inputs, shared by every proxy.
 
 The cache key *is* the builder plus the exact arguments it is called with (all hashable frozen
-values), so an input the key forgot cannot exist: the builder sees nothing else. A second,
-per-push memo avoids even hashing those arguments again for every proxy in the same push.
+values), so an input the key forgot cannot exist: the builder sees nothing else.
 """
 
 from __future__ import annotations
@@ -49,8 +48,6 @@ class XdsCache:
     def __init__(self, max_size: int = 60000) -> None:
         self.max_size = max_size
         self._entries: OrderedDict[Hashable, CachedResource] = OrderedDict()
-        self._memo: dict[Hashable, CachedResource] = {}
-        self._memo_version: str | None = None
         self.hits = 0
         self.misses = 0
         self.evictions = 0
@@ -61,20 +58,11 @@ class XdsCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def resource(self, push_version: str, memo_key: Hashable, type_url: str, name: str,
-                 build: Callable[..., Message], *args: Any, origins: tuple[str, ...] = ()) -> CachedResource:
-        """Return the cached resource for `build(*args)`.
-
-        `memo_key` identifies the resource within one push (name plus whatever proxy traits the
-        caller's args depend on); within a push the memo answers without hashing `args`."""
-        if push_version != self._memo_version:
-            self._memo = {}
-            self._memo_version = push_version
-        mk = (type_url, name, memo_key)
-        hit = self._memo.get(mk)
-        if hit is not None:
-            self.hits += 1
-            return hit
+    def resource(self, type_url: str, name: str, build: Callable[..., Message], *args: Any,
+                 origins: tuple[str, ...] = ()) -> CachedResource:
+        """Return the cached resource for `build(*args)`, building and serialising it on a miss.
+        Proxies that share inputs share the returned object; within a push, GenerationMemo
+        avoids even this lookup for proxies with the same traits."""
         key = (type_url, name, build, args)
         res = self._entries.get(key)
         if res is not None:
@@ -90,7 +78,6 @@ class XdsCache:
             if len(self._entries) > self.max_size:
                 self._entries.popitem(last=False)
                 self.evictions += 1
-        self._memo[mk] = res
         return res
 
     def items(self):
@@ -98,8 +85,6 @@ class XdsCache:
 
     def clear(self) -> None:
         self._entries.clear()
-        self._memo = {}
-        self._memo_version = None
 
     def stats(self) -> dict:
         return {"size": len(self._entries), "max_size": self.max_size, "hits": self.hits,

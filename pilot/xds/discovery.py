@@ -18,6 +18,7 @@ from pilot.model.events import NAMESPACE_ENDPOINTS, SERVICE_ENDPOINTS, push_requ
 from pilot.model.mesh import MeshHolder
 from pilot.model.push_context import PushContext
 from pilot.model.push_request import PushRequest
+from pilot.model.sidecar_scope import egress_names
 from pilot.model.store import Event, Store
 from pilot.xds import typeurls, wire
 from pilot.xds.cache import XdsCache
@@ -137,8 +138,23 @@ class DiscoveryServer:
 
     def _affects(self, conn: Connection, req: PushRequest) -> bool:
         if req.full:
-            return True
+            return self._full_push_visible(conn, req)
         return bool(self._eds_subset(conn, req))
+
+    def _full_push_visible(self, conn: Connection, req: PushRequest) -> bool:
+        """A full push caused only by Services (or their endpoints) that the proxy's Sidecar
+        hides cannot change its config: skip it, as istiod's sidecar scope does."""
+        proxy = conn.proxy
+        sidecar = self.push_context.sidecar_for(proxy.namespace, proxy.labels)
+        if sidecar is None:
+            return True
+        for key in req.config_keys:
+            if key.kind in ("Service", SERVICE_ENDPOINTS):
+                if egress_names(sidecar, key.namespace, f"{key.name}.{key.namespace}.svc.{self.domain}"):
+                    return True
+            elif key.kind != "EndpointSlice":
+                return True  # anything else (mesh, traffic rules, ServiceEntries): push
+        return False
 
     def _affected_hosts(self, req: PushRequest) -> set[str]:
         hosts = {f"{k.name}.{k.namespace}.svc.{self.domain}" for k in req.config_keys if k.kind == SERVICE_ENDPOINTS}

@@ -52,8 +52,8 @@ class GenerationMemo:
             self._memo = {}
             self._plans = {}
             self._version = ctx.version
-        # Generators read nothing of a proxy but its traits: the traits are the whole key.
-        key = (type_url, proxy.traits, requested)
+        # Generators read nothing of a proxy but its traits and the Sidecar that scopes it.
+        key = (type_url, proxy.traits, ctx.sidecar_for(proxy.namespace, proxy.labels), requested)
         out = self._memo.get(key)
         if out is None:
             self.misses += 1

@@ -440,3 +440,58 @@ async def test_service_entries_static_dns_and_workload_entries(mesh: Mesh, tmp_p
     finally:
         for b in extra:
             await b.stop()
+
+
+async def test_sidecar_egress_scopes_what_a_proxy_sees_and_pushes(mesh: Mesh):
+    """A Sidecar limiting egress to `./reviews...`: mirror disappears from the proxy's config, a
+    change to mirror no longer pushes to it, and REGISTRY_ONLY blocks unknown hosts."""
+    mirror_cluster = f"outbound|{mesh.port}||{fqdn('mirror')}"
+
+    async def clusters() -> set[str]:
+        dump = await mesh.cp.debug(f"/debug/config_dump?proxyID={NODE}")
+        return {r["name"] for c in dump["configs"] if c["type"].endswith("Cluster") for r in c["resources"]}
+
+    assert mirror_cluster in await clusters()
+    mesh.cp.write("sidecar.yaml", textwrap.dedent(f"""\
+        apiVersion: networking.istio.io/v1
+        kind: Sidecar
+        metadata: {{name: default, namespace: default}}
+        spec:
+          egress:
+          - hosts: ["./{REVIEWS}"]
+          outboundTrafficPolicy: {{mode: REGISTRY_ONLY}}
+        """))
+
+    async def scoped() -> bool:
+        names = await clusters()
+        return mirror_cluster not in names and f"outbound|{mesh.port}||{REVIEWS}" in names
+
+    await mesh.until(scoped, "mirror hidden by the Sidecar")
+    # Envoy agrees, and a host it does not know now gets the REGISTRY_ONLY 502.
+    await mesh.until(lambda: _status_for(mesh, fqdn("mirror"), 502), "unknown host blocked")
+    assert (await mesh.get())[0] == 200
+    await mesh.cp.wait_synced(NODE)
+    before = (await mesh.cp.sync_status(NODE))["cluster_sent"]
+    pushes_before = len((await mesh.cp.debug("/debug/push_status"))["pushes"])
+    mesh.cp.write("mirror-svc.yaml", textwrap.dedent(f"""\
+        apiVersion: v1
+        kind: Service
+        metadata: {{name: mirror2, namespace: default}}
+        spec:
+          ports: [{{name: http, port: {mesh.port + 1 if mesh.port < 65535 else mesh.port - 1}}}]
+        """))
+
+    async def pushed_elsewhere():
+        status = await mesh.cp.debug("/debug/push_status")
+        return len(status["pushes"]) > pushes_before and status["pushes"][0]
+
+    push = await mesh.until(pushed_elsewhere, "the invisible change was pushed")
+    assert push["proxies"] == 0, "a change to a service the Sidecar hides must not push to the proxy"
+    assert (await mesh.cp.sync_status(NODE))["cluster_sent"] == before
+
+
+async def _status_for(mesh: Mesh, host: str, status: int) -> bool:
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"http://127.0.0.1:{mesh.port}/", headers={"Host": host},
+                         timeout=aiohttp.ClientTimeout(total=5)) as r:
+            return r.status == status

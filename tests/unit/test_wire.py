@@ -131,8 +131,8 @@ def test_unicode_names_are_utf8() -> None:
 
 def test_responses_from_generator_output_via_cache() -> None:
     cache = XdsCache()
-    res = [cache.resource("v1", None, CLUSTER, n, _cluster, n) for n in ("x", "y")]
-    assert res[0] is cache.resource("v2", None, CLUSTER, "x", _cluster, "x")  # cross-push hit
+    res = [cache.resource(CLUSTER, n, _cluster, n) for n in ("x", "y")]
+    assert res[0] is cache.resource(CLUSTER, "x", _cluster, "x")  # cross-push hit
     msg = discovery_pb2.DiscoveryResponse.FromString(wire.sotw_response("v2", [r.sotw_field for r in res], CLUSTER, "n"))
     names = []
     for a in msg.resources:

@@ -13,13 +13,11 @@ from pilot.xds.typeurls import CLUSTER
 def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
              cache: XdsCache) -> list[CachedResource]:
     out: list[CachedResource] = []
-    # The DestinationRule in force depends on the client's namespace; nothing else of the proxy.
-    memo = proxy.namespace
-
     def want(name: str) -> bool:
         return requested is None or name in requested
 
-    for svc in ctx.services:
+    view = ctx.view(ctx.sidecar_for(proxy.namespace, proxy.labels))
+    for svc in view.services:
         dr = ctx.traffic.destination_rule(svc.hostname, proxy.namespace, svc.namespace)
         origins = (svc.origin,) + ((ref(dr),) if dr else ())
         subsets = [s.name for s in dr.obj.spec.subsets] if dr else []
@@ -29,7 +27,7 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
             for subset in ("", *subsets):
                 name = names.outbound_cluster_name(port.port, svc.hostname, subset)
                 if want(name):
-                    out.append(cache.resource(ctx.version, memo, CLUSTER, name, clusters.outbound_cluster,
+                    out.append(cache.resource(CLUSTER, name, clusters.outbound_cluster,
                                               svc, port, ctx.settings.clusters, dr, subset, targets,
                                               origins=origins))
     if not proxy.is_grpc:
@@ -37,7 +35,7 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         for name, build in ((names.BLACKHOLE_CLUSTER, clusters.blackhole_cluster),
                             (names.PASSTHROUGH_CLUSTER, clusters.passthrough_cluster)):
             if want(name):
-                out.append(cache.resource(ctx.version, memo, CLUSTER, name, build, ctx.settings.clusters,
+                out.append(cache.resource(CLUSTER, name, build, ctx.settings.clusters,
                                           origins=("MeshConfig",)))
     return out
 

@@ -44,14 +44,14 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
                 continue  # DNS/NONE clusters carry no EDS; ServiceEntry subsets: not yet
             se = ctx.service_entry(svc)
             wes = ctx.workload_entries(svc)
-            out.append(cache.resource(ctx.version, None, ENDPOINT, name, build_service_entry_cla, name, port, se, wes,
+            out.append(cache.resource(ENDPOINT, name, build_service_entry_cla, name, port, se, wes,
                                       origins=(svc.origin, *(f"WorkloadEntry/{w.key.namespace}/{w.key.name}"
                                                              for w in wes))))
             continue
         slices = ctx.service_slices(svc)
         origins = tuple(f"EndpointSlice/{e.key.namespace}/{e.key.name}" for e in slices)
         if not subset:
-            out.append(cache.resource(ctx.version, None, ENDPOINT, name, build_cla, name, port, slices,
+            out.append(cache.resource(ENDPOINT, name, build_cla, name, port, slices,
                                       origins=(svc.origin, *origins)))
             continue
         # A subset's members are the endpoints whose Pods carry its labels; which subset
@@ -62,7 +62,7 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
             continue
         labels = tuple(sorted(spec.labels.items()))
         pods = ctx.pods_of(slices)
-        out.append(cache.resource(ctx.version, proxy.namespace, ENDPOINT, name, build_cla, name, port, slices,
+        out.append(cache.resource(ENDPOINT, name, build_cla, name, port, slices,
                                   labels, pods, origins=(svc.origin, *origins,
                                                          f"DestinationRule/{dr.key.namespace}/{dr.key.name}")))
     return out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pilot.model.ports import PortPlan
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
@@ -10,26 +12,34 @@ from pilot.xds.cache import CachedResource, XdsCache
 from pilot.xds.typeurls import LISTENER
 
 
-def _origins(plan: PortPlan, ctx: PushContext) -> tuple[str, ...]:
-    svcs = ctx.by_port.get(plan.port, ()) if plan.http else plan.tcp_services
+def _origins(plan: PortPlan, by_port) -> tuple[str, ...]:
+    svcs = by_port.get(plan.port, ()) if plan.http else plan.tcp_services
     return tuple(s.origin for s in svcs)
+
+
+def _sidecar_origin(sidecar) -> tuple[str, ...]:
+    return (f"Sidecar/{sidecar.key.namespace}/{sidecar.key.name}",) if sidecar is not None else ()
 
 
 def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
              cache: XdsCache) -> list[CachedResource]:
     if proxy.is_grpc:
         return _grpc(ctx, proxy, requested, cache)
-    plans = ctx.port_plans
+    sidecar = ctx.sidecar_for(proxy.namespace, proxy.labels)
+    view = ctx.view(sidecar)
+    plans = view.port_plans
     settings = ctx.settings.listeners
+    if view.registry_only is not None and view.registry_only != settings.registry_only:
+        settings = replace(settings, registry_only=view.registry_only)  # the Sidecar's policy wins
     mode = proxy.interception_mode
     out: list[CachedResource] = []
     if mode == "NONE":
         for plan in plans:
             name = names.listener_name(listeners.LOCALHOST, plan.port)
-            out.append(cache.resource(ctx.version, mode, LISTENER, name, listeners.bound_outbound_listener,
-                                      plan, settings, origins=_origins(plan, ctx)))
+            out.append(cache.resource(LISTENER, name, listeners.bound_outbound_listener,
+                                      plan, settings, origins=_origins(plan, view.by_port) + _sidecar_origin(sidecar)))
     else:
-        out.append(cache.resource(ctx.version, mode, LISTENER, names.VIRTUAL_OUTBOUND_LISTENER,
+        out.append(cache.resource(LISTENER, names.VIRTUAL_OUTBOUND_LISTENER,
                                   listeners.virtual_outbound_listener, settings, origins=("MeshConfig",)))
         for plan in plans:
             if plan.port == names.VIRTUAL_OUTBOUND_PORT:
@@ -37,8 +47,8 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
                 # update for a second listener there. Traffic to such a port takes the fallback.
                 continue
             name = names.listener_name(listeners.WILDCARD, plan.port)
-            out.append(cache.resource(ctx.version, mode, LISTENER, name, listeners.unbound_outbound_listener,
-                                      plan, settings, origins=_origins(plan, ctx)))
+            out.append(cache.resource(LISTENER, name, listeners.unbound_outbound_listener,
+                                      plan, settings, origins=_origins(plan, view.by_port) + _sidecar_origin(sidecar)))
     if requested is not None:
         out = [r for r in out if r.name in requested]
     return out
@@ -52,7 +62,7 @@ def _grpc(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         if found is None:
             continue
         svc, port = found
-        out.append(cache.resource(ctx.version, "grpc", LISTENER, name, _grpc_listener, name, svc.hostname, port,
+        out.append(cache.resource(LISTENER, name, _grpc_listener, name, svc.hostname, port,
                                   origins=(svc.origin,)))
     return out
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
 from pilot.networking import routes
@@ -19,11 +21,16 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
             if found is None:
                 continue
             svc, port = found
-            out.append(cache.resource(ctx.version, "grpc", ROUTE, name, routes.grpc_route_config, name, svc, port,
+            out.append(cache.resource(ROUTE, name, routes.grpc_route_config, name, svc, port,
                                       origins=(svc.origin,)))
             continue
         port = int(name)
-        http = ctx.http_by_port.get(port, ())
+        sidecar = ctx.sidecar_for(proxy.namespace, proxy.labels)
+        view = ctx.view(sidecar)
+        settings = ctx.settings.routes
+        if view.registry_only is not None and view.registry_only != settings.registry_only:
+            settings = replace(settings, registry_only=view.registry_only)  # the Sidecar's policy wins
+        http = view.http_by_port.get(port, ())
         vss = tuple(ctx.traffic.virtual_service(s.hostname) for s in http)
         # Destination ports come from any service, so all of them are inputs when a VS applies.
         everything = ctx.services if any(vss) else ()
@@ -31,8 +38,8 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
             f"VirtualService/{v.key.namespace}/{v.key.name}" for v in dict.fromkeys(v for v in vss if v))
         hashes = _hash_policies(ctx, proxy.namespace)
         # The short-name domains depend on the proxy's namespace: it is part of both keys.
-        out.append(cache.resource(ctx.version, proxy.namespace, ROUTE, name, routes.outbound_route_config,
-                                  port, http, proxy.namespace, ctx.settings.routes, vss, everything, ctx.domain,
+        out.append(cache.resource(ROUTE, name, routes.outbound_route_config,
+                                  port, http, proxy.namespace, settings, vss, everything, ctx.domain,
                                   hashes, origins=origins or ("MeshConfig",)))
     return out
 

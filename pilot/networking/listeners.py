@@ -15,10 +15,13 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import http_con
 from google.protobuf import wrappers_pb2
 
 from pilot.model.ports import PortPlan
+from pilot.model.services import MeshService
+from pilot.model.store import Entry
 from pilot.networking import names
 from pilot.networking.filters import (hcm_network_filter, http_connection_manager, router_filter,
                                       tcp_proxy_filter)
 from pilot.networking.protos import ads_config_source, pack
+from pilot.networking.tcp_routes import sni_chains, tcp_filter_for, tls_inspector
 from pilot.model.mesh_settings import ListenerSettings
 
 LOCALHOST = "127.0.0.1"
@@ -29,9 +32,20 @@ def _address(ip: str, port: int) -> address_pb2.Address:
     return address_pb2.Address(socket_address=address_pb2.SocketAddress(address=ip, port_value=port))
 
 
-def bound_outbound_listener(plan: PortPlan, settings: ListenerSettings) -> listener_pb2.Listener | None:
+def _tcp_chains(svc: MeshService, port: int, vs: Entry | None, domain: str, settings: ListenerSettings
+                ) -> tuple[list[listener_components_pb2.FilterChain], listener_components_pb2.FilterChain]:
+    """(SNI chains from `tls` rules, the default chain: a `tcp` rule or the service's cluster)."""
+    cluster = names.outbound_cluster_name(port, svc.hostname)
+    default = tcp_filter_for(svc, port, vs, domain, settings) or tcp_proxy_filter(cluster, cluster, settings)
+    return sni_chains(svc, port, vs, domain, settings), listener_components_pb2.FilterChain(filters=[default])
+
+
+def bound_outbound_listener(plan: PortPlan, settings: ListenerSettings,
+                            virtual_services: tuple[Entry | None, ...] = (),
+                            domain: str = "cluster.local") -> listener_pb2.Listener | None:
     """NONE mode: listen on 127.0.0.1:PORT. A TCP port shared by several services cannot tell
-    them apart without the original destination, so the first (by hostname) gets it."""
+    them apart without the original destination, so the first (by hostname) gets it.
+    `virtual_services` hold the VirtualService (or None) of each of `plan.tcp_services`."""
     name = names.listener_name(LOCALHOST, plan.port)
     listener = listener_pb2.Listener(name=name, address=_address(LOCALHOST, plan.port),
                                      traffic_direction=base_pb2.OUTBOUND)
@@ -40,13 +54,17 @@ def bound_outbound_listener(plan: PortPlan, settings: ListenerSettings) -> liste
                                       names.route_config_name(plan.port), settings)
         listener.filter_chains.add(filters=[hcm_network_filter(hcm)])
     else:
-        svc = plan.tcp_services[0]
-        cluster = names.outbound_cluster_name(plan.port, svc.hostname)
-        listener.filter_chains.add(filters=[tcp_proxy_filter(cluster, cluster, settings)])
+        vs = virtual_services[0] if virtual_services else None
+        sni, default = _tcp_chains(plan.tcp_services[0], plan.port, vs, domain, settings)
+        listener.filter_chains.extend(sni + [default])
+        if sni:
+            listener.listener_filters.append(tls_inspector())
     return listener
 
 
-def unbound_outbound_listener(plan: PortPlan, settings: ListenerSettings) -> listener_pb2.Listener:
+def unbound_outbound_listener(plan: PortPlan, settings: ListenerSettings,
+                              virtual_services: tuple[Entry | None, ...] = (),
+                              domain: str = "cluster.local") -> listener_pb2.Listener:
     """iptables mode: `0.0.0.0_PORT`, reached only through virtualOutbound's original destination."""
     listener = listener_pb2.Listener(
         name=names.listener_name(WILDCARD, plan.port), address=_address(WILDCARD, plan.port),
@@ -56,12 +74,16 @@ def unbound_outbound_listener(plan: PortPlan, settings: ListenerSettings) -> lis
                                       names.route_config_name(plan.port), settings)
         listener.filter_chains.add(filters=[hcm_network_filter(hcm)])
         return listener
-    for svc in plan.tcp_services:
-        cluster = names.outbound_cluster_name(plan.port, svc.hostname)
-        chain = listener.filter_chains.add(filters=[tcp_proxy_filter(cluster, cluster, settings)])
-        if svc.cluster_ip:
-            chain.filter_chain_match.prefix_ranges.add(address_prefix=svc.cluster_ip,
-                                                       prefix_len=wrappers_pb2.UInt32Value(value=32))
+    for i, svc in enumerate(plan.tcp_services):
+        vs = virtual_services[i] if i < len(virtual_services) else None
+        sni, default = _tcp_chains(svc, plan.port, vs, domain, settings)
+        for chain in sni + [default]:
+            if svc.cluster_ip:
+                chain.filter_chain_match.prefix_ranges.add(address_prefix=svc.cluster_ip,
+                                                           prefix_len=wrappers_pb2.UInt32Value(value=32))
+            listener.filter_chains.append(chain)
+        if sni and not listener.listener_filters:
+            listener.listener_filters.append(tls_inspector())
     # Without cluster IPs the chains are indistinguishable: keep only the first.
     seen: set[bytes] = set()
     unique = []

@@ -8,6 +8,7 @@ from pilot.model.ports import PortPlan
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
 from pilot.networking import listeners, names
+from pilot.xds.generators import gateway
 from pilot.xds.cache import CachedResource, XdsCache
 from pilot.xds.typeurls import LISTENER
 
@@ -17,12 +18,27 @@ def _origins(plan: PortPlan, by_port) -> tuple[str, ...]:
     return tuple(s.origin for s in svcs)
 
 
+def _tcp_virtual_services(ctx: PushContext, plan: PortPlan) -> tuple:
+    """The VirtualService of each TCP service on the port, if it has tcp or tls rules."""
+    out = []
+    for svc in plan.tcp_services:
+        vs = ctx.traffic.virtual_service(svc.hostname)
+        out.append(vs if vs is not None and (vs.obj.spec.tcp or vs.obj.spec.tls) else None)
+    return tuple(out) if any(out) else ()
+
+
+def _vs_origins(vss: tuple) -> tuple[str, ...]:
+    return tuple(f"VirtualService/{v.key.namespace}/{v.key.name}" for v in dict.fromkeys(v for v in vss if v))
+
+
 def _sidecar_origin(sidecar) -> tuple[str, ...]:
     return (f"Sidecar/{sidecar.key.namespace}/{sidecar.key.name}",) if sidecar is not None else ()
 
 
 def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
              cache: XdsCache) -> list[CachedResource]:
+    if gateway.is_gateway(proxy):
+        return gateway.listeners(ctx, proxy, requested, cache)
     if proxy.is_grpc:
         return _grpc(ctx, proxy, requested, cache)
     sidecar = ctx.sidecar_for(proxy.namespace, proxy.labels)
@@ -36,8 +52,10 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
     if mode == "NONE":
         for plan in plans:
             name = names.listener_name(listeners.LOCALHOST, plan.port)
-            out.append(cache.resource(LISTENER, name, listeners.bound_outbound_listener,
-                                      plan, settings, origins=_origins(plan, view.by_port) + _sidecar_origin(sidecar)))
+            vss = _tcp_virtual_services(ctx, plan)
+            out.append(cache.resource(LISTENER, name, listeners.bound_outbound_listener, plan, settings, vss,
+                                      ctx.domain, origins=_origins(plan, view.by_port) + _sidecar_origin(sidecar)
+                                      + _vs_origins(vss)))
     else:
         out.append(cache.resource(LISTENER, names.VIRTUAL_OUTBOUND_LISTENER,
                                   listeners.virtual_outbound_listener, settings, origins=("MeshConfig",)))
@@ -47,8 +65,10 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
                 # update for a second listener there. Traffic to such a port takes the fallback.
                 continue
             name = names.listener_name(listeners.WILDCARD, plan.port)
-            out.append(cache.resource(LISTENER, name, listeners.unbound_outbound_listener,
-                                      plan, settings, origins=_origins(plan, view.by_port) + _sidecar_origin(sidecar)))
+            vss = _tcp_virtual_services(ctx, plan)
+            out.append(cache.resource(LISTENER, name, listeners.unbound_outbound_listener, plan, settings, vss,
+                                      ctx.domain, origins=_origins(plan, view.by_port) + _sidecar_origin(sidecar)
+                                      + _vs_origins(vss)))
     if requested is not None:
         out = [r for r in out if r.name in requested]
     return out

@@ -112,9 +112,11 @@ class DebugHandlers:
         configs = []
         for kind in store.kinds():
             for e in sorted(store.list(kind), key=lambda e: e.key):
+                obj = e.obj.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+                if kind == "Secret":  # gateway credentials: never show private keys
+                    obj["data"] = {k: f"<redacted: {len(v)} base64 chars>" for k, v in obj.get("data", {}).items()}
                 configs.append({"kind": kind, "namespace": e.key.namespace, "name": e.key.name,
-                                "revision": e.revision, "source": e.source,
-                                "object": e.obj.model_dump(mode="json", by_alias=True, exclude_defaults=True)})
+                                "revision": e.revision, "source": e.source, "object": obj})
         return _json({"configs": configs, "rejected": [r.as_dict() for r in store.rejections()]})
 
     async def registryz(self, _req: web.Request) -> web.Response:

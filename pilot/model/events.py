@@ -10,7 +10,8 @@ from pilot.model.store import ConfigKey, Event
 SERVICE_ENDPOINTS = "ServiceEndpoints"
 # Every service of a namespace (a Pod's labels changed: subsets may have changed members).
 NAMESPACE_ENDPOINTS = "NamespaceEndpoints"
-TRAFFIC_KINDS = ("VirtualService", "DestinationRule", "ServiceEntry", "WorkloadEntry", "Sidecar", "Gateway")
+TRAFFIC_KINDS = ("VirtualService", "DestinationRule", "ServiceEntry", "WorkloadEntry", "Sidecar", "Gateway",
+                 "Secret")  # gateway credentials (SDS)
 
 
 def push_request_for(events: list[Event], mesh_configmap: ConfigKey) -> PushRequest | None:

@@ -17,6 +17,7 @@ from pilot.model.services import (EndpointAddress, MeshService, endpoints_for_po
 from pilot.model.ports import plan_ports
 from pilot.model.sidecar_scope import ServiceView, scoped_view, select_sidecar
 from pilot.model.traffic import TrafficIndex
+from pilot.model.gateways import GatewayIndex
 from pilot.model.mesh_settings import MeshSettings
 from pilot.model.store import Entry, Store
 
@@ -47,6 +48,7 @@ class PushContext:
     full_view: ServiceView | None = None
     _views: dict = field(default_factory=dict, compare=False, repr=False)  # per-push memo
     pods: Mapping[tuple[str, str], Entry] = field(default_factory=dict)
+    gateways: GatewayIndex = field(default_factory=GatewayIndex)  # Gateways, their VirtualServices, Secrets
 
     @classmethod
     def build(cls, store: Store, mesh: MeshConfig, mesh_version: str, domain: str, version: str,
@@ -99,6 +101,7 @@ class PushContext:
             workload_entries_by_ns=_by_namespace(store.list("WorkloadEntry")),
             full_view=ServiceView(services, ports, http, tuple(plans), None),
             pods=_index_pods(store),
+            gateways=GatewayIndex.build(store, domain),
         )
 
     def sidecar_for(self, namespace: str, labels: Mapping[str, str]) -> Entry | None:

@@ -99,3 +99,31 @@ class TrafficIndex:
 def _exported_to(e: Entry, namespace: str) -> bool:
     export = e.obj.spec.export_to  # type: ignore[attr-defined]
     return not export or "*" in export or namespace in export or ("." in export and e.key.namespace == namespace)
+
+
+def destination_problems(index: TrafficIndex, known_hosts: set[str], domain: str) -> tuple[str, ...]:
+    """VirtualService destinations that go nowhere: unknown hosts, and subsets no
+    DestinationRule defines (istiod reports these in push status; traffic to them gets 503)."""
+    problems: list[str] = []
+    seen: set = set()
+    for entries in index.virtual_services.values():
+        for vs in entries:
+            if vs.key in seen:
+                continue
+            seen.add(vs.key)
+            spec = vs.obj.spec  # type: ignore[attr-defined]
+            dests = [d.destination for rule in spec.http for d in rule.route]
+            dests += [rule.mirror for rule in spec.http if rule.mirror is not None]
+            dests += [d.destination for rule in (*spec.tcp, *spec.tls) for d in rule.route]
+            for dest in dests:
+                host = resolve_host(dest.host, vs.key.namespace, domain)
+                where = f"VirtualService {vs.key.namespace}/{vs.key.name}"
+                if host not in known_hosts and not host.startswith("*"):
+                    problems.append(f"{where}: destination host {host} is not a known service")
+                elif dest.subset:
+                    dr = index.destination_rule(host, vs.key.namespace, host.split(".")[1] if host.count(".") > 1 else "")
+                    subsets = {s.name for s in dr.obj.spec.subsets} if dr else set()  # type: ignore[attr-defined]
+                    if dest.subset not in subsets:
+                        problems.append(f"{where}: subset {dest.subset!r} of {host} is not defined by any "
+                                        "DestinationRule")
+    return tuple(sorted(set(problems)))

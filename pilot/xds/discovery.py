@@ -25,7 +25,7 @@ from pilot.xds.cache import XdsCache
 from pilot.xds.connection import Connection, Nack, WatchedResource
 from pilot.xds.debounce import Debouncer
 from pilot.xds.generated import Generated, GenerationMemo, Generator
-from pilot.xds.generators import cds, eds, lds, rds
+from pilot.xds.generators import cds, eds, lds, rds, sds
 from pilot.xds.pushstatus import PushHistory, PushRecord
 
 log = plog.get("ads")
@@ -37,6 +37,7 @@ GENERATORS: dict[str, Generator] = {
     typeurls.ENDPOINT: eds.generate,
     typeurls.LISTENER: lds.generate,
     typeurls.ROUTE: rds.generate,
+    typeurls.SECRET: sds.generate,
 }
 
 
@@ -145,6 +146,10 @@ class DiscoveryServer:
         """A full push caused only by Services (or their endpoints) that the proxy's Sidecar
         hides cannot change its config: skip it, as istiod's sidecar scope does."""
         proxy = conn.proxy
+        if proxy.type == "router":
+            return True  # Sidecars do not scope gateways
+        if req.config_keys and all(k.kind == "Secret" for k in req.config_keys):
+            return False  # gateway credentials: nothing a sidecar gets
         sidecar = self.push_context.sidecar_for(proxy.namespace, proxy.labels)
         if sidecar is None:
             return True

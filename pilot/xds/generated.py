@@ -52,8 +52,11 @@ class GenerationMemo:
             self._memo = {}
             self._plans = {}
             self._version = ctx.version
-        # Generators read nothing of a proxy but its traits and the Sidecar that scopes it.
-        key = (type_url, proxy.traits, ctx.sidecar_for(proxy.namespace, proxy.labels), requested)
+        # Generators read nothing of a proxy but its traits and the Sidecar that scopes it (for
+        # a router: the Gateways its labels select).
+        scope = (ctx.gateways.select(proxy.labels) if proxy.type == "router"
+                 else ctx.sidecar_for(proxy.namespace, proxy.labels))
+        key = (type_url, proxy.traits, scope, requested)
         out = self._memo.get(key)
         if out is None:
             self.misses += 1

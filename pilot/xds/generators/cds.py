@@ -16,7 +16,7 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
     def want(name: str) -> bool:
         return requested is None or name in requested
 
-    view = ctx.view(ctx.sidecar_for(proxy.namespace, proxy.labels))
+    view = ctx.view(None if proxy.type == "router" else ctx.sidecar_for(proxy.namespace, proxy.labels))
     for svc in view.services:
         dr = ctx.traffic.destination_rule(svc.hostname, proxy.namespace, svc.namespace)
         origins = (svc.origin,) + ((ref(dr),) if dr else ())

@@ -7,6 +7,7 @@ from dataclasses import replace
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
 from pilot.networking import routes
+from pilot.xds.generators import gateway
 from pilot.xds.cache import CachedResource, XdsCache
 from pilot.xds.generators.lds import resolve_host_port
 from pilot.xds.typeurls import ROUTE
@@ -14,6 +15,8 @@ from pilot.xds.typeurls import ROUTE
 
 def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
              cache: XdsCache) -> list[CachedResource]:
+    if gateway.is_gateway(proxy):
+        return gateway.route_configs(ctx, proxy, requested, cache)
     out: list[CachedResource] = []
     for name in sorted(requested or ()):
         if proxy.is_grpc or not name.isdigit():

@@ -1,0 +1,337 @@
+"""Gateways (networking.istio.io) as router proxies see them: which Gateways select a router,
+how their servers merge into listeners per port, and which VirtualServices each server routes.
+
+Pure model code, as istiod's MergeGateways and VirtualServicesForGateway:
+- A Gateway applies to a router whose labels include its `selector` (an empty selector applies
+  to every router), in any namespace (istiod's default PILOT_SCOPE_GATEWAY_TO_NAMESPACE=false).
+- Servers are grouped by (bind, port), oldest Gateway first. Plain-text HTTP servers on a port
+  share one route configuration `http.PORT`; TLS-class servers (HTTPS, TLS) share one listener,
+  told apart by SNI, each terminating HTTPS server with its own route configuration
+  `https.PORT.PORTNAME.GATEWAY.NAMESPACE`. A server that cannot join its port (another protocol
+  class got there first) or cannot be served (ISTIO_MUTUAL needs the mesh CA, file-mounted
+  certificates need istio-agent's SDS, unix sockets) is skipped with a reason.
+- A VirtualService is bound to a Gateway when its `gateways` name it (`NAMESPACE/NAME`, or a
+  bare `NAME` in the VirtualService's namespace, or the legacy `NAME.NAMESPACE.svc...` form);
+  it routes for a server when it is exported to the router's namespace and one of its hosts
+  intersects one of the server's hosts (`ns/host`: only VirtualServices from `ns`; `*/host`,
+  `./host` (the Gateway's namespace) and a bare host as in istiod).
+
+Everything here is hashable and built from Store Entries, so builders can key caches on it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal
+
+from pilot.config.networking.common import MESH_GATEWAY, UNIX_PREFIX
+from pilot.model.store import Entry, Store
+from pilot.model.traffic import resolve_host
+
+WILDCARD_BIND = "0.0.0.0"
+_HTTP = {"http", "http2", "grpc", "grpc-web", "http_proxy"}
+_TLS = {"https", "tls"}
+TERMINATING_MODES = ("SIMPLE", "MUTUAL", "OPTIONAL_MUTUAL")
+
+PortKind = Literal["http", "tls", "tcp"]
+
+
+def _age(e: Entry) -> tuple:
+    """Oldest first (creationTimestamp, then namespace/name), as istiod orders configs."""
+    return (e.obj.metadata.creation_timestamp, e.key.namespace, e.key.name)
+
+
+def host_matches(a: str, b: str) -> bool:
+    """istio host.Name.Matches: equal, or one wildcard covers the other."""
+    if a == "*" or b == "*":
+        return True
+    aw, bw = a.startswith("*"), b.startswith("*")
+    if aw and bw:
+        return b[1:].endswith(a[1:]) if len(a) < len(b) else a[1:].endswith(b[1:])
+    if aw:
+        return b.endswith(a[1:])
+    if bw:
+        return a.endswith(b[1:])
+    return a == b
+
+
+def more_specific(a: str, b: str) -> str:
+    """Of two matching hosts, the one naming fewer hosts (what both match)."""
+    if not a.startswith("*"):
+        return a
+    if not b.startswith("*"):
+        return b
+    return a if len(a) >= len(b) else b
+
+
+@dataclass(frozen=True, slots=True)
+class ServerHost:
+    namespace: str  # "*" (any namespace) or the namespace whose VirtualServices may use it
+    host: str  # DNS name, possibly a wildcard
+
+
+@dataclass(frozen=True, slots=True)
+class ServerRef:
+    """One server of one Gateway. Hashable by the Gateway Entry (key, revision) and the index."""
+
+    gateway: Entry
+    index: int
+
+    @property
+    def server(self):
+        return self.gateway.obj.spec.servers[self.index]  # type: ignore[attr-defined]
+
+    @property
+    def gateway_name(self) -> str:
+        """`NAMESPACE/NAME`, as VirtualServices name their gateways."""
+        return f"{self.gateway.key.namespace}/{self.gateway.key.name}"
+
+    @property
+    def origin(self) -> str:
+        return f"Gateway/{self.gateway.key.namespace}/{self.gateway.key.name}"
+
+    @property
+    def protocol(self) -> str:
+        return self.server.port.protocol.lower()
+
+    @property
+    def port(self) -> int:
+        return self.server.port.number
+
+    @property
+    def tls_mode(self) -> str:
+        tls = self.server.tls
+        return tls.mode if tls is not None else ""
+
+    @property
+    def terminates_tls(self) -> bool:
+        return self.protocol in _TLS and self.tls_mode in TERMINATING_MODES
+
+    @property
+    def passthrough(self) -> bool:
+        return self.protocol in _TLS and self.tls_mode == "PASSTHROUGH"
+
+    @property
+    def hosts(self) -> tuple[ServerHost, ...]:
+        out = []
+        for h in self.server.hosts:
+            ns, slash, name = h.partition("/")
+            if not slash:
+                ns, name = "*", h
+            elif ns == ".":
+                ns = self.gateway.key.namespace
+            out.append(ServerHost(ns, name))
+        return tuple(out)
+
+    @property
+    def dns_hosts(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(h.host for h in self.hosts))
+
+
+@dataclass(frozen=True, slots=True)
+class PortView:
+    """One listener: the servers on (bind, port), oldest Gateway first."""
+
+    bind: str
+    port: int
+    kind: PortKind
+    servers: tuple[ServerRef, ...]
+    explicit_bind: bool = False
+
+    @property
+    def listener_name(self) -> str:
+        return f"{self.bind}_{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class RouteView:
+    """What one gateway RouteConfiguration serves: the servers whose hosts it routes."""
+
+    name: str
+    port: int
+    servers: tuple[ServerRef, ...]
+
+
+def http_route_name(port: int, bind: str = "") -> str:
+    return f"http.{port}" + (f".{bind}" if bind else "")
+
+
+def https_route_name(ref: ServerRef, bind: str = "") -> str:
+    s = ref.server
+    return (f"https.{s.port.number}.{s.port.name}.{ref.gateway.key.name}.{ref.gateway.key.namespace}"
+            + (f".{bind}" if bind else ""))
+
+
+@dataclass(frozen=True)
+class GatewayView:
+    """The merged servers of the Gateways selecting a router (built once per push per set)."""
+
+    gateways: tuple[Entry, ...]
+    ports: tuple[PortView, ...]
+    routes: Mapping[str, RouteView]
+    skipped: tuple[str, ...]  # servers left out, with the reason (shown in logs)
+
+    @classmethod
+    def build(cls, gateways: tuple[Entry, ...]) -> GatewayView:
+        groups: dict[tuple[str, int], list[ServerRef]] = {}
+        kinds: dict[tuple[str, int], PortKind] = {}
+        explicit: dict[tuple[str, int], bool] = {}
+        skipped: list[str] = []
+        for gw in gateways:
+            for i, server in enumerate(gw.obj.spec.servers):  # type: ignore[attr-defined]
+                ref = ServerRef(gw, i)
+                where = f"Gateway {gw.key.namespace}/{gw.key.name} server {server.port.name or i}"
+                reason = _unservable(ref)
+                if reason:
+                    skipped.append(f"{where}: {reason}")
+                    continue
+                kind: PortKind = "http" if ref.protocol in _HTTP else "tls" if ref.protocol in _TLS else "tcp"
+                key = (server.bind or WILDCARD_BIND, server.port.number)
+                if key not in groups:
+                    groups[key], kinds[key], explicit[key] = [], kind, bool(server.bind)
+                elif kinds[key] != kind:
+                    skipped.append(f"{where}: port {key[1]} already serves {kinds[key]} from an older server; "
+                                   f"a {ref.protocol.upper()} server cannot share it")
+                    continue
+                elif kind == "tcp":
+                    skipped.append(f"{where}: port {key[1]} already has a TCP server (one per port)")
+                    continue
+                groups[key].append(ref)
+        ports = []
+        routes: dict[str, RouteView] = {}
+        for (bind, port), refs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+            pv = PortView(bind, port, kinds[(bind, port)], tuple(refs), explicit[(bind, port)])
+            ports.append(pv)
+            suffix = bind if pv.explicit_bind else ""
+            if pv.kind == "http":
+                name = http_route_name(port, suffix)
+                routes[name] = RouteView(name, port, pv.servers)
+            for ref in pv.servers:
+                if ref.terminates_tls and ref.protocol == "https":
+                    name = https_route_name(ref, suffix)
+                    routes[name] = RouteView(name, port, (ref,))
+        return cls(gateways, tuple(ports), MappingProxyType(routes), tuple(skipped))
+
+
+def _unservable(ref: ServerRef) -> str:
+    s = ref.server
+    if (s.bind or "").startswith(UNIX_PREFIX):
+        return "unix domain socket binds are not supported"
+    mode = ref.tls_mode
+    if ref.protocol in _TLS:
+        if mode == "ISTIO_MUTUAL":
+            return "tls mode ISTIO_MUTUAL needs the mesh CA's workload certificate; not supported yet"
+        if mode == "AUTO_PASSTHROUGH":
+            return "tls mode AUTO_PASSTHROUGH (multi-network SNI routing) is not supported"
+        if mode in TERMINATING_MODES and not s.tls.credential_name:
+            return ("serverCertificate/privateKey files need istio-agent's SDS, which routers here do not "
+                    "have; use credentialName (a Secret in the router's namespace)")
+    return ""
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """A VirtualService routing for a server, with the hosts it serves there."""
+
+    virtual_service: Entry
+    hosts: tuple[str, ...]  # VirtualService host x server host, the more specific of each pair
+
+
+def gateway_refs(vs: Entry) -> tuple[tuple[str, str], ...]:
+    """(namespace, name) of every Gateway a VirtualService names (not `mesh`)."""
+    out = []
+    for g in vs.obj.spec.gateways:  # type: ignore[attr-defined]
+        ref = resolve_gateway_name(g, vs.key.namespace)
+        if ref is not None:
+            out.append(ref)
+    return tuple(dict.fromkeys(out))
+
+
+def resolve_gateway_name(name: str, namespace: str) -> tuple[str, str] | None:
+    if name == MESH_GATEWAY:
+        return None
+    if "/" in name:
+        ns, _, gw = name.partition("/")
+        return (ns, gw)
+    if "." in name:  # legacy `name.namespace.svc.cluster.local`
+        parts = name.split(".")
+        return (parts[1], parts[0])
+    return (namespace, name)
+
+
+def _exported_to(e: Entry, namespace: str) -> bool:
+    export = e.obj.spec.export_to  # type: ignore[attr-defined]
+    return not export or "*" in export or namespace in export or ("." in export and e.key.namespace == namespace)
+
+
+@dataclass(frozen=True)
+class GatewayIndex:
+    """Gateways, the VirtualServices bound to each, and gateway credentials (Secrets)."""
+
+    gateways: tuple[Entry, ...] = ()  # oldest first
+    virtual_services: Mapping[tuple[str, str], tuple[Entry, ...]] = field(default_factory=dict)
+    secrets: Mapping[tuple[str, str], Entry] = field(default_factory=dict)
+    domain: str = "cluster.local"
+    _memo: dict = field(default_factory=dict, compare=False, repr=False)  # per-push memo
+
+    @classmethod
+    def build(cls, store: Store, domain: str) -> GatewayIndex:
+        gateways = tuple(sorted(store.list("Gateway"), key=_age))
+        by_gateway: dict[tuple[str, str], list[Entry]] = defaultdict(list)
+        for vs in store.list("VirtualService"):
+            for ref in gateway_refs(vs):
+                by_gateway[ref].append(vs)
+        secrets = {(e.key.namespace, e.key.name): e for e in store.list("Secret")}
+        return cls(gateways, MappingProxyType({k: tuple(sorted(v, key=_age)) for k, v in by_gateway.items()}),
+                   MappingProxyType(secrets), domain)
+
+    def select(self, labels: Mapping[str, str]) -> tuple[Entry, ...]:
+        """The Gateways whose selector the router's labels satisfy, oldest first."""
+        key = ("select", frozenset(labels.items()))
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = tuple(g for g in self.gateways
+                        if all(labels.get(k) == v for k, v in g.obj.spec.selector.items()))  # type: ignore[attr-defined]
+            self._memo[key] = hit
+        return hit
+
+    def view(self, gateways: tuple[Entry, ...]) -> GatewayView:
+        key = ("view", gateways)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = GatewayView.build(gateways)
+            self._memo[key] = hit
+        return hit
+
+    def bindings(self, ref: ServerRef, proxy_namespace: str) -> tuple[Binding, ...]:
+        """The VirtualServices routing for a server, oldest first, as a router in
+        `proxy_namespace` sees them (exportTo)."""
+        key = ("bindings", ref, proxy_namespace)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        out = []
+        gw = (ref.gateway.key.namespace, ref.gateway.key.name)
+        server_hosts = ref.hosts
+        for vs in self.virtual_services.get(gw, ()):
+            if not _exported_to(vs, proxy_namespace):
+                continue
+            hosts: list[str] = []
+            for h in vs.obj.spec.hosts:  # type: ignore[attr-defined]
+                vh = resolve_host(h, vs.key.namespace, self.domain)
+                for sh in server_hosts:
+                    if sh.namespace not in ("*", vs.key.namespace):
+                        continue
+                    if host_matches(sh.host, vh):
+                        hosts.append(more_specific(vh, sh.host))
+            if hosts:
+                out.append(Binding(vs, tuple(dict.fromkeys(hosts))))
+        hit = tuple(out)
+        self._memo[key] = hit
+        return hit
+
+    def secret(self, namespace: str, name: str) -> Entry | None:
+        return self.secrets.get((namespace, name))

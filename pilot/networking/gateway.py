@@ -1,0 +1,376 @@
+"""Router (ingress/egress gateway) listeners and routes, as istiod builds them for Gateways.
+
+Two steps, both pure:
+1. `listener_plan` turns a merged port (model/gateways.py) and the VirtualServices bound to its
+   servers into a `ListenerPlan`: hashable data naming every filter chain, its SNI names, TLS
+   settings, and its route configuration or TCP destinations. The plan is the whole input of
+   step 2, so it is the cache key.
+2. `gateway_listener(plan, settings)` and `gateway_route_config(...)` build the protos.
+
+Listener shape (istiod's): `0.0.0.0_PORT` bound on 0.0.0.0:PORT (or the server's `bind`), the
+server's port number as is (istiod maps it to the gateway Service's targetPort when it finds the
+Service; we do not), whatever the router's INTERCEPTION_MODE: a gateway binds its ports itself,
+so 0.0.0.0 also serves tests that connect to 127.0.0.1 without root (use ports >= 1024).
+- HTTP servers: one chain, HCM with RDS `http.PORT`.
+- HTTPS servers with tls SIMPLE/MUTUAL/OPTIONAL_MUTUAL: a chain per server matching the
+  server's hosts as SNI (`*` matches any), a DownstreamTlsContext whose certificate comes over
+  SDS from ADS (`kubernetes://CREDENTIAL`; for MUTUAL also `kubernetes://CREDENTIAL-cacert`), and
+  an HCM with RDS `https.PORT.PORTNAME.GATEWAY.NAMESPACE`.
+- TLS servers in PASSTHROUGH: a chain per SNI of the bound VirtualServices' `tls` routes, to a
+  tcp_proxy (with tls_inspector to read the SNI). TLS servers that terminate route `tcp` rules.
+- TCP servers: the first matching `tcp` route of the bound VirtualServices.
+Chains with SNI names another chain already claimed keep only the unclaimed names (Envoy
+rejects two chains with one match).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from envoy.config.core.v3 import address_pb2, base_pb2
+from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
+from envoy.config.route.v3 import route_components_pb2, route_pb2
+from envoy.extensions.filters.listener.tls_inspector.v3 import tls_inspector_pb2
+from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
+from envoy.extensions.transport_sockets.tls.v3 import common_pb2, secret_pb2, tls_pb2
+from envoy.type.matcher.v3 import string_pb2
+from google.protobuf import wrappers_pb2
+
+from pilot.config.mesh import HttpRetryPolicy
+from pilot.model.gateways import (
+    Binding,
+    PortView,
+    ServerRef,
+    host_matches,
+    http_route_name,
+    https_route_name,
+    more_specific,
+    resolve_gateway_name,
+)
+from pilot.model.mesh_settings import ListenerSettings
+from pilot.model.services import MeshService
+from pilot.model.store import Entry
+from pilot.model.traffic import resolve_host
+from pilot.networking.filters import (
+    TCP_PROXY_FILTER,
+    access_logs,
+    hcm_network_filter,
+    http_connection_manager,
+)
+from pilot.networking.http_routes import RouteInputs, destination_cluster, virtual_service_routes
+from pilot.networking.protos import ads_config_source, pack
+from pilot.networking.routes import HashKey, _apply_hash_policies
+
+TLS_INSPECTOR = "envoy.filters.listener.tls_inspector"
+TLS_TRANSPORT_SOCKET = "envoy.transport_sockets.tls"
+SDS_PREFIX = "kubernetes://"
+CA_SUFFIX = "-cacert"
+ALPN_HTTP = ("h2", "http/1.1")
+_TLS_VERSIONS = {"TLS_AUTO": common_pb2.TlsParameters.TLS_AUTO, "TLSV1_0": common_pb2.TlsParameters.TLSv1_0,
+                 "TLSV1_1": common_pb2.TlsParameters.TLSv1_1, "TLSV1_2": common_pb2.TlsParameters.TLSv1_2,
+                 "TLSV1_3": common_pb2.TlsParameters.TLSv1_3}
+
+
+def credential_resource_name(credential_name: str) -> str:
+    return SDS_PREFIX + credential_name
+
+
+# --- plans ------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class TlsPlan:
+    mode: str  # SIMPLE, MUTUAL or OPTIONAL_MUTUAL
+    credential: str  # SDS resource name of the certificate and key
+    subject_alt_names: tuple[str, ...] = ()
+    min_version: str = ""
+    max_version: str = ""
+    cipher_suites: tuple[str, ...] = ()
+    alpn: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ChainPlan:
+    name: str
+    server_names: tuple[str, ...]  # SNI; empty: any
+    tls: TlsPlan | None = None
+    route_name: str = ""  # an HCM fetching this route configuration, or:
+    tcp: tuple[tuple[str, int], ...] = ()  # tcp_proxy to these (cluster, weight)
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerPlan:
+    name: str
+    bind: str
+    port: int
+    chains: tuple[ChainPlan, ...]
+    tls_inspector: bool
+    origins: tuple[str, ...] = ()  # config objects the plan was made from (debugging only)
+
+
+def _tls_plan(ref: ServerRef, alpn: tuple[str, ...]) -> TlsPlan:
+    t = ref.server.tls
+    return TlsPlan(t.mode, credential_resource_name(t.credential_name), tuple(t.subject_alt_names),
+                   t.min_protocol_version or "", t.max_protocol_version or "", tuple(t.cipher_suites), alpn)
+
+
+def _rules_for_gateway(rules, gateway: str, namespace: str, port: int) -> list:
+    """Rules whose matches apply on this gateway (a match's own `gateways` may narrow it)."""
+    out = []
+    for rule in rules:
+        if not rule.match:
+            out.append(rule)
+            continue
+        keep = [m for m in rule.match if _match_applies(m, gateway, namespace, port)]
+        if len(keep) == len(rule.match):
+            out.append(rule)
+        elif keep:
+            out.append(rule.model_copy(update={"match": keep}))
+    return out
+
+
+def _match_applies(m, gateway: str, namespace: str, port: int) -> bool:
+    if getattr(m, "port", None) and m.port != port:
+        return False
+    gws = getattr(m, "gateways", None)
+    if not gws:
+        return True
+    return any((r := resolve_gateway_name(g, namespace)) is not None and f"{r[0]}/{r[1]}" == gateway for g in gws)
+
+
+def _targets(route, vs: Entry, port: int, domain: str,
+             services: Mapping[str, MeshService]) -> tuple[tuple[str, int], ...]:
+    inputs = RouteInputs(vs.key.namespace, domain, port, services, None)  # type: ignore[arg-type]
+    dests = list(route.route)
+    if len(dests) == 1:
+        return ((destination_cluster(dests[0].destination, inputs), 100),)
+    return tuple((destination_cluster(d.destination, inputs), d.weight) for d in dests if d.weight > 0)
+
+
+def _tcp_targets(ref: ServerRef, bindings: tuple[Binding, ...], domain: str,
+                 services: Mapping[str, MeshService]) -> tuple[tuple[tuple[str, int], ...], str]:
+    """The first `tcp` rule of the bound VirtualServices that applies to this server."""
+    for b in bindings:
+        vs = b.virtual_service
+        for rule in vs.obj.spec.tcp:  # type: ignore[attr-defined]
+            if not rule.match or any(_match_applies(m, ref.gateway_name, vs.key.namespace, ref.port)
+                                     for m in rule.match):
+                return _targets(rule, vs, ref.port, domain, services), f"VirtualService/{vs.key.namespace}/{vs.key.name}"
+    return (), ""
+
+
+def listener_plan(pv: PortView, bindings: Callable[[ServerRef], tuple[Binding, ...]],
+                  services: Mapping[str, MeshService], domain: str) -> tuple[ListenerPlan | None, list[str]]:
+    """The listener for one merged port, or None when nothing can be served on it (Envoy
+    rejects a listener without filter chains). Also returns why servers were left out."""
+    skipped: list[str] = []
+    chains: list[ChainPlan] = []
+    origins: dict[str, None] = {ref.origin: None for ref in pv.servers}
+    claimed: set[str] = set()
+    catch_all = False
+    suffix = pv.bind if pv.explicit_bind else ""
+
+    def add(chain: ChainPlan, what: str) -> None:
+        nonlocal catch_all
+        if chain.server_names:
+            names = tuple(n for n in chain.server_names if n not in claimed)
+            if not names:
+                skipped.append(f"{what}: SNI {', '.join(chain.server_names)} already served on port {pv.port}")
+                return
+            claimed.update(names)
+            chain = ChainPlan(chain.name, names, chain.tls, chain.route_name, chain.tcp)
+        else:
+            if catch_all:
+                skipped.append(f"{what}: port {pv.port} already has a chain for any SNI")
+                return
+            catch_all = True
+        taken = {c.name for c in chains}
+        if chain.name in taken:  # one tls rule matching two servers: keep chain names unique
+            k = 2
+            while f"{chain.name}#{k}" in taken:
+                k += 1
+            chain = ChainPlan(f"{chain.name}#{k}", chain.server_names, chain.tls, chain.route_name, chain.tcp)
+        chains.append(chain)
+
+    if pv.kind == "http":
+        chains.append(ChainPlan(f"http.{pv.port}", (), route_name=http_route_name(pv.port, suffix)))
+    for ref in pv.servers if pv.kind != "http" else ():
+        what = f"Gateway {ref.gateway.key.namespace}/{ref.gateway.key.name} server {ref.server.port.name}"
+        sni = () if "*" in ref.dns_hosts else ref.dns_hosts
+        if pv.kind == "tls" and ref.terminates_tls and ref.protocol == "https":
+            name = https_route_name(ref, suffix)
+            add(ChainPlan(name, sni, _tls_plan(ref, ALPN_HTTP), route_name=name), what)
+        elif pv.kind == "tls" and ref.passthrough:
+            found = False
+            for b in bindings(ref):
+                vs = b.virtual_service
+                for i, rule in enumerate(vs.obj.spec.tls):  # type: ignore[attr-defined]
+                    names: list[str] = []
+                    for m in rule.match:
+                        if not _match_applies(m, ref.gateway_name, vs.key.namespace, ref.port):
+                            continue
+                        for s in m.sni_hosts:
+                            for sh in ref.hosts:
+                                if sh.namespace in ("*", vs.key.namespace) and host_matches(sh.host, s):
+                                    names.append(more_specific(s, sh.host))
+                    if not names:
+                        continue
+                    found = True
+                    origins[f"VirtualService/{vs.key.namespace}/{vs.key.name}"] = None
+                    names = list(dict.fromkeys(names))
+                    add(ChainPlan(f"{vs.key.namespace}/{vs.key.name}/tls[{i}]", () if "*" in names else tuple(names),
+                                  tcp=_targets(rule, vs, ref.port, domain, services)), what)
+            if not found:
+                skipped.append(f"{what}: PASSTHROUGH server with no VirtualService tls route for its hosts")
+        else:  # TCP, or TLS terminated then TCP
+            targets, origin = _tcp_targets(ref, bindings(ref), domain, services)
+            if not targets:
+                skipped.append(f"{what}: no VirtualService tcp route for its hosts")
+                continue
+            origins[origin] = None
+            tls = _tls_plan(ref, ()) if ref.terminates_tls else None
+            add(ChainPlan(f"{ref.gateway_name}/{ref.server.port.name}", sni if tls else (), tls, tcp=targets), what)
+    if not chains:
+        return None, skipped
+    inspector = pv.kind == "tls"
+    return ListenerPlan(pv.listener_name, pv.bind, pv.port, tuple(chains), inspector, tuple(origins)), skipped
+
+
+# --- protos -----------------------------------------------------------------------------------
+def sds_secret_config(name: str) -> secret_pb2.SdsSecretConfig:
+    return secret_pb2.SdsSecretConfig(name=name, sds_config=ads_config_source())
+
+
+def downstream_tls_context(tls: TlsPlan) -> tls_pb2.DownstreamTlsContext:
+    params = common_pb2.TlsParameters(
+        tls_minimum_protocol_version=_TLS_VERSIONS.get(tls.min_version, common_pb2.TlsParameters.TLSv1_2))
+    if tls.max_version:
+        params.tls_maximum_protocol_version = _TLS_VERSIONS[tls.max_version]
+    params.cipher_suites.extend(tls.cipher_suites)
+    common = tls_pb2.CommonTlsContext(tls_params=params, alpn_protocols=list(tls.alpn),
+                                      tls_certificate_sds_secret_configs=[sds_secret_config(tls.credential)])
+    ctx = tls_pb2.DownstreamTlsContext(common_tls_context=common)
+    if tls.mode in ("MUTUAL", "OPTIONAL_MUTUAL"):
+        default = common_pb2.CertificateValidationContext()
+        for san in tls.subject_alt_names:
+            default.match_typed_subject_alt_names.add(
+                san_type=common_pb2.SubjectAltNameMatcher.URI if "://" in san else common_pb2.SubjectAltNameMatcher.DNS,
+                matcher=string_pb2.StringMatcher(exact=san))
+        ctx.common_tls_context.combined_validation_context.CopyFrom(tls_pb2.CommonTlsContext.CombinedCertificateValidationContext(
+            default_validation_context=default,
+            validation_context_sds_secret_config=sds_secret_config(tls.credential + CA_SUFFIX)))
+        ctx.require_client_certificate.CopyFrom(wrappers_pb2.BoolValue(value=tls.mode == "MUTUAL"))
+    return ctx
+
+
+def _tcp_proxy(stat_prefix: str, targets: tuple[tuple[str, int], ...],
+               settings: ListenerSettings) -> listener_components_pb2.Filter:
+    tp = tcp_proxy_pb2.TcpProxy(stat_prefix=stat_prefix, access_log=access_logs(settings))
+    if len(targets) == 1:
+        tp.cluster = targets[0][0]
+    else:
+        for cluster, weight in targets:
+            tp.weighted_clusters.clusters.add(name=cluster, weight=weight)
+    return listener_components_pb2.Filter(name=TCP_PROXY_FILTER, typed_config=pack(tp))
+
+
+def gateway_listener(plan: ListenerPlan, settings: ListenerSettings) -> listener_pb2.Listener:
+    listener = listener_pb2.Listener(
+        name=plan.name, traffic_direction=base_pb2.OUTBOUND,
+        address=address_pb2.Address(socket_address=address_pb2.SocketAddress(address=plan.bind,
+                                                                             port_value=plan.port)))
+    if plan.tls_inspector:
+        listener.listener_filters.add(name=TLS_INSPECTOR, typed_config=pack(tls_inspector_pb2.TlsInspector()))
+    for c in plan.chains:
+        chain = listener.filter_chains.add(name=c.name)
+        if c.server_names:
+            chain.filter_chain_match.server_names.extend(c.server_names)
+        if c.tls is not None:
+            chain.transport_socket.CopyFrom(base_pb2.TransportSocket(
+                name=TLS_TRANSPORT_SOCKET, typed_config=pack(downstream_tls_context(c.tls))))
+        if c.route_name:
+            hcm = http_connection_manager(f"outbound_{plan.bind}_{plan.port}", c.route_name, settings)
+            hcm.use_remote_address.CopyFrom(wrappers_pb2.BoolValue(value=True))  # the edge: trust no XFF
+            chain.filters.append(hcm_network_filter(hcm))
+        else:
+            chain.filters.append(_tcp_proxy(f"outbound_{plan.bind}_{plan.port}", c.tcp, settings))
+    return listener
+
+
+@dataclass(frozen=True, slots=True)
+class VhostSource:
+    """A VirtualService routing for some hosts of a server (in server order, oldest first)."""
+
+    gateway: str  # NAMESPACE/NAME of the server's Gateway (match-level `gateways` filter)
+    virtual_service: Entry
+    hosts: tuple[str, ...]
+    require_tls: bool  # the server's tls.httpsRedirect
+
+
+def _domains(host: str, port: int) -> list[str]:
+    return ["*"] if host == "*" else [host, f"{host}:{port}"]
+
+
+def gateway_route_config(name: str, port: int, sources: tuple[VhostSource, ...], retry: HttpRetryPolicy,
+                         services: tuple[MeshService, ...], domain: str,
+                         hash_policies: tuple[tuple[str, HashKey], ...] = ()) -> route_pb2.RouteConfiguration:
+    """One virtual host per (VirtualService x server) host, `HOST:PORT`. Two VirtualServices
+    for one host: the older one's routes first (istiod merges them). No host at all: istiod's
+    `blackhole:PORT`, which answers 404 like Envoy does for an unknown host."""
+    by_host = {s.hostname: s for s in services}
+    vhosts: dict[str, route_components_pb2.VirtualHost] = {}
+    contributed: set = set()
+    for src in sources:
+        vs = src.virtual_service
+        rules = _rules_for_gateway(vs.obj.spec.http, src.gateway, vs.key.namespace, port)  # type: ignore[attr-defined]
+        if not rules:
+            continue
+        routes = virtual_service_routes(rules, RouteInputs(vs.key.namespace, domain, port, by_host, retry))
+        for host in src.hosts:
+            if (host, vs.key) in contributed:
+                continue
+            contributed.add((host, vs.key))
+            vh = vhosts.get(host)
+            if vh is None:
+                vh = route_components_pb2.VirtualHost(name=f"{host}:{port}", domains=_domains(host, port))
+                if src.require_tls:
+                    vh.require_tls = route_components_pb2.VirtualHost.ALL
+                vhosts[host] = vh
+            vh.routes.extend(routes)
+    rc = route_pb2.RouteConfiguration(name=name, validate_clusters=wrappers_pb2.BoolValue(value=False))
+    if not vhosts:
+        rc.virtual_hosts.add(name=f"blackhole:{port}", domains=["*"])
+    for host in sorted(vhosts):
+        rc.virtual_hosts.append(vhosts[host])
+    if hash_policies:
+        _apply_hash_policies(rc, dict(hash_policies))
+    return rc
+
+
+def referenced_hosts(virtual_services: tuple[Entry, ...], domain: str) -> set[str]:
+    """Every destination host (resolved) a set of VirtualServices routes to."""
+    out: set[str] = set()
+    for vs in virtual_services:
+        spec = vs.obj.spec  # type: ignore[attr-defined]
+        for rule in spec.http:
+            for d in rule.route:
+                out.add(resolve_host(d.destination.host, vs.key.namespace, domain))
+            if rule.mirror is not None:
+                out.add(resolve_host(rule.mirror.host, vs.key.namespace, domain))
+        for rule in (*spec.tcp, *spec.tls):
+            for d in rule.route:
+                out.add(resolve_host(d.destination.host, vs.key.namespace, domain))
+    return out
+
+
+# --- secrets (SDS) ----------------------------------------------------------------------------
+def tls_certificate_secret(name: str, cert_chain: bytes, private_key: bytes) -> secret_pb2.Secret:
+    s = secret_pb2.Secret(name=name)
+    s.tls_certificate.certificate_chain.inline_bytes = cert_chain
+    s.tls_certificate.private_key.inline_bytes = private_key
+    return s
+
+
+def validation_context_secret(name: str, ca_bundle: bytes) -> secret_pb2.Secret:
+    s = secret_pb2.Secret(name=name)
+    s.validation_context.trusted_ca.inline_bytes = ca_bundle
+    return s

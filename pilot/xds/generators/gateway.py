@@ -1,0 +1,105 @@
+"""LDS and RDS for router proxies (ingress/egress gateways): the Gateways that select them.
+
+lds.generate and rds.generate hand router proxies here. The Gateways selecting a router
+(its LABELS) and their merged servers come from PushContext.gateways, built once per push per
+selected set; the VirtualServices bound to each server are filtered by the router's namespace
+(exportTo). Cache keys are the builders' arguments: the listener plan (every chain, SNI name,
+TLS setting and destination), or for routes the Gateway and VirtualService Entries (hashed by
+key and revision), the destination services they name, the retry default and the hash policies.
+CDS and EDS need nothing router-specific (cds.py only ignores Sidecar scoping for routers, as
+istiod does).
+"""
+
+from __future__ import annotations
+
+from pilot import logging as plog
+from pilot.model.gateways import GatewayView
+from pilot.model.proxy import Proxy
+from pilot.model.push_context import PushContext
+from pilot.model.store import Entry
+from pilot.networking import gateway, routes
+from pilot.xds.cache import CachedResource, XdsCache
+from pilot.xds.typeurls import LISTENER, ROUTE
+
+log = plog.get("gateway")
+
+_HTTP = {"http", "http2", "grpc", "grpc-web", "http_proxy"}
+
+
+def is_gateway(proxy: Proxy) -> bool:
+    return proxy.type == "router" and not proxy.is_grpc
+
+
+def _view(ctx: PushContext, proxy: Proxy) -> GatewayView:
+    index = ctx.gateways
+    return index.view(index.select(proxy.labels))
+
+
+def _vs_ref(e: Entry) -> str:
+    return f"VirtualService/{e.key.namespace}/{e.key.name}"
+
+
+def listeners(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
+              cache: XdsCache) -> list[CachedResource]:
+    index = ctx.gateways
+    view = _view(ctx, proxy)
+    for reason in view.skipped:
+        log.warning("gateway server skipped", proxy=proxy.id, reason=reason)
+    out: list[CachedResource] = []
+
+    def bindings(ref):
+        return index.bindings(ref, proxy.namespace)
+
+    for pv in view.ports:
+        if requested is not None and pv.listener_name not in requested:
+            continue
+        vss = tuple(dict.fromkeys(b.virtual_service for ref in pv.servers for b in bindings(ref)))
+        hosts = gateway.referenced_hosts(vss, ctx.domain)
+        services = {h: ctx.by_host[h] for h in sorted(hosts) if h in ctx.by_host}
+        plan, skipped = gateway.listener_plan(pv, bindings, services, ctx.domain)
+        for reason in skipped:
+            log.warning("gateway server skipped", proxy=proxy.id, reason=reason)
+        if plan is None:
+            continue
+        out.append(cache.resource(LISTENER, plan.name, gateway.gateway_listener, plan, ctx.settings.listeners,
+                                  origins=plan.origins))
+    return out
+
+
+def route_configs(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
+                  cache: XdsCache) -> list[CachedResource]:
+    index = ctx.gateways
+    view = _view(ctx, proxy)
+    out: list[CachedResource] = []
+    for name in sorted(requested or ()):
+        rv = view.routes.get(name)
+        if rv is None:
+            continue
+        sources = []
+        for ref in rv.servers:
+            tls = ref.server.tls
+            redirect = ref.protocol in _HTTP and tls is not None and bool(tls.https_redirect)
+            for b in index.bindings(ref, proxy.namespace):
+                sources.append(gateway.VhostSource(ref.gateway_name, b.virtual_service, b.hosts, redirect))
+        vss = tuple(dict.fromkeys(s.virtual_service for s in sources))
+        hosts = gateway.referenced_hosts(vss, ctx.domain)
+        services = tuple(ctx.by_host[h] for h in sorted(hosts) if h in ctx.by_host)
+        hashes = _hash_policies(ctx, proxy.namespace, hosts)
+        origins = tuple(dict.fromkeys([ref.origin for ref in rv.servers] + [_vs_ref(v) for v in vss]))
+        out.append(cache.resource(ROUTE, name, gateway.gateway_route_config, name, rv.port, tuple(sources),
+                                  ctx.settings.routes.retry, services, ctx.domain, hashes, origins=origins))
+    return out
+
+
+def _hash_policies(ctx: PushContext, namespace: str, hosts: set[str]) -> tuple:
+    """(host, hash key) for the destinations whose DestinationRule, as this gateway sees it,
+    asks for consistent hashing (the key must be on the route for RING_HASH/MAGLEV to work)."""
+    out = []
+    for host in sorted(hosts):
+        svc = ctx.by_host.get(host)
+        dr = ctx.traffic.destination_rule(host, namespace, svc.namespace if svc else namespace)
+        policy = dr.obj.spec.traffic_policy if dr is not None else None  # type: ignore[attr-defined]
+        lb = policy.load_balancer if policy is not None else None
+        if lb is not None and lb.consistent_hash is not None:
+            out.append((host, routes.hash_key(lb.consistent_hash)))
+    return tuple(out)

@@ -14,6 +14,7 @@ from google.protobuf import json_format
 
 from pilot.model.events import SERVICE_ENDPOINTS
 from pilot.model.store import ConfigKey
+from pilot.model.traffic import destination_problems
 from pilot.xds import typeurls
 from pilot.xds.connection import Connection, WatchedResource
 from pilot.xds.discovery import GENERATORS, DiscoveryServer
@@ -165,7 +166,8 @@ class DebugHandlers:
         s = self.server
         ctx = s.push_context
         return _json({"version": ctx.version, "connected": len(s.connections),
-                      "conflicts": list(ctx.conflicts) + list(ctx.traffic.conflicts),
+                      "conflicts": list(ctx.conflicts) + list(ctx.traffic.conflicts)
+                      + list(destination_problems(ctx.traffic, set(ctx.by_host), ctx.domain)),
                       "pushes": [p.as_dict() for p in s.history.recent()]})
 
     async def mesh(self, _req: web.Request) -> web.Response:

@@ -389,6 +389,23 @@ async def test_conflicting_virtual_services_are_reported(mesh: Mesh):
     assert "default/reviews" in conflict
     assert (await mesh.get())[1] == "v1"  # the older one keeps serving
 
+    # Destinations that go nowhere are listed too.
+    mesh.virtual_service("""
+        hosts: [reviews]
+        http:
+        - match: [{uri: {prefix: /a}}]
+          route: [{destination: {host: nosuch}}]
+        - route: [{destination: {host: reviews, subset: v9}}]
+        """)
+
+    async def problems():
+        found = [c for c in (await mesh.cp.debug("/debug/push_status"))["conflicts"] if "nosuch" in c or "v9" in c]
+        return found if len(found) == 2 else None
+
+    found = await mesh.until(problems, "unknown host and subset reported")
+    assert any("nosuch.default.svc.cluster.local is not a known service" in c for c in found)
+    assert any("subset 'v9'" in c for c in found)
+
 
 async def test_service_entries_static_dns_and_workload_entries(mesh: Mesh, tmp_path):
     """External hosts: STATIC with an inline endpoint, DNS resolved by Envoy (localhost), and a

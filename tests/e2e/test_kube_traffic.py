@@ -1,0 +1,125 @@
+"""Traffic rules in Kubernetes mode: the weighted split and an ingress Gateway, with every object
+coming from the (fake) apiserver through the real kubernetes-asyncio informers."""
+
+from __future__ import annotations
+
+import json
+
+import aiohttp
+import pytest
+
+from tests.e2e.mesh_config import fqdn
+from tests.fakes.apiserver import FakeApiServer
+from tests.support.backends import HttpBackend
+from tests.support.control_plane import ControlPlane
+from tests.support.envoy import Envoy
+from tests.support.node import sidecar_node_id
+from tests.support.ports import free_ports
+from tests.support.wait import wait_for
+
+pytestmark = pytest.mark.timeout(90)
+NET = "networking.istio.io"
+ROUTER = "router~127.0.0.1~ingress-1.istio-system~istio-system.svc.cluster.local"
+
+
+def objects(port: int, v1: int, v2: int) -> list[dict]:
+    slice_ = {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4"}
+    return [
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "reviews", "namespace": "default"},
+         "spec": {"ports": [{"name": "http", "port": port}]}},
+        *({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": f"reviews-{v}", "namespace": "default", "labels": {"app": "reviews", "version": v}},
+           "spec": {"containers": [{"name": "app", "image": "app"}]}, "status": {"podIP": "127.0.0.1"}}
+          for v in ("v1", "v2")),
+        *({**slice_, "metadata": {"name": f"reviews-{v}", "namespace": "default",
+                                  "labels": {"kubernetes.io/service-name": "reviews"}},
+           "ports": [{"name": "http", "port": p}],
+           "endpoints": [{"addresses": ["127.0.0.1"], "targetRef": {"kind": "Pod", "name": f"reviews-{v}",
+                                                                    "namespace": "default"}}]}
+          for v, p in (("v1", v1), ("v2", v2))),
+        {"apiVersion": f"{NET}/v1", "kind": "DestinationRule", "metadata": {"name": "reviews", "namespace": "default"},
+         "spec": {"host": "reviews", "subsets": [{"name": "v1", "labels": {"version": "v1"}},
+                                                  {"name": "v2", "labels": {"version": "v2"}}]}},
+    ]
+
+
+@pytest.fixture
+async def cluster(tmp_path):
+    fake = await FakeApiServer().start()
+    for plural, kind in (("virtualservices", "VirtualService"), ("destinationrules", "DestinationRule"),
+                         ("gateways", "Gateway")):
+        fake.register_crd(NET, "v1", plural, kind)
+    fake.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "istio-system"}})
+    backends = {n: await HttpBackend(n).start() for n in ("v1", "v2")}
+    port, gw_port = free_ports(2)
+    for obj in objects(port, backends["v1"].port, backends["v2"].port):
+        fake.create(obj)
+    cp = ControlPlane(tmp_path, kubeconfig=fake.write_kubeconfig(tmp_path / "kc"), env={"ENABLE_LEADER_ELECTION": "false"})
+    envoys: list[Envoy] = []
+    try:
+        await cp.start()
+        yield fake, cp, envoys, backends, port, gw_port, tmp_path
+    finally:
+        for e in envoys:
+            await e.stop()
+        await cp.stop()
+        for b in backends.values():
+            await b.stop()
+        await fake.stop()
+
+
+async def get(port: int, host: str) -> tuple[int, str | None]:
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"http://127.0.0.1:{port}/", headers={"Host": host},
+                         timeout=aiohttp.ClientTimeout(total=5)) as r:
+            body = await r.text()
+            try:
+                return r.status, json.loads(body).get("name")
+            except ValueError:
+                return r.status, None
+
+
+async def test_weighted_split_from_kubernetes(cluster):
+    fake, cp, envoys, backends, port, _, tmp = cluster
+    envoy = Envoy()
+    envoys.append(envoy)
+    await envoy.start(Envoy.bootstrap(sidecar_node_id("client"), cp.xds_port), tmp)
+    await envoy.wait_ready()
+    fake.create({"apiVersion": f"{NET}/v1", "kind": "VirtualService",
+                 "metadata": {"name": "reviews", "namespace": "default"},
+                 "spec": {"hosts": ["reviews"], "http": [{"route": [
+                     {"destination": {"host": "reviews", "subset": "v1"}, "weight": 80},
+                     {"destination": {"host": "reviews", "subset": "v2"}, "weight": 20}]}]}})
+
+    async def split_in_envoy():
+        return "weighted_clusters" in json.dumps(await envoy.config_dump(resource="dynamic_route_configs"))
+
+    await wait_for(split_in_envoy, timeout=20, message="split from the apiserver reached Envoy")
+    counts = {"v1": 0, "v2": 0}
+    for _ in range(300):
+        status, name = await get(port, fqdn("reviews"))
+        assert status == 200
+        counts[name] += 1
+    assert 0.66 <= counts["v1"] / 300 <= 0.93, counts  # 80% +- 5 sigma
+
+
+async def test_ingress_gateway_from_kubernetes(cluster):
+    fake, cp, envoys, backends, port, gw_port, tmp = cluster
+    gateway = Envoy()
+    envoys.append(gateway)
+    await gateway.start(Envoy.bootstrap(ROUTER, cp.xds_port, metadata={
+        "NAMESPACE": "istio-system", "LABELS": {"istio": "ingressgateway"}}), tmp)
+    fake.create({"apiVersion": f"{NET}/v1", "kind": "Gateway", "metadata": {"name": "web", "namespace": "istio-system"},
+                 "spec": {"selector": {"istio": "ingressgateway"}, "servers": [
+                     {"port": {"number": gw_port, "name": "http", "protocol": "HTTP"}, "hosts": ["shop.example.com"]}]}})
+    fake.create({"apiVersion": f"{NET}/v1", "kind": "VirtualService", "metadata": {"name": "shop", "namespace": "default"},
+                 "spec": {"hosts": ["shop.example.com"], "gateways": ["istio-system/web"],
+                          "http": [{"route": [{"destination": {"host": "reviews", "subset": "v2"}}]}]}})
+
+    async def served():
+        try:
+            return await get(gw_port, "shop.example.com") == (200, "v2")
+        except aiohttp.ClientError:
+            return False
+
+    await wait_for(served, timeout=20, message="gateway route from the apiserver")

@@ -43,6 +43,16 @@ class TrafficIndex:
     destination_rules: Mapping[str, tuple[Entry, ...]] = field(default_factory=dict)
     conflicts: tuple[str, ...] = ()
     root_namespace: str = "istio-system"
+    # Every distinct `sourceLabels` selector of mesh VirtualService matches, in a fixed order: a
+    # proxy's routes depend on its labels only through which of these it matches.
+    source_selectors: tuple[tuple[tuple[str, str], ...], ...] = ()
+
+    def source_signature(self, labels: Mapping[str, str]) -> frozenset[int]:
+        """Which `source_selectors` these labels satisfy (part of the route generation key)."""
+        if not self.source_selectors:
+            return frozenset()
+        return frozenset(i for i, sel in enumerate(self.source_selectors)
+                         if all(labels.get(k) == v for k, v in sel))
 
     @classmethod
     def build(cls, store: Store, domain: str, root_namespace: str) -> "TrafficIndex":
@@ -63,9 +73,12 @@ class TrafficIndex:
             for loser in entries[1:]:
                 conflicts.append(f"VirtualService {loser.key.namespace}/{loser.key.name}: host {host} is already "
                                  f"claimed by {entries[0].key.namespace}/{entries[0].key.name}; ignored for sidecars")
+        selectors = sorted({tuple(sorted(m.source_labels.items()))
+                            for entries in vs.values() for e in entries
+                            for rule in e.obj.spec.http for m in rule.match if m.source_labels})  # type: ignore[attr-defined]
         return cls(MappingProxyType({h: tuple(v) for h, v in vs.items()}),
                    MappingProxyType({h: tuple(sorted(v, key=_age)) for h, v in dr.items()}),
-                   tuple(sorted(conflicts)), root_namespace)
+                   tuple(sorted(conflicts)), root_namespace, tuple(selectors))
 
     def virtual_service(self, host: str) -> Entry | None:
         entries = self.virtual_services.get(host)

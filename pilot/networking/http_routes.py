@@ -42,6 +42,17 @@ class RouteInputs:
     port: int  # the route configuration's port
     services: Mapping[str, MeshService]  # FQDN -> service, for destination ports
     default_retry: HttpRetryPolicy
+    # The client: matches on sourceNamespace / sourceLabels keep only rules meant for it.
+    client_namespace: str = ""
+    client_labels: Mapping[str, str] | None = None  # None: source matching not evaluated
+
+
+def _source_ok(match, inputs: RouteInputs) -> bool:
+    if match.source_namespace and inputs.client_namespace and match.source_namespace != inputs.client_namespace:
+        return False
+    if match.source_labels and inputs.client_labels is not None:
+        return all(inputs.client_labels.get(k) == v for k, v in match.source_labels.items())
+    return True
 
 
 def destination_cluster(dest, inputs: RouteInputs) -> str:
@@ -245,9 +256,10 @@ def _action(rule, inputs: RouteInputs, route: rc.Route, match) -> None:
 
 def http_rule_routes(rule, index: int, inputs: RouteInputs) -> list[rc.Route]:
     """One Envoy route per match of a rule (one for a rule without matches)."""
-    matches = [m for m in rule.match if m.port is None or m.port == inputs.port] if rule.match else [None]
+    matches = ([m for m in rule.match if (m.port is None or m.port == inputs.port) and _source_ok(m, inputs)]
+               if rule.match else [None])
     if rule.match and not matches:
-        return []  # every match is for another port
+        return []  # every match is for another port, or another client
     out = []
     for match in matches:
         route = rc.Route(name=rule.name or f"rule-{index}", match=route_match(match))

@@ -70,12 +70,14 @@ def _catch_all(settings: RouteSettings) -> route_components_pb2.VirtualHost:
 def outbound_route_config(port: int, services: tuple[MeshService, ...], proxy_namespace: str,
                           settings: RouteSettings, virtual_services: tuple[Entry | None, ...] = (),
                           all_services: tuple[MeshService, ...] = (), domain: str = "cluster.local",
-                          hash_policies: tuple[tuple[str, HashKey], ...] = ()) -> route_pb2.RouteConfiguration:
+                          hash_policies: tuple[tuple[str, HashKey], ...] = (),
+                          client_labels: tuple[tuple[str, str], ...] = ()) -> route_pb2.RouteConfiguration:
     """`services` are the HTTP services on this port, in a stable order, and `virtual_services`
     the VirtualService applying to each (or None). `hash_policies` are the (host, key) pairs of
     destinations whose DestinationRule asks for consistent hashing: their routes carry the hash
     policy. A domain claimed twice (two Services with one cluster IP) goes to the first: Envoy
-    rejects duplicate domains."""
+    rejects duplicate domains. `client_labels` are the labels of the client that `sourceLabels`
+    matches test (only those the VirtualServices ask about: the rest must not split the cache)."""
     by_host = {s.hostname: s for s in all_services} if any(virtual_services) else {}
     rc = route_pb2.RouteConfiguration(name=names.route_config_name(port),
                                       validate_clusters=wrappers_pb2.BoolValue(value=False))
@@ -86,7 +88,8 @@ def outbound_route_config(port: int, services: tuple[MeshService, ...], proxy_na
         vs = virtual_services[i] if i < len(virtual_services) else None
         vs_routes = None
         if vs is not None:
-            inputs = RouteInputs(vs.key.namespace, domain, port, by_host, settings.retry)
+            inputs = RouteInputs(vs.key.namespace, domain, port, by_host, settings.retry,
+                                 proxy_namespace, dict(client_labels))
             vs_routes = virtual_service_routes(vs.obj.spec.http, inputs)  # type: ignore[attr-defined]
         rc.virtual_hosts.append(service_virtual_host(svc, port, domains, settings, vs_routes))
     if hash_policies:

@@ -52,11 +52,11 @@ class GenerationMemo:
             self._memo = {}
             self._plans = {}
             self._version = ctx.version
-        # Generators read nothing of a proxy but its traits and the Sidecar that scopes it (for
-        # a router: the Gateways its labels select).
+        # Generators read nothing of a proxy but its traits, the Sidecar that scopes it (for a
+        # router: the Gateways its labels select) and which sourceLabels matches its labels meet.
         scope = (ctx.gateways.select(proxy.labels) if proxy.type == "router"
                  else ctx.sidecar_for(proxy.namespace, proxy.labels))
-        key = (type_url, proxy.traits, scope, requested)
+        key = (type_url, proxy.traits, scope, ctx.traffic.source_signature(proxy.labels), requested)
         out = self._memo.get(key)
         if out is None:
             self.misses += 1

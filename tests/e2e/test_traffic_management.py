@@ -517,3 +517,37 @@ async def _status_for(mesh: Mesh, host: str, status: int) -> bool:
         async with s.get(f"http://127.0.0.1:{mesh.port}/", headers={"Host": host},
                          timeout=aiohttp.ClientTimeout(total=5)) as r:
             return r.status == status
+
+
+async def test_source_labels_and_namespace_pick_rules_per_client(mesh: Mesh, tmp_path):
+    """Two sidecars in one namespace with different labels get different routes for the same host:
+    sourceLabels decides; a sourceNamespace rule for another namespace applies to neither."""
+    mesh.virtual_service("""
+        hosts: [reviews]
+        http:
+        - match: [{sourceNamespace: elsewhere}]
+          route: [{destination: {host: reviews, subset: v1}}]
+        - match: [{sourceLabels: {app: canary-client}}]
+          route: [{destination: {host: reviews, subset: v2}}]
+        - route: [{destination: {host: reviews, subset: v1}}]
+        """)
+    canary = Envoy()
+    try:
+        # The canary sidecar uses istiod's iptables shape (listeners that do not bind), so it does
+        # not share the bound 127.0.0.1:PORT listener that the test's HTTP requests go to.
+        await canary.start(Envoy.bootstrap(sidecar_node_id("canary-1"), mesh.cp.xds_port, metadata={
+            "NAMESPACE": "default", "INTERCEPTION_MODE": "REDIRECT", "LABELS": {"app": "canary-client"}}), tmp_path)
+        await canary.wait_ready()
+
+        async def routes_of(envoy: Envoy) -> str:
+            return json.dumps(await envoy.config_dump(resource="dynamic_route_configs"))
+
+        async def distinct():
+            plain, special = await routes_of(mesh.envoy), await routes_of(canary)
+            return "|v2|" in special and "|v2|" not in plain and "|v1|" in plain
+
+        await mesh.until(distinct, "the canary client alone routes to v2")
+        for _ in range(5):
+            assert (await mesh.get())[1] == "v1"
+    finally:
+        await canary.stop()

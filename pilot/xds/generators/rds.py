@@ -40,10 +40,13 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         origins = tuple(s.origin for s in http) + tuple(
             f"VirtualService/{v.key.namespace}/{v.key.name}" for v in dict.fromkeys(v for v in vss if v))
         hashes = _hash_policies(ctx, proxy.namespace)
+        # Only the labels some sourceLabels match asks about: proxies that agree on them share output.
+        asked = {k for sel in ctx.traffic.source_selectors for k, _ in sel}
+        labels = tuple(sorted((k, v) for k, v in proxy.labels.items() if k in asked))
         # The short-name domains depend on the proxy's namespace: it is part of both keys.
         out.append(cache.resource(ROUTE, name, routes.outbound_route_config,
                                   port, http, proxy.namespace, settings, vss, everything, ctx.domain,
-                                  hashes, origins=origins or ("MeshConfig",)))
+                                  hashes, labels, origins=origins or ("MeshConfig",)))
     return out
 
 

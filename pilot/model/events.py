@@ -10,7 +10,7 @@ from pilot.model.store import ConfigKey, Event
 SERVICE_ENDPOINTS = "ServiceEndpoints"
 # Every service of a namespace (a Pod's labels changed: subsets may have changed members).
 NAMESPACE_ENDPOINTS = "NamespaceEndpoints"
-TRAFFIC_KINDS = ("VirtualService", "DestinationRule", "ServiceEntry", "WorkloadEntry", "Sidecar", "Gateway",
+TRAFFIC_KINDS = ("VirtualService", "DestinationRule", "ServiceEntry", "Sidecar", "Gateway",
                  "Secret")  # gateway credentials (SDS)
 
 
@@ -43,6 +43,11 @@ def _one(ev: Event, mesh_configmap: ConfigKey) -> PushRequest | None:
     if kind in TRAFFIC_KINDS:
         r = PushRequest(full=True, config_keys={ev.key})
         r.reasons[reasons.CONFIG_UPDATE] += 1
+        return r
+    if kind == "WorkloadEntry":
+        # WorkloadEntries are endpoints of the ServiceEntries that select them, in their namespace.
+        r = PushRequest(full=False, config_keys={ev.key, ConfigKey(NAMESPACE_ENDPOINTS, "", ev.key.namespace)})
+        r.reasons[reasons.ENDPOINT_UPDATE] += 1
         return r
     if kind == "Pod" and ev.old is not None and ev.new is not None and \
             ev.old.obj.metadata.labels != ev.new.obj.metadata.labels:

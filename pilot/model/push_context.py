@@ -118,7 +118,8 @@ class PushContext:
         return view
 
     def with_endpoints(self, store: Store, version: str) -> "PushContext":
-        return replace(self, version=version, slices=_index_slices(store), pods=_index_pods(store), _views={})
+        return replace(self, version=version, slices=_index_slices(store), pods=_index_pods(store), _views={},
+                       workload_entries_by_ns=_by_namespace(store.list("WorkloadEntry")))
 
     def pods_of(self, slices: tuple[Entry, ...]) -> tuple[Entry, ...]:
         """The Pods behind these slices' endpoints (their labels decide subset membership)."""

@@ -127,10 +127,11 @@ def service_entry_services(entry: Entry) -> list[MeshService]:
                         kind="ServiceEntry", resolution=spec.resolution) for host in spec.hosts]
 
 
-def service_entry_endpoints(entry: Entry, port: ServicePort, workload_entries: tuple[Entry, ...] = ()
-                            ) -> tuple[EndpointAddress, ...]:
-    """Inline endpoints of a ServiceEntry, or the WorkloadEntries its workloadSelector picks.
-    An endpoint's port is its `ports[port name]`, else the port's targetPort, else its number."""
+def service_entry_endpoints(entry: Entry, port: ServicePort, workload_entries: tuple[Entry, ...] = (),
+                            subset_labels: tuple[tuple[str, str], ...] = ()) -> tuple[EndpointAddress, ...]:
+    """Inline endpoints of a ServiceEntry, or the WorkloadEntries its workloadSelector picks
+    (with `subset_labels`, only those carrying them). An endpoint's port is its
+    `ports[port name]`, else the port's targetPort, else its number."""
     spec = entry.obj.spec  # type: ignore[attr-defined]
     workloads = list(spec.endpoints)
     if spec.workload_selector is not None:
@@ -142,6 +143,8 @@ def service_entry_endpoints(entry: Entry, port: ServicePort, workload_entries: t
     out: list[EndpointAddress] = []
     for w in workloads:
         if not w.address or w.address.startswith("unix://"):
+            continue
+        if any(w.labels.get(k) != v for k, v in subset_labels):
             continue
         number = w.ports.get(port.name) or (port.target_port if isinstance(port.target_port, int) else None) or port.port
         parts = (w.locality.split("/") + ["", "", ""])[:3]

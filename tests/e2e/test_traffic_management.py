@@ -551,3 +551,65 @@ async def test_source_labels_and_namespace_pick_rules_per_client(mesh: Mesh, tmp
             assert (await mesh.get())[1] == "v1"
     finally:
         await canary.stop()
+
+
+async def test_workload_entries_move_on_the_endpoint_path_and_form_subsets(mesh: Mesh):
+    """A VM (WorkloadEntry) joining a ServiceEntry is an endpoint change: EDS only, no CDS/LDS/RDS;
+    and a DestinationRule subset on the ServiceEntry picks WorkloadEntries by label."""
+    vms = [await HttpBackend(n).start() for n in ("vm-blue", "vm-green")]
+    try:
+        mesh.cp.write("vm.yaml", textwrap.dedent(f"""\
+            apiVersion: networking.istio.io/v1
+            kind: ServiceEntry
+            metadata: {{name: vms, namespace: default}}
+            spec:
+              hosts: [app.vm.test]
+              ports: [{{number: {mesh.port}, name: http, protocol: HTTP}}]
+              resolution: STATIC
+              workloadSelector: {{labels: {{app: vm}}}}
+            ---
+            apiVersion: networking.istio.io/v1
+            kind: WorkloadEntry
+            metadata: {{name: blue, namespace: default}}
+            spec: {{address: 127.0.0.1, ports: {{http: {vms[0].port}}}, labels: {{app: vm, color: blue}}}}
+            ---
+            apiVersion: networking.istio.io/v1
+            kind: DestinationRule
+            metadata: {{name: vms, namespace: default}}
+            spec:
+              host: app.vm.test
+              subsets: [{{name: green, labels: {{color: green}}}}]
+            ---
+            apiVersion: networking.istio.io/v1
+            kind: VirtualService
+            metadata: {{name: vms, namespace: default}}
+            spec:
+              hosts: [app.vm.test]
+              http:
+              - match: [{{headers: {{x-color: {{exact: green}}}}}}]
+                route: [{{destination: {{host: app.vm.test, subset: green}}}}]
+              - route: [{{destination: {{host: app.vm.test}}}}]
+            """))
+
+        async def answered(name: str, headers: dict | None = None) -> bool:
+            async with aiohttp.ClientSession() as s:
+                async with s.get(f"http://127.0.0.1:{mesh.port}/", headers={"Host": "app.vm.test", **(headers or {})},
+                                 timeout=aiohttp.ClientTimeout(total=5)) as r:
+                    return r.status == 200 and json.loads(await r.text())["name"] == name
+
+        await mesh.until(lambda: answered("vm-blue"), "VM reachable")
+        await mesh.cp.wait_synced(NODE)
+        before = await mesh.cp.sync_status(NODE)
+        mesh.cp.write("vm-green.yaml", textwrap.dedent(f"""\
+            apiVersion: networking.istio.io/v1
+            kind: WorkloadEntry
+            metadata: {{name: green, namespace: default}}
+            spec: {{address: 127.0.0.1, ports: {{http: {vms[1].port}}}, labels: {{app: vm, color: green}}}}
+            """))
+        await mesh.until(lambda: answered("vm-green", {"x-color": "green"}), "green subset from the new VM")
+        after = await mesh.cp.wait_synced(NODE)
+        for t in ("cluster", "listener", "route"):
+            assert after[f"{t}_sent"] == before[f"{t}_sent"], f"a WorkloadEntry change pushed {t}"
+    finally:
+        for b in vms:
+            await b.stop()

@@ -20,9 +20,10 @@ def build_cla(cluster_name: str, port: ServicePort, slices: tuple[Entry, ...],
 
 
 def build_service_entry_cla(cluster_name: str, port: ServicePort, service_entry: Entry,
-                            workload_entries: tuple[Entry, ...]) -> endpoint_pb2.ClusterLoadAssignment:
-    return endpoints.cluster_load_assignment(cluster_name,
-                                             service_entry_endpoints(service_entry, port, workload_entries))
+                            workload_entries: tuple[Entry, ...], subset_labels: tuple[tuple[str, str], ...] = ()
+                            ) -> endpoint_pb2.ClusterLoadAssignment:
+    return endpoints.cluster_load_assignment(
+        cluster_name, service_entry_endpoints(service_entry, port, workload_entries, subset_labels))
 
 
 def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
@@ -40,13 +41,21 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         if port is None:
             continue
         if svc.kind == "ServiceEntry":
-            if svc.resolution != "STATIC" or subset:
-                continue  # DNS/NONE clusters carry no EDS; ServiceEntry subsets: not yet
+            if svc.resolution != "STATIC":
+                continue  # DNS and NONE clusters carry no EDS
             se = ctx.service_entry(svc)
             wes = ctx.workload_entries(svc)
-            out.append(cache.resource(ENDPOINT, name, build_service_entry_cla, name, port, se, wes,
-                                      origins=(svc.origin, *(f"WorkloadEntry/{w.key.namespace}/{w.key.name}"
-                                                             for w in wes))))
+            labels: tuple[tuple[str, str], ...] = ()
+            origins = (svc.origin, *(f"WorkloadEntry/{w.key.namespace}/{w.key.name}" for w in wes))
+            if subset:
+                dr = ctx.traffic.destination_rule(host, proxy.namespace, svc.namespace)
+                spec = next((s for s in dr.obj.spec.subsets if s.name == subset), None) if dr else None
+                if spec is None:
+                    continue
+                labels = tuple(sorted(spec.labels.items()))
+                origins += (f"DestinationRule/{dr.key.namespace}/{dr.key.name}",)
+            out.append(cache.resource(ENDPOINT, name, build_service_entry_cla, name, port, se, wes, labels,
+                                      origins=origins))
             continue
         slices = ctx.service_slices(svc)
         origins = tuple(f"EndpointSlice/{e.key.namespace}/{e.key.name}" for e in slices)

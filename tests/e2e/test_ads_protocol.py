@@ -8,7 +8,6 @@ that answer rather than a reply to the ACK.
 from __future__ import annotations
 
 import asyncio
-import json
 
 import grpc
 import pytest

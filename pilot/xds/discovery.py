@@ -61,7 +61,7 @@ class DiscoveryServer:
         self._idle.set()
         self.cache.on_build = self._note_build
         self._seq = 0
-        self.push_context = self._build_context(self._next_version())
+        self.push_context = self._build_context(self._next_version(), previous=None)
         self._tasks: list[asyncio.Task] = []
         store.subscribe(self.on_store_events)
 
@@ -89,11 +89,11 @@ class DiscoveryServer:
 
     def rebuild(self) -> None:
         """Rebuild the PushContext from the Store now, without a push (startup, after the first load)."""
-        self.push_context = self._build_context(self._next_version())
+        self.push_context = self._build_context(self._next_version(), self.push_context)
 
-    def _build_context(self, version: str) -> PushContext:
+    def _build_context(self, version: str, previous: PushContext | None) -> PushContext:
+        """`previous` lends its unchanged services, so cache keys compare by identity."""
         self.mesh.refresh(self.store)
-        previous = getattr(self, "push_context", None)
         return PushContext.build(self.store, self.mesh.current, self.mesh.version, self.domain, version, previous)
 
     async def _debounced_push(self, req: PushRequest, debounce_s: float) -> None:
@@ -114,7 +114,7 @@ class DiscoveryServer:
         t0 = time.perf_counter()
         req.version = self._next_version()
         if req.full:
-            self.push_context = self._build_context(req.version)
+            self.push_context = self._build_context(req.version, self.push_context)
         else:
             self.push_context = self.push_context.with_endpoints(self.store, req.version)
         build_s = time.perf_counter() - t0

@@ -28,6 +28,7 @@ from types import MappingProxyType
 from typing import Literal
 
 from pilot.config.networking.common import MESH_GATEWAY, UNIX_PREFIX
+from pilot.config.networking.validation import host_matches  # istio host.Name.Matches
 from pilot.model.store import Entry, Store
 from pilot.model.traffic import resolve_host
 
@@ -42,20 +43,6 @@ PortKind = Literal["http", "tls", "tcp"]
 def _age(e: Entry) -> tuple:
     """Oldest first (creationTimestamp, then namespace/name), as istiod orders configs."""
     return (e.obj.metadata.creation_timestamp, e.key.namespace, e.key.name)
-
-
-def host_matches(a: str, b: str) -> bool:
-    """istio host.Name.Matches: equal, or one wildcard covers the other."""
-    if a == "*" or b == "*":
-        return True
-    aw, bw = a.startswith("*"), b.startswith("*")
-    if aw and bw:
-        return b[1:].endswith(a[1:]) if len(a) < len(b) else a[1:].endswith(b[1:])
-    if aw:
-        return b.endswith(a[1:])
-    if bw:
-        return a.endswith(b[1:])
-    return a == b
 
 
 def more_specific(a: str, b: str) -> str:

@@ -87,6 +87,23 @@ MAX_WORKLOAD_CERT_TTL = _knob(
 SELF_SIGNED_CA_CERT_TTL = _knob(
     "CITADEL_SELF_SIGNED_CA_CERT_TTL", "87600h", parse_duration, "TTL of the self-signed root.")
 ROOT_CA_DIR = _knob("ROOT_CA_DIR", "./etc/cacerts", str, "Directory of a plugged-in CA.")
+SELF_SIGNED_CA_RSA_KEY_SIZE = _knob(
+    "CITADEL_SELF_SIGNED_CA_RSA_KEY_SIZE", "2048", _positive_int,
+    "RSA key size of the self-signed root (when CA_KEY_TYPE is RSA).")
+
+
+def _ca_key_type(text: str) -> str:
+    t = text.strip().upper()
+    if t not in ("RSA", "EC"):
+        raise ValueError("must be RSA or EC")
+    return t
+
+
+# Not an istiod knob (istiod's self-signed root is always RSA).
+CA_KEY_TYPE = _knob(
+    "CA_KEY_TYPE", "RSA", _ca_key_type,
+    "Key type of the self-signed root and of istiod's own serving key: RSA, or EC (P-256). "
+    "A plugged-in CA keeps the type of its key.")
 # Not istiod knobs (istiod hard-codes client-go's defaults); exposed so small clusters and tests
 # can fail over faster. The defaults are istiod's.
 LEADER_LEASE_DURATION = _knob("PILOT_LEADER_LEASE_DURATION", "30s", parse_duration,

@@ -396,6 +396,24 @@ async def test_required_rules_cover_every_request_the_code_makes_and_nothing_mor
     assert kube.calls[-1][0] == "PUT"
     calls += kube.calls
 
+    # The CA's root Secret: absent (404), create loses a race (409), read the winner's.
+    from pilot.security.ca import CA_SECRET_NAME, KubeSecrets, KubeSecretStorage
+
+    def secrets(method, path, body):
+        if method == "POST":
+            raise ApiError(409, "AlreadyExists")
+        if not secrets.created:
+            secrets.created = True
+            raise ApiError(404, "NotFound")
+        return {"data": {"ca-cert.pem": "Y2VydA==", "ca-key.pem": "a2V5"}}
+
+    secrets.created = False
+    kube = RecordingKube(secrets)
+    storage = KubeSecretStorage(KubeSecrets(kube), SYSTEM_NS, CA_SECRET_NAME)
+    assert await storage.load() is None
+    assert (await storage.create({"ca-cert.pem": "x", "ca-key.pem": "y"}))["ca-key.pem"] == "key"
+    calls += kube.calls
+
     used = {_rbac_of(*c) for c in calls}
     denied = sorted(u for u in used if not _allowed(*u))
     assert denied == [], f"requests the code makes that required_rules() does not grant: {denied}"

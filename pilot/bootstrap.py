@@ -21,6 +21,17 @@ from pilot.config.mesh import MeshConfig, MeshConfigError, parse_mesh_config
 from pilot.http.server import build_app
 from pilot.model.mesh import MeshHolder
 from pilot.model.store import ConfigKey, Store
+from pilot.security import authn
+from pilot.security.ca import (
+    CAError,
+    CAOptions,
+    CAStorageError,
+    CertificateAuthority,
+    DirectoryStorage,
+    KubeSecrets,
+    KubeSecretStorage,
+)
+from pilot.security.ca_server import SecureServer, istiod_dns_names
 from pilot.sources.files import FileSource
 from pilot.sources.kube.client import Kube, in_cluster, load_api_client
 from pilot.sources.kube.leader import LeaderElection
@@ -69,6 +80,12 @@ class ControlPlane:
         self.kube_source: KubeSource | None = None
         self.leader: LeaderElection | None = None
         self.root_cert_writer: RootCertWriter | None = None
+        self.ca: CertificateAuthority | None = None
+        self.secure: SecureServer | None = None
+        try:
+            self.jwt_rules = authn.parse_jwt_rules(features.jwt_rule)
+        except authn.JwtRuleError as e:
+            raise SystemExit(str(e)) from None
         self.loaded = False
         self.draining = False
         self.identity = os.environ.get("POD_NAME") or socket.gethostname()
@@ -102,11 +119,14 @@ class ControlPlane:
         self._write_ports()
         if self.kube_source is not None:
             await self.kube_source.wait_synced()
+        await self._start_ca()  # after the sync: the mesh's trust domain may come from the ConfigMap
+        if self.kube_source is not None:
             self._start_leader_election()
         # The first context is built from what is loaded now; everything after goes through debounce.
         self.discovery.rebuild()
         self.discovery.start()
         await self._start_grpc()
+        await self._start_secure_grpc()
         self.loaded = True
         self._write_ports()
         # Startup objects (config, protos, caches) live for the whole run: keep the cyclic GC from
@@ -128,13 +148,60 @@ class ControlPlane:
                                       selectors_of=lambda: self.mesh.peek(self.store).discovery_selectors)
         self.kube_source.start()
 
-    def _start_leader_election(self) -> None:
-        root = Path(self.features.root_ca_dir) / "root-cert.pem"
-        if root.exists():
-            self.root_cert_writer = RootCertWriter(self.kube, self.store, root.read_text(),
-                                                   namespace_selected=self._namespace_selected)
+    async def _start_ca(self) -> None:
+        """The CA, when something needs it: the secure port, or the istio-ca-root-cert writer.
+        A plugged-in CA in ROOT_CA_DIR wins; otherwise the self-signed root is kept in the
+        Secret istio-ca-secret (Kubernetes mode) or in PILOT_SELF_SIGNED_CA_DIR (file mode)."""
+        if not self.opts.secure_grpc_addr and self.kube is None:
+            return
+        try:
+            options = CAOptions.from_env(trust_domain=self.mesh.peek(self.store).trust_domain)
+        except ValueError as e:
+            raise CAError(str(e)) from None
+        if self.kube is not None:
+            storage = KubeSecretStorage(KubeSecrets(self.kube), self.features.pod_namespace)
         else:
-            log.info("no root certificate yet; the istio-ca-root-cert writer is idle", path=str(root))
+            storage = DirectoryStorage(self.features.self_signed_ca_dir)
+        delay = 0.5
+        while True:
+            try:
+                self.ca = await CertificateAuthority.create(options, storage)
+                break
+            except CAStorageError as e:  # the apiserver may be briefly unavailable: retry a while
+                if self.kube is None or delay > 8:
+                    raise
+                log.warning("cannot load or store the CA root yet; retrying", error=e.message, retry_in=delay)
+                await asyncio.sleep(delay)
+                delay *= 2
+        m = self.discovery.metrics
+        m.root_cert_expiry.set(self.ca.root_expiry.timestamp())
+        m.cert_chain_expiry.set(self.ca.cert_chain_expiry.timestamp())
+        log.info("CA ready", mode=self.ca.mode, source=(self.features.root_ca_dir if self.ca.mode == "plugged-in"
+                                                        else storage.description),
+                 root_expires=self.ca.root_expiry.isoformat(timespec="seconds"))
+
+    async def _start_secure_grpc(self) -> None:
+        addr = split_addr(self.opts.secure_grpc_addr)
+        if addr is None or self.ca is None:
+            return
+        chain = authn.build(jwt_rules=self.jwt_rules, kube=self.kube, token_audiences=self.features.token_audiences)
+        ns = self.features.pod_namespace
+        self.secure = SecureServer(
+            self.ca, self.ads, chain, trust_domain=lambda: self.mesh.current.trust_domain,
+            dns_names=istiod_dns_names(ns, self.opts.domain, self.features.revision),
+            metrics=self.discovery.metrics, trusted_node_accounts=self.features.trusted_node_accounts,
+            grpc_options=self._grpc_options())
+        try:
+            self.ports["secure_grpc"] = await self.secure.start(*addr)
+        except OSError as e:
+            raise OSError(e.errno, f"--secureGRPCAddr {self.opts.secure_grpc_addr}: cannot listen ({e})") from None
+        log.info("serving TLS xDS and the CA", port=self.ports["secure_grpc"],
+                 authenticators=[a.name for a in chain.authenticators])
+
+    def _start_leader_election(self) -> None:
+        if self.ca is not None:
+            self.root_cert_writer = RootCertWriter(self.kube, self.store, self.ca.root_cert_pem,
+                                                   namespace_selected=self._namespace_selected)
         writer = self.root_cert_writer
 
         async def started() -> None:
@@ -162,17 +229,20 @@ class ControlPlane:
         labels = entry.obj.metadata.labels if entry else {}
         return any(s.matches(labels) for s in selectors)
 
-    async def _start_grpc(self) -> None:
-        addr = split_addr(self.opts.grpc_addr)
-        if addr is None:
-            return
+    def _grpc_options(self) -> list[tuple[str, int]]:
         options = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 16 << 20),
                    ("grpc.keepalive_time_ms", 30_000), ("grpc.http2.max_pings_without_data", 0)]
         if self.opts.keepalive_max_server_connection_age:
             # gRPC adds +-10% jitter to the age; like istiod, streams then get 10 s to finish.
             options += [("grpc.max_connection_age_ms", int(self.opts.keepalive_max_server_connection_age * 1000)),
                         ("grpc.max_connection_age_grace_ms", 10_000)]
-        self._grpc = grpc.aio.server(options=options)
+        return options
+
+    async def _start_grpc(self) -> None:
+        addr = split_addr(self.opts.grpc_addr)
+        if addr is None:
+            return
+        self._grpc = grpc.aio.server(options=self._grpc_options())
         self._grpc.add_generic_rpc_handlers((self.ads.handler(),))
         host, port = addr
         try:
@@ -221,8 +291,9 @@ class ControlPlane:
             await self.root_cert_writer.stop()
         if self.kube_source is not None:
             await self.kube_source.stop()
-        if self._grpc is not None:
-            await self._grpc.stop(grace=1.0)
+        servers = ([self.secure.stop(grace=1.0)] if self.secure is not None else []) + \
+            ([self._grpc.stop(grace=1.0)] if self._grpc is not None else [])
+        await asyncio.gather(*servers)
         await self.discovery.stop()
         for r in self._runners:
             await r.cleanup()
@@ -240,7 +311,7 @@ class ControlPlane:
         if starting.done():
             try:
                 starting.result()
-            except OSError as e:
+            except (OSError, CAError) as e:
                 waiter.cancel()
                 await self.stop()
                 raise SystemExit(f"cannot start: {e}") from None

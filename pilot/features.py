@@ -118,6 +118,39 @@ DRAIN_DURATION = _knob(
 ENABLE_AMBIENT = _knob("PILOT_ENABLE_AMBIENT", "false", _bool, "Serve ztunnel (ambient mode).")
 
 
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in text.split(",") if p.strip())
+
+
+def _node_accounts(text: str) -> tuple[str, ...]:
+    accounts = _csv(text)
+    for a in accounts:
+        ns, slash, sa = a.partition("/")
+        if not slash or not ns or not sa or "/" in sa:
+            raise ValueError(f"{a!r} is not NAMESPACE/SERVICEACCOUNT")
+    return accounts
+
+
+# Not an istiod knob: istiod without Kubernetes keeps its self-signed root in memory only. Here
+# file mode stores it (key included, 0600) so a restart keeps the mesh's root. Kubernetes mode
+# uses the Secret istio-ca-secret in POD_NAMESPACE instead. A plugged-in CA in ROOT_CA_DIR wins
+# over both.
+SELF_SIGNED_CA_DIR = _knob(
+    "PILOT_SELF_SIGNED_CA_DIR", "./etc/cacerts-self-signed", str,
+    "File mode: directory holding the self-signed root CA (created on first start, reused after).")
+JWT_RULE = _knob(
+    "JWT_RULE", "", str,
+    "JSON JWT rule(s) trusted to authenticate CA and secure xDS callers: an object or a list of "
+    "{issuer, audiences, jwks_uri | jwks}; `jwks` is the JWKS document inline (see pilot/security/authn.py).")
+TOKEN_AUDIENCES = _knob(
+    "TOKEN_AUDIENCES", "istio-ca", _csv,
+    "Audiences a Kubernetes service-account token must carry (TokenReview), comma-separated.")
+CA_TRUSTED_NODE_ACCOUNTS = _knob(
+    "CA_TRUSTED_NODE_ACCOUNTS", "istio-system/ztunnel", _node_accounts,
+    "NAMESPACE/SERVICEACCOUNT list allowed to request certificates for other identities "
+    "(ImpersonatedIdentity, as ztunnel does), comma-separated.")
+
+
 @dataclass(frozen=True)
 class Features:
     """A snapshot of the knobs, read once at start so a run is reproducible."""
@@ -136,6 +169,10 @@ class Features:
     leader_lease_duration: float = 30.0
     leader_renew_deadline: float = 15.0
     leader_retry_period: float = 7.5
+    self_signed_ca_dir: str = "./etc/cacerts-self-signed"
+    jwt_rule: str = ""
+    token_audiences: tuple[str, ...] = ("istio-ca",)
+    trusted_node_accounts: tuple[str, ...] = ("istio-system/ztunnel",)
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> "Features":
@@ -154,4 +191,8 @@ class Features:
             leader_lease_duration=LEADER_LEASE_DURATION.get(environ),
             leader_renew_deadline=LEADER_RENEW_DEADLINE.get(environ),
             leader_retry_period=LEADER_RETRY_PERIOD.get(environ),
+            self_signed_ca_dir=SELF_SIGNED_CA_DIR.get(environ),
+            jwt_rule=JWT_RULE.get(environ),
+            token_audiences=TOKEN_AUDIENCES.get(environ),
+            trusted_node_accounts=CA_TRUSTED_NODE_ACCOUNTS.get(environ),
         )

@@ -44,6 +44,23 @@ class Metrics:
         self.config_rejections = Gauge("pilot_config_rejected", "Config documents currently rejected.",
                                        registry=r)
         self.cache_events = Counter("pilot_xds_cache_reads", "xDS cache reads.", ["type"], registry=r)
+        # The CA (istiod's citadel_server_* names), served on 15012.
+        self.csr_count = Counter("citadel_server_csr_count", "CSRs received.", registry=r)
+        self.authentication_failure_count = Counter(
+            "citadel_server_authentication_failure_count", "CSRs refused because the caller is not authenticated.",
+            registry=r)
+        self.success_cert_issuance_count = Counter(
+            "citadel_server_success_cert_issuance_count", "Certificates issued.", registry=r)
+        self.csr_sign_error_count = Counter(
+            "citadel_server_csr_sign_error_count", "CSRs refused or failed while signing, by error type.",
+            ["type"], registry=r)
+        self.csr_sign_seconds = Histogram(  # not an istiod metric
+            "citadel_server_csr_sign_seconds", "Seconds to sign one CSR (in a worker thread).",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1), registry=r)
+        self.root_cert_expiry = Gauge("citadel_server_root_cert_expiry_timestamp",
+                                      "Unix time the CA's root certificate expires.", registry=r)
+        self.cert_chain_expiry = Gauge("citadel_server_cert_chain_expiry_timestamp",
+                                       "Unix time the first certificate of the CA's chain expires.", registry=r)
 
 
 def _escape(value: str) -> str:

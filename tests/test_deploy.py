@@ -414,6 +414,14 @@ async def test_required_rules_cover_every_request_the_code_makes_and_nothing_mor
     assert (await storage.create({"ca-cert.pem": "x", "ca-key.pem": "y"}))["ca-key.pem"] == "key"
     calls += kube.calls
 
+    # The CA's Kubernetes JWT authenticator: a TokenReview per token.
+    from pilot.security.authn import Credentials, KubeJWTAuthenticator
+
+    kube = RecordingKube(lambda *_: {"status": {"authenticated": True,
+                                                "user": {"username": "system:serviceaccount:default:sleep"}}})
+    assert (await KubeJWTAuthenticator(kube).authenticate(Credentials(bearer_token="t"))).namespace == "default"
+    calls += kube.calls
+
     used = {_rbac_of(*c) for c in calls}
     denied = sorted(u for u in used if not _allowed(*u))
     assert denied == [], f"requests the code makes that required_rules() does not grant: {denied}"

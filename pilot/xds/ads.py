@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Awaitable, Callable
 
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
 from pilot import logging as plog
-from pilot.model.proxy import InvalidNode, proxy_from_node
+from pilot.model.proxy import InvalidNode, Proxy, proxy_from_node
 from pilot.xds import typeurls
 from pilot.xds.connection import Connection, WatchedResource
 from pilot.xds.discovery import DiscoveryServer
@@ -27,6 +28,10 @@ _EOF = object()
 # Wildcard by default for these when the first request names nothing (Envoy's legacy wildcard).
 _WILDCARD_TYPES = {typeurls.CLUSTER, typeurls.LISTENER}
 MAX_NAMES = 100_000  # a request naming more than this is hostile, not a proxy
+
+# Secure xDS (15012) checks the authenticated caller against the proxy once its node is known:
+# it aborts the call to refuse, or returns how to name the peer (the real client address).
+Admit = Callable[[grpc.aio.ServicerContext, Proxy], Awaitable[str | None]]
 
 
 class AdsService:
@@ -60,7 +65,12 @@ class AdsService:
     async def stream_delta(self, requests, context: grpc.aio.ServicerContext) -> None:
         await self._stream(requests, context, delta=True)
 
-    async def _stream(self, requests, context, delta: bool) -> None:
+    async def serve_stream(self, requests, context: grpc.aio.ServicerContext, *, delta: bool,
+                           admit: Admit | None = None) -> None:
+        """One ADS stream; `admit` (secure xDS) may refuse it once the first request names the node."""
+        await self._stream(requests, context, delta, admit)
+
+    async def _stream(self, requests, context, delta: bool, admit: Admit | None = None) -> None:
         if self.draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "server is shutting down; connect to another replica")
         try:
@@ -75,8 +85,9 @@ class AdsService:
             proxy = proxy_from_node(first.node)
         except InvalidNode as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        peer = await admit(context, proxy) if admit is not None else None
         await self.new_streams.acquire()
-        conn = Connection(proxy, context.peer() or "", delta)
+        conn = Connection(proxy, peer or context.peer() or "", delta)
         self.server.register(conn)
         log.info("connected", proxy=proxy.id, peer=conn.peer, delta=delta, conn=conn.id)
         conn.inbox.put_nowait(first)

@@ -4,6 +4,7 @@ the other takes over when the leader goes, and both serve xDS all along."""
 from __future__ import annotations
 
 import asyncio
+import base64
 
 import grpc
 import pytest
@@ -15,7 +16,6 @@ from tests.support.control_plane import ControlPlane
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.timeout(90)
-ROOT = "-----BEGIN CERTIFICATE-----\nTESTROOT\n-----END CERTIFICATE-----\n"
 FAST_LEASES = {"PILOT_LEADER_LEASE_DURATION": "3s", "PILOT_LEADER_RENEW_DEADLINE": "2s",
                "PILOT_LEADER_RETRY_PERIOD": "500ms"}
 CDS = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
@@ -43,20 +43,23 @@ async def replicas(tmp_path):
     fake = await FakeApiServer().start()
     fake.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "istio-system"}})
     fake.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "apps"}})
-    ca_dir = tmp_path / "cacerts"
-    ca_dir.mkdir()
-    (ca_dir / "root-cert.pem").write_text(ROOT)
     kubeconfig = fake.write_kubeconfig(tmp_path / "kubeconfig")
     planes = {}
     for name in ("replica-a", "replica-b"):
         planes[name] = ControlPlane(tmp_path, kubeconfig=kubeconfig, name=name,
-                                    env={**FAST_LEASES, "POD_NAME": name, "ROOT_CA_DIR": str(ca_dir)})
+                                    env={**FAST_LEASES, "POD_NAME": name, "CA_KEY_TYPE": "EC"})
     try:
         await asyncio.gather(*(cp.start() for cp in planes.values()))
         yield fake, planes
     finally:
         await asyncio.gather(*(cp.stop() for cp in planes.values()))
         await fake.stop()
+
+
+def ca_root(fake: FakeApiServer) -> str:
+    """The one root both replicas use: the self-signed CA in istio-ca-secret (whoever created it)."""
+    secret = fake.get("secrets", "istio-ca-secret", namespace="istio-system")
+    return base64.b64decode(secret["data"]["ca-cert.pem"]).decode()
 
 
 def root_cert(fake: FakeApiServer, ns: str) -> str | None:
@@ -68,6 +71,7 @@ async def test_one_leader_writes_root_certs_and_the_other_takes_over(replicas):
     fake, planes = replicas
     leader = await wait_for(lambda: holder(fake), timeout=10, message="a leader is elected")
     assert leader in planes
+    ROOT = ca_root(fake)
     await wait_for(lambda: root_cert(fake, "apps") == ROOT, message="root cert written to apps")
     assert root_cert(fake, "default") == ROOT and root_cert(fake, "istio-system") == ROOT
 

@@ -25,8 +25,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 class ControlPlane:
     def __init__(self, tmpdir: str | os.PathLike, *, env: dict[str, str] | None = None,
                  mesh_config: str | None = None, extra_args: list[str] | None = None,
-                 kubeconfig: str | None = None, name: str = "control-plane") -> None:
-        """File mode by default; with `kubeconfig`, Kubernetes mode (no --configDir)."""
+                 kubeconfig: str | None = None, name: str = "control-plane", secure_grpc: bool = False) -> None:
+        """File mode by default; with `kubeconfig`, Kubernetes mode (no --configDir). `secure_grpc`
+        serves TLS xDS + the CA (--secureGRPCAddr) on a free port, read back as "secure_grpc"."""
         self.workdir = Path(tmpdir) / name
         self.kubeconfig = kubeconfig
         self.config_dir = self.workdir / "config"
@@ -34,6 +35,7 @@ class ControlPlane:
         self.env = {"PILOT_DEBOUNCE_AFTER": "50ms", "PILOT_DRAIN_DURATION": "100ms", **(env or {})}
         self.mesh_config = mesh_config
         self.extra_args = list(extra_args or [])
+        self.secure_grpc = secure_grpc
         self.proc: asyncio.subprocess.Process | None = None
         self.ports: dict[str, int] = {}
         self.log_path = self.workdir / "pilot.log"
@@ -55,7 +57,8 @@ class ControlPlane:
         source = ["--kubeconfig", self.kubeconfig] if self.kubeconfig else ["--configDir", str(self.config_dir)]
         args = [sys.executable, "-m", "pilot.cli", "discovery", *source,
                 "--meshConfig", str(mesh_path), "--grpcAddr", "127.0.0.1:0", "--httpAddr", "127.0.0.1:0",
-                "--monitoringAddr", "127.0.0.1:0", "--secureGRPCAddr", "", "--portsFile", str(ports_file),
+                "--monitoringAddr", "127.0.0.1:0", "--secureGRPCAddr", "127.0.0.1:0" if self.secure_grpc else "",
+                "--portsFile", str(ports_file),
                 *self.extra_args]
         env = {**os.environ, **self.env, "PYTHONPATH": str(REPO_ROOT)}
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
@@ -106,6 +109,20 @@ class ControlPlane:
     @property
     def xds_port(self) -> int:
         return self.ports["grpc"]
+
+    @property
+    def secure_port(self) -> int:
+        """TLS xDS + CA (start with secure_grpc=True)."""
+        return self.ports["secure_grpc"]
+
+    @property
+    def self_signed_ca_dir(self) -> Path:
+        """Where file mode keeps its self-signed root (PILOT_SELF_SIGNED_CA_DIR, relative to the workdir)."""
+        return self.workdir / self.env.get("PILOT_SELF_SIGNED_CA_DIR", "etc/cacerts-self-signed")
+
+    def root_cert(self) -> str:
+        """The file-mode CA's root (PEM)."""
+        return (self.self_signed_ca_dir / "root-cert.pem").read_text()
 
     # --- config -------------------------------------------------------------------------------
     def write(self, name: str, text: str) -> Path:

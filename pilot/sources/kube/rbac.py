@@ -25,7 +25,7 @@ Scope = Literal["cluster", "namespace"]
 INFORMER_VERBS: frozenset[str] = frozenset({"list", "watch"})
 # Every other module that calls the apiserver declares `RBAC = (Rule(...), ...)` and is listed
 # here (tests/test_deploy.py fails for a module that calls `kube.request`/`kube.open` unlisted).
-RBAC_MODULES: tuple[str, ...] = ("pilot.sources.kube.leader", "pilot.sources.kube.writers", "pilot.security.ca",
+RBAC_MODULES: tuple[str, ...] = ("pilot.sources.kube.leader", "pilot.sources.kube.writers", "pilot.security.ca_storage",
                                  "pilot.security.authn")
 
 

@@ -6,8 +6,9 @@ Names and semantics follow istiod so existing Deployments and runbooks keep work
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from pilot.durations import parse_duration
 
@@ -175,7 +176,7 @@ class Features:
     trusted_node_accounts: tuple[str, ...] = ("istio-system/ztunnel",)
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> "Features":
+    def from_env(cls, environ: dict[str, str] | None = None) -> Features:
         return cls(
             debounce_after=DEBOUNCE_AFTER.get(environ),
             debounce_max=DEBOUNCE_MAX.get(environ),

@@ -29,7 +29,7 @@ class K8sObject(Model):
     kind: str
     metadata: ObjectMeta
 
-    def spec_equal(self, other: "K8sObject") -> bool:
+    def spec_equal(self, other: K8sObject) -> bool:
         """True when nothing that can change generated config differs: bookkeeping such as
         resourceVersion, uid, generation and non-Istio annotations is ignored so a no-op update
         causes no push.

@@ -35,7 +35,7 @@ class MeshSettings:
     listeners: ListenerSettings
 
     @classmethod
-    def of(cls, mesh: MeshConfig) -> "MeshSettings":
+    def of(cls, mesh: MeshConfig) -> MeshSettings:
         registry_only = mesh.outbound_traffic_policy.mode == "REGISTRY_ONLY"
         return cls(ClusterSettings(mesh.connect_timeout_seconds),
                    RouteSettings(mesh.default_http_retry_policy, registry_only),

@@ -7,19 +7,25 @@ that shares the services and replaces only the endpoint index.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Mapping
 
 from pilot.config.mesh import MeshConfig
-from pilot.model.services import (EndpointAddress, MeshService, endpoints_for_port, mesh_service,
-                                  service_entry_endpoints, service_entry_services)
-from pilot.model.ports import plan_ports
-from pilot.model.sidecar_scope import ServiceView, scoped_view, select_sidecar
-from pilot.model.traffic import TrafficIndex
 from pilot.model.gateways import GatewayIndex
 from pilot.model.mesh_settings import MeshSettings
+from pilot.model.ports import plan_ports
+from pilot.model.services import (
+    EndpointAddress,
+    MeshService,
+    endpoints_for_port,
+    mesh_service,
+    service_entry_endpoints,
+    service_entry_services,
+)
+from pilot.model.sidecar_scope import ServiceView, scoped_view, select_sidecar
 from pilot.model.store import Entry, Store
+from pilot.model.traffic import TrafficIndex
 
 
 @dataclass(frozen=True)
@@ -52,7 +58,7 @@ class PushContext:
 
     @classmethod
     def build(cls, store: Store, mesh: MeshConfig, mesh_version: str, domain: str, version: str,
-              previous: "PushContext | None" = None) -> "PushContext":
+              previous: PushContext | None = None) -> PushContext:
         """Services whose Service object did not change are carried over from `previous` as the
         same objects, so cache keys built from them compare by identity, not field by field."""
         old = previous.by_host if previous is not None and previous.domain == domain else {}
@@ -117,7 +123,7 @@ class PushContext:
             self._views[sidecar] = view
         return view
 
-    def with_endpoints(self, store: Store, version: str) -> "PushContext":
+    def with_endpoints(self, store: Store, version: str) -> PushContext:
         return replace(self, version=version, slices=_index_slices(store), pods=_index_pods(store), _views={},
                        workload_entries_by_ns=_by_namespace(store.list("WorkloadEntry")))
 

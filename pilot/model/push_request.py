@@ -26,7 +26,7 @@ class PushRequest:
     # Filled in when the push is started.
     version: str = ""
 
-    def merge(self, other: "PushRequest | None") -> "PushRequest":
+    def merge(self, other: PushRequest | None) -> PushRequest:
         """Union of both; the older start wins so convergence time counts from the first change."""
         if other is None:
             return self

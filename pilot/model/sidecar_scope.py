@@ -7,9 +7,9 @@ namespace's Sidecar without a selector, else no scoping at all.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Mapping
 
 from pilot.model.ports import PortPlan, plan_ports
 from pilot.model.services import MeshService
@@ -72,7 +72,7 @@ class ServiceView:
     registry_only: bool | None  # the Sidecar's outboundTrafficPolicy, None = the mesh's
 
     @classmethod
-    def of(cls, services: tuple[MeshService, ...], registry_only: bool | None = None) -> "ServiceView":
+    def of(cls, services: tuple[MeshService, ...], registry_only: bool | None = None) -> ServiceView:
         by_port: dict[int, list[MeshService]] = {}
         for svc in services:
             for p in svc.ports:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable, Literal
+from typing import Literal
 
 from pilot.config.base import K8sObject
 from pilot.config.validation import Rejection
@@ -25,7 +26,7 @@ class ConfigKey:
         return f"{self.kind}/{self.namespace}/{self.name}" if self.namespace else f"{self.kind}/{self.name}"
 
     @classmethod
-    def of(cls, obj: K8sObject) -> "ConfigKey":
+    def of(cls, obj: K8sObject) -> ConfigKey:
         return cls(obj.kind, obj.metadata.namespace, obj.metadata.name)
 
 

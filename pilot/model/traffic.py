@@ -8,9 +8,9 @@ service's namespace, which beats one in the root namespace; an exact host beats 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
 
 from pilot.model.store import Entry, Store
 
@@ -55,7 +55,7 @@ class TrafficIndex:
                          if all(labels.get(k) == v for k, v in sel))
 
     @classmethod
-    def build(cls, store: Store, domain: str, root_namespace: str) -> "TrafficIndex":
+    def build(cls, store: Store, domain: str, root_namespace: str) -> TrafficIndex:
         vs: dict[str, list[Entry]] = defaultdict(list)
         for e in store.list("VirtualService"):
             spec = e.obj.spec  # type: ignore[attr-defined]

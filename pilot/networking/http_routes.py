@@ -6,14 +6,14 @@ per match, as in istiod. Destinations become `outbound|PORT|SUBSET|HOST` cluster
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from envoy.config.core.v3 import base_pb2
 from envoy.config.route.v3 import route_components_pb2 as rc
+from envoy.extensions.filters.common.fault.v3 import fault_pb2 as common_fault_pb2
 from envoy.extensions.filters.http.cors.v3 import cors_pb2
 from envoy.extensions.filters.http.fault.v3 import fault_pb2
-from envoy.extensions.filters.common.fault.v3 import fault_pb2 as common_fault_pb2
 from envoy.type.matcher.v3 import regex_pb2, string_pb2
 from envoy.type.v3 import percent_pb2
 from google.protobuf import wrappers_pb2

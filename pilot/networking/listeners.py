@@ -14,15 +14,19 @@ from envoy.config.listener.v3 import api_listener_pb2, listener_components_pb2, 
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from google.protobuf import wrappers_pb2
 
+from pilot.model.mesh_settings import ListenerSettings
 from pilot.model.ports import PortPlan
 from pilot.model.services import MeshService
 from pilot.model.store import Entry
 from pilot.networking import names
-from pilot.networking.filters import (hcm_network_filter, http_connection_manager, router_filter,
-                                      tcp_proxy_filter)
+from pilot.networking.filters import (
+    hcm_network_filter,
+    http_connection_manager,
+    router_filter,
+    tcp_proxy_filter,
+)
 from pilot.networking.protos import ads_config_source, pack
 from pilot.networking.tcp_routes import sni_chains, tcp_filter_for, tls_inspector
-from pilot.model.mesh_settings import ListenerSettings
 
 LOCALHOST = "127.0.0.1"
 WILDCARD = "0.0.0.0"

@@ -5,15 +5,14 @@ from __future__ import annotations
 from envoy.config.route.v3 import route_components_pb2, route_pb2
 from google.protobuf import wrappers_pb2
 
-
+from pilot.durations import parse_duration
+from pilot.model.mesh_settings import RouteSettings
 from pilot.model.services import MeshService
 from pilot.model.store import Entry
 from pilot.networking import names
 from pilot.networking.http_routes import RouteInputs, virtual_service_routes
-from pilot.networking.retries import retry_policy
-from pilot.durations import parse_duration
 from pilot.networking.protos import duration
-from pilot.model.mesh_settings import RouteSettings
+from pilot.networking.retries import retry_policy
 
 
 def service_domains(svc: MeshService, port: int, proxy_namespace: str) -> list[str]:

@@ -16,8 +16,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 import watchfiles
+import yaml
 
 from pilot import logging as plog
 from pilot.config.base import K8sObject

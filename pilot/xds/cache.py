@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable
+from typing import Any
 
 from google.protobuf import any_pb2
 from google.protobuf.message import Message
@@ -27,7 +28,7 @@ class CachedResource:
     origins: tuple[str, ...] = field(default=())  # config objects it was built from, for debugging
 
     @classmethod
-    def from_message(cls, name: str, msg: Message, type_url: str, origins: tuple[str, ...] = ()) -> "CachedResource":
+    def from_message(cls, name: str, msg: Message, type_url: str, origins: tuple[str, ...] = ()) -> CachedResource:
         value = msg.SerializeToString(deterministic=True)
         any_bytes = any_pb2.Any(type_url=type_url, value=value).SerializeToString(deterministic=True)
         version = hashlib.blake2b(any_bytes, digest_size=8).hexdigest()

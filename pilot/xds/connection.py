@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
 
 from pilot.model.proxy import Proxy
 from pilot.model.push_request import PushRequest

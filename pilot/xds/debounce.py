@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from pilot import logging as plog
 from pilot.model.push_request import PushRequest
@@ -47,7 +47,7 @@ class Debouncer:
                     break
                 try:
                     nxt = await asyncio.wait_for(self._queue.get(), wait)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     break
                 if self._immediate(nxt):
                     # As in istiod, an endpoint-only request skips debounce even while a config

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from pilot import logging as plog
 from pilot.features import Features
@@ -85,7 +85,7 @@ class DiscoveryServer:
 
     def _next_version(self) -> str:
         self._seq += 1
-        return f"{datetime.now(timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')}/{self._seq}"
+        return f"{datetime.now(UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}/{self._seq}"
 
     def rebuild(self) -> None:
         """Rebuild the PushContext from the Store now, without a push (startup, after the first load)."""
@@ -105,7 +105,7 @@ class DiscoveryServer:
         # longer than PILOT_DEBOUNCE_MAX.
         try:
             await asyncio.wait_for(self._idle.wait(), self.features.debounce_max)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.warning("push still in flight after PILOT_DEBOUNCE_MAX; starting the next one",
                         proxies_busy=len(self._busy))
 

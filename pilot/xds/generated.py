@@ -7,8 +7,8 @@ The assembled bytes of a SotW response body are shared too; each proxy adds only
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Hashable, Mapping
 
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext

@@ -69,14 +69,13 @@ async def cluster(tmp_path):
 
 
 async def get(port: int, host: str) -> tuple[int, str | None]:
-    async with aiohttp.ClientSession() as s:
-        async with s.get(f"http://127.0.0.1:{port}/", headers={"Host": host},
-                         timeout=aiohttp.ClientTimeout(total=5)) as r:
-            body = await r.text()
-            try:
-                return r.status, json.loads(body).get("name")
-            except ValueError:
-                return r.status, None
+    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/", headers={"Host": host},
+                     timeout=aiohttp.ClientTimeout(total=5)) as r:
+        body = await r.text()
+        try:
+            return r.status, json.loads(body).get("name")
+        except ValueError:
+            return r.status, None
 
 
 async def test_weighted_split_from_kubernetes(cluster):

@@ -26,7 +26,7 @@ class TcpBackend:
         self.name = name
         self.server: asyncio.Server | None = None
 
-    async def start(self) -> "TcpBackend":
+    async def start(self) -> TcpBackend:
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
                 await reader.read(4096)
@@ -104,7 +104,7 @@ async def test_tcp_shift_and_sni_routing(tmp_path):
         async def answers(port: int, payload: bytes, name: str) -> bool:
             try:
                 return await exchange(port, payload) == name
-            except (OSError, asyncio.TimeoutError):
+            except (TimeoutError, OSError):
                 return False
 
         await wait_for(lambda: answers(db_port, b"ping", "db-v1"), message="plain TCP to db")

@@ -89,7 +89,7 @@ class ControlPlane:
         self.proc.send_signal(signal.SIGTERM)
         try:
             await asyncio.wait_for(self.proc.wait(), 10)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.proc.kill()
             await self.proc.wait()
         self._log.close()
@@ -98,7 +98,7 @@ class ControlPlane:
     async def __aenter__(self) -> Self:
         return await self.start()
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
     def log_tail(self, lines: int = 40) -> str:

@@ -27,7 +27,7 @@ class ApiError(Exception):
         self.status, self.reason, self.body = status, reason, body
 
     @classmethod
-    def from_body(cls, status: int, text: str) -> "ApiError":
+    def from_body(cls, status: int, text: str) -> ApiError:
         reason = text[:300] or "(empty body)"
         try:
             st = json.loads(text)

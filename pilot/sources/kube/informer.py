@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from pilot import logging as plog
 from pilot.config.base import K8sObject

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import random
-from datetime import datetime, timedelta, timezone
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 
 from pilot import logging as plog
 from pilot.sources.kube.client import ApiError, Kube
@@ -25,7 +25,7 @@ RBAC = (Rule("namespace", "coordination.k8s.io", "leases", frozenset({"get", "cr
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _fmt(t: datetime) -> str:
@@ -37,7 +37,7 @@ def _parse(text: str | None) -> datetime | None:
         return None
     for fmt in ("%Y-%m-%dT%H:%M:%S.%fZ", "%Y-%m-%dT%H:%M:%SZ"):
         try:
-            return datetime.strptime(text, fmt).replace(tzinfo=timezone.utc)
+            return datetime.strptime(text, fmt).replace(tzinfo=UTC)
         except ValueError:
             continue
     return None

@@ -8,8 +8,8 @@ from pilot.model.ports import PortPlan
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
 from pilot.networking import listeners, names
-from pilot.xds.generators import gateway
 from pilot.xds.cache import CachedResource, XdsCache
+from pilot.xds.generators import gateway
 from pilot.xds.typeurls import LISTENER
 
 

@@ -7,8 +7,8 @@ from dataclasses import replace
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
 from pilot.networking import routes
-from pilot.xds.generators import gateway
 from pilot.xds.cache import CachedResource, XdsCache
+from pilot.xds.generators import gateway
 from pilot.xds.generators.lds import resolve_host_port
 from pilot.xds.typeurls import ROUTE
 

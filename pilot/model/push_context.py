@@ -14,7 +14,6 @@ from types import MappingProxyType
 from pilot.config.mesh import MeshConfig
 from pilot.model.gateways import GatewayIndex
 from pilot.model.mesh_settings import MeshSettings
-from pilot.model.ports import plan_ports
 from pilot.model.services import (
     EndpointAddress,
     MeshService,
@@ -38,20 +37,14 @@ class PushContext:
     by_host: Mapping[str, MeshService] = field(default_factory=dict)
     # (namespace, service name) -> EndpointSlice entries for that service, in a stable order
     slices: Mapping[tuple[str, str], tuple[Entry, ...]] = field(default_factory=dict)
-    # service port number -> services exposing it, sorted by hostname
-    by_port: Mapping[int, tuple[MeshService, ...]] = field(default_factory=dict)
     # The MeshConfig slices builders read (the same objects while they do not change).
     settings: MeshSettings | None = None
-    # Per-port plans for listeners (which ports are HTTP; TCP services per port).
-    port_plans: tuple = ()
-    conflicts: tuple[str, ...] = ()  # services that lost their port to another (shown in debug)
-    # port -> the HTTP services on it: one outbound RouteConfiguration each
-    http_by_port: Mapping[int, tuple[MeshService, ...]] = field(default_factory=dict)
     traffic: TrafficIndex = field(default_factory=TrafficIndex)
     sidecars: Mapping[str, tuple[Entry, ...]] = field(default_factory=dict)  # by namespace, oldest first
     service_entries: Mapping[tuple[str, str], Entry] = field(default_factory=dict)
     workload_entries_by_ns: Mapping[str, tuple[Entry, ...]] = field(default_factory=dict)
-    full_view: ServiceView | None = None
+    # Every service with its per-port indexes: what proxies without a Sidecar see.
+    full_view: ServiceView = field(default_factory=lambda: ServiceView.of(()))
     _views: dict = field(default_factory=dict, compare=False, repr=False)  # per-push memo
     pods: Mapping[tuple[str, str], Entry] = field(default_factory=dict)
     gateways: GatewayIndex = field(default_factory=GatewayIndex)  # Gateways, their VirtualServices, Secrets
@@ -78,16 +71,9 @@ class PushContext:
                     taken.add(se_svc.hostname)
                     entries.append(se_svc)
         services = tuple(sorted(kube + entries, key=lambda s: s.hostname))
-        by_port: dict[int, list[MeshService]] = defaultdict(list)
-        for svc in services:
-            for p in svc.ports:
-                by_port[p.port].append(svc)
         settings = MeshSettings.of(mesh)
         if previous is not None and previous.settings == settings:
             settings = previous.settings
-        ports = MappingProxyType({p: tuple(v) for p, v in sorted(by_port.items())})
-        plans, conflicts = plan_ports(ports)
-        http = MappingProxyType({p: tuple(s for s in v if s.port(p).protocol.is_http) for p, v in ports.items()})
         return cls(
             version=version,
             mesh=mesh,
@@ -96,19 +82,20 @@ class PushContext:
             services=services,
             by_host=MappingProxyType({s.hostname: s for s in services}),
             slices=_index_slices(store),
-            by_port=ports,
             settings=settings,
-            port_plans=tuple(plans),
-            conflicts=tuple(conflicts),
-            http_by_port=http,
             traffic=TrafficIndex.build(store, domain, mesh.root_namespace),
             sidecars=_by_namespace(store.list("Sidecar"), oldest_first=True),
             service_entries=MappingProxyType({(e.key.namespace, e.key.name): e for e in store.list("ServiceEntry")}),
             workload_entries_by_ns=_by_namespace(store.list("WorkloadEntry")),
-            full_view=ServiceView(services, ports, http, tuple(plans), None),
+            full_view=ServiceView.of(services),
             pods=_index_pods(store),
             gateways=GatewayIndex.build(store, domain),
         )
+
+    @property
+    def conflicts(self) -> tuple[str, ...]:
+        """Services that lost their port to another protocol (shown in /debug/push_status)."""
+        return self.full_view.conflicts
 
     def sidecar_for(self, namespace: str, labels: Mapping[str, str]) -> Entry | None:
         if not self.sidecars:

@@ -70,6 +70,7 @@ class ServiceView:
     http_by_port: Mapping[int, tuple[MeshService, ...]]
     port_plans: tuple[PortPlan, ...]
     registry_only: bool | None  # the Sidecar's outboundTrafficPolicy, None = the mesh's
+    conflicts: tuple[str, ...] = ()  # services that lost their port to another protocol
 
     @classmethod
     def of(cls, services: tuple[MeshService, ...], registry_only: bool | None = None) -> ServiceView:
@@ -78,9 +79,9 @@ class ServiceView:
             for p in svc.ports:
                 by_port.setdefault(p.port, []).append(svc)
         ports = MappingProxyType({p: tuple(v) for p, v in sorted(by_port.items())})
-        plans, _ = plan_ports(ports)
+        plans, conflicts = plan_ports(ports)
         http = MappingProxyType({p: tuple(s for s in v if s.port(p).protocol.is_http) for p, v in ports.items()})
-        return cls(services, ports, http, tuple(plans), registry_only)
+        return cls(services, ports, http, tuple(plans), registry_only, tuple(conflicts))
 
     def sees(self, hostname: str) -> bool:
         return any(s.hostname == hostname for s in self.services)

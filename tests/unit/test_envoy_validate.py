@@ -13,11 +13,6 @@ import copy
 from pathlib import Path
 
 import pytest
-from envoy.config.cluster.v3 import cluster_pb2
-from envoy.config.endpoint.v3 import endpoint_pb2
-from envoy.config.listener.v3 import listener_pb2
-from envoy.config.route.v3 import route_pb2
-from google.protobuf import json_format
 
 from pilot.config.mesh import parse_mesh_config
 from pilot.config.validation import parse_object
@@ -25,20 +20,14 @@ from pilot.model.mesh import MeshHolder
 from pilot.model.push_context import PushContext
 from pilot.model.store import Store
 from pilot.sources.files import FileSource
-from pilot.xds.cache import XdsCache
-from pilot.xds.generators import cds, eds, lds, rds
 from tests.support.envoy import envoy_validate
+from tests.support.static_config import static_bootstrap
 
 from .helpers import DOMAIN, SYSTEM_NS, endpoint_slice, mesh_configmap, proxy, service
 
 pytestmark = pytest.mark.timeout(60)
 
 REPO = Path(__file__).resolve().parents[2]
-HCM_TYPE = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
-
-
-def to_dict(msg) -> dict:
-    return json_format.MessageToDict(msg, preserving_proto_field_name=True)
 
 
 def example_store(extra_mesh: dict | None = None, extra_docs: tuple[dict, ...] = ()) -> tuple[Store, MeshHolder]:
@@ -59,44 +48,10 @@ def example_store(extra_mesh: dict | None = None, extra_docs: tuple[dict, ...] =
 def generated_bootstrap(interception: str, extra_mesh: dict | None = None, extra_docs: tuple[dict, ...] = ()) -> dict:
     store, holder = example_store(extra_mesh, extra_docs)
     ctx = PushContext.build(store, holder.current, holder.version, DOMAIN, "v1")
-    cache = XdsCache()
-    p = proxy("default", interception=interception)
-
-    clusters = [r.message(cluster_pb2.Cluster) for r in cds.generate(ctx, p, None, cache)]
-    eds_names = frozenset(c.name for c in clusters if c.type == cluster_pb2.Cluster.EDS)
-    assert eds_names, "no EDS clusters generated"
-    claims = {r.name: r.message(endpoint_pb2.ClusterLoadAssignment) for r in eds.generate(ctx, p, eds_names, cache)}
-    assert set(claims) == eds_names, "every EDS cluster must have a ClusterLoadAssignment"
-    listeners = [r.message(listener_pb2.Listener) for r in lds.generate(ctx, p, None, cache)]
-    assert listeners, "no listeners generated"
-
-    listener_dicts = [to_dict(listener) for listener in listeners]
-    route_names = sorted({f["typed_config"]["rds"]["route_config_name"]
-                          for ld in listener_dicts for fc in ld.get("filter_chains", []) for f in fc["filters"]
-                          if f["typed_config"]["@type"] == HCM_TYPE})
-    routes = {r.name: r.message(route_pb2.RouteConfiguration) for r in rds.generate(ctx, p, frozenset(route_names), cache)}
-    assert set(routes) == set(route_names), "every RDS name a listener uses must be generated"
-
-    cluster_dicts = []
-    for c in clusters:
-        d = to_dict(c)
-        if c.type == cluster_pb2.Cluster.EDS:
-            d.pop("eds_cluster_config")
-            d["type"] = "STATIC"
-            d["load_assignment"] = to_dict(claims[c.name])
-        cluster_dicts.append(d)
-    for ld in listener_dicts:
-        for fc in ld.get("filter_chains", []):
-            for f in fc["filters"]:
-                tc = f["typed_config"]
-                if tc["@type"] == HCM_TYPE and "rds" in tc:
-                    tc["route_config"] = to_dict(routes[tc.pop("rds")["route_config_name"]])
-
-    return {
-        "node": {"id": p.id, "cluster": p.cluster, "metadata": p.metadata},
-        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
-        "static_resources": {"clusters": cluster_dicts, "listeners": listener_dicts},
-    }
+    config = static_bootstrap(ctx, proxy("default", interception=interception))
+    assert any(c["type"] == "STATIC" and "load_assignment" in c for c in config["static_resources"]["clusters"]), \
+        "no EDS clusters generated"
+    return config
 
 
 def assert_valid(config: dict, tmp_path: Path) -> None:

@@ -41,9 +41,3 @@ def parse_duration(text: str) -> float:
         total += float(m.group(1)) * _UNITS[m.group(2)]
         pos = m.end()
     return sign * total
-
-
-def format_duration(seconds: float) -> str:
-    if seconds == int(seconds):
-        return f"{int(seconds)}s"
-    return f"{seconds * 1000:g}ms"

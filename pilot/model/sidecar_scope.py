@@ -14,6 +14,7 @@ from types import MappingProxyType
 from pilot.model.ports import PortPlan, plan_ports
 from pilot.model.services import MeshService
 from pilot.model.store import Entry
+from pilot.model.traffic import host_matches
 
 
 def select_sidecar(sidecars: Mapping[str, tuple[Entry, ...]], namespace: str, labels: Mapping[str, str],
@@ -35,10 +36,6 @@ def select_sidecar(sidecars: Mapping[str, tuple[Entry, ...]], namespace: str, la
     return None
 
 
-def _host_matches(pattern: str, host: str) -> bool:
-    return pattern == "*" or pattern == host or (pattern.startswith("*.") and host.endswith(pattern[1:]))
-
-
 def egress_visible(sidecar: Entry, svc: MeshService) -> bool:
     """Does any egress `namespace/host` of the Sidecar name this service?"""
     return egress_names(sidecar, svc.namespace, svc.hostname)
@@ -56,7 +53,7 @@ def egress_names(sidecar: Entry, namespace: str, hostname: str) -> bool:
                 continue
             if ns not in ("*", namespace) and not (ns == "." and namespace == own):
                 continue
-            if _host_matches(host, hostname):
+            if host_matches(host, hostname):
                 return True
     return False
 
@@ -83,8 +80,6 @@ class ServiceView:
         http = MappingProxyType({p: tuple(s for s in v if s.port(p).protocol.is_http) for p, v in ports.items()})
         return cls(services, ports, http, tuple(plans), registry_only, tuple(conflicts))
 
-    def sees(self, hostname: str) -> bool:
-        return any(s.hostname == hostname for s in self.services)
 
 
 def scoped_view(sidecar: Entry, services: tuple[MeshService, ...]) -> ServiceView:

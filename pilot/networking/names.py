@@ -12,10 +12,6 @@ def outbound_cluster_name(port: int, hostname: str, subset: str = "") -> str:
     return f"outbound|{port}|{subset}|{hostname}"
 
 
-def inbound_cluster_name(port: int) -> str:
-    return f"inbound|{port}||"
-
-
 def parse_cluster_name(name: str) -> tuple[str, int, str, str] | None:
     """`outbound|80||host` -> ("outbound", 80, "", "host"); None for anything else."""
     parts = name.split("|")

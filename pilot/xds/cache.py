@@ -81,9 +81,6 @@ class XdsCache:
                 self.evictions += 1
         return res
 
-    def items(self):
-        return list(self._entries.items())
-
     def clear(self) -> None:
         self._entries.clear()
 

@@ -23,6 +23,7 @@ class ProxyTraits:
     namespace: str
     interception_mode: str
     generator: str  # "" for Envoy, "grpc" for proxyless gRPC clients
+    mesh_tls: bool = False  # has a workload identity, hence certificates: gets mTLS config
 
 
 @dataclass
@@ -35,6 +36,9 @@ class Proxy:
     dns_domain: str
     cluster: str = ""
     metadata: dict = field(default_factory=dict)
+    # The SPIFFE identity the proxy proved on the secure port (15012); "" on plaintext 15010.
+    # Only a proxy with an identity has certificates (from pilot-agent), so only it gets mTLS.
+    identity: str = ""
 
     @property
     def labels(self) -> dict[str, str]:
@@ -59,7 +63,8 @@ class Proxy:
 
     @property
     def traits(self) -> ProxyTraits:
-        return ProxyTraits(self.type, self.namespace, self.interception_mode, self.generator)
+        return ProxyTraits(self.type, self.namespace, self.interception_mode, self.generator,
+                           bool(self.identity) and not self.is_grpc)
 
     def mark_grpc(self) -> None:
         """grpcio clients rarely send GENERATOR metadata; a named host:port LDS request gives them away."""

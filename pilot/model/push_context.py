@@ -14,6 +14,9 @@ from types import MappingProxyType
 from pilot.config.mesh import MeshConfig
 from pilot.model.gateways import GatewayIndex
 from pilot.model.mesh_settings import MeshSettings
+from pilot.model.inbound import InboundPlan, plan_inbound
+from pilot.model.mtls import spiffe_id
+from pilot.model.proxy import Proxy
 from pilot.model.services import (
     EndpointAddress,
     MeshService,
@@ -46,6 +49,7 @@ class PushContext:
     # Every service with its per-port indexes: what proxies without a Sidecar see.
     full_view: ServiceView = field(default_factory=lambda: ServiceView.of(()))
     _views: dict = field(default_factory=dict, compare=False, repr=False)  # per-push memo
+    _memo: dict = field(default_factory=dict, compare=False, repr=False)  # per-push derived values
     pods: Mapping[tuple[str, str], Entry] = field(default_factory=dict)
     gateways: GatewayIndex = field(default_factory=GatewayIndex)  # Gateways, their VirtualServices, Secrets
 
@@ -112,7 +116,7 @@ class PushContext:
 
     def with_endpoints(self, store: Store, version: str) -> PushContext:
         return replace(self, version=version, slices=_index_slices(store), pods=_index_pods(store), _views={},
-                       workload_entries_by_ns=_by_namespace(store.list("WorkloadEntry")))
+                       _memo={}, workload_entries_by_ns=_by_namespace(store.list("WorkloadEntry")))
 
     def pods_of(self, slices: tuple[Entry, ...]) -> tuple[Entry, ...]:
         """The Pods behind these slices' endpoints (their labels decide subset membership)."""
@@ -126,6 +130,73 @@ class PushContext:
                     if pod is not None:
                         out[key] = pod
         return tuple(out[k] for k in sorted(out))
+
+    def service_pods(self, svc: MeshService) -> tuple[Entry, ...]:
+        """The Pods behind a Kubernetes service's endpoints, computed once per push."""
+        key = ("pods", svc.namespace, svc.name)
+        pods = self._memo.get(key)
+        if pods is None:
+            pods = self._memo[key] = self.pods_of(self.service_slices(svc))
+        return pods
+
+    def service_accounts(self, svc: MeshService) -> tuple[str, ...]:
+        """The SPIFFE identities a service's workloads run as (what mTLS clients verify): the
+        service accounts of its Pods or WorkloadEntries, and a ServiceEntry's subjectAltNames."""
+        key = ("sans", svc.hostname)
+        sans = self._memo.get(key)
+        if sans is None:
+            td = self.mesh.trust_domain
+            out: set[str] = set()
+            if svc.kind == "ServiceEntry":
+                entry = self.service_entry(svc)
+                if entry is not None:
+                    spec = entry.obj.spec  # type: ignore[attr-defined]
+                    out.update(spec.subject_alt_names)
+                    for w in spec.endpoints + [we.obj.spec for we in self._selected_workload_entries(svc, entry)]:
+                        if w.service_account:
+                            out.add(spiffe_id(td, svc.namespace, w.service_account))
+            else:
+                for pod in self.service_pods(svc):
+                    out.add(spiffe_id(td, pod.key.namespace, pod.obj.spec.service_account_name))  # type: ignore[attr-defined]
+            sans = self._memo[key] = tuple(sorted(out))
+        return sans
+
+    def services_in(self, namespace: str) -> tuple[MeshService, ...]:
+        key = ("ns-services", namespace)
+        out = self._memo.get(key)
+        if out is None:
+            out = self._memo[key] = tuple(s for s in self.services if s.namespace == namespace)
+        return out
+
+    def inbound_plan(self, proxy: Proxy) -> InboundPlan:
+        """The ports the proxy's workload serves and their mTLS modes; shared by proxies whose
+        inputs match (replicas of one deployment in iptables mode)."""
+        key = ("inbound", proxy.namespace, frozenset(proxy.labels.items()), proxy.ip_addresses,
+               proxy.interception_mode, proxy.traits.mesh_tls)
+        plan = self._memo.get(key)
+        if plan is None:
+            labels = proxy.labels
+            plan = plan_inbound(proxy, self.services_in(proxy.namespace), self.service_slices,
+                                self.sidecar_for(proxy.namespace, labels),
+                                lambda port: self.mtls_mode(proxy.namespace, labels, port), proxy.traits.mesh_tls)
+            self._memo[key] = plan = self._memo.setdefault(("plan", plan), plan)  # equal plans: one object
+        return plan
+
+    def mtls_mode(self, namespace: str, labels: Mapping[str, str], port: int) -> str:
+        """PeerAuthentication's mode for a workload port (istiod's default: PERMISSIVE)."""
+        return "PERMISSIVE"
+
+    def destination_mtls_disabled(self, svc: MeshService, port: int) -> bool:
+        """Does PeerAuthentication turn mTLS off for the destination (namespace or mesh wide)?
+        Auto mTLS then sends plaintext, as istiod does."""
+        return False
+
+    def _selected_workload_entries(self, svc: MeshService, entry: Entry) -> list[Entry]:
+        selector = entry.obj.spec.workload_selector  # type: ignore[attr-defined]
+        if selector is None:
+            return []
+        return [we for we in self.workload_entries(svc)
+                if all(we.obj.spec.labels.get(k) == v for k, v in selector.match_labels.items())]  # type: ignore[attr-defined]
 
     def service_slices(self, svc: MeshService) -> tuple[Entry, ...]:
         return self.slices.get((svc.namespace, svc.name), ())

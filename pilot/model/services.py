@@ -11,6 +11,8 @@ from pilot.config.core import EndpointSlice, Service
 from pilot.model.protocol import Protocol, select_protocol
 from pilot.model.store import Entry
 
+TLS_MODE_LABEL = "security.istio.io/tlsMode"
+
 
 @dataclass(frozen=True, slots=True)
 class ServicePort:
@@ -30,6 +32,7 @@ class MeshService:
     revision: int  # store revision of the Service object: the cache-key input
     kind: str = "Service"  # or "ServiceEntry"
     resolution: str = ""  # ServiceEntry resolution: NONE, STATIC, DNS, DNS_ROUND_ROBIN
+    selector: tuple[tuple[str, str], ...] = ()  # a Kubernetes Service's pod selector (inbound side)
 
     @property
     def origin(self) -> str:
@@ -59,6 +62,7 @@ class EndpointAddress:
     port: int
     locality: Locality
     ready: bool
+    tls_mode: str = ""  # "istio" when the workload runs a sidecar (auto mTLS sends it mTLS)
 
 
 def mesh_service(entry: Entry, domain: str) -> MeshService:
@@ -69,7 +73,8 @@ def mesh_service(entry: Entry, domain: str) -> MeshService:
         ServicePort(p.name, p.port, select_protocol(p.name, p.app_protocol, p.protocol), p.target_port)
         for p in svc.spec.ports
     )
-    return MeshService(f"{name}.{ns}.svc.{domain}", name, ns, cluster_ip, ports, entry.revision)
+    selector = tuple(sorted((svc.spec.selector or {}).items()))
+    return MeshService(f"{name}.{ns}.svc.{domain}", name, ns, cluster_ip, ports, entry.revision, selector=selector)
 
 
 def _slice_port(slice_: EndpointSlice, svc_port: ServicePort) -> int | None:
@@ -87,7 +92,8 @@ def endpoints_for_port(slices: tuple[Entry, ...], svc_port: ServicePort,
                        subset_labels: tuple[tuple[str, str], ...] = (),
                        pods: tuple[Entry, ...] = ()) -> tuple[EndpointAddress, ...]:
     """Ready endpoints of one service port across all its slices, deduplicated, stable order.
-    With `subset_labels`, only endpoints whose Pod (in `pods`) carries all those labels."""
+    With `subset_labels`, only endpoints whose Pod (in `pods`) carries all those labels. A Pod's
+    `security.istio.io/tlsMode` label becomes its endpoint's tls_mode."""
     pod_labels = {(p.key.namespace, p.key.name): p.obj.metadata.labels for p in pods}
     seen: set[tuple[str, int]] = set()
     out: list[EndpointAddress] = []
@@ -101,17 +107,18 @@ def endpoints_for_port(slices: tuple[Entry, ...], svc_port: ServicePort,
         for ep in s.endpoints:
             if not ep.is_ready:
                 continue
-            if subset_labels:
-                ref = ep.target_ref
-                labels = pod_labels.get((ref.namespace or entry.key.namespace, ref.name)) if ref and ref.kind == "Pod" else None
-                if labels is None or any(labels.get(k) != v for k, v in subset_labels):
-                    continue
+            ref = ep.target_ref
+            labels = pod_labels.get((ref.namespace or entry.key.namespace, ref.name)) \
+                if ref and ref.kind == "Pod" and pod_labels else None
+            if subset_labels and (labels is None or any(labels.get(k) != v for k, v in subset_labels)):
+                continue
+            tls_mode = labels.get(TLS_MODE_LABEL, "") if labels else ""
             locality = Locality(zone=ep.zone or "")
             for addr in ep.addresses:
                 if (addr, port) in seen:
                     continue
                 seen.add((addr, port))
-                out.append(EndpointAddress(addr, port, locality, True))
+                out.append(EndpointAddress(addr, port, locality, True, tls_mode))
     out.sort(key=lambda e: (e.locality.label(), e.address, e.port))
     return tuple(out)
 
@@ -148,5 +155,5 @@ def service_entry_endpoints(entry: Entry, port: ServicePort, workload_entries: t
             continue
         number = w.ports.get(port.name) or (port.target_port if isinstance(port.target_port, int) else None) or port.port
         parts = (w.locality.split("/") + ["", "", ""])[:3]
-        out.append(EndpointAddress(w.address, number, Locality(*parts), True))
+        out.append(EndpointAddress(w.address, number, Locality(*parts), True, w.labels.get(TLS_MODE_LABEL, "")))
     return tuple(sorted(set(out), key=lambda e: (e.locality.label(), e.address, e.port)))

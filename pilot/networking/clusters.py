@@ -6,10 +6,13 @@ from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import protocol_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 
+from google.protobuf import struct_pb2
+
 from pilot.model.mesh_settings import ClusterSettings
+from pilot.model.mtls import MeshTls
 from pilot.model.services import EndpointAddress, Locality, MeshService, ServicePort
 from pilot.model.store import Entry
-from pilot.networking import names
+from pilot.networking import names, tls
 from pilot.networking.endpoints import cluster_load_assignment
 from pilot.networking.protos import ads_config_source, duration, pack
 from pilot.networking.traffic_policy import apply_policy, effective_policy
@@ -19,10 +22,12 @@ _HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
 def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSettings,
                      destination_rule: Entry | None = None, subset: str = "",
-                     dns_targets: tuple[EndpointAddress, ...] = ()) -> cluster_pb2.Cluster:
+                     dns_targets: tuple[EndpointAddress, ...] = (),
+                     mesh_tls: MeshTls | None = None) -> cluster_pb2.Cluster:
     """`destination_rule` is the DestinationRule in force for this client (its traffic policy and,
     for a subset cluster, the subset's). ServiceEntries with DNS resolution resolve
-    `dns_targets` in Envoy; with resolution NONE traffic goes where the client sent it."""
+    `dns_targets` in Envoy; with resolution NONE traffic goes where the client sent it.
+    `mesh_tls`: Istio mTLS toward this cluster (see pilot.model.mtls), None for none."""
     name = names.outbound_cluster_name(port.port, svc.hostname, subset)
     c = cluster_pb2.Cluster(
         name=name,
@@ -50,7 +55,22 @@ def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSetti
     if destination_rule is not None:
         policy = effective_policy(destination_rule.obj.spec, subset, port.port)  # type: ignore[attr-defined]
         apply_policy(c, policy, svc.hostname, port.protocol.is_http2)
+    if mesh_tls is not None:
+        apply_mesh_tls(c, mesh_tls, tls.outbound_sni(port.port, subset, svc.hostname), port.protocol.is_http2)
     return c
+
+
+def apply_mesh_tls(c: cluster_pb2.Cluster, mesh_tls: MeshTls, sni: str, http2: bool) -> None:
+    socket = tls.tls_socket(tls.istio_upstream_tls(sni, mesh_tls.sans, http2))
+    if not mesh_tls.auto:
+        c.transport_socket.CopyFrom(socket)
+        return
+    # Auto mTLS: EDS marks endpoints that run a sidecar; the rest are reached in plaintext.
+    match = struct_pb2.Struct()
+    match.update({"tlsMode": "istio"})
+    c.transport_socket_matches.add(name="tlsMode-istio", match=match, transport_socket=socket)
+    c.transport_socket_matches.add(name="tlsMode-disabled", match=struct_pb2.Struct(),
+                                   transport_socket=tls.raw_socket())
 
 
 def blackhole_cluster(settings: ClusterSettings) -> cluster_pb2.Cluster:

@@ -10,9 +10,10 @@ from collections import defaultdict
 
 from envoy.config.core.v3 import address_pb2, base_pb2, health_check_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
-from google.protobuf import wrappers_pb2
+from google.protobuf import struct_pb2, wrappers_pb2
 
 from pilot.model.services import EndpointAddress, Locality
+from pilot.networking.tls import TRANSPORT_SOCKET_MATCH
 
 
 def cluster_load_assignment(cluster_name: str,
@@ -28,10 +29,20 @@ def cluster_load_assignment(cluster_name: str,
             load_balancing_weight=wrappers_pb2.UInt32Value(value=len(eps)),
         )
         for ep in eps:
-            group.lb_endpoints.append(endpoint_components_pb2.LbEndpoint(
+            lb = endpoint_components_pb2.LbEndpoint(
                 endpoint=endpoint_components_pb2.Endpoint(address=address_pb2.Address(
                     socket_address=address_pb2.SocketAddress(address=ep.address, port_value=ep.port))),
                 health_status=health_check_pb2.HEALTHY,
                 load_balancing_weight=wrappers_pb2.UInt32Value(value=1),
-            ))
+            )
+            if ep.tls_mode:
+                # What auto mTLS clusters' transport_socket_matches select on.
+                lb.metadata.filter_metadata[TRANSPORT_SOCKET_MATCH].CopyFrom(_tls_mode(ep.tls_mode))
+            group.lb_endpoints.append(lb)
     return cla
+
+
+def _tls_mode(mode: str) -> struct_pb2.Struct:
+    s = struct_pb2.Struct()
+    s.update({"tlsMode": mode})
+    return s

@@ -112,11 +112,12 @@ def apply_outlier_detection(c: cluster_pb2.Cluster, od) -> None:
 
 
 def apply_tls(c: cluster_pb2.Cluster, tls, hostname: str) -> str | None:
-    """SIMPLE and MUTUAL with certificate files. Returns why a mode was not applied, if so."""
+    """SIMPLE and MUTUAL with certificate files. Returns why a mode was not applied, if so.
+    ISTIO_MUTUAL is not applied here: pilot.model.mtls decides it (it needs the client's identity)."""
     if tls.mode == "DISABLE":
         return None
     if tls.mode == "ISTIO_MUTUAL":
-        return "ISTIO_MUTUAL needs the mesh CA (security issue); the cluster stays plaintext"
+        return "ISTIO_MUTUAL applies only to proxies with a mesh identity (connected on 15012)"
     if tls.credential_name:
         return "credentialName for client TLS is not supported yet; the cluster stays plaintext"
     ctx = tls_pb2.UpstreamTlsContext(sni=tls.sni or hostname)

@@ -497,6 +497,7 @@ class SecureServer:
                 await ctx.abort(grpc.StatusCode.PERMISSION_DENIED,
                                 f"authenticated as {caller.account}, which may not connect as node {proxy.id}"
                                 + (f" (service account {sa})" if sa else ""))
+            proxy.identity = spiffe.build(self.trust_domain(), caller.namespace, caller.service_account)
             return peer.remote
 
         await self.ads.serve_stream(requests, context, delta=delta, admit=admit)

@@ -116,7 +116,12 @@ class DiscoveryServer:
         if req.full:
             self.push_context = self._build_context(req.version, self.push_context)
         else:
-            self.push_context = self.push_context.with_endpoints(self.store, req.version)
+            previous = self.push_context
+            self.push_context = previous.with_endpoints(self.store, req.version)
+            if self._identities_changed(previous, req):
+                # mTLS clients verify the service's identities in CDS: new ones need a full push.
+                req.full = True
+                self.push_context = self._build_context(req.version, previous)
         build_s = time.perf_counter() - t0
         self.metrics.pushcontext_init_seconds.observe(build_s)
         for reason, n in req.reasons.items():
@@ -133,6 +138,14 @@ class DiscoveryServer:
                                     sorted(str(k) for k in req.config_keys), debounce_s, build_s, queued, req.start))
         log.info("push", version=req.version, full=req.full, reasons=req.reason_text(), proxies=queued,
                  context_build_ms=round(build_s * 1000, 2))
+
+    def _identities_changed(self, previous: PushContext, req: PushRequest) -> bool:
+        ctx = self.push_context
+        for host in self._affected_hosts(req):
+            svc = ctx.by_host.get(host)
+            if svc is not None and previous.service_accounts(svc) != ctx.service_accounts(svc):
+                return True
+        return False
 
     def _note_build(self, type_url: str, name: str, resource_version: str) -> None:
         self.history.note_build(type_url, name, resource_version, self.push_context.version)

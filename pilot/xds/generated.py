@@ -53,10 +53,13 @@ class GenerationMemo:
             self._plans = {}
             self._version = ctx.version
         # Generators read nothing of a proxy but its traits, the Sidecar that scopes it (for a
-        # router: the Gateways its labels select) and which sourceLabels matches its labels meet.
+        # router: the Gateways its labels select), which sourceLabels matches its labels meet
+        # and its inbound plan.
         scope = (ctx.gateways.select(proxy.labels) if proxy.type == "router"
                  else ctx.sidecar_for(proxy.namespace, proxy.labels))
-        key = (type_url, proxy.traits, scope, ctx.traffic.source_signature(proxy.labels), requested)
+        # A sidecar's inbound side depends on the services selecting it: its InboundPlan.
+        inbound = ctx.inbound_plan(proxy) if proxy.type == "sidecar" and not proxy.is_grpc else None
+        key = (type_url, proxy.traits, scope, ctx.traffic.source_signature(proxy.labels), inbound, requested)
         out = self._memo.get(key)
         if out is None:
             self.misses += 1

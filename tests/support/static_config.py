@@ -14,6 +14,7 @@ from google.protobuf import json_format
 
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
+from pilot.networking.tls import SDS_CLUSTER
 from pilot.xds.cache import XdsCache
 from pilot.xds.generators import cds, eds, lds, rds, sds
 
@@ -25,8 +26,15 @@ def to_dict(msg) -> dict:
     return json_format.MessageToDict(msg, preserving_proto_field_name=True)
 
 
+def _from_agent(sds_ref: dict) -> bool:
+    """Mesh certificates (`default`, `ROOTCA`) come from pilot-agent's SDS, not from istiod."""
+    grpc = sds_ref.get("sds_config", {}).get("api_config_source", {}).get("grpc_services", [{}])
+    return grpc[0].get("envoy_grpc", {}).get("cluster_name") == SDS_CLUSTER
+
+
 def _secret_refs(listeners: list[dict]) -> set[str]:
-    """Names of SDS secrets the listeners use; their sds_config is dropped (they become static)."""
+    """Names of SDS secrets from istiod the listeners use; their sds_config is dropped (they
+    become static). Secrets from pilot-agent stay dynamic through the `sds-grpc` cluster."""
     names: set[str] = set()
     for ld in listeners:
         for fc in ld.get("filter_chains", []):
@@ -34,14 +42,26 @@ def _secret_refs(listeners: list[dict]) -> set[str]:
             if ts.get("@type") != TLS_TYPE:
                 continue
             common = ts["common_tls_context"]
-            for c in common.get("tls_certificate_sds_secret_configs", []):
-                names.add(c["name"])
-                c.pop("sds_config")
+            refs = list(common.get("tls_certificate_sds_secret_configs", []))
             combined = common.get("combined_validation_context")
             if combined:
-                names.add(combined["validation_context_sds_secret_config"]["name"])
-                combined["validation_context_sds_secret_config"].pop("sds_config")
+                refs.append(combined["validation_context_sds_secret_config"])
+            for ref in refs:
+                if not _from_agent(ref):
+                    names.add(ref["name"])
+                    ref.pop("sds_config")
     return names
+
+
+def sds_grpc_cluster() -> dict:
+    """The cluster pilot-agent's bootstrap defines for its SDS socket."""
+    return {"name": SDS_CLUSTER, "type": "STATIC", "connect_timeout": "1s",
+            "typed_extension_protocol_options": {
+                "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                    "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                    "explicit_http_config": {"http2_protocol_options": {}}}},
+            "load_assignment": {"cluster_name": SDS_CLUSTER, "endpoints": [{"lb_endpoints": [{"endpoint": {
+                "address": {"pipe": {"path": "./var/run/secrets/workload-spiffe-uds/socket"}}}}]}]}}
 
 
 def static_bootstrap(ctx: PushContext, proxy: Proxy) -> dict:
@@ -74,6 +94,8 @@ def static_bootstrap(ctx: PushContext, proxy: Proxy) -> dict:
             d["type"] = "STATIC"
             d["load_assignment"] = to_dict(claims[c.name])
         cluster_dicts.append(d)
+    if SDS_CLUSTER in str((cluster_dicts, listeners)):
+        cluster_dicts.append(sds_grpc_cluster())
     static = {"clusters": cluster_dicts, "listeners": listeners}
     if secrets:
         static["secrets"] = secrets

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pilot.model.mtls import MeshTls, client_mesh_tls
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
+from pilot.model.services import MeshService
 from pilot.model.store import Entry
-from pilot.networking import clusters, names
+from pilot.networking import clusters, inbound, names
+from pilot.networking.traffic_policy import effective_policy
 from pilot.xds.cache import CachedResource, XdsCache
 from pilot.xds.typeurls import CLUSTER
 
@@ -17,19 +20,34 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         return requested is None or name in requested
 
     view = ctx.view(None if proxy.type == "router" else ctx.sidecar_for(proxy.namespace, proxy.labels))
+    has_identity = proxy.traits.mesh_tls
     for svc in view.services:
         dr = ctx.traffic.destination_rule(svc.hostname, proxy.namespace, svc.namespace)
         origins = (svc.origin,) + ((ref(dr),) if dr else ())
         subsets = [s.name for s in dr.obj.spec.subsets] if dr else []
         dns = svc.resolution in ("DNS", "DNS_ROUND_ROBIN")
+        sans = ctx.service_accounts(svc) if has_identity else ()
         for port in svc.ports:
             targets = ctx.endpoints(svc, port.port) if dns else ()
             for subset in ("", *subsets):
                 name = names.outbound_cluster_name(port.port, svc.hostname, subset)
                 if want(name):
+                    mesh_tls = _mesh_tls(ctx, svc, port.port, dr, subset, sans) if has_identity else None
                     out.append(cache.resource(CLUSTER, name, clusters.outbound_cluster,
-                                              svc, port, ctx.settings.clusters, dr, subset, targets,
+                                              svc, port, ctx.settings.clusters, dr, subset, targets, mesh_tls,
                                               origins=origins))
+    if proxy.type == "sidecar" and not proxy.is_grpc:
+        plan = ctx.inbound_plan(proxy)
+        for port in plan.ports:
+            name = inbound.inbound_cluster_name(port.port)
+            if want(name):
+                out.append(cache.resource(CLUSTER, name, inbound.inbound_cluster, port, ctx.settings.clusters,
+                                          origins=(port.origin,)))
+        if proxy.interception_mode != "NONE" and (plan.mesh_tls or any(not p.bind for p in plan.ports)) \
+                and want(inbound.INBOUND_PASSTHROUGH_CLUSTER):
+            out.append(cache.resource(CLUSTER, inbound.INBOUND_PASSTHROUGH_CLUSTER,
+                                      inbound.inbound_passthrough_cluster, ctx.settings.clusters,
+                                      origins=("MeshConfig",)))
     if not proxy.is_grpc:
         # ORIGINAL_DST/STATIC catch-alls are Envoy-only; grpcio NACKs cluster types it cannot use.
         for name, build in ((names.BLACKHOLE_CLUSTER, clusters.blackhole_cluster),
@@ -38,6 +56,22 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
                 out.append(cache.resource(CLUSTER, name, build, ctx.settings.clusters,
                                           origins=("MeshConfig",)))
     return out
+
+
+def _mesh_tls(ctx: PushContext, svc: MeshService, port: int, dr: Entry | None, subset: str,
+              sans: tuple[str, ...]) -> MeshTls | None:
+    tls = effective_policy(dr.obj.spec, subset, port)["tls"] if dr else None  # type: ignore[attr-defined]
+    if svc.kind == "ServiceEntry":
+        entry = ctx.service_entry(svc)
+        internal = entry is not None and entry.obj.spec.location == "MESH_INTERNAL"  # type: ignore[attr-defined]
+        eds = svc.resolution == "STATIC" and internal
+    else:
+        eds = True
+    return client_mesh_tls(
+        proxy_has_identity=True, dr_tls_mode=tls.mode if tls is not None else None,
+        auto_mtls=ctx.mesh.enable_auto_mtls, eds_cluster=eds,
+        destination_mtls_disabled=ctx.destination_mtls_disabled(svc, port),
+        sans=sans, dr_sans=tuple(tls.subject_alt_names) if tls is not None else ())
 
 
 def ref(e: Entry) -> str:

@@ -58,9 +58,11 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
                                       origins=origins))
             continue
         slices = ctx.service_slices(svc)
+        # Pods decide subset membership and each endpoint's tlsMode (auto mTLS).
+        pods = ctx.service_pods(svc)
         origins = tuple(f"EndpointSlice/{e.key.namespace}/{e.key.name}" for e in slices)
         if not subset:
-            out.append(cache.resource(ENDPOINT, name, build_cla, name, port, slices,
+            out.append(cache.resource(ENDPOINT, name, build_cla, name, port, slices, (), pods,
                                       origins=(svc.origin, *origins)))
             continue
         # A subset's members are the endpoints whose Pods carry its labels; which subset
@@ -70,7 +72,6 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         if spec is None:
             continue
         labels = tuple(sorted(spec.labels.items()))
-        pods = ctx.pods_of(slices)
         out.append(cache.resource(ENDPOINT, name, build_cla, name, port, slices,
                                   labels, pods, origins=(svc.origin, *origins,
                                                          f"DestinationRule/{dr.key.namespace}/{dr.key.name}")))

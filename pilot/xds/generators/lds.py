@@ -7,7 +7,7 @@ from dataclasses import replace
 from pilot.model.ports import PortPlan
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
-from pilot.networking import listeners, names
+from pilot.networking import inbound, listeners, names
 from pilot.xds.cache import CachedResource, XdsCache
 from pilot.xds.generators import gateway
 from pilot.xds.typeurls import LISTENER
@@ -69,8 +69,32 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
             out.append(cache.resource(LISTENER, name, listeners.unbound_outbound_listener, plan, settings, vss,
                                       ctx.domain, origins=_origins(plan, view.by_port) + _sidecar_origin(sidecar)
                                       + _vs_origins(vss)))
+    out.extend(_inbound(ctx, proxy, settings, {r.name for r in out}, cache))
     if requested is not None:
         out = [r for r in out if r.name in requested]
+    return out
+
+
+def _inbound(ctx: PushContext, proxy: Proxy, settings, outbound_names: set[str],
+             cache: XdsCache) -> list[CachedResource]:
+    plan = ctx.inbound_plan(proxy)
+    out: list[CachedResource] = []
+    redirected = []
+    for port in plan.ports:
+        if not port.bind:
+            redirected.append(port)
+            continue
+        if (port.bind == listeners.LOCALHOST and names.listener_name(listeners.LOCALHOST, port.port) in outbound_names) \
+                or port.endpoint == f"{port.bind}:{port.port}":
+            continue  # same address as an outbound listener or as the app itself: cannot be bound
+        out.append(cache.resource(LISTENER, inbound.inbound_listener_name(port.bind, port.port),
+                                  inbound.bound_inbound_listener, port, plan.mesh_tls, settings,
+                                  origins=(port.origin,)))
+    if proxy.interception_mode != "NONE" and (redirected or plan.mesh_tls):
+        ports = tuple(redirected)
+        out.append(cache.resource(LISTENER, inbound.VIRTUAL_INBOUND_LISTENER, inbound.virtual_inbound_listener,
+                                  ports, plan.mesh_tls, settings,
+                                  origins=tuple(dict.fromkeys(p.origin for p in ports))))
     return out
 
 

@@ -1,0 +1,106 @@
+"""What a sidecar serves inbound: the ports its own workload listens on, and how each is secured.
+
+Where the ports come from, as in istiod:
+- a Sidecar that selects the proxy and has `ingress` listeners: exactly those (port, bind,
+  captureMode, defaultEndpoint);
+- otherwise the Services in the proxy's namespace whose selector matches its labels: each service
+  port's target port (named target ports are resolved through the proxy's own endpoints).
+Without a Sidecar ingress, only proxies with a mesh identity get inbound listeners: a proxy on
+plaintext 15010 is a local/dev Envoy with no certificates, and binding its workload's ports could
+collide with the app it runs next to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pilot.model.protocol import Protocol, select_protocol
+from pilot.model.proxy import Proxy
+from pilot.model.services import MeshService, ServicePort
+from pilot.model.store import Entry
+
+LOCALHOST = "127.0.0.1"
+
+
+@dataclass(frozen=True, slots=True)
+class InboundPort:
+    port: int  # where traffic for the workload arrives (the pod's port)
+    protocol: Protocol
+    endpoint: str  # where the app listens: "127.0.0.1:8080", "10.1.2.3:8080" or "unix:///path"
+    bind: str  # address a NONE-mode listener binds; "" when it is reached through virtualInbound
+    mtls: str  # STRICT, PERMISSIVE or DISABLE (what PeerAuthentication says for this port)
+    origin: str  # Service/ns/name or Sidecar/ns/name, for debug views
+
+
+@dataclass(frozen=True, slots=True)
+class InboundPlan:
+    ports: tuple[InboundPort, ...]
+    mesh_tls: bool  # the proxy has certificates: TLS chains can be built
+    problems: tuple[str, ...] = ()  # ports that could not be served, and why
+
+
+def _named_target(svc_port: ServicePort, slices: tuple[Entry, ...], ips: tuple[str, ...]) -> int | None:
+    """A named targetPort is the port the proxy's own endpoint advertises under that name."""
+    for entry in slices:
+        s = entry.obj
+        port = next((p.port for p in s.ports or () if p.name == svc_port.name and p.port), None)  # type: ignore[attr-defined]
+        if port is not None and any(a in ips for ep in s.endpoints for a in ep.addresses):  # type: ignore[attr-defined]
+            return port
+    return None
+
+
+def _endpoint_for(default_endpoint: str, port: int, proxy_ip: str) -> str:
+    if not default_endpoint:
+        return f"{LOCALHOST}:{port}"
+    if default_endpoint.startswith("unix://"):
+        return default_endpoint
+    host, _, p = default_endpoint.rpartition(":")
+    host = host.strip("[]")
+    # 0.0.0.0 / :: mean "the workload's own address" (the app listens on the pod IP).
+    if host in ("0.0.0.0", "::"):
+        host = proxy_ip
+    return f"{host}:{p}"
+
+
+def plan_inbound(proxy: Proxy, services: tuple[MeshService, ...], slices_of, sidecar: Entry | None,
+                 mtls_mode, mesh_tls: bool) -> InboundPlan:
+    """`slices_of(svc)`: a service's EndpointSlice entries; `mtls_mode(port) -> str` the
+    PeerAuthentication mode for one workload port."""
+    ip = proxy.ip_addresses[0] if proxy.ip_addresses else LOCALHOST
+    none_mode = proxy.interception_mode == "NONE"
+    ports: dict[int, InboundPort] = {}
+    problems: list[str] = []
+    ingress = sidecar.obj.spec.ingress if sidecar is not None else []  # type: ignore[attr-defined]
+    if ingress:
+        origin = f"Sidecar/{sidecar.key.namespace}/{sidecar.key.name}"  # type: ignore[union-attr]
+        for listener in ingress:
+            p = listener.port
+            capture_none = listener.capture_mode == "NONE" or (listener.capture_mode in (None, "DEFAULT") and none_mode)
+            bind = (listener.bind or ip) if capture_none else ""
+            ports[p.number] = InboundPort(
+                p.number, select_protocol(p.name, p.protocol.lower() or None),
+                _endpoint_for(listener.default_endpoint, p.number, ip), bind, mtls_mode(p.number), origin)
+        return InboundPlan(tuple(ports[k] for k in sorted(ports)), mesh_tls, ())
+    if not mesh_tls:
+        return InboundPlan((), False, ())
+    for svc in services:
+        if svc.kind != "Service" or svc.namespace != proxy.namespace or not svc.selector:
+            continue
+        labels = proxy.labels
+        if any(labels.get(k) != v for k, v in svc.selector):
+            continue
+        for sp in svc.ports:
+            target = sp.target_port
+            if target is None:
+                target = sp.port
+            elif isinstance(target, str):
+                target = int(target) if target.isdigit() else _named_target(sp, slices_of(svc), proxy.ip_addresses)
+                if target is None:
+                    problems.append(f"{svc.origin} port {sp.port}: targetPort {sp.target_port!r} "
+                                    "is not a port of this workload's endpoints")
+                    continue
+            if target in ports:
+                continue  # several services may target one workload port: the first (by host) serves it
+            ports[target] = InboundPort(target, sp.protocol, f"{LOCALHOST}:{target}",
+                                        ip if none_mode else "", mtls_mode(target), svc.origin)
+    return InboundPlan(tuple(ports[k] for k in sorted(ports)), mesh_tls, tuple(problems))

@@ -4,13 +4,16 @@ coming from the (fake) apiserver through the real kubernetes-asyncio informers."
 from __future__ import annotations
 
 import json
+import ssl
 
 import aiohttp
 import pytest
 
 from tests.e2e.mesh_config import fqdn
 from tests.fakes.apiserver import FakeApiServer
+from tests.e2e.test_gateway import tls_request
 from tests.support.backends import HttpBackend
+from tests.support.certs import b64, issue, make_ca
 from tests.support.control_plane import ControlPlane
 from tests.support.envoy import Envoy
 from tests.support.node import sidecar_node_id
@@ -122,3 +125,39 @@ async def test_ingress_gateway_from_kubernetes(cluster):
             return False
 
     await wait_for(served, timeout=20, message="gateway route from the apiserver")
+
+
+async def test_gateway_credential_from_an_opaque_secret(cluster):
+    """A generic Secret with tls.crt/tls.key serves HTTPS, as istiod accepts; service-account
+    tokens are never even listed by the control plane."""
+    fake, cp, envoys, backends, port, gw_port, tmp = cluster
+    ca = make_ca()
+    leaf = issue(ca, ["shop.example.com"])
+    fake.create({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                 "metadata": {"name": "shop-cert", "namespace": "istio-system"},
+                 "data": {"tls.crt": b64(leaf.cert_pem), "tls.key": b64(leaf.key_pem)}})
+    fake.create({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/service-account-token",
+                 "metadata": {"name": "default-token", "namespace": "istio-system"},
+                 "data": {"token": b64(b"secret-token")}})
+    gateway = Envoy()
+    envoys.append(gateway)
+    await gateway.start(Envoy.bootstrap(ROUTER, cp.xds_port, metadata={
+        "NAMESPACE": "istio-system", "LABELS": {"istio": "ingressgateway"}}), tmp)
+    fake.create({"apiVersion": f"{NET}/v1", "kind": "Gateway", "metadata": {"name": "web", "namespace": "istio-system"},
+                 "spec": {"selector": {"istio": "ingressgateway"}, "servers": [
+                     {"port": {"number": gw_port, "name": "https", "protocol": "HTTPS"}, "hosts": ["shop.example.com"],
+                      "tls": {"mode": "SIMPLE", "credentialName": "shop-cert"}}]}})
+    fake.create({"apiVersion": f"{NET}/v1", "kind": "VirtualService", "metadata": {"name": "shop", "namespace": "default"},
+                 "spec": {"hosts": ["shop.example.com"], "gateways": ["istio-system/web"],
+                          "http": [{"route": [{"destination": {"host": "reviews", "subset": "v1"}}]}]}})
+
+    async def served():
+        try:
+            status, name, serial = await tls_request(gw_port, "shop.example.com", ca)
+        except (OSError, ssl.SSLError, TimeoutError):
+            return False
+        return (status, name, serial) == (200, "v1", leaf.serial)
+
+    await wait_for(served, timeout=20, message="HTTPS with the Opaque Secret's certificate")
+    secrets = {c["name"] for c in (await cp.debug("/debug/configz"))["configs"] if c["kind"] == "Secret"}
+    assert "shop-cert" in secrets and "default-token" not in secrets

@@ -26,9 +26,10 @@ WATCHED_KINDS = ("Namespace", "Service", "EndpointSlice", "Pod", "Node", "Config
                  "VirtualService", "DestinationRule", "ServiceEntry", "WorkloadEntry", "Sidecar", "Gateway")
 
 
-# Only TLS Secrets can be gateway credentials: the apiserver filters the rest out, so the
-# control plane never holds other Secrets (RBAC cannot narrow by type; this does).
-FIELD_SELECTORS = {"Secret": "type=kubernetes.io/tls"}
+# Gateway credentials are kubernetes.io/tls Secrets or generic (Opaque) ones with tls.crt/tls.key.
+# As istiod does, the apiserver filters out the two kinds that are numerous and never credentials
+# (service-account tokens, Helm release records); the Secret model keeps only TLS keys of the rest.
+FIELD_SELECTORS = {"Secret": "type!=kubernetes.io/service-account-token,type!=helm.sh/release.v1"}
 
 
 def watched_kinds() -> list[Kind]:

@@ -180,6 +180,12 @@ class ControlPlane:
                                                         else storage.description),
                  root_expires=self.ca.root_expiry.isoformat(timespec="seconds"))
 
+    def _debug_authenticators(self) -> authn.Authenticators | None:
+        """Tokens that may read /debug off localhost: the CA's (TokenReview, JWT_RULE)."""
+        if self.kube is None and not self.jwt_rules:
+            return None
+        return authn.build(jwt_rules=self.jwt_rules, kube=self.kube, token_audiences=self.features.token_audiences)
+
     async def _start_secure_grpc(self) -> None:
         addr = split_addr(self.opts.secure_grpc_addr)
         if addr is None or self.ca is None:
@@ -261,7 +267,8 @@ class ControlPlane:
                 self.ports[name] = self.ports["http"]
                 continue
             seen[addr] = None
-            runner = web.AppRunner(build_app(self.discovery, self.ready), access_log=None)
+            runner = web.AppRunner(build_app(self.discovery, self.ready, self._debug_authenticators(),
+                                             self.features.pod_namespace), access_log=None)
             await runner.setup()
             self._runners.append(runner)
             site = web.TCPSite(runner, addr[0], addr[1])

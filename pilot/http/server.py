@@ -2,37 +2,22 @@
 
 from __future__ import annotations
 
-import ipaddress
-
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from pilot import __version__
+from pilot.http.auth import debug_auth
 from pilot.http.debug import DebugHandlers
 from pilot.metrics import render
+from pilot.security.authn import Authenticators
 from pilot.xds.discovery import DiscoveryServer
 
 
-def _is_local(request: web.Request) -> bool:
-    peer = request.remote or ""
-    try:
-        return ipaddress.ip_address(peer.split("%")[0]).is_loopback
-    except ValueError:
-        return peer == ""  # unix sockets
-
-
-@web.middleware
-async def local_only_debug(request: web.Request, handler):
-    """Debug views reveal config: only callers on this host may read them until authenticated
-    access exists (the security issue adds it)."""
-    if request.path.startswith("/debug") and not _is_local(request):
-        return web.json_response({"error": "debug endpoints are only served to localhost"}, status=403)
-    return await handler(request)
-
-
-def build_app(server: DiscoveryServer, ready) -> web.Application:
-    """`ready` is a callable returning (is_ready, reason)."""
-    app = web.Application(middlewares=[local_only_debug])
+def build_app(server: DiscoveryServer, ready, authenticators: Authenticators | None = None,
+              system_namespace: str = "istio-system") -> web.Application:
+    """`ready` is a callable returning (is_ready, reason); `authenticators` admit debug callers
+    that are not on this host (None: localhost only)."""
+    app = web.Application(middlewares=[debug_auth(authenticators, system_namespace)])
 
     async def ready_handler(_req: web.Request) -> web.Response:
         ok, reason = ready()

@@ -1,0 +1,69 @@
+"""Debug endpoints off localhost: a bearer token the control plane's authenticators accept, with
+istiod's scoping (the system namespace reads everything, others only their own proxies)."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import aiohttp
+import psutil
+import pytest
+
+from tests.support.control_plane import ControlPlane
+from tests.unit.test_authn import Issuer
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def external_address() -> str | None:
+    """An address of this host that is not loopback, so the server sees a remote caller."""
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            try:
+                ip = ipaddress.ip_address(a.address)
+            except ValueError:
+                continue
+            if ip.version == 4 and not ip.is_loopback and not ip.is_link_local:
+                return a.address
+    return None
+
+
+@pytest.fixture
+async def plane(tmp_path):
+    addr = external_address()
+    if addr is None:
+        pytest.skip("this host has no non-loopback IPv4 address to call from")
+    issuer = Issuer("ES256")
+    cp = ControlPlane(tmp_path, env={"JWT_RULE": issuer.rule()}, extra_args=["--httpAddr", "0.0.0.0:0"])
+    async with cp:
+        yield cp, issuer, addr
+
+
+async def status(addr: str, port: int, path: str, token: str | None = None) -> tuple[int, str]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with aiohttp.ClientSession() as s, s.get(f"http://{addr}:{port}{path}", headers=headers,
+                                                    timeout=aiohttp.ClientTimeout(total=5)) as r:
+        return r.status, await r.text()
+
+
+async def test_remote_debug_needs_a_token_and_is_scoped_by_namespace(plane):
+    cp, issuer, addr = plane
+    port = cp.ports["http"]
+    assert (await status("127.0.0.1", port, "/debug/syncz"))[0] == 200  # localhost: trusted
+    code, body = await status(addr, port, "/debug/syncz")
+    assert code == 401 and "Bearer" in body
+    assert (await status(addr, port, "/debug/syncz", "not-a-jwt"))[0] == 401
+    assert (await status(addr, port, "/debug/syncz", Issuer("ES256").token(namespace="istio-system")))[0] == 401
+
+    admin = issuer.token(namespace="istio-system", sa="istiod")
+    assert (await status(addr, port, "/debug/configz", admin))[0] == 200
+
+    tenant = issuer.token(namespace="default", sa="sleep")
+    code, body = await status(addr, port, "/debug/configz", tenant)
+    assert code == 403 and "default/sleep" in body
+    own = "sidecar~10.0.0.1~app-1.default~default.svc.cluster.local"
+    code, _ = await status(addr, port, f"/debug/config_dump?proxyID={own}", tenant)
+    assert code not in (401, 403)  # admitted (the proxy is not connected: the view says so)
+    other = "sidecar~10.0.0.2~app-1.payments~payments.svc.cluster.local"
+    assert (await status(addr, port, f"/debug/config_dump?proxyID={other}", tenant))[0] == 403
+    assert (await status(addr, port, "/ready"))[0] == 200  # health is not debug

@@ -23,6 +23,7 @@ from pilot.model.mesh import MeshHolder
 from pilot.model.store import ConfigKey, Store
 from pilot.security import authn
 from pilot.security.ca import (
+    PLUGGED_IN,
     CAError,
     CAOptions,
     CAStorageError,
@@ -31,6 +32,7 @@ from pilot.security.ca import (
     KubeSecrets,
     KubeSecretStorage,
 )
+from pilot.security.ca_reload import watch_plugged_in_ca
 from pilot.security.ca_server import SecureServer, istiod_dns_names
 from pilot.sources.files import FileSource
 from pilot.sources.kube.client import Kube, in_cluster, load_api_client
@@ -179,6 +181,19 @@ class ControlPlane:
         log.info("CA ready", mode=self.ca.mode, source=(self.features.root_ca_dir if self.ca.mode == "plugged-in"
                                                         else storage.description),
                  root_expires=self.ca.root_expiry.isoformat(timespec="seconds"))
+        if self.ca.mode == PLUGGED_IN:
+            self._tasks.append(asyncio.create_task(
+                watch_plugged_in_ca(self.ca, options.root_ca_dir, self._on_ca_reload, self._stop), name="ca-reload"))
+
+    async def _on_ca_reload(self) -> None:
+        """A new signing chain: istiod's own certificate and the root ConfigMaps follow it."""
+        m = self.discovery.metrics
+        m.root_cert_expiry.set(self.ca.root_expiry.timestamp())
+        m.cert_chain_expiry.set(self.ca.cert_chain_expiry.timestamp())
+        if self.secure is not None:
+            await self.secure.reissue()
+        if self.root_cert_writer is not None:
+            self.root_cert_writer.set_root(self.ca.root_cert_pem)
 
     def _debug_authenticators(self) -> authn.Authenticators | None:
         """Tokens that may read /debug off localhost: the CA's (TokenReview, JWT_RULE)."""

@@ -408,6 +408,12 @@ class SecureServer:
                                                                 name="server-cert-rotation")
         return bound
 
+    async def reissue(self) -> None:
+        """Serve a new certificate now (the CA's signing chain changed)."""
+        context = await asyncio.to_thread(self.certs.issue)
+        if self.front is not None:
+            self.front.set_context(context)
+
     async def stop(self, grace: float = 1.0) -> None:
         if self._rotation is not None:
             self._rotation.cancel()

@@ -313,3 +313,42 @@ async def test_the_server_certificate_is_reissued_at_half_life_without_a_restart
         rotation.cancel()
         await asyncio.to_thread(front.stop)
         upstream.close()
+
+
+async def test_plugged_in_ca_rotation_is_picked_up_without_a_restart(tmp_path, issuer):
+    """ROOT_CA_DIR files replaced (a new intermediate under a new root): new workload
+    certificates and istiod's own serving certificate chain to the new root."""
+    from tests.unit.test_ca import make_intermediate, root_files, write_dir
+
+    cacerts = tmp_path / "cacerts"
+    old_root, new_root = root_files("EC"), root_files("RSA")  # two different roots
+    write_dir(cacerts, make_intermediate(old_root, cn="intermediate one"))
+    token = issuer.token(namespace="default", sa="sleep")
+
+    async def sign(root_pem: str) -> list[str]:
+        creds = grpc.ssl_channel_credentials(root_pem.encode())
+        async with grpc.aio.secure_channel(f"127.0.0.1:{cp.secure_port}", creds,
+                                           options=[("grpc.ssl_target_name_override", SERVER_NAME)]) as ch:
+            call = ch.unary_unary(CREATE, request_serializer=ca_pb2.IstioCertificateRequest.SerializeToString,
+                                  response_deserializer=ca_pb2.IstioCertificateResponse.FromString)
+            resp = await call(ca_pb2.IstioCertificateRequest(csr=csr()[1]),
+                              metadata=[("authorization", f"Bearer {token}")], timeout=10)
+        return list(resp.cert_chain)
+
+    cp = ControlPlane(tmp_path / "cp", secure_grpc=True, mesh_config=MESH,
+                      env={"JWT_RULE": issuer.rule(), "ROOT_CA_DIR": str(cacerts)})
+    async with cp:
+        verify_chain(await sign(old_root["ca-cert.pem"]), old_root["ca-cert.pem"])
+        write_dir(cacerts, make_intermediate(new_root, cn="intermediate two"))
+
+        async def rotated() -> list[str] | None:
+            try:
+                # Only a server certificate from the new chain passes this TLS handshake.
+                return await sign(new_root["ca-cert.pem"])
+            except grpc.aio.AioRpcError:
+                return None
+
+        chain = await wait_for(rotated, timeout=20, message=f"rotation picked up\n{cp.log_tail()}")
+        leaf = verify_chain(chain, new_root["ca-cert.pem"])
+        assert uris(leaf) == [f"spiffe://{TRUST_DOMAIN}/ns/default/sa/sleep"]
+        assert "intermediate two" in x509.load_pem_x509_certificate(chain[1].encode()).subject.rfc4514_string()

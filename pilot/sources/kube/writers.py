@@ -52,6 +52,15 @@ class RootCertWriter:
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
 
+    def set_root(self, root_pem: str) -> None:
+        """A new root (a reloaded plugged-in CA): rewrite every namespace's ConfigMap."""
+        if root_pem == self.root_pem:
+            return
+        self.root_pem = root_pem
+        if self.active:
+            self._dirty |= {e.key.name for e in self.store.list("Namespace")}
+            self._wake.set()
+
     def _on_events(self, events: list[Event]) -> None:
         if not self.active:
             return

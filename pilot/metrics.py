@@ -3,6 +3,8 @@ can run several servers in one process without clashing)."""
 
 from __future__ import annotations
 
+import math
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _PUSH_BUCKETS = (0.01, 0.1, 0.5, 1, 3, 5, 10, 20, 30)
@@ -72,7 +74,7 @@ def _number(v: float) -> str:
         return "+Inf"
     if v == float("-inf"):
         return "-Inf"
-    if v != v:
+    if math.isnan(v):
         return "NaN"
     return repr(float(v))
 

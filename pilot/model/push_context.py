@@ -13,8 +13,8 @@ from types import MappingProxyType
 
 from pilot.config.mesh import MeshConfig
 from pilot.model.gateways import GatewayIndex
-from pilot.model.mesh_settings import MeshSettings
 from pilot.model.inbound import InboundPlan, plan_inbound
+from pilot.model.mesh_settings import MeshSettings
 from pilot.model.mtls import spiffe_id
 from pilot.model.proxy import Proxy
 from pilot.model.services import (

@@ -5,7 +5,6 @@ from __future__ import annotations
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import protocol_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
-
 from google.protobuf import struct_pb2
 
 from pilot.model.mesh_settings import ClusterSettings

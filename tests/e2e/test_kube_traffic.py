@@ -10,8 +10,8 @@ import aiohttp
 import pytest
 
 from tests.e2e.mesh_config import fqdn
-from tests.fakes.apiserver import FakeApiServer
 from tests.e2e.test_gateway import tls_request
+from tests.fakes.apiserver import FakeApiServer
 from tests.support.backends import HttpBackend
 from tests.support.certs import b64, issue, make_ca
 from tests.support.control_plane import ControlPlane

@@ -16,8 +16,8 @@ from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
 from pilot.config.mesh import MeshConfig
 from pilot.model.proxy import Proxy
 from pilot.xds.cache import XdsCache
-from pilot.xds.generated import GenerationMemo
 from pilot.xds.discovery import GENERATORS
+from pilot.xds.generated import GenerationMemo
 from pilot.xds.typeurls import LISTENER
 from tests.support.envoy import envoy_validate
 from tests.support.static_config import static_bootstrap

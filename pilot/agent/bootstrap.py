@@ -15,8 +15,14 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from pilot.agent.config import (ROOT_CERT_PATH, SDS_SOCKET_PATH, AgentConfig, is_ip, split_host_port,
-                                workload_name)
+from pilot.agent.config import (
+    ROOT_CERT_PATH,
+    SDS_SOCKET_PATH,
+    AgentConfig,
+    is_ip,
+    split_host_port,
+    workload_name,
+)
 
 SDS_CLUSTER = "sds-grpc"
 XDS_CLUSTER = "xds-grpc"
@@ -169,8 +175,6 @@ def _xds_cluster(cfg: AgentConfig) -> dict:
             },
         },
     }
-    if not is_ip(host):
-        cluster.update({"respect_dns_ttl": True, "dns_lookup_family": "V4_ONLY"})
     return cluster
 
 

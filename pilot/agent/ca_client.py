@@ -112,9 +112,11 @@ class CAClient:
             try:
                 response = await stub.CreateCertificate(request, metadata=metadata, timeout=CALL_TIMEOUT)
             except grpc.aio.AioRpcError as e:
-                raise CertificateError(
-                    f"the CA at {self.address} refused the certificate request: {e.code().name}: {e.details()}",
-                    transient=e.code() in TRANSIENT) from None
+                transient = e.code() in TRANSIENT
+                what = "the certificate request to the CA at {} failed" if transient else \
+                    "the CA at {} refused the certificate request"
+                raise CertificateError(f"{what.format(self.address)}: {e.code().name}: {e.details()}",
+                                       transient=transient) from None
         chain = list(response.cert_chain)
         if not chain:
             raise CertificateError(f"the CA at {self.address} returned an empty certificate chain", transient=True)

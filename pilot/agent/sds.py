@@ -64,7 +64,7 @@ class SdsService(sds_pb2_grpc.SecretDiscoveryServiceServicer):
         self.nacks = 0
         self._ids = itertools.count(1)
 
-    async def StreamSecrets(self, request_iterator, context: grpc.aio.ServicerContext) -> None:  # noqa: N802
+    async def StreamSecrets(self, request_iterator, context: grpc.aio.ServicerContext) -> None:
         stream_id = next(self._ids)
         self.streams += 1
         requests: asyncio.Queue = asyncio.Queue()
@@ -139,7 +139,7 @@ class SdsService(sds_pb2_grpc.SecretDiscoveryServiceServicer):
                 await reader
             self.streams -= 1
 
-    async def FetchSecrets(self, request, context: grpc.aio.ServicerContext):  # noqa: N802
+    async def FetchSecrets(self, request, context: grpc.aio.ServicerContext):
         secret = self.secrets.current
         names = tuple(n for n in request.resource_names if n in SERVED)
         if secret is None:

@@ -118,7 +118,8 @@ class SecretManager:
                         issued=secret.identity)
         return secret
 
-    def _set(self, secret: WorkloadSecret) -> None:
+    def publish(self, secret: WorkloadSecret) -> None:
+        """Make `secret` current and wake the watchers (SDS streams)."""
         self.current = secret
         self.generation += 1
         event, self._changed = self._changed, asyncio.Event()
@@ -147,7 +148,7 @@ class SecretManager:
                             retry_in=f"{delay:.1f}s", error=str(e))
                 await asyncio.sleep(delay * (0.9 + 0.2 * random.random()))
                 delay = min(delay * 2, RETRY_MAX)
-        self._set(secret)
+        self.publish(secret)
         log.info("workload certificate issued", identity=secret.identity, serial=secret.version,
                  expires=_iso(secret.not_after))
         return secret
@@ -177,6 +178,6 @@ class SecretManager:
                     await asyncio.sleep(sleep)
                     delay = min(delay * 2, RETRY_MAX)
             self.renewals += 1
-            self._set(new)
+            self.publish(new)
             log.info("workload certificate renewed", identity=new.identity, serial=new.version,
                      expires=_iso(new.not_after), renewal=self.renewals)

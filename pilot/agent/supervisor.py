@@ -139,7 +139,7 @@ class EnvoySupervisor:
                 return exit_status(code) or 1
             delay = min(self.backoff * 2 ** (crashes - 1), MAX_BACKOFF)
             log.error("envoy exited unexpectedly; restarting it", reason=describe(code),
-                      restart_in=f"{delay:.1f}s", restart=f"{crashes}/{self.max_restarts}")
+                      restart_in=f"{delay:.2f}s", restart=f"{crashes}/{self.max_restarts}")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), delay)
         return 0

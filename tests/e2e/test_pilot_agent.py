@@ -4,6 +4,7 @@ the real `pilot-agent proxy sidecar` process in its own working directory, and t
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
 import signal
 import time
@@ -14,6 +15,7 @@ from cryptography.x509 import verification
 
 from tests.support.agent import PilotAgent
 from tests.support.control_plane import ControlPlane
+from tests.support.ports import free_port
 from tests.support.wait import wait_for
 from tests.unit.test_authn import Issuer
 
@@ -94,3 +96,92 @@ async def test_envoy_gets_its_certificate_and_config_over_15012(tmp_path, issuer
             assert md["LABELS"] == {"app": "cart", "version": "v1"}
             assert md["INTERCEPTION_MODE"] == "NONE" and md["CLUSTER_ID"] == "Kubernetes"
             assert md["WORKLOAD_NAME"] == "cart" and md["ISTIO_VERSION"]
+
+
+async def test_short_lived_certificates_rotate_without_restarting_envoy(tmp_path, issuer):
+    # A fixed secure port, so Envoy's bootstrap still points at the control plane after its restart.
+    cp = ControlPlane(tmp_path, secure_grpc=True, mesh_config=MESH,
+                      env={"JWT_RULE": issuer.rule(), "CA_KEY_TYPE": "EC"},
+                      extra_args=["--secureGRPCAddr", f"127.0.0.1:{free_port()}"])
+    await cp.start()
+    try:
+        # 4 s certificates: renewed about every 2 s (SECRET_GRACE_PERIOD_RATIO 0.5).
+        async with agent(tmp_path, cp, issuer, env={"SECRET_TTL": "4s"}) as a:
+            await a.wait_ready()
+            pid = a.envoy_pid()
+            first = (await held_chain(a))[0]
+            assert (first.not_valid_after_utc - first.not_valid_before_utc).total_seconds() < 4 + 61  # 1 min backdating
+            seen = {first.serial_number}
+
+            async def rotated(times: int) -> bool:
+                seen.add((await held_chain(a))[0].serial_number)
+                return len(seen) > times
+
+            await wait_for(lambda: rotated(2), timeout=20, interval=0.2, message=f"two rotations\n{a.log_tail()}")
+            assert "workload certificate renewed" in a.log_text()
+
+            # The CA goes away: renewals fail, are retried and logged, and succeed once it is back.
+            await cp.stop()
+            await wait_for(lambda: "workload certificate renewal failed; retrying" in a.log_text(), timeout=10,
+                           message=a.log_tail())
+            await cp.start()
+            before = len(seen)
+            await wait_for(lambda: rotated(before), timeout=20, interval=0.2, message=f"renewed\n{a.log_tail()}")
+            # Envoy reconnected to the restarted control plane over TLS with a renewed certificate
+            # (the first one has expired by now) and is in sync again.
+            assert first.not_valid_after_utc < dt.datetime.now(dt.UTC)
+            await cp.wait_synced(NODE_ID, types=("cluster", "listener"), timeout=20)
+            leaf = verify(await held_chain(a), cp.root_cert())
+            assert uris(leaf) == [SPIFFE]
+            assert a.envoy_pid() == pid, "Envoy was restarted"
+            assert a.log_text().count("envoy started") == 1
+            assert (await a.get("status", "/healthz/ready"))[0] == 200
+    finally:
+        await cp.stop()
+
+
+async def test_a_killed_envoy_is_restarted_and_sigterm_stops_everything(tmp_path, issuer):
+    async with plane(tmp_path, issuer) as cp:
+        a = agent(tmp_path, cp, issuer)
+        async with a:
+            await a.wait_ready()
+            envoy = a.envoy_processes()[0]
+            envoy.send_signal(signal.SIGKILL)
+            await wait_for(lambda: a.envoy_processes() and a.envoy_processes()[0].pid != envoy.pid,
+                           timeout=15, message=f"envoy restarted\n{a.log_tail()}")
+            await a.wait_ready()
+            assert "envoy exited unexpectedly; restarting it" in a.log_text()
+            assert "killed by SIGKILL" in a.log_text()
+
+            second = a.envoy_processes()[0]
+            a.signal(signal.SIGTERM)
+            assert await a.wait_exit() == 0
+            assert not second.is_running() or second.status() == "zombie"
+            assert "pilot-agent exiting" in a.log_text()
+
+
+async def test_the_agent_gives_up_on_an_envoy_that_keeps_crashing(tmp_path, issuer):
+    crasher = tmp_path / "crashing-envoy"
+    crasher.write_text("#!/bin/sh\nexit 3\n")
+    crasher.chmod(0o755)
+    async with plane(tmp_path, issuer) as cp:
+        a = agent(tmp_path, cp, issuer, env={
+            "ENVOY_MAX_RESTARTS": "2", "ENVOY_RESTART_BACKOFF": "50ms",
+            "PROXY_CONFIG": json.dumps({"discoveryAddress": f"127.0.0.1:{cp.secure_port}",
+                                        "statusPort": 0, "binaryPath": str(crasher)})})
+        async with a:
+            assert await a.wait_exit() == 3
+        log = a.log_text()
+        assert log.count("envoy exited unexpectedly; restarting it") == 2
+        assert "envoy crashed 3 times in a row; giving up" in log
+
+
+async def test_a_token_the_ca_refuses_stops_the_agent_with_the_reason(tmp_path, issuer):
+    async with plane(tmp_path, issuer) as cp:
+        a = agent(tmp_path, cp, issuer, token=issuer.token(namespace=NAMESPACE, sa=SA, aud="someone-else"))
+        async with a:
+            assert await a.wait_exit() == 1
+        log = a.log_text()
+        assert "cannot get the workload certificate; exiting" in log
+        assert "UNAUTHENTICATED" in log and "audience" in log
+        assert "envoy started" not in log

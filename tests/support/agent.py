@@ -50,7 +50,7 @@ class PilotAgent:
         args = [sys.executable, "-m", "pilot.agent", "proxy", self.proxy_type, "--portsFile", str(self.ports_path),
                 *self.args]
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **self.env}
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
+        self._log = open(self.log_path, "ab")  # noqa: SIM115, ASYNC230 - lives as long as the process; local disk
         self.proc = await asyncio.create_subprocess_exec(*args, stdout=self._log, stderr=self._log, env=env,
                                                          cwd=str(self.workdir))
         return self

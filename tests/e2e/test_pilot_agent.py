@@ -7,15 +7,18 @@ import base64
 import datetime as dt
 import json
 import signal
+import statistics
 import time
 
 import pytest
 from cryptography import x509
 from cryptography.x509 import verification
 
+from pilot.security.pki import ROOT_CERT_FILE, generate_root
+from tests.e2e.mesh_config import endpoint_slice_yaml, service_yaml
 from tests.support.agent import PilotAgent
 from tests.support.control_plane import ControlPlane
-from tests.support.ports import free_port
+from tests.support.ports import free_port, free_ports
 from tests.support.wait import wait_for
 from tests.unit.test_authn import Issuer
 
@@ -185,3 +188,55 @@ async def test_a_token_the_ca_refuses_stops_the_agent_with_the_reason(tmp_path, 
         assert "cannot get the workload certificate; exiting" in log
         assert "UNAUTHENTICATED" in log and "audience" in log
         assert "envoy started" not in log
+
+
+
+@pytest.mark.parametrize(("setup", "status", "message"), [
+    ("no root", 1, "cannot read the mesh root certificate ./var/run/secrets/istio/root-cert.pem"),
+    ("no token", 1, "cannot read the service-account token ./var/run/secrets/tokens/istio-token"),
+    ("no envoy", 2, "ProxyConfig.binaryPath '/nonexistent/envoy' is not an executable file"),
+    ("bad PROXY_CONFIG", 2, "ProxyConfig.statusPort: must be a port number 0-65535, got 'x'"),
+])
+async def test_missing_inputs_fail_fast_with_a_clear_reason(tmp_path, issuer, setup, status, message):
+    """No control plane is needed: the agent fails before calling the CA."""
+    pc = {"discoveryAddress": "127.0.0.1:9", "statusPort": 0}
+    pc.update({"no envoy": {"binaryPath": "/nonexistent/envoy"}, "bad PROXY_CONFIG": {"statusPort": "x"}}.get(setup, {}))
+    a = PilotAgent(tmp_path / "agent", env={"POD_NAMESPACE": NAMESPACE, "SERVICE_ACCOUNT": SA,
+                                            "INSTANCE_IP": "127.0.0.1", "PROXY_CONFIG": json.dumps(pc)})
+    if setup != "no root":
+        a.write_root_cert(generate_root(org=TRUST_DOMAIN, key_type="EC")[ROOT_CERT_FILE])
+    if setup not in ("no root", "no token"):
+        a.write_token(issuer.token(namespace=NAMESPACE, sa=SA))
+    async with a:
+        assert await a.wait_exit() == status
+    assert message in a.log_text()
+    assert "envoy started" not in a.log_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_figure_start_to_ready(tmp_path, issuer, capsys):
+    """`make bench`: pilot-agent process start -> /healthz/ready 200 (certificate issued, Envoy
+    started, config received over 15012), median of several cold starts, empty mesh and 50 services."""
+    results = {}
+    async with plane(tmp_path, issuer) as cp:
+        for mesh, services in (("empty", 0), ("50 services", 50)):
+            for i, port in enumerate(free_ports(services)):
+                cp.write(f"svc-{i}.yaml", service_yaml(f"svc-{i}", port))
+                cp.write(f"eps-{i}.yaml", endpoint_slice_yaml(f"svc-{i}", 19000 + i))
+            samples = []
+            for run in range(7):
+                a = agent(tmp_path, cp, issuer, name=f"agent-{services}-{run}")
+                t0 = time.monotonic()
+                async with a:
+                    await wait_for(lambda a=a: a.ports().get("status"), timeout=30, interval=0.005)
+
+                    async def ready(a=a) -> bool:
+                        return (await a.get("status", "/healthz/ready"))[0] == 200
+
+                    await wait_for(ready, timeout=30, interval=0.01, message=a.log_tail())
+                    samples.append((time.monotonic() - t0) * 1000)
+            results[mesh] = {"runs": len(samples), "median_ms": round(statistics.median(samples)),
+                             "min_ms": round(min(samples)), "max_ms": round(max(samples))}
+    with capsys.disabled():
+        print("\nFIGURES " + json.dumps({"pilot_agent_start_to_ready": results}))

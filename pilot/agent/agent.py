@@ -45,8 +45,8 @@ def envoy_args(cfg: AgentConfig) -> list[str]:
             "--admin-address-path", ADMIN_ADDRESS_PATH,
             "--allow-unknown-static-fields",
             "-l", cfg.log_level, "--component-log-level", cfg.component_log_level]
-    if cfg.concurrency > 0:  # 0: Envoy's default, one worker per core
-        args += ["--concurrency", str(cfg.concurrency)]
+    if cfg.proxy.concurrency > 0:  # 0: Envoy's default, one worker per core
+        args += ["--concurrency", str(cfg.proxy.concurrency)]
     return args
 
 

@@ -7,6 +7,7 @@ cwd `/` in the istio-proxy container); tests run the agent in a temporary direct
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import json
 import os
@@ -99,7 +100,6 @@ class ProxyConfig:
     status_port: int = 15020
     concurrency: int = 2
     drain_duration: float = 45.0
-    termination_drain_duration: float = 5.0
     binary_path: str = ""
     service_cluster: str = ""
     proxy_metadata: Mapping[str, str] = field(default_factory=dict)
@@ -109,7 +109,7 @@ class ProxyConfig:
 _PC_FIELDS = {
     "discoveryAddress": "discovery_address", "proxyAdminPort": "proxy_admin_port",
     "statusPort": "status_port", "concurrency": "concurrency", "drainDuration": "drain_duration",
-    "terminationDrainDuration": "termination_drain_duration", "binaryPath": "binary_path",
+    "binaryPath": "binary_path",
     "serviceCluster": "service_cluster", "proxyMetadata": "proxy_metadata",
 }
 
@@ -127,7 +127,7 @@ def _field(where: str, name: str, v: Any) -> Any:
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ConfigError(f"{where}: must be a non-negative integer (0: all cores), got {v!r}")
         return v
-    if name in ("drain_duration", "termination_drain_duration"):
+    if name == "drain_duration":
         try:
             return parse_duration(str(v))
         except ValueError as e:
@@ -231,7 +231,6 @@ class AgentConfig:
     grace_ratio: float
     grace_jitter: float
     proxy: ProxyConfig
-    concurrency: int
     log_level: str
     component_log_level: str
     delta_xds: bool
@@ -281,8 +280,8 @@ def load(*, proxy_type: str, env: Mapping[str, str], overrides: Mapping[str, Any
         if overrides.get(flag) is not None:
             changes[attr] = _field(f"--{flag}", attr, overrides[flag])
     if changes:
-        pc = ProxyConfig(**{**{a: getattr(pc, a) for a in _PC_FIELDS.values()}, **changes},
-                         raw={**pc.raw, **{k: overrides[k] for k in flag_fields if overrides.get(k) is not None}})
+        pc = dataclasses.replace(pc, **changes, raw={**pc.raw, **{k: overrides[k] for k in flag_fields
+                                                                 if overrides.get(k) is not None}})
 
     namespace = _get(POD_NAMESPACE, env) or "default"
     pod_name = _get(POD_NAME, env) or socket.gethostname()
@@ -311,7 +310,6 @@ def load(*, proxy_type: str, env: Mapping[str, str], overrides: Mapping[str, Any
         grace_ratio=_get(SECRET_GRACE_PERIOD_RATIO, env),
         grace_jitter=_get(SECRET_GRACE_PERIOD_RATIO_JITTER, env),
         proxy=pc,
-        concurrency=pc.concurrency,
         log_level=overrides.get("proxyLogLevel") or "warning",
         component_log_level=overrides.get("proxyComponentLogLevel") or "misc:error",
         delta_xds=_get(DELTA_XDS, env),

@@ -36,7 +36,7 @@ def test_defaults_follow_istio_agent():
     assert cfg.spiffe_id == "spiffe://cluster.local/ns/bookinfo/sa/reviews"
     assert cfg.discovery_address == cfg.ca_address == "istiod.istio-system.svc:15012"
     assert cfg.istiod_san == "istiod.istio-system.svc"
-    assert (cfg.proxy.proxy_admin_port, cfg.proxy.status_port, cfg.concurrency) == (15000, 15020, 2)
+    assert (cfg.proxy.proxy_admin_port, cfg.proxy.status_port, cfg.proxy.concurrency) == (15000, 15020, 2)
     assert (cfg.secret_ttl, cfg.grace_ratio, cfg.grace_jitter) == (86400.0, 0.5, 0.01)
     assert cfg.envoy_binary.endswith("envoy")
 
@@ -49,7 +49,7 @@ def test_proxy_config_layers_flags_and_proxy_metadata():
         "CA_ADDR": "ca.example:443", "ISTIOD_SAN": "istiod.custom"}, mesh=mesh, statusPort=0, concurrency=1)
     assert cfg.discovery_address == "istiod.mesh.svc:15012"  # from the mesh's defaultConfig
     assert cfg.proxy.proxy_admin_port == 0  # PROXY_CONFIG over the mesh
-    assert cfg.concurrency == 1 and cfg.proxy.status_port == 0  # flags over both
+    assert cfg.proxy.concurrency == 1 and cfg.proxy.status_port == 0  # flags over both
     assert cfg.secret_ttl == 3600.0  # proxyMetadata configures the agent, as istio-agent's env does
     assert cfg.ca_address == "ca.example:443" and cfg.istiod_san == "istiod.custom"
     assert warnings == ["./etc/istio/config/mesh defaultConfig: field 'tracing' is not used by pilot-agent"]

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from pilot import __version__
 from pilot.durations import parse_duration
 from pilot.features import Knob, _bool
 
@@ -83,7 +84,6 @@ SECRET_GRACE_PERIOD_RATIO_JITTER = _knob(
     "Random +/- added to SECRET_GRACE_PERIOD_RATIO so proxies started together do not renew together.")
 PROXY_CONFIG = _knob("PROXY_CONFIG", "", str, "ProxyConfig (YAML or JSON), over the mesh's defaultConfig.")
 DELTA_XDS = _knob("ISTIO_DELTA_XDS", "false", _bool, "Envoy uses delta ADS (DELTA_GRPC) instead of SotW.")
-ISTIO_VERSION = _knob("ISTIO_VERSION", "", str, "ISTIO_VERSION node metadata; this project's version when empty.")
 # Not istio-agent knobs: istio-agent leaves restarts to the kubelet. Here the agent restarts Envoy.
 ENVOY_MAX_RESTARTS = _knob("ENVOY_MAX_RESTARTS", "5", int,
                            "Consecutive Envoy crashes tolerated before pilot-agent gives up.")
@@ -293,8 +293,6 @@ def load(*, proxy_type: str, env: Mapping[str, str], overrides: Mapping[str, Any
     instance_ip = _get(INSTANCE_IP, env) or detect_instance_ip()
     if not is_ip(instance_ip):
         raise ConfigError(f"INSTANCE_IP {instance_ip!r} is not an IP address")
-    from pilot import __version__
-
     cfg = AgentConfig(
         proxy_type=proxy_type,
         pod_name=pod_name,
@@ -313,7 +311,7 @@ def load(*, proxy_type: str, env: Mapping[str, str], overrides: Mapping[str, Any
         log_level=overrides.get("proxyLogLevel") or "warning",
         component_log_level=overrides.get("proxyComponentLogLevel") or "misc:error",
         delta_xds=_get(DELTA_XDS, env),
-        istio_version=_get(ISTIO_VERSION, env) or __version__,
+        istio_version=__version__,  # ISTIO_META_ISTIO_VERSION overrides it in the metadata
         envoy_binary=find_envoy(pc.binary_path),
         max_restarts=max(0, _get(ENVOY_MAX_RESTARTS, env)),
         restart_backoff=_get(ENVOY_RESTART_BACKOFF, env),

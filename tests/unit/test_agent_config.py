@@ -39,6 +39,10 @@ def test_defaults_follow_istio_agent():
     assert (cfg.proxy.proxy_admin_port, cfg.proxy.status_port, cfg.proxy.concurrency) == (15000, 15020, 2)
     assert (cfg.secret_ttl, cfg.grace_ratio, cfg.grace_jitter) == (86400.0, 0.5, 0.01)
     assert cfg.envoy_binary.endswith("envoy")
+    router, _ = load(proxy_type="router", domain="istio-system.svc.example.org")
+    assert router.node_id == "router~10.1.2.3~reviews-v1-5b7f9c8d6d-abcde.bookinfo~istio-system.svc.example.org"
+    with pytest.raises(ConfigError, match="unknown proxy type 'ztunnel'"):
+        load(proxy_type="ztunnel")
 
 
 def test_proxy_config_layers_flags_and_proxy_metadata():

@@ -1,0 +1,5 @@
+import sys
+
+from pilot.agent.cli import main
+
+sys.exit(main())

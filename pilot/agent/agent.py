@@ -1,0 +1,142 @@
+"""Wires pilot-agent together: certificate first, then the SDS socket, the bootstrap, the status
+port and Envoy; signals stop Envoy and the agent exits with Envoy's status.
+
+The certificate is fetched before Envoy starts: a wrong token or an unreachable root then fails
+the agent at once with the CA's reason, rather than leaving an Envoy that never becomes ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+from pathlib import Path
+
+from pilot import logging as plog
+from pilot.agent.bootstrap import envoy_bootstrap, node_metadata
+from pilot.agent.ca_client import CAClient, CertificateError
+from pilot.agent.config import (
+    ADMIN_ADDRESS_PATH,
+    BOOTSTRAP_PATH,
+    POD_ANNOTATIONS_PATH,
+    POD_LABELS_PATH,
+    ROOT_CERT_PATH,
+    SDS_SOCKET_PATH,
+    TOKEN_PATH,
+    AgentConfig,
+)
+from pilot.agent.sds import SdsServer
+from pilot.agent.secrets import SecretManager
+from pilot.agent.status import StatusServer
+from pilot.agent.supervisor import EnvoySupervisor
+
+log = plog.get("agent")
+
+
+def envoy_args(cfg: AgentConfig) -> list[str]:
+    args = [cfg.envoy_binary, "-c", BOOTSTRAP_PATH,
+            "--drain-time-s", str(int(cfg.proxy.drain_duration)), "--drain-strategy", "immediate",
+            "--local-address-ip-version", "v6" if ":" in cfg.instance_ip else "v4",
+            "--file-flush-interval-msec", "1000",
+            # Several Envoys on one host (tests, VMs) each need their own hot-restart base id.
+            "--use-dynamic-base-id",
+            "--admin-address-path", ADMIN_ADDRESS_PATH,
+            "--allow-unknown-static-fields",
+            "-l", cfg.log_level, "--component-log-level", cfg.component_log_level]
+    if cfg.proxy.concurrency > 0:  # 0: Envoy's default, one worker per core
+        args += ["--concurrency", str(cfg.proxy.concurrency)]
+    return args
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except FileNotFoundError:
+        return ""
+
+
+class PortsFile:
+    """--portsFile: the bound ports as JSON (status at once, admin once Envoy listens)."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.ports: dict[str, int] = {}
+
+    def set(self, name: str, port: int) -> None:
+        self.ports[name] = port
+        if self.path:
+            tmp = f"{self.path}.tmp"
+            Path(tmp).write_text(json.dumps(self.ports))
+            os.replace(tmp, self.path)
+
+
+async def run(cfg: AgentConfig, warnings: list[str]) -> int:
+    for w in warnings:
+        log.warning(w)
+    log.info("pilot-agent starting", node=cfg.node_id, identity=cfg.spiffe_id,
+             discovery=cfg.discovery_address, ca=cfg.ca_address, istiod_san=cfg.istiod_san,
+             envoy=cfg.envoy_binary)
+    ports = PortsFile(cfg.ports_file)
+    supervisor = EnvoySupervisor(
+        envoy_args(cfg), admin_address_path=ADMIN_ADDRESS_PATH, max_restarts=cfg.max_restarts,
+        backoff=cfg.restart_backoff,
+        on_admin_address=lambda a: ports.set("admin", int(a.rsplit(":", 1)[1])))
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def on_signal(sig: int) -> None:
+        stop.set()
+        supervisor.request_stop(sig)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+
+    ca = CAClient(cfg.ca_address, root_cert_path=ROOT_CERT_PATH, token_path=TOKEN_PATH,
+                  server_name=cfg.istiod_san, cluster_id=str(cfg.env.get("ISTIO_META_CLUSTER_ID") or "Kubernetes"))
+    secrets = SecretManager(ca, cfg.spiffe_id, cfg.secret_ttl, grace_ratio=cfg.grace_ratio,
+                            grace_jitter=cfg.grace_jitter)
+    first = asyncio.ensure_future(secrets.start())
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({first, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if not first.done():
+        first.cancel()
+        with contextlib.suppress(asyncio.CancelledError, CertificateError):
+            await first
+        log.info("stopped before the workload certificate arrived")
+        return 0
+    try:
+        first.result()
+    except CertificateError as e:
+        log.error("cannot get the workload certificate; exiting", error=str(e))
+        return 1
+
+    metadata, md_warnings = node_metadata(cfg, _read(POD_LABELS_PATH), _read(POD_ANNOTATIONS_PATH))
+    for w in md_warnings:
+        log.warning(w)
+    Path(BOOTSTRAP_PATH).parent.mkdir(parents=True, exist_ok=True)
+    Path(BOOTSTRAP_PATH).write_text(json.dumps(envoy_bootstrap(cfg, metadata), indent=1))
+
+    sds = SdsServer(secrets, SDS_SOCKET_PATH)
+    await sds.start()
+    status = StatusServer(secrets, supervisor, port=cfg.proxy.status_port,
+                          on_port=lambda p: ports.set("status", p))
+    rotation = asyncio.create_task(secrets.rotate_forever(), name="certificate-rotation")
+    try:
+        try:
+            await status.start()
+        except OSError as e:
+            log.error("cannot listen on the status port (ProxyConfig.statusPort)", port=cfg.proxy.status_port,
+                      error=str(e))
+            return 1
+        code = await supervisor.run()
+    finally:
+        rotation.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await rotation
+        await status.stop()
+        await sds.stop()
+    log.info("pilot-agent exiting", status=code)
+    return code

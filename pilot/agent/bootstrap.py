@@ -1,0 +1,229 @@
+"""The Envoy bootstrap pilot-agent writes: node identity and metadata, admin, ADS to istiod over
+TLS, and the `sds-grpc` cluster through which Envoy gets its workload certificate.
+
+Pure: configuration and file contents in, a JSON-ready dict out.
+
+THE CONTRACT with generated config: clusters and listeners from the control plane reference the
+SDS secrets `default` (workload key and chain) and `ROOTCA` (mesh root) through the static cluster
+named exactly `sds-grpc`; this bootstrap always defines it, and the agent serves both names.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from pilot.agent.config import (
+    ROOT_CERT_PATH,
+    SDS_SOCKET_PATH,
+    AgentConfig,
+    is_ip,
+    split_host_port,
+    workload_name,
+)
+
+SDS_CLUSTER = "sds-grpc"
+XDS_CLUSTER = "xds-grpc"
+WORKLOAD_SECRET = "default"
+ROOT_SECRET = "ROOTCA"
+
+META_PREFIX = "ISTIO_META_"
+METAJSON_PREFIX = "ISTIO_METAJSON_"
+POD_TEMPLATE_HASH = "pod-template-hash"  # per-ReplicaSet noise, dropped as istio-agent does
+
+_HTTP2 = {
+    "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+        "explicit_http_config": {"http2_protocol_options": {}},
+    }
+}
+
+
+def parse_downward_api(text: str) -> dict[str, str]:
+    """The downward API's `key="value"` lines (values Go-quoted) as a map; malformed lines raise."""
+    out = {}
+    for line in text.splitlines():
+        key, sep, quoted = line.partition("=")
+        if not sep:
+            continue
+        quoted = quoted.strip()
+        if len(quoted) < 2 or quoted[0] != '"' or quoted[-1] != '"':
+            raise ValueError(f"{key}: value {quoted!r} is not a quoted string")
+        try:
+            # Go's %q escapes are a subset of Python's string literal escapes.
+            out[key] = ast.literal_eval(quoted)
+        except (ValueError, SyntaxError) as e:
+            raise ValueError(f"{key}: cannot unquote {quoted!r}: {e}") from None
+    return out
+
+
+def service_cluster(cfg: AgentConfig, labels: Mapping[str, str], workload: str) -> str:
+    """istio-agent's node.cluster: serviceCluster, else `app.NAMESPACE`, else `WORKLOAD.NAMESPACE`."""
+    name = cfg.proxy.service_cluster
+    if name and name != "istio-proxy":
+        return name
+    if labels.get("app"):
+        return f"{labels['app']}.{cfg.pod_namespace}"
+    if workload:
+        return f"{workload}.{cfg.pod_namespace}"
+    return f"istio-proxy.{cfg.pod_namespace}"
+
+
+def node_metadata(cfg: AgentConfig, labels_text: str = "", annotations_text: str = "") -> tuple[dict, list[str]]:
+    """Node metadata as istio-agent sends it. Sources, later winning: ProxyConfig.proxyMetadata and
+    the environment's ISTIO_META_* (prefix stripped, string values), ISTIO_METAJSON_* (JSON values;
+    ISTIO_METAJSON_LABELS gives LABELS), the pod labels/annotations files, then what the agent
+    itself knows (NAMESPACE, NAME, SERVICE_ACCOUNT, INSTANCE_IPS, PROXY_CONFIG...).
+    `labels_text`/`annotations_text` are the downward API files' contents ("" when absent)."""
+    warnings: list[str] = []
+    md: dict[str, Any] = {}
+    for source in (cfg.proxy.proxy_metadata, cfg.env):
+        for k, v in source.items():
+            if k.startswith(META_PREFIX) and len(k) > len(META_PREFIX):
+                md[k[len(META_PREFIX):]] = v
+    labels: dict[str, str] = {}
+    for k, v in sorted(cfg.env.items()):
+        if not k.startswith(METAJSON_PREFIX) or len(k) == len(METAJSON_PREFIX):
+            continue
+        try:
+            value = json.loads(v)
+        except ValueError as e:
+            warnings.append(f"{k}: not JSON, ignored: {e}")
+            continue
+        key = k[len(METAJSON_PREFIX):]
+        if key == "LABELS":
+            if isinstance(value, dict):
+                labels = {str(a): str(b) for a, b in value.items()}
+            else:
+                warnings.append(f"{k}: must be a JSON object of labels, ignored")
+            continue
+        md[key] = value
+    if labels_text:
+        try:
+            labels.update(parse_downward_api(labels_text))
+        except ValueError as e:
+            warnings.append(f"pod labels file: {e}")
+    labels.pop(POD_TEMPLATE_HASH, None)
+    if annotations_text:
+        try:
+            md["ANNOTATIONS"] = parse_downward_api(annotations_text)
+        except ValueError as e:
+            warnings.append(f"pod annotations file: {e}")
+
+    md.setdefault("CLUSTER_ID", "Kubernetes")
+    md.setdefault("INTERCEPTION_MODE", "REDIRECT")
+    md.setdefault("WORKLOAD_NAME", workload_name(cfg.pod_name))
+    md.update({
+        "NAMESPACE": cfg.pod_namespace,
+        "NAME": cfg.pod_name,
+        "SERVICE_ACCOUNT": cfg.service_account,
+        "LABELS": labels,
+        "INSTANCE_IPS": cfg.instance_ip,
+        "PILOT_SAN": [cfg.istiod_san],
+        "PROXY_CONFIG": {**cfg.proxy.raw, "discoveryAddress": cfg.discovery_address},
+    })
+    md.setdefault("ISTIO_VERSION", cfg.istio_version)
+    return md, warnings
+
+
+def _sds_config() -> dict:
+    return {
+        "api_config_source": {
+            "api_type": "GRPC",
+            "transport_api_version": "V3",
+            "set_node_on_first_message_only": True,
+            "grpc_services": [{"envoy_grpc": {"cluster_name": SDS_CLUSTER}}],
+        },
+        "initial_fetch_timeout": "0s",
+        "resource_api_version": "V3",
+    }
+
+
+def _xds_cluster(cfg: AgentConfig) -> dict:
+    host, port = split_host_port(cfg.discovery_address, "discoveryAddress")
+    cluster = {
+        "name": XDS_CLUSTER,
+        "type": "STATIC" if is_ip(host) else "STRICT_DNS",
+        "connect_timeout": "1s",
+        "typed_extension_protocol_options": _HTTP2,
+        "upstream_connection_options": {"tcp_keepalive": {"keepalive_time": 300}},
+        "load_assignment": {
+            "cluster_name": XDS_CLUSTER,
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {
+                "socket_address": {"address": host, "port_value": port}}}}]}],
+        },
+        # istiod is verified against the mounted root (as the agent verifies the CA); Envoy
+        # authenticates with the workload certificate it gets over SDS, which istiod's secure
+        # port accepts in place of a token.
+        "transport_socket": {
+            "name": "envoy.transport_sockets.tls",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                "sni": cfg.istiod_san,
+                "common_tls_context": {
+                    "alpn_protocols": ["h2"],
+                    "tls_certificate_sds_secret_configs": [
+                        {"name": WORKLOAD_SECRET, "sds_config": _sds_config()}],
+                    "validation_context": {
+                        "trusted_ca": {"filename": ROOT_CERT_PATH},
+                        "match_typed_subject_alt_names": [
+                            {"san_type": "DNS", "matcher": {"exact": cfg.istiod_san}}],
+                    },
+                },
+            },
+        },
+    }
+    return cluster
+
+
+def envoy_bootstrap(cfg: AgentConfig, metadata: Mapping[str, Any]) -> dict:
+    labels = metadata.get("LABELS") or {}
+    xds = {"ads": {}, "initial_fetch_timeout": "0s", "resource_api_version": "V3"}
+    return {
+        "node": {
+            "id": cfg.node_id,
+            "cluster": service_cluster(cfg, labels, str(metadata.get("WORKLOAD_NAME") or "")),
+            "metadata": dict(metadata),
+        },
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1",
+                                                 "port_value": cfg.proxy.proxy_admin_port}}},
+        # Envoy warns at start without a downstream connection limit; this one (istio's value) is
+        # a formality, not a limit.
+        "overload_manager": {"resource_monitors": [{
+            "name": "envoy.resource_monitors.global_downstream_max_connections",
+            "typed_config": {
+                "@type": "type.googleapis.com/"
+                         "envoy.extensions.resource_monitors.downstream_connections.v3.DownstreamConnectionsConfig",
+                "max_active_downstream_connections": 2147483647,
+            },
+        }]},
+        "layered_runtime": {"layers": [{"name": "admin", "admin_layer": {}}]},
+        "dynamic_resources": {
+            "ads_config": {
+                "api_type": "DELTA_GRPC" if cfg.delta_xds else "GRPC",
+                "transport_api_version": "V3",
+                "set_node_on_first_message_only": True,
+                "grpc_services": [{"envoy_grpc": {"cluster_name": XDS_CLUSTER}}],
+            },
+            "cds_config": dict(xds),
+            "lds_config": dict(xds),
+        },
+        "static_resources": {
+            "clusters": [
+                {
+                    "name": SDS_CLUSTER,
+                    "type": "STATIC",
+                    "connect_timeout": "1s",
+                    "typed_extension_protocol_options": _HTTP2,
+                    "load_assignment": {
+                        "cluster_name": SDS_CLUSTER,
+                        "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {
+                            "pipe": {"path": SDS_SOCKET_PATH}}}}]}],
+                    },
+                },
+                _xds_cluster(cfg),
+            ],
+        },
+    }

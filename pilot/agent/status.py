@@ -1,0 +1,61 @@
+"""istio-agent's status port (ProxyConfig.statusPort, 15020): `/healthz/ready` answers 200 once the
+workload certificate is held and Envoy's admin `/ready` says LIVE (config received), 503 with the
+reason otherwise. Kubernetes readiness probes point here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import aiohttp
+from aiohttp import web
+
+from pilot.agent.secrets import SecretManager
+from pilot.agent.supervisor import EnvoySupervisor
+
+PROBE_TIMEOUT = 2.0
+
+
+class StatusServer:
+    def __init__(self, secrets: SecretManager, envoy: EnvoySupervisor, *, host: str = "0.0.0.0",
+                 port: int = 15020, on_port: Callable[[int], None] | None = None) -> None:
+        self.secrets = secrets
+        self.envoy = envoy
+        self.host, self.port = host, port
+        self.on_port = on_port
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    async def ready(self, _req: web.Request) -> web.Response:
+        if self.secrets.current is None:
+            return web.Response(status=503, text="no workload certificate yet\n")
+        if not self.envoy.running or not self.envoy.admin_address:
+            return web.Response(status=503, text="envoy is not running\n")
+        try:
+            async with self._session.get(f"http://{self.envoy.admin_address}/ready",
+                                         timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT)) as r:
+                state = (await r.text()).strip()
+                status = r.status
+        except (aiohttp.ClientError, TimeoutError) as e:
+            return web.Response(status=503, text=f"envoy admin is not answering: {e}\n")
+        if status == 200 and state == "LIVE":
+            return web.Response(status=200, text="LIVE\n")
+        return web.Response(status=503, text=f"envoy is not ready: {state or status}\n")
+
+    async def start(self) -> int:
+        self._session = aiohttp.ClientSession()
+        app = web.Application()
+        app.add_routes([web.get("/healthz/ready", self.ready)])
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # the real one when 0 was asked
+        if self.on_port is not None:
+            self.on_port(self.port)
+        return self.port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()

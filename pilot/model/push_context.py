@@ -14,6 +14,7 @@ from types import MappingProxyType
 from pilot.config.mesh import MeshConfig
 from pilot.model.gateways import GatewayIndex
 from pilot.model.mesh_settings import MeshSettings
+from pilot.model.security_policies import SecurityIndex
 from pilot.model.services import (
     EndpointAddress,
     MeshService,
@@ -48,6 +49,7 @@ class PushContext:
     _views: dict = field(default_factory=dict, compare=False, repr=False)  # per-push memo
     pods: Mapping[tuple[str, str], Entry] = field(default_factory=dict)
     gateways: GatewayIndex = field(default_factory=GatewayIndex)  # Gateways, their VirtualServices, Secrets
+    security: SecurityIndex = field(default_factory=SecurityIndex)  # PeerAuthn, AuthorizationPolicy, RequestAuthn
 
     @classmethod
     def build(cls, store: Store, mesh: MeshConfig, mesh_version: str, domain: str, version: str,
@@ -90,6 +92,7 @@ class PushContext:
             full_view=ServiceView.of(services),
             pods=_index_pods(store),
             gateways=GatewayIndex.build(store, domain),
+            security=SecurityIndex.build(store, mesh.root_namespace),
         )
 
     @property

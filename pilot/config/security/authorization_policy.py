@@ -62,8 +62,9 @@ class Source(Model):
             errs.append(f"cannot set serviceAccounts with namespaces or principals, found at rule {i}")
         if self.is_empty():
             errs.append(f"`from.source` must not be empty, found at rule {i}")
-        for f in ("ip_blocks", "not_ip_blocks", "remote_ip_blocks", "not_remote_ip_blocks"):
-            errs += ip_problems(getattr(self, f))
+        for f, name in (("ip_blocks", "ipBlocks"), ("not_ip_blocks", "notIpBlocks"),
+                        ("remote_ip_blocks", "remoteIpBlocks"), ("not_remote_ip_blocks", "notRemoteIpBlocks")):
+            errs += [f"{name}: {e}, found at rule {i}" for e in ip_problems(getattr(self, f))]
         for f, alias in (("principals", "Principals"), ("request_principals", "RequestPrincipals"),
                          ("namespaces", "Namespaces"), ("ip_blocks", "IpBlocks"),
                          ("remote_ip_blocks", "RemoteIpBlocks"), ("service_accounts", "ServiceAccounts")):
@@ -94,7 +95,8 @@ class Operation(Model):
         errs = []
         if not any(getattr(self, f) for f in type(self).model_fields):
             errs.append(f"`to.operation` must not be empty, found at rule {i}")
-        errs += port_problems(self.ports) + port_problems(self.not_ports)
+        errs += [f"ports: {e}, found at rule {i}" for e in port_problems(self.ports)]
+        errs += [f"notPorts: {e}, found at rule {i}" for e in port_problems(self.not_ports)]
         for f, alias in (("ports", "Ports"), ("methods", "Methods"), ("paths", "Paths"), ("hosts", "Hosts")):
             errs += empty_value_problem(alias, getattr(self, f))
             errs += empty_value_problem("Not" + alias, getattr(self, "not_" + f))

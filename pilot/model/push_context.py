@@ -14,7 +14,7 @@ from types import MappingProxyType
 from pilot.config.mesh import MeshConfig
 from pilot.model.gateways import GatewayIndex
 from pilot.model.mesh_settings import MeshSettings
-from pilot.model.security_policies import SecurityIndex
+from pilot.model.security_policies import JwksSnapshot, SecurityIndex
 from pilot.model.services import (
     EndpointAddress,
     MeshService,
@@ -53,7 +53,7 @@ class PushContext:
 
     @classmethod
     def build(cls, store: Store, mesh: MeshConfig, mesh_version: str, domain: str, version: str,
-              previous: PushContext | None = None) -> PushContext:
+              previous: PushContext | None = None, jwks: JwksSnapshot | None = None) -> PushContext:
         """Services whose Service object did not change are carried over from `previous` as the
         same objects, so cache keys built from them compare by identity, not field by field."""
         old = previous.by_host if previous is not None and previous.domain == domain else {}
@@ -92,7 +92,7 @@ class PushContext:
             full_view=ServiceView.of(services),
             pods=_index_pods(store),
             gateways=GatewayIndex.build(store, domain),
-            security=SecurityIndex.build(store, mesh.root_namespace),
+            security=SecurityIndex.build(store, mesh.root_namespace, jwks),
         )
 
     @property

@@ -33,6 +33,22 @@ GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name"
 GATEWAY_API_GROUP = "gateway.networking.k8s.io"
 
 
+def jwks_source(rule) -> str | None:
+    """Where a JWT rule's keys come from when not inline: its jwksUri, else its issuer (OpenID
+    discovery). None for inline keys."""
+    if rule.jwks:
+        return None
+    return rule.jwks_uri or rule.issuer or None
+
+
+@dataclass(frozen=True)
+class JwksSnapshot:
+    """What the JWKS resolver (pilot/security/jwks.py) holds: keys and last errors by source."""
+
+    keys: Mapping[str, str] = field(default_factory=dict)
+    errors: Mapping[str, str] = field(default_factory=dict)
+
+
 def _age(e: Entry) -> tuple[str, str, str]:
     """istiod's order: creationTimestamp, then name, then namespace (file mode has no timestamps)."""
     return (e.obj.metadata.creation_timestamp, e.key.name, e.key.namespace)
@@ -66,7 +82,8 @@ class WorkloadPolicies:
     """The AuthorizationPolicies (by action) and RequestAuthentications selecting one workload.
 
     Entries hash by (key, revision), so a changed policy changes the value; `jwks` carries the
-    keys fetched for the `jwksUri`s these RequestAuthentications name (uri, JWKS text), sorted."""
+    keys fetched for the rules without inline keys, as (source, JWKS text) sorted by source, where
+    the source is the rule's jwksUri or, without one, its issuer."""
 
     custom: tuple[Entry, ...] = ()
     deny: tuple[Entry, ...] = ()
@@ -89,9 +106,9 @@ class WorkloadPolicies:
         return tuple(f"{e.key.kind}/{e.key.namespace}/{e.key.name}"
                      for e in self.authorization_policies + self.request_authentications)
 
-    def jwks_for(self, uri: str) -> str | None:
-        for u, text in self.jwks:
-            if u == uri:
+    def jwks_for(self, source: str) -> str | None:
+        for src, text in self.jwks:
+            if src == source:
                 return text
         return None
 
@@ -106,17 +123,17 @@ class SecurityIndex:
     peer_authentications: Mapping[str, tuple[Entry, ...]] = field(default_factory=dict)
     authorization_policies: Mapping[str, tuple[Entry, ...]] = field(default_factory=dict)
     request_authentications: Mapping[str, tuple[Entry, ...]] = field(default_factory=dict)
-    # jwksUri -> JWKS text, as fetched at the edge (pilot/security/jwks.py); missing = not fetched
-    jwks: Mapping[str, str] = field(default_factory=dict)
+    # keys fetched at the edge (pilot/security/jwks.py) by source; a missing source is not fetched
+    jwks: JwksSnapshot = field(default_factory=JwksSnapshot)
     _memo: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def build(cls, store: Store, root_namespace: str, jwks: Mapping[str, str] | None = None) -> SecurityIndex:
+    def build(cls, store: Store, root_namespace: str, jwks: JwksSnapshot | None = None) -> SecurityIndex:
         return cls(root_namespace,
                    _by_namespace(store.list("PeerAuthentication")),
                    _by_namespace(store.list("AuthorizationPolicy")),
                    _by_namespace(store.list("RequestAuthentication")),
-                   MappingProxyType(dict(jwks or {})))
+                   jwks or JwksSnapshot())
 
     # --- mutual TLS ---------------------------------------------------------------------------
     def mtls_policy(self, namespace: str, labels: Mapping[str, str]) -> MtlsPolicy:
@@ -162,14 +179,15 @@ class SecurityIndex:
                 if _selects(e, namespace, labels):
                     by_action[e.obj.spec.action].append(e)  # type: ignore[attr-defined]
         authns = [e for ns in lookup for e in self.request_authentications.get(ns, ()) if _selects(e, namespace, labels)]
-        uris = sorted({r.jwks_uri for e in authns for r in e.obj.spec.rules  # type: ignore[attr-defined]
-                       if r.jwks_uri and not r.jwks and r.jwks_uri in self.jwks})
+        keys = self.jwks.keys
+        sources = sorted({src for e in authns for r in e.obj.spec.rules  # type: ignore[attr-defined]
+                          if (src := jwks_source(r)) is not None and src in keys})
         if not by_action and not authns:
             return NO_POLICIES
         return WorkloadPolicies(*(tuple(sorted(by_action.get(a, ()), key=_age))
                                   for a in ("CUSTOM", "DENY", "ALLOW", "AUDIT")),
                                 tuple(sorted(authns, key=_age)),
-                                tuple((u, self.jwks[u]) for u in uris))
+                                tuple((src, keys[src]) for src in sources))
 
     # --- what cannot be honoured as written -----------------------------------------------------
     @property
@@ -189,10 +207,14 @@ class SecurityIndex:
         for entries in self.request_authentications.values():
             for e in entries:
                 for i, r in enumerate(e.obj.spec.rules):  # type: ignore[attr-defined]
-                    if r.jwks_uri and not r.jwks and r.jwks_uri not in self.jwks:
-                        out.append(_problem(e, f"jwtRules[{i}]: the keys at jwksUri {r.jwks_uri} are not fetched "
-                                               f"(yet); tokens from issuer {r.issuer!r} are rejected with 401 "
-                                               "until they are"))
+                    src = jwks_source(r)
+                    if src is None or src in self.jwks.keys:
+                        continue
+                    where = f"jwksUri {src}" if r.jwks_uri else f"issuer {src} (OpenID discovery)"
+                    error = self.jwks.errors.get(src)
+                    out.append(_problem(e, f"jwtRules[{i}]: the keys of {where} are not fetched "
+                                           f"{'(' + error + ')' if error else '(yet)'}; tokens of issuer "
+                                           f"{r.issuer!r} are rejected with 401 until they are"))
         return tuple(sorted(out, key=lambda p: (p["kind"], p["namespace"], p["name"], p["reason"])))
 
 

@@ -12,9 +12,10 @@ authn policy_applier convertToEnvoyJwtConfig):
   where the RBAC filter reads `iss`, `sub`, `aud`, `azp` and claims; `scope` and `permission`
   (plus `spaceDelimitedClaims`) are split into lists first.
 
-Keys: inline `jwks`, else the keys fetched for `jwksUri` (the index carries them, see
-pilot/security/jwks.py), else — keys not fetched — a JWKS no token can match, so tokens of that
-issuer get 401 rather than passing unchecked (what istiod does while a fetch fails).
+Keys: inline `jwks`, else the keys the control plane fetched from `jwksUri` or by the issuer's
+OpenID discovery (the index carries them, see pilot/security/jwks.py), else — not fetched yet — a
+JWKS no token can match, so tokens of that issuer get 401 rather than passing unchecked (what
+istiod does while a fetch fails).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from envoy.extensions.filters.http.jwt_authn.v3 import config_pb2 as jwt_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from google.protobuf import empty_pb2
 
-from pilot.model.security_policies import WorkloadPolicies
+from pilot.model.security_policies import WorkloadPolicies, jwks_source
 from pilot.networking.protos import pack
 from pilot.networking.rbac_matchers import JWT_FILTER, JWT_PAYLOAD
 
@@ -48,7 +49,8 @@ def _space_delimited(extra: list[str] | None) -> list[str]:
 
 
 def _provider(rule, policies: WorkloadPolicies) -> jwt_pb2.JwtProvider:
-    keys = rule.jwks or (policies.jwks_for(rule.jwks_uri) if rule.jwks_uri else None) or FAKE_JWKS
+    source = jwks_source(rule)
+    keys = rule.jwks or (policies.jwks_for(source) if source else None) or FAKE_JWKS
     return jwt_pb2.JwtProvider(
         issuer=rule.issuer,
         audiences=rule.audiences,

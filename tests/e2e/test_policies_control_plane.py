@@ -9,6 +9,7 @@ import yaml
 from tests.support.control_plane import ControlPlane
 from tests.support.policies import authz, peer_authn, request_authn
 from tests.support.wait import wait_for
+from tests.unit.test_jwks_resolver import IssuerServer
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -45,4 +46,29 @@ async def test_policies_in_configz_and_a_change_pushes(tmp_path):
                          if "AuthorizationPolicy/shop/deny-admin" in p["config_keys"]), None)
 
         push = await wait_for(pushed, message="a new AuthorizationPolicy causes a push")
-        assert push["full"] is True and push["reasons"] == {"config": 1}
+        assert push["full"] is True and "config" in push["reasons"]
+
+
+async def test_jwks_uri_keys_are_fetched_and_pushed(tmp_path):
+    issuer = await IssuerServer().start()
+    issuer.status = 503  # down at first: the policy is reported, then fetched on retry
+    cp = ControlPlane(tmp_path)
+    cp.write("jwt.yaml", dump(request_authn("jwt", "shop", jwtRules=[{"issuer": issuer.base,
+                                                                      "jwksUri": f"{issuer.base}/jwks"}])))
+    try:
+        async with cp:
+            async def reported() -> bool:
+                configz = await cp.debug("/debug/configz")
+                return any("HTTP 503" in u["reason"] for u in configz["unsupported"])
+
+            await wait_for(reported, message="the failing jwksUri shows in /debug/configz")
+            issuer.status = 200
+
+            async def fetched() -> bool:
+                return (await cp.debug("/debug/configz"))["unsupported"] == []
+
+            await wait_for(fetched, timeout=15, message="keys fetched on retry")
+            pushes = (await cp.debug("/debug/push_status"))["pushes"]
+            assert any("JWKS/keys" in p["config_keys"] and p["full"] for p in pushes)
+    finally:
+        await issuer.stop()

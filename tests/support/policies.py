@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pilot.config.validation import parse_object
-from pilot.model.security_policies import SecurityIndex, WorkloadPolicies
+from pilot.model.security_policies import JwksSnapshot, SecurityIndex, WorkloadPolicies
 from pilot.model.store import Store
 
 ROOT_NS = "istio-system"
@@ -45,7 +45,7 @@ def store_of(*docs: dict) -> Store:
 
 
 def index_of(*docs: dict, jwks: Mapping[str, str] | None = None) -> SecurityIndex:
-    return SecurityIndex.build(store_of(*docs), ROOT_NS, jwks)
+    return SecurityIndex.build(store_of(*docs), ROOT_NS, JwksSnapshot(keys=dict(jwks or {})))
 
 
 def workload_policies(*docs: dict, namespace: str = "default", labels: Mapping[str, str] | None = None,

@@ -19,7 +19,9 @@ from pilot import logging as plog
 from pilot.cli import Options
 from pilot.config.mesh import MeshConfig, MeshConfigError, parse_mesh_config
 from pilot.http.server import build_app
+from pilot.model import push_request as push_reasons
 from pilot.model.mesh import MeshHolder
+from pilot.model.push_request import PushRequest
 from pilot.model.store import ConfigKey, Store
 from pilot.security import authn
 from pilot.security.ca import (
@@ -34,6 +36,7 @@ from pilot.security.ca import (
 )
 from pilot.security.ca_reload import watch_plugged_in_ca
 from pilot.security.ca_server import SecureServer, istiod_dns_names
+from pilot.security.jwks import JwksResolver
 from pilot.sources.files import FileSource
 from pilot.sources.kube.client import Kube, in_cluster, load_api_client
 from pilot.sources.kube.leader import LeaderElection
@@ -76,6 +79,8 @@ class ControlPlane:
         self.store = Store()
         self.mesh = MeshHolder(load_mesh_file(opts.mesh_config), features.pod_namespace)
         self.discovery = DiscoveryServer(self.store, self.mesh, features, opts.domain)
+        self.jwks = JwksResolver(self.store, self._jwks_changed, refresh_interval=features.jwt_pub_key_refresh_interval)
+        self.discovery.jwks = self.jwks.snapshot
         self.ads = AdsService(self.discovery)
         self.files = FileSource(opts.config_dir, self.store) if opts.config_dir else None
         self.kube: Kube | None = None
@@ -96,6 +101,12 @@ class ControlPlane:
         self._runners: list[web.AppRunner] = []
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
+
+    def _jwks_changed(self) -> None:
+        """Fetched RequestAuthentication keys changed: every proxy's jwt_authn may embed them."""
+        req = PushRequest(full=True, config_keys={ConfigKey("JWKS", "", "keys")})
+        req.reasons[push_reasons.CONFIG_UPDATE] += 1
+        self.discovery.debouncer.enqueue(req)
 
     def ready(self) -> tuple[bool, str]:
         if self.draining:
@@ -127,6 +138,7 @@ class ControlPlane:
         # The first context is built from what is loaded now; everything after goes through debounce.
         self.discovery.rebuild()
         self.discovery.start()
+        self.jwks.start()
         await self._start_grpc()
         await self._start_secure_grpc()
         self.loaded = True
@@ -316,6 +328,7 @@ class ControlPlane:
         servers = ([self.secure.stop(grace=1.0)] if self.secure is not None else []) + \
             ([self._grpc.stop(grace=1.0)] if self._grpc is not None else [])
         await asyncio.gather(*servers)
+        await self.jwks.stop()
         await self.discovery.stop()
         for r in self._runners:
             await r.cleanup()

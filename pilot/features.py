@@ -143,6 +143,9 @@ JWT_RULE = _knob(
     "JWT_RULE", "", str,
     "JSON JWT rule(s) trusted to authenticate CA and secure xDS callers: an object or a list of "
     "{issuer, audiences, jwks_uri | jwks}; `jwks` is the JWKS document inline (see pilot/security/authn.py).")
+JWT_PUB_KEY_REFRESH_INTERVAL = _knob(
+    "PILOT_JWT_PUB_KEY_REFRESH_INTERVAL", "20m", parse_duration,
+    "How often the keys of RequestAuthentication jwksUri (or issuer discovery) are fetched again.")
 TOKEN_AUDIENCES = _knob(
     "TOKEN_AUDIENCES", "istio-ca", _csv,
     "Audiences a Kubernetes service-account token must carry (TokenReview), comma-separated.")
@@ -172,6 +175,7 @@ class Features:
     leader_retry_period: float = 7.5
     self_signed_ca_dir: str = "./etc/cacerts-self-signed"
     jwt_rule: str = ""
+    jwt_pub_key_refresh_interval: float = 1200.0
     token_audiences: tuple[str, ...] = ("istio-ca",)
     trusted_node_accounts: tuple[str, ...] = ("istio-system/ztunnel",)
 
@@ -194,6 +198,7 @@ class Features:
             leader_retry_period=LEADER_RETRY_PERIOD.get(environ),
             self_signed_ca_dir=SELF_SIGNED_CA_DIR.get(environ),
             jwt_rule=JWT_RULE.get(environ),
+            jwt_pub_key_refresh_interval=JWT_PUB_KEY_REFRESH_INTERVAL.get(environ),
             token_audiences=TOKEN_AUDIENCES.get(environ),
             trusted_node_accounts=CA_TRUSTED_NODE_ACCOUNTS.get(environ),
         )

@@ -14,6 +14,8 @@ from pilot.config.networking import (
     VirtualService,
     WorkloadEntry,
 )
+from pilot.config.security import VERSIONS as SECURITY_VERSIONS
+from pilot.config.security import AuthorizationPolicy, PeerAuthentication, RequestAuthentication
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,13 @@ KINDS: tuple[Kind, ...] = (
     Kind("networking.istio.io", ISTIO_VERSIONS, "WorkloadEntry", "workloadentries", True, WorkloadEntry),
     Kind("networking.istio.io", ISTIO_VERSIONS, "Sidecar", "sidecars", True, Sidecar),
     Kind("networking.istio.io", ISTIO_VERSIONS, "Gateway", "gateways", True, Gateway),
+    # security.istio.io: v1 is read and written; v1beta1 serves the same schema.
+    Kind("security.istio.io", SECURITY_VERSIONS, "PeerAuthentication", "peerauthentications", True,
+         PeerAuthentication),
+    Kind("security.istio.io", SECURITY_VERSIONS, "AuthorizationPolicy", "authorizationpolicies", True,
+         AuthorizationPolicy),
+    Kind("security.istio.io", SECURITY_VERSIONS, "RequestAuthentication", "requestauthentications", True,
+         RequestAuthentication),
 )
 
 BY_NAME: dict[str, Kind] = {k.kind: k for k in KINDS}

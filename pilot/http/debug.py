@@ -118,7 +118,10 @@ class DebugHandlers:
                     obj["data"] = {k: f"<redacted: {len(v)} base64 chars>" for k, v in obj.get("data", {}).items()}
                 configs.append({"kind": kind, "namespace": e.key.namespace, "name": e.key.name,
                                 "revision": e.revision, "source": e.source, "object": obj})
-        return _json({"configs": configs, "rejected": [r.as_dict() for r in store.rejections()]})
+        # Accepted policies this control plane cannot apply as written, and what it does instead.
+        unsupported = list(self.server.push_context.security.problems)
+        return _json({"configs": configs, "rejected": [r.as_dict() for r in store.rejections()],
+                      "unsupported": unsupported})
 
     async def registryz(self, _req: web.Request) -> web.Response:
         ctx = self.server.push_context

@@ -12,6 +12,8 @@ SERVICE_ENDPOINTS = "ServiceEndpoints"
 NAMESPACE_ENDPOINTS = "NamespaceEndpoints"
 TRAFFIC_KINDS = ("VirtualService", "DestinationRule", "ServiceEntry", "Sidecar", "Gateway",
                  "Secret")  # gateway credentials (SDS)
+# Inbound filters (mTLS mode, jwt_authn, RBAC) of the workloads they select.
+SECURITY_KINDS = ("PeerAuthentication", "AuthorizationPolicy", "RequestAuthentication")
 
 
 def push_request_for(events: list[Event], mesh_configmap: ConfigKey) -> PushRequest | None:
@@ -40,7 +42,7 @@ def _one(ev: Event, mesh_configmap: ConfigKey) -> PushRequest | None:
         r = PushRequest(full=True, config_keys={ev.key})
         r.reasons[reasons.SERVICE_UPDATE] += 1
         return r
-    if kind in TRAFFIC_KINDS:
+    if kind in TRAFFIC_KINDS or kind in SECURITY_KINDS:
         r = PushRequest(full=True, config_keys={ev.key})
         r.reasons[reasons.CONFIG_UPDATE] += 1
         return r

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from pilot.model.protocol import Protocol, select_protocol
 from pilot.model.proxy import Proxy
+from pilot.model.security_policies import WorkloadPolicies
 from pilot.model.services import MeshService, ServicePort
 from pilot.model.store import Entry
 
@@ -36,6 +37,7 @@ class InboundPort:
 class InboundPlan:
     ports: tuple[InboundPort, ...]
     mesh_tls: bool  # the proxy has certificates: TLS chains can be built
+    policies: WorkloadPolicies = WorkloadPolicies()  # authn/authz filters in front of the app
     problems: tuple[str, ...] = ()  # ports that could not be served, and why
 
 
@@ -63,7 +65,7 @@ def _endpoint_for(default_endpoint: str, port: int, proxy_ip: str) -> str:
 
 
 def plan_inbound(proxy: Proxy, services: tuple[MeshService, ...], slices_of, sidecar: Entry | None,
-                 mtls_mode, mesh_tls: bool) -> InboundPlan:
+                 mtls_mode, mesh_tls: bool, policies: WorkloadPolicies = WorkloadPolicies()) -> InboundPlan:
     """`slices_of(svc)`: a service's EndpointSlice entries; `mtls_mode(port) -> str` the
     PeerAuthentication mode for one workload port."""
     ip = proxy.ip_addresses[0] if proxy.ip_addresses else LOCALHOST
@@ -80,9 +82,9 @@ def plan_inbound(proxy: Proxy, services: tuple[MeshService, ...], slices_of, sid
             ports[p.number] = InboundPort(
                 p.number, select_protocol(p.name, p.protocol.lower() or None),
                 _endpoint_for(listener.default_endpoint, p.number, ip), bind, mtls_mode(p.number), origin)
-        return InboundPlan(tuple(ports[k] for k in sorted(ports)), mesh_tls, ())
+        return InboundPlan(tuple(ports[k] for k in sorted(ports)), mesh_tls, policies)
     if not mesh_tls:
-        return InboundPlan((), False, ())
+        return InboundPlan((), False)
     for svc in services:
         if svc.kind != "Service" or svc.namespace != proxy.namespace or not svc.selector:
             continue
@@ -103,4 +105,4 @@ def plan_inbound(proxy: Proxy, services: tuple[MeshService, ...], slices_of, sid
                 continue  # several services may target one workload port: the first (by host) serves it
             ports[target] = InboundPort(target, sp.protocol, f"{LOCALHOST}:{target}",
                                         ip if none_mode else "", mtls_mode(target), svc.origin)
-    return InboundPlan(tuple(ports[k] for k in sorted(ports)), mesh_tls, tuple(problems))
+    return InboundPlan(tuple(ports[k] for k in sorted(ports)), mesh_tls, policies, tuple(problems))

@@ -17,6 +17,7 @@ from pilot.model.inbound import InboundPlan, plan_inbound
 from pilot.model.mesh_settings import MeshSettings
 from pilot.model.mtls import spiffe_id
 from pilot.model.proxy import Proxy
+from pilot.model.security_policies import JwksSnapshot, SecurityIndex
 from pilot.model.services import (
     EndpointAddress,
     MeshService,
@@ -52,10 +53,11 @@ class PushContext:
     _memo: dict = field(default_factory=dict, compare=False, repr=False)  # per-push derived values
     pods: Mapping[tuple[str, str], Entry] = field(default_factory=dict)
     gateways: GatewayIndex = field(default_factory=GatewayIndex)  # Gateways, their VirtualServices, Secrets
+    security: SecurityIndex = field(default_factory=SecurityIndex)  # PeerAuthn, AuthorizationPolicy, RequestAuthn
 
     @classmethod
     def build(cls, store: Store, mesh: MeshConfig, mesh_version: str, domain: str, version: str,
-              previous: PushContext | None = None) -> PushContext:
+              previous: PushContext | None = None, jwks: JwksSnapshot | None = None) -> PushContext:
         """Services whose Service object did not change are carried over from `previous` as the
         same objects, so cache keys built from them compare by identity, not field by field."""
         old = previous.by_host if previous is not None and previous.domain == domain else {}
@@ -94,6 +96,7 @@ class PushContext:
             full_view=ServiceView.of(services),
             pods=_index_pods(store),
             gateways=GatewayIndex.build(store, domain),
+            security=SecurityIndex.build(store, mesh.root_namespace, jwks),
         )
 
     @property
@@ -178,18 +181,23 @@ class PushContext:
             labels = proxy.labels
             plan = plan_inbound(proxy, self.services_in(proxy.namespace), self.service_slices,
                                 self.sidecar_for(proxy.namespace, labels),
-                                lambda port: self.mtls_mode(proxy.namespace, labels, port), proxy.traits.mesh_tls)
+                                lambda port: self.mtls_mode(proxy.namespace, labels, port), proxy.traits.mesh_tls,
+                                self.security.for_workload(proxy.namespace, labels))
             self._memo[key] = plan = self._memo.setdefault(("plan", plan), plan)  # equal plans: one object
         return plan
 
     def mtls_mode(self, namespace: str, labels: Mapping[str, str], port: int) -> str:
         """PeerAuthentication's mode for a workload port (istiod's default: PERMISSIVE)."""
-        return "PERMISSIVE"
+        return self.security.mtls_mode(namespace, labels, port)
 
     def destination_mtls_disabled(self, svc: MeshService, port: int) -> bool:
-        """Does PeerAuthentication turn mTLS off for the destination (namespace or mesh wide)?
-        Auto mTLS then sends plaintext, as istiod does."""
-        return False
+        """Does PeerAuthentication turn mTLS off for the destination's workloads (those the
+        service selects)? Auto mTLS then sends plaintext, as istiod does."""
+        if svc.kind != "Service":
+            return False
+        sp = svc.port(port)
+        target = sp.target_port if sp is not None and isinstance(sp.target_port, int) else port
+        return self.security.mtls_mode(svc.namespace, dict(svc.selector), target) == "DISABLE"
 
     def _selected_workload_entries(self, svc: MeshService, entry: Entry) -> list[Entry]:
         selector = entry.obj.spec.workload_selector  # type: ignore[attr-defined]

@@ -24,10 +24,12 @@ from google.protobuf import wrappers_pb2
 
 from pilot.model.inbound import InboundPort
 from pilot.model.mesh_settings import ClusterSettings, ListenerSettings
+from pilot.model.security_policies import WorkloadPolicies
 from pilot.model.services import EndpointAddress, Locality
 from pilot.networking import tls
 from pilot.networking.endpoints import cluster_load_assignment
 from pilot.networking.filters import access_logs, hcm_network_filter, router_filter, tcp_proxy_filter
+from pilot.networking.policy_filters import inbound_http_filters, inbound_network_filters
 from pilot.networking.protos import duration, pack
 from pilot.networking.tcp_routes import tls_inspector
 
@@ -85,7 +87,7 @@ def inbound_passthrough_cluster(settings: ClusterSettings) -> cluster_pb2.Cluste
 
 
 def _http_chain_filter(port: InboundPort, secure: bool, settings: ListenerSettings,
-                       http_filters: tuple = ()) -> listener_components_pb2.Filter:
+                       http_filters: list) -> listener_components_pb2.Filter:
     cluster = inbound_cluster_name(port.port)
     route = route_pb2.RouteConfiguration(name=cluster, validate_clusters=wrappers_pb2.BoolValue(value=False))
     vhost = route.virtual_hosts.add(name=f"inbound|http|{port.port}", domains=["*"])
@@ -109,12 +111,15 @@ def _http_chain_filter(port: InboundPort, secure: bool, settings: ListenerSettin
     return hcm_network_filter(hcm)
 
 
-def _chain(port: InboundPort, secure: bool, settings: ListenerSettings) -> listener_components_pb2.FilterChain:
+def _chain(port: InboundPort, secure: bool, settings: ListenerSettings, policies: WorkloadPolicies,
+           trust_domain: str) -> listener_components_pb2.FilterChain:
+    # Authentication and authorization run in front of the app on every chain, TLS or not: a
+    # plaintext caller simply has no peer identity to match.
     if port.protocol.is_http:
-        filters = [_http_chain_filter(port, secure, settings)]
+        filters = [_http_chain_filter(port, secure, settings, inbound_http_filters(policies, trust_domain))]
     else:
         cluster = inbound_cluster_name(port.port)
-        filters = [tcp_proxy_filter(cluster, cluster, settings)]
+        filters = [*inbound_network_filters(policies, trust_domain), tcp_proxy_filter(cluster, cluster, settings)]
     chain = listener_components_pb2.FilterChain(
         name=f"{inbound_cluster_name(port.port)}{'-mtls' if secure else ''}", filters=filters)
     if secure:
@@ -123,33 +128,37 @@ def _chain(port: InboundPort, secure: bool, settings: ListenerSettings) -> liste
     return chain
 
 
-def port_chains(port: InboundPort, mesh_tls: bool, settings: ListenerSettings
+def port_chains(port: InboundPort, mesh_tls: bool, settings: ListenerSettings,
+                policies: WorkloadPolicies = WorkloadPolicies(), trust_domain: str = "cluster.local"
                 ) -> list[listener_components_pb2.FilterChain]:
     """The chains serving one workload port. Without certificates only plaintext can be served."""
     mode = port.mtls if mesh_tls else "DISABLE"
     if mode == "STRICT":
-        return [_chain(port, True, settings)]  # a plaintext connection matches no chain: closed
+        return [_chain(port, True, settings, policies, trust_domain)]  # plaintext matches no chain: closed
     if mode == "PERMISSIVE":
-        secure = _chain(port, True, settings)
+        secure = _chain(port, True, settings, policies, trust_domain)
         secure.filter_chain_match.application_protocols.extend(tls.MESH_ALPNS)
-        return [secure, _chain(port, False, settings)]
-    return [_chain(port, False, settings)]
+        return [secure, _chain(port, False, settings, policies, trust_domain)]
+    return [_chain(port, False, settings, policies, trust_domain)]
 
 
-def bound_inbound_listener(port: InboundPort, mesh_tls: bool, settings: ListenerSettings) -> listener_pb2.Listener:
+def bound_inbound_listener(port: InboundPort, mesh_tls: bool, settings: ListenerSettings,
+                           policies: WorkloadPolicies = WorkloadPolicies(),
+                           trust_domain: str = "cluster.local") -> listener_pb2.Listener:
     """NONE mode: `inbound_IP_PORT` bound on the workload's address."""
     listener = listener_pb2.Listener(
         name=inbound_listener_name(port.bind, port.port),
         address=address_pb2.Address(socket_address=address_pb2.SocketAddress(address=port.bind, port_value=port.port)),
         traffic_direction=base_pb2.INBOUND,
-        filter_chains=port_chains(port, mesh_tls, settings))
+        filter_chains=port_chains(port, mesh_tls, settings, policies, trust_domain))
     if any(c.filter_chain_match.transport_protocol for c in listener.filter_chains):
         listener.listener_filters.append(tls_inspector())
     return listener
 
 
-def virtual_inbound_listener(ports: tuple[InboundPort, ...], mesh_tls: bool,
-                             settings: ListenerSettings) -> listener_pb2.Listener:
+def virtual_inbound_listener(ports: tuple[InboundPort, ...], mesh_tls: bool, settings: ListenerSettings,
+                             policies: WorkloadPolicies = WorkloadPolicies(),
+                             trust_domain: str = "cluster.local") -> listener_pb2.Listener:
     """iptables mode: every inbound connection arrives on 15006; chains match its original port."""
     listener = listener_pb2.Listener(
         name=VIRTUAL_INBOUND_LISTENER,
@@ -162,7 +171,7 @@ def virtual_inbound_listener(ports: tuple[InboundPort, ...], mesh_tls: bool,
                                   typed_config=pack(original_dst_pb2.OriginalDst()))
     listener.listener_filters.append(tls_inspector())
     for port in ports:
-        for chain in port_chains(port, mesh_tls, settings):
+        for chain in port_chains(port, mesh_tls, settings, policies, trust_domain):
             chain.filter_chain_match.destination_port.value = port.port
             listener.filter_chains.append(chain)
     listener.default_filter_chain.CopyFrom(listener_components_pb2.FilterChain(

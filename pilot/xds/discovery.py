@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from pilot import logging as plog
@@ -18,6 +19,7 @@ from pilot.model.events import NAMESPACE_ENDPOINTS, SERVICE_ENDPOINTS, push_requ
 from pilot.model.mesh import MeshHolder
 from pilot.model.push_context import PushContext
 from pilot.model.push_request import PushRequest
+from pilot.model.security_policies import JwksSnapshot
 from pilot.model.sidecar_scope import egress_names
 from pilot.model.store import Event, Store
 from pilot.xds import typeurls, wire
@@ -61,6 +63,8 @@ class DiscoveryServer:
         self._idle.set()
         self.cache.on_build = self._note_build
         self._seq = 0
+        # Keys fetched for RequestAuthentication jwksUris (pilot/security/jwks.py), read per push.
+        self.jwks: Callable[[], JwksSnapshot | None] = lambda: None
         self.push_context = self._build_context(self._next_version(), previous=None)
         self._tasks: list[asyncio.Task] = []
         store.subscribe(self.on_store_events)
@@ -94,7 +98,8 @@ class DiscoveryServer:
     def _build_context(self, version: str, previous: PushContext | None) -> PushContext:
         """`previous` lends its unchanged services, so cache keys compare by identity."""
         self.mesh.refresh(self.store)
-        return PushContext.build(self.store, self.mesh.current, self.mesh.version, self.domain, version, previous)
+        return PushContext.build(self.store, self.mesh.current, self.mesh.version, self.domain, version, previous,
+                                 self.jwks())
 
     async def _debounced_push(self, req: PushRequest, debounce_s: float) -> None:
         self.metrics.debounce_time.observe(debounce_s)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import textwrap
 from urllib.parse import unquote
 
+import aiohttp
 import pytest
 from cryptography import x509
 
@@ -114,3 +116,65 @@ async def test_certificate_rotation_under_continuous_traffic_drops_no_request(tm
             hashes.add(xfcc(reply)["Hash"])
         assert not failures, f"{len(failures)} of {sent} requests failed during rotation: {failures[:3]}"
         assert len(hashes) >= 4, f"only {len(hashes)} client certificates seen in {sent} requests"
+
+
+def policy(kind: str, name: str, spec: str) -> str:
+    return (f"apiVersion: security.istio.io/v1\nkind: {kind}\nmetadata: {{name: {name}, namespace: default}}\n"
+            f"spec:\n{textwrap.indent(textwrap.dedent(spec), '  ')}")
+
+
+async def test_peer_authentication_and_authorization_policies_with_real_identities(tmp_path):
+    async with MtlsMesh(tmp_path) as mesh:
+        async def status_is(code: int, path: str = "/", direct: bool = False, identity: str | None = "any"):
+            async def check():
+                status, reply = await mesh.call(path, direct=direct)
+                if status != code:
+                    return False
+                return identity == "any" or xfcc(reply).get("URI") == identity
+            return check
+
+        await mesh.until(await status_is(200, identity=CLIENT_ID), "mTLS traffic")
+
+        # STRICT: plaintext callers are refused at the handshake; the mesh still works.
+        mesh.cp.write("pa.yaml", policy("PeerAuthentication", "default", "mtls: {mode: STRICT}"))
+
+        async def plaintext_refused():
+            try:
+                await mesh.call(direct=True, timeout=2)
+            except (aiohttp.ClientError, TimeoutError):
+                return True
+            return False
+
+        await mesh.until(plaintext_refused, "STRICT refuses plaintext")
+        assert (await mesh.call())[0] == 200
+
+        # ALLOW only another namespace: productpage (namespace default) is denied with 403.
+        mesh.cp.write("authz.yaml", policy("AuthorizationPolicy", "reviews", """\
+            selector: {matchLabels: {app: reviews}}
+            action: ALLOW
+            rules: [{from: [{source: {namespaces: [payments]}}]}]
+            """))
+        await mesh.until(await status_is(403), "ALLOW from another namespace only")
+        # ALLOW productpage's own principal; DENY /admin for everyone.
+        mesh.cp.write("authz.yaml", policy("AuthorizationPolicy", "reviews", """\
+            selector: {matchLabels: {app: reviews}}
+            action: ALLOW
+            rules: [{from: [{source: {principals: [cluster.local/ns/default/sa/productpage]}}]}]
+            """) + "---\n" + policy("AuthorizationPolicy", "no-admin", """\
+            action: DENY
+            rules: [{to: [{operation: {paths: [/admin*]}}]}]
+            """))
+        await mesh.until(await status_is(200, identity=CLIENT_ID), "ALLOW the client's principal")
+        await mesh.until(await status_is(403, "/admin/users"), "DENY /admin")
+        assert (await mesh.call("/public"))[0] == 200
+
+        # DISABLE: auto mTLS follows the destination's policy and sends plaintext.
+        mesh.cp.remove("authz.yaml")
+        mesh.cp.write("pa.yaml", policy("PeerAuthentication", "default", "mtls: {mode: DISABLE}"))
+
+        async def plaintext_everywhere():
+            status, reply = await mesh.call()
+            direct, _ = await mesh.call(direct=True)
+            return status == 200 and "URI" not in xfcc(reply) and direct == 200
+
+        await mesh.until(plaintext_everywhere, "DISABLE: plaintext from the sidecar and from outside")

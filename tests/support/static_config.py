@@ -102,3 +102,39 @@ def static_bootstrap(ctx: PushContext, proxy: Proxy) -> dict:
     return {"node": {"id": proxy.id, "cluster": proxy.cluster, "metadata": proxy.metadata},
             "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
             "static_resources": static}
+
+
+# --- a hand-built inbound side for filters that are not generated through LDS yet -----------------------
+ROUTER = {"name": "envoy.filters.http.router",
+          "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}
+TCP_PROXY_TYPE = "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy"
+
+
+def _static_cluster(name: str, port: int) -> dict:
+    return {"name": name, "type": "STATIC", "connect_timeout": "1s",
+            "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {
+                "socket_address": {"address": "127.0.0.1", "port_value": port}}}}]}]}}
+
+
+def _listener(name: str, filters: list[dict]) -> dict:
+    return {"name": name, "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
+            "filter_chains": [{"filters": filters}]}
+
+
+def policy_bootstrap(http_filters: list, network_filters: list, http_port: int, tcp_port: int) -> dict:
+    """A static Envoy with two listeners on 127.0.0.1 (ports chosen by the kernel): `http`, an HCM
+    whose filters are `http_filters` then the router, forwarding to 127.0.0.1:`http_port`; and
+    `tcp`, `network_filters` then a tcp_proxy to 127.0.0.1:`tcp_port`. The filters are protos."""
+    hcm = {"@type": HCM_TYPE, "stat_prefix": "inbound_http", "codec_type": "AUTO",
+           "route_config": {"name": "inbound", "virtual_hosts": [{"name": "app", "domains": ["*"], "routes": [
+               {"match": {"prefix": "/"}, "route": {"cluster": "app-http"}}]}]},
+           "http_filters": [to_dict(f) for f in http_filters] + [ROUTER]}
+    tcp = {"name": "envoy.filters.network.tcp_proxy",
+           "typed_config": {"@type": TCP_PROXY_TYPE, "stat_prefix": "inbound_tcp", "cluster": "app-tcp"}}
+    listeners = [_listener("http", [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]),
+                 _listener("tcp", [to_dict(f) for f in network_filters] + [tcp])]
+    return {"node": {"id": "sidecar~127.0.0.1~app-1.default~default.svc.cluster.local", "cluster": "app.default"},
+            "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
+            "static_resources": {"listeners": listeners,
+                                 "clusters": [_static_cluster("app-http", http_port),
+                                              _static_cluster("app-tcp", tcp_port)]}}

@@ -23,7 +23,8 @@ log = plog.get("kube")
 SELECTED_KINDS = ("Service", "EndpointSlice", "Pod")
 # Everything the control plane lists and watches. The RBAC in deploy/ is derived from this.
 WATCHED_KINDS = ("Namespace", "Service", "EndpointSlice", "Pod", "Node", "ConfigMap", "Secret",
-                 "VirtualService", "DestinationRule", "ServiceEntry", "WorkloadEntry", "Sidecar", "Gateway")
+                 "VirtualService", "DestinationRule", "ServiceEntry", "WorkloadEntry", "Sidecar", "Gateway",
+                 "PeerAuthentication", "AuthorizationPolicy", "RequestAuthentication")
 
 
 # Gateway credentials are kubernetes.io/tls Secrets or generic (Opaque) ones with tls.crt/tls.key.

@@ -89,12 +89,13 @@ def _inbound(ctx: PushContext, proxy: Proxy, settings, outbound_names: set[str],
             continue  # same address as an outbound listener or as the app itself: cannot be bound
         out.append(cache.resource(LISTENER, inbound.inbound_listener_name(port.bind, port.port),
                                   inbound.bound_inbound_listener, port, plan.mesh_tls, settings,
-                                  origins=(port.origin,)))
+                                  plan.policies, ctx.mesh.trust_domain,
+                                  origins=(port.origin, *plan.policies.origins)))
     if proxy.interception_mode != "NONE" and (redirected or plan.mesh_tls):
         ports = tuple(redirected)
         out.append(cache.resource(LISTENER, inbound.VIRTUAL_INBOUND_LISTENER, inbound.virtual_inbound_listener,
-                                  ports, plan.mesh_tls, settings,
-                                  origins=tuple(dict.fromkeys(p.origin for p in ports))))
+                                  ports, plan.mesh_tls, settings, plan.policies, ctx.mesh.trust_domain,
+                                  origins=(*dict.fromkeys(p.origin for p in ports), *plan.policies.origins)))
     return out
 
 

@@ -1,0 +1,240 @@
+"""Which security policies apply to a workload: an immutable index built from the Store per push.
+
+Selection follows istiod (pilot/pkg/model/authentication.go, authorization.go, policyattachment.go):
+
+- AuthorizationPolicy and RequestAuthentication: the policies of the workload's namespace and of
+  the root namespace (which therefore apply mesh-wide). A policy without selector or targetRef
+  selects every workload in its namespace; a `selector.matchLabels` selects the workloads whose
+  labels include it; a `targetRef(s)` selects only a Kubernetes Gateway's proxies (kind Gateway,
+  same namespace, the proxy's `gateway.networking.k8s.io/gateway-name` label) — Service and
+  ServiceEntry targets are for waypoints, so sidecars never pick them up.
+- PeerAuthentication: the effective mTLS mode is composed from at most one mesh-level policy (root
+  namespace, no selector), one namespace-level policy (no selector) and one workload-level policy
+  (selector, not in the root namespace); at each level the oldest wins (creationTimestamp, then
+  name). The narrowest level that says something wins, and UNSET inherits from the level above,
+  down to port level (`portLevelMtls` of the workload policy, keyed by the workload's port).
+  Nothing at all means PERMISSIVE.
+
+Everything a caller gets back is hashable and equal for equal inputs, so it can be a cache-key
+argument of the builders that read it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from pilot.model.store import Entry, Store
+
+STRICT, PERMISSIVE, DISABLE, UNSET = "STRICT", "PERMISSIVE", "DISABLE", "UNSET"
+GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name"
+GATEWAY_API_GROUP = "gateway.networking.k8s.io"
+
+
+def jwks_source(rule) -> str | None:
+    """Where a JWT rule's keys come from when not inline: its jwksUri, else its issuer (OpenID
+    discovery). None for inline keys."""
+    if rule.jwks:
+        return None
+    return rule.jwks_uri or rule.issuer or None
+
+
+@dataclass(frozen=True)
+class JwksSnapshot:
+    """What the JWKS resolver (pilot/security/jwks.py) holds: keys and last errors by source."""
+
+    keys: Mapping[str, str] = field(default_factory=dict)
+    errors: Mapping[str, str] = field(default_factory=dict)
+
+
+def _age(e: Entry) -> tuple[str, str, str]:
+    """istiod's order: creationTimestamp, then name, then namespace (file mode has no timestamps)."""
+    return (e.obj.metadata.creation_timestamp, e.key.name, e.key.namespace)
+
+
+def _labels_match(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def _match_labels(e: Entry) -> dict[str, str]:
+    selector = e.obj.spec.selector  # type: ignore[attr-defined]
+    return selector.match_labels if selector is not None else {}
+
+
+@dataclass(frozen=True)
+class MtlsPolicy:
+    """The effective mTLS settings of one workload: a mode and per-port overrides."""
+
+    mode: str = PERMISSIVE
+    ports: tuple[tuple[int, str], ...] = ()  # (workload port, mode), sorted by port
+
+    def for_port(self, port: int) -> str:
+        for p, mode in self.ports:
+            if p == port:
+                return mode
+        return self.mode
+
+
+@dataclass(frozen=True)
+class WorkloadPolicies:
+    """The AuthorizationPolicies (by action) and RequestAuthentications selecting one workload.
+
+    Entries hash by (key, revision), so a changed policy changes the value; `jwks` carries the
+    keys fetched for the rules without inline keys, as (source, JWKS text) sorted by source, where
+    the source is the rule's jwksUri or, without one, its issuer."""
+
+    custom: tuple[Entry, ...] = ()
+    deny: tuple[Entry, ...] = ()
+    allow: tuple[Entry, ...] = ()
+    audit: tuple[Entry, ...] = ()
+    request_authentications: tuple[Entry, ...] = ()
+    jwks: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def authorization_policies(self) -> tuple[Entry, ...]:
+        return self.custom + self.deny + self.audit + self.allow
+
+    @property
+    def empty(self) -> bool:
+        return not self.authorization_policies and not self.request_authentications
+
+    @property
+    def origins(self) -> tuple[str, ...]:
+        """`Kind/namespace/name` of every policy applied, for /debug explain."""
+        return tuple(f"{e.key.kind}/{e.key.namespace}/{e.key.name}"
+                     for e in self.authorization_policies + self.request_authentications)
+
+    def jwks_for(self, source: str) -> str | None:
+        for src, text in self.jwks:
+            if src == source:
+                return text
+        return None
+
+
+NO_POLICIES = WorkloadPolicies()
+
+
+@dataclass(frozen=True)
+class SecurityIndex:
+    root_namespace: str = "istio-system"
+    # by namespace, oldest first
+    peer_authentications: Mapping[str, tuple[Entry, ...]] = field(default_factory=dict)
+    authorization_policies: Mapping[str, tuple[Entry, ...]] = field(default_factory=dict)
+    request_authentications: Mapping[str, tuple[Entry, ...]] = field(default_factory=dict)
+    # keys fetched at the edge (pilot/security/jwks.py) by source; a missing source is not fetched
+    jwks: JwksSnapshot = field(default_factory=JwksSnapshot)
+    _memo: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def build(cls, store: Store, root_namespace: str, jwks: JwksSnapshot | None = None) -> SecurityIndex:
+        return cls(root_namespace,
+                   _by_namespace(store.list("PeerAuthentication")),
+                   _by_namespace(store.list("AuthorizationPolicy")),
+                   _by_namespace(store.list("RequestAuthentication")),
+                   jwks or JwksSnapshot())
+
+    # --- mutual TLS ---------------------------------------------------------------------------
+    def mtls_policy(self, namespace: str, labels: Mapping[str, str]) -> MtlsPolicy:
+        """The workload's effective PeerAuthentication, composed as istiod does."""
+        mesh = namespace_level = workload = None
+        for e in self.peer_authentications.get(self.root_namespace, ()):
+            if not _match_labels(e):
+                mesh = mesh or e
+        if namespace != self.root_namespace:
+            for e in self.peer_authentications.get(namespace, ()):
+                selector = _match_labels(e)
+                if not selector:
+                    namespace_level = namespace_level or e
+                elif _labels_match(selector, labels):
+                    workload = workload or e
+        mode = PERMISSIVE
+        for e in (mesh, namespace_level, workload):
+            if e is not None and e.obj.spec.mode != UNSET:  # type: ignore[attr-defined]
+                mode = e.obj.spec.mode  # type: ignore[attr-defined]
+        ports: tuple[tuple[int, str], ...] = ()
+        if workload is not None:
+            ports = tuple(sorted((p, mode if m == UNSET else m)
+                                 for p, m in workload.obj.spec.port_modes().items()))  # type: ignore[attr-defined]
+        return MtlsPolicy(mode, ports)
+
+    def mtls_mode(self, namespace: str, labels: Mapping[str, str], port: int) -> str:
+        return self.mtls_policy(namespace, labels).for_port(port)
+
+    # --- authorization and request authentication -----------------------------------------------
+    def for_workload(self, namespace: str, labels: Mapping[str, str]) -> WorkloadPolicies:
+        memo_key = (namespace, frozenset(labels.items()))
+        found = self._memo.get(memo_key)
+        if found is None:
+            found = self._select(namespace, labels)
+            self._memo[memo_key] = found
+        return found
+
+    def _select(self, namespace: str, labels: Mapping[str, str]) -> WorkloadPolicies:
+        lookup = (self.root_namespace,) if namespace == self.root_namespace else (self.root_namespace, namespace)
+        by_action: dict[str, list[Entry]] = defaultdict(list)
+        for ns in lookup:
+            for e in self.authorization_policies.get(ns, ()):
+                if _selects(e, namespace, labels):
+                    by_action[e.obj.spec.action].append(e)  # type: ignore[attr-defined]
+        authns = [e for ns in lookup for e in self.request_authentications.get(ns, ()) if _selects(e, namespace, labels)]
+        keys = self.jwks.keys
+        sources = sorted({src for e in authns for r in e.obj.spec.rules  # type: ignore[attr-defined]
+                          if (src := jwks_source(r)) is not None and src in keys})
+        if not by_action and not authns:
+            return NO_POLICIES
+        return WorkloadPolicies(*(tuple(sorted(by_action.get(a, ()), key=_age))
+                                  for a in ("CUSTOM", "DENY", "ALLOW", "AUDIT")),
+                                tuple(sorted(authns, key=_age)),
+                                tuple((src, keys[src]) for src in sources))
+
+    # --- what cannot be honoured as written -----------------------------------------------------
+    @property
+    def problems(self) -> tuple[dict, ...]:
+        """Policies this control plane applies differently from what they ask, with the reason
+        (shown in /debug/configz): CUSTOM actions (no extension providers here) and JWKS URIs
+        whose keys are not fetched."""
+        out = []
+        for entries in self.authorization_policies.values():
+            for e in entries:
+                spec = e.obj.spec  # type: ignore[attr-defined]
+                if spec.action == "CUSTOM":
+                    provider = spec.provider.name if spec.provider else ""
+                    out.append(_problem(e, f"CUSTOM action: extension provider {provider!r} is not defined "
+                                           "(extensionProviders are not supported); as istiod does for an "
+                                           "unknown provider, requests to the selected workloads are denied"))
+        for entries in self.request_authentications.values():
+            for e in entries:
+                for i, r in enumerate(e.obj.spec.rules):  # type: ignore[attr-defined]
+                    src = jwks_source(r)
+                    if src is None or src in self.jwks.keys:
+                        continue
+                    where = f"jwksUri {src}" if r.jwks_uri else f"issuer {src} (OpenID discovery)"
+                    error = self.jwks.errors.get(src)
+                    out.append(_problem(e, f"jwtRules[{i}]: the keys of {where} are not fetched "
+                                           f"{'(' + error + ')' if error else '(yet)'}; tokens of issuer "
+                                           f"{r.issuer!r} are rejected with 401 until they are"))
+        return tuple(sorted(out, key=lambda p: (p["kind"], p["namespace"], p["name"], p["reason"])))
+
+
+def _problem(e: Entry, reason: str) -> dict:
+    return {"kind": e.key.kind, "namespace": e.key.namespace, "name": e.key.name, "reason": reason}
+
+
+def _selects(e: Entry, namespace: str, labels: Mapping[str, str]) -> bool:
+    """istiod's WorkloadPolicyMatcher.ShouldAttachPolicy for a sidecar or gateway proxy."""
+    spec = e.obj.spec  # type: ignore[attr-defined]
+    refs = spec.target_references
+    if not refs:
+        return _labels_match(_match_labels(e), labels)
+    gateway = labels.get(GATEWAY_NAME_LABEL)
+    return gateway is not None and e.key.namespace == namespace and any(
+        r.kind == "Gateway" and r.group == GATEWAY_API_GROUP and r.name == gateway for r in refs)
+
+
+def _by_namespace(entries: list[Entry]) -> Mapping[str, tuple[Entry, ...]]:
+    out: dict[str, list[Entry]] = defaultdict(list)
+    for e in entries:
+        out[e.key.namespace].append(e)
+    return MappingProxyType({ns: tuple(sorted(v, key=_age)) for ns, v in out.items()})

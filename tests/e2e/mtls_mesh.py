@@ -110,11 +110,12 @@ class MtlsMesh:
         await self.cp.stop()
         await self.app.stop()
 
-    async def call(self, path: str = "/", *, direct: bool = False, timeout: float = 5) -> tuple[int, dict[str, Any]]:
+    async def call(self, path: str = "/", *, direct: bool = False, timeout: float = 5,
+                   headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
         """Through sidecar A (the mesh), or `direct`ly to B's inbound port as a plaintext caller."""
         url = (f"http://{SERVER_IP}:{self.app_port}{path}" if direct
                else f"http://127.0.0.1:{self.svc_port}{path}")
-        async with aiohttp.ClientSession() as s, s.get(url, headers={"Host": REVIEWS},
+        async with aiohttp.ClientSession() as s, s.get(url, headers={"Host": REVIEWS, **(headers or {})},
                                                        timeout=aiohttp.ClientTimeout(total=timeout)) as r:
             body = await r.text()
             try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import ssl
 import textwrap
 from urllib.parse import unquote
@@ -13,8 +14,10 @@ from cryptography import x509
 
 from tests.e2e.mtls_mesh import CLIENT_ID, SERVER_ID, SERVER_IP, MtlsMesh
 from tests.e2e.test_ca_server import create, csr, key_pem
+from tests.unit.test_authn import Issuer
 
 pytestmark = pytest.mark.timeout(120)
+USERS = "https://users.example.com"
 
 
 def xfcc(reply: dict) -> dict[str, str]:
@@ -166,6 +169,20 @@ async def test_peer_authentication_and_authorization_policies_with_real_identiti
             """))
         await mesh.until(await status_is(200, identity=CLIENT_ID), "ALLOW the client's principal")
         await mesh.until(await status_is(403, "/admin/users"), "DENY /admin")
+        assert (await mesh.call("/public"))[0] == 200
+
+        # RequestAuthentication: a valid token passes, a forged one is refused with 401, none passes.
+        users, forger = Issuer("ES256", issuer=USERS), Issuer("ES256", issuer=USERS)
+        mesh.cp.write("ra.yaml", policy("RequestAuthentication", "users", f"""\
+            selector: {{matchLabels: {{app: reviews}}}}
+            jwtRules: [{{issuer: "{USERS}", jwks: '{json.dumps(users.jwks)}'}}]
+            """))
+
+        async def jwt_checked():
+            bearer = {"Authorization": f"Bearer {forger.token()}"}
+            return (await mesh.call("/public", headers=bearer))[0] == 401
+        await mesh.until(jwt_checked, "RequestAuthentication in force")
+        assert (await mesh.call("/public", headers={"Authorization": f"Bearer {users.token()}"}))[0] == 200
         assert (await mesh.call("/public"))[0] == 200
 
         # DISABLE: auto mTLS follows the destination's policy and sends plaintext.

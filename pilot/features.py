@@ -116,7 +116,9 @@ LEADER_RETRY_PERIOD = _knob("PILOT_LEADER_RETRY_PERIOD", "7.5s", parse_duration,
 DRAIN_DURATION = _knob(
     "PILOT_DRAIN_DURATION", "5s", parse_duration,
     "On SIGTERM, xDS streams are closed spread over this long so proxies reconnect gradually.")
-ENABLE_AMBIENT = _knob("PILOT_ENABLE_AMBIENT", "false", _bool, "Serve ztunnel (ambient mode).")
+ENABLE_AMBIENT = _knob("PILOT_ENABLE_AMBIENT", "false", _bool,
+                       "Serve ztunnel (ambient mode): WDS and L4 authorization over delta xDS, waypoints. "
+                       "Without it ztunnel connections are refused.")
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -178,6 +180,7 @@ class Features:
     jwt_pub_key_refresh_interval: float = 1200.0
     token_audiences: tuple[str, ...] = ("istio-ca",)
     trusted_node_accounts: tuple[str, ...] = ("istio-system/ztunnel",)
+    enable_ambient: bool = False
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Features:
@@ -201,4 +204,5 @@ class Features:
             jwt_pub_key_refresh_interval=JWT_PUB_KEY_REFRESH_INTERVAL.get(environ),
             token_audiences=TOKEN_AUDIENCES.get(environ),
             trusted_node_accounts=CA_TRUSTED_NODE_ACCOUNTS.get(environ),
+            enable_ambient=ENABLE_AMBIENT.get(environ),
         )

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pilot.config.base import K8sObject, Model
+from pilot.config.base import K8sObject, Model, ObjectMeta
 
 
 class ServicePort(Model):
@@ -105,23 +105,57 @@ class EndpointSlice(K8sObject):
         return self.metadata.labels.get("kubernetes.io/service-name")
 
 
+class ContainerPort(Model):
+    name: str = ""
+    container_port: int = 0
+    protocol: str = "TCP"
+
+
 class Container(Model):
     name: str = ""
+    # Named targetPorts of Services resolve through these (ambient WDS port mappings).
+    ports: list[ContainerPort] = Field(default_factory=list)
 
 
 class PodSpec(Model):
     service_account_name: str = "default"
     node_name: str = ""
+    host_network: bool = False
     containers: list[Container] = Field(default_factory=list)
+
+
+class PodCondition(Model):
+    """Only type and status: probe and transition times change on every kubelet sync and would
+    turn each into a Store event."""
+
+    type: str = ""
+    status: str = ""
 
 
 class PodStatus(Model):
     pod_ip: str = Field(default="", alias="podIP")
     phase: str = ""
+    conditions: list[PodCondition] = Field(default_factory=list)
+
+    @property
+    def ready(self) -> bool:
+        return any(c.type == "Ready" and c.status == "True" for c in self.conditions)
+
+
+class OwnerReference(Model):
+    kind: str = ""
+    name: str = ""
+    controller: bool | None = None
+
+
+class PodMeta(ObjectMeta):
+    # The controller (ReplicaSet, Job...) names the workload in ambient telemetry fields.
+    owner_references: list[OwnerReference] = Field(default_factory=list)
 
 
 class Pod(K8sObject):
     kind: Literal["Pod"] = "Pod"
+    metadata: PodMeta
     spec: PodSpec = Field(default_factory=PodSpec)
     status: PodStatus = Field(default_factory=PodStatus)
 

@@ -12,6 +12,7 @@ from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
 from google.protobuf import json_format
 
+from pilot.http.ambient_debug import AmbientDebug
 from pilot.model.events import SERVICE_ENDPOINTS
 from pilot.model.store import ConfigKey
 from pilot.model.traffic import destination_problems
@@ -73,6 +74,7 @@ class DebugHandlers:
             web.get("/debug/push_timeline", self.push_timeline),
             web.get("/debug/explain", self.explain),
             web.get("/debug/list", self.index),
+            *AmbientDebug(self.server).routes(),
         ]
 
     async def index(self, _req: web.Request) -> web.Response:

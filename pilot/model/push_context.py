@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from pilot.config.mesh import MeshConfig
+from pilot.model.ambient.index import AmbientInputs
 from pilot.model.gateways import GatewayIndex
 from pilot.model.inbound import InboundPlan, plan_inbound
 from pilot.model.mesh_settings import MeshSettings
@@ -54,6 +55,7 @@ class PushContext:
     pods: Mapping[tuple[str, str], Entry] = field(default_factory=dict)
     gateways: GatewayIndex = field(default_factory=GatewayIndex)  # Gateways, their VirtualServices, Secrets
     security: SecurityIndex = field(default_factory=SecurityIndex)  # PeerAuthn, AuthorizationPolicy, RequestAuthn
+    ambient: AmbientInputs = field(default_factory=AmbientInputs)  # what only ztunnel's config reads
 
     @classmethod
     def build(cls, store: Store, mesh: MeshConfig, mesh_version: str, domain: str, version: str,
@@ -97,6 +99,7 @@ class PushContext:
             pods=_index_pods(store),
             gateways=GatewayIndex.build(store, domain),
             security=SecurityIndex.build(store, mesh.root_namespace, jwks),
+            ambient=AmbientInputs.build(store),
         )
 
     @property
@@ -119,7 +122,8 @@ class PushContext:
 
     def with_endpoints(self, store: Store, version: str) -> PushContext:
         return replace(self, version=version, slices=_index_slices(store), pods=_index_pods(store), _views={},
-                       _memo={}, workload_entries_by_ns=_by_namespace(store.list("WorkloadEntry")))
+                       _memo={}, workload_entries_by_ns=_by_namespace(store.list("WorkloadEntry")),
+                       ambient=AmbientInputs.build(store))
 
     def pods_of(self, slices: tuple[Entry, ...]) -> tuple[Entry, ...]:
         """The Pods behind these slices' endpoints (their labels decide subset membership)."""

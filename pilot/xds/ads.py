@@ -25,13 +25,18 @@ log = plog.get("ads")
 
 SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
 _EOF = object()
-# Wildcard by default for these when the first request names nothing (Envoy's legacy wildcard).
-_WILDCARD_TYPES = {typeurls.CLUSTER, typeurls.LISTENER}
+# Wildcard by default for these when the first request names nothing (Envoy's legacy wildcard;
+# istiod treats its own types, ztunnel's included, the same way).
+_WILDCARD_TYPES = {typeurls.CLUSTER, typeurls.LISTENER, *typeurls.AMBIENT_TYPES}
 MAX_NAMES = 100_000  # a request naming more than this is hostile, not a proxy
 
 # Secure xDS (15012) checks the authenticated caller against the proxy once its node is known:
 # it aborts the call to refuse, or returns how to name the peer (the real client address).
 Admit = Callable[[grpc.aio.ServicerContext, Proxy], Awaitable[str | None]]
+
+
+class DeltaOnly(Exception):
+    """A state-of-the-world request for a type only the delta protocol serves."""
 
 
 class AdsService:
@@ -85,6 +90,9 @@ class AdsService:
             proxy = proxy_from_node(first.node)
         except InvalidNode as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        if proxy.type == "ztunnel" and not self.server.features.enable_ambient:
+            log.warning("ztunnel refused: ambient mode is off", proxy=proxy.id)
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "ztunnel requires PILOT_ENABLE_AMBIENT=true")
         peer = await admit(context, proxy) if admit is not None else None
         await self.new_streams.acquire()
         conn = Connection(proxy, peer or context.peer() or "", delta)
@@ -111,6 +119,8 @@ class AdsService:
                     await self._on_sotw(conn, item, send)
         except asyncio.CancelledError:
             raise
+        except DeltaOnly as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except Exception:
             # One broken stream must not take the server down; the proxy will reconnect.
             log.exception("stream failed", proxy=proxy.id, conn=conn.id)
@@ -136,6 +146,8 @@ class AdsService:
         if not type_url:
             log.warning("request without type_url ignored", proxy=conn.proxy.id)
             return
+        if type_url in typeurls.AMBIENT_TYPES:
+            raise DeltaOnly(f"{type_url} is served over delta xDS only (DeltaAggregatedResources), as istiod does")
         requested = req.resource_names
         if len(requested) > MAX_NAMES:
             log.warning("request names too many resources; ignored", proxy=conn.proxy.id, count=len(requested))

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pilot import logging as plog
 from pilot.features import Features
 from pilot.metrics import Metrics
+from pilot.model.ambient.events import ambient_push_request
 from pilot.model.events import NAMESPACE_ENDPOINTS, SERVICE_ENDPOINTS, push_request_for
 from pilot.model.mesh import MeshHolder
 from pilot.model.push_context import PushContext
@@ -27,7 +28,7 @@ from pilot.xds.cache import XdsCache
 from pilot.xds.connection import Connection, Nack, WatchedResource
 from pilot.xds.debounce import Debouncer
 from pilot.xds.generated import Generated, GenerationMemo, Generator
-from pilot.xds.generators import cds, eds, lds, rds, sds
+from pilot.xds.generators import authorization, cds, eds, lds, rds, sds, wds
 from pilot.xds.pushstatus import PushHistory, PushRecord
 
 log = plog.get("ads")
@@ -40,6 +41,8 @@ GENERATORS: dict[str, Generator] = {
     typeurls.LISTENER: lds.generate,
     typeurls.ROUTE: rds.generate,
     typeurls.SECRET: sds.generate,
+    typeurls.ADDRESS: wds.generate,
+    typeurls.AUTHORIZATION: authorization.generate,
 }
 
 
@@ -84,6 +87,10 @@ class DiscoveryServer:
         for ev in events:
             self.metrics.config_events.labels(ev.key.kind, ev.op).inc()
         req = push_request_for(events, self.mesh.configmap_key)
+        if self.features.enable_ambient:
+            ambient = ambient_push_request(events)
+            if ambient is not None:
+                req = ambient if req is None else req.merge(ambient)
         if req is not None:
             self.debouncer.enqueue(req)
 
@@ -156,6 +163,9 @@ class DiscoveryServer:
         self.history.note_build(type_url, name, resource_version, self.push_context.version)
 
     def _affects(self, conn: Connection, req: PushRequest) -> bool:
+        if conn.proxy.type == "ztunnel":
+            # Workloads follow pods and namespaces; delta responses carry only what changed.
+            return not (req.config_keys and all(k.kind == "Secret" for k in req.config_keys))
         if req.full:
             return self._full_push_visible(conn, req)
         return bool(self._eds_subset(conn, req))
@@ -244,7 +254,7 @@ class DiscoveryServer:
             w = conn.watched.get(type_url)
             if w is None or type_url not in GENERATORS:
                 continue
-            if req.full:
+            if req.full or type_url in typeurls.AMBIENT_TYPES:
                 subset = None
             elif type_url == typeurls.ENDPOINT:
                 subset = self._eds_subset(conn, req)

@@ -18,6 +18,8 @@ from pilot.xds.cache import CachedResource, XdsCache
 @dataclass(eq=False)
 class Generated:
     resources: tuple[CachedResource, ...]
+    # Requested names that exist nowhere: a delta answer to a request lists them as removed.
+    absent: tuple[str, ...] = ()
     _versions: dict[str, str] | None = field(default=None, repr=False)
     _sotw_fields: bytes | None = field(default=None, repr=False)
 
@@ -63,7 +65,8 @@ class GenerationMemo:
         out = self._memo.get(key)
         if out is None:
             self.misses += 1
-            out = Generated(tuple(self.generators[type_url](ctx, proxy, requested, self.cache)))
+            made = self.generators[type_url](ctx, proxy, requested, self.cache)
+            out = Generated(tuple(made), getattr(made, "absent", ()))
             self._memo[key] = out
         else:
             self.hits += 1
@@ -104,6 +107,8 @@ def plan_response(held: Mapping[str, str], generated: Generated, force: frozense
         if delta:
             out = tuple(r for r in generated.resources if r.name in changed)
             removed = tuple(n for n in held if n not in desired)
+            if always:
+                removed += tuple(n for n in generated.absent if n not in held)
             return Plan(out, b"".join(r.delta_field for r in out), removed, desired, changed,
                         not out and not removed)
         unchanged = not changed and (not complete or held.keys() == desired.keys())

@@ -6,9 +6,14 @@ ENDPOINT = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 LISTENER = "type.googleapis.com/envoy.config.listener.v3.Listener"
 ROUTE = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
 SECRET = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
+# ztunnel's two types (ambient mode), served over delta only.
+ADDRESS = "type.googleapis.com/istio.workload.Address"
+AUTHORIZATION = "type.googleapis.com/istio.security.Authorization"
+AMBIENT_TYPES = (ADDRESS, AUTHORIZATION)
 
-PUSH_ORDER = (CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET)
+PUSH_ORDER = (CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET, ADDRESS, AUTHORIZATION)
 
-SHORT = {CLUSTER: "cds", ENDPOINT: "eds", LISTENER: "lds", ROUTE: "rds", SECRET: "sds"}
+SHORT = {CLUSTER: "cds", ENDPOINT: "eds", LISTENER: "lds", ROUTE: "rds", SECRET: "sds", ADDRESS: "wds",
+         AUTHORIZATION: "wads"}
 # For SotW these are "all or nothing": omitting a resource from a response deletes it.
 STATE_OF_THE_WORLD_COMPLETE = {CLUSTER, LISTENER}

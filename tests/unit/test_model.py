@@ -328,9 +328,13 @@ def test_pod_ip_change_reaches_the_store_without_a_push() -> None:
     assert ev is not None and ev.op == "update"
     assert store.get(ConfigKey("Pod", "default", "web-1")).obj.status.pod_ip == "10.1.0.2"
     assert push_request_for([ev], MESH_KEY) is None
-    # Status fields the model does not keep (conditions, ...) are not changes.
+    # Status fields the model does not keep (start time, probe times...) are not changes.
+    ready = pod("web-1", ip="10.1.0.2")
+    ready["status"]["conditions"] = [{"type": "Ready", "status": "True", "lastProbeTime": "2024-01-01T00:00:00Z"}]
+    assert _apply(store, ready) is not None  # readiness is kept (ambient Workload status)
     noisy = pod("web-1", ip="10.1.0.2")
-    noisy["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    noisy["status"]["conditions"] = [{"type": "Ready", "status": "True", "lastProbeTime": "2024-01-01T00:00:09Z"}]
+    noisy["status"]["startTime"] = "2024-01-01T00:00:00Z"
     assert _apply(store, noisy) is None
 
 

@@ -315,7 +315,7 @@ def convert_peer_authentication(entry: Entry, peer_authentications: Mapping[str,
     merge_strict = ((mesh is not None and _mode(mesh) == "STRICT"
                      and (ns_level is None or _mode(ns_level) in ("UNSET", "STRICT")))
                     or (ns_level is not None and _mode(ns_level) == "STRICT"))
-    if merge_strict and non_strict_port:
+    if merge_strict and non_strict_port and mode != "STRICT":  # STRICT put it first already
         parts.append((AuthzMatch(not_principals=_ANY_PRINCIPAL),))
     if parts:
         groups.append(tuple(parts))

@@ -37,6 +37,7 @@ from pilot.security.ca import (
 from pilot.security.ca_reload import watch_plugged_in_ca
 from pilot.security.ca_server import SecureServer, istiod_dns_names
 from pilot.security.jwks import JwksResolver
+from pilot.security.node_auth import NodeAuthorizer
 from pilot.sources.files import FileSource
 from pilot.sources.kube.client import Kube, in_cluster, load_api_client
 from pilot.sources.kube.leader import LeaderElection
@@ -223,7 +224,7 @@ class ControlPlane:
             self.ca, self.ads, chain, trust_domain=lambda: self.mesh.current.trust_domain,
             dns_names=istiod_dns_names(ns, self.opts.domain, self.features.revision),
             metrics=self.discovery.metrics, trusted_node_accounts=self.features.trusted_node_accounts,
-            grpc_options=self._grpc_options())
+            node_authorizer=NodeAuthorizer(self.store), grpc_options=self._grpc_options())
         try:
             self.ports["secure_grpc"] = await self.secure.start(*addr)
         except OSError as e:

@@ -82,6 +82,10 @@ class Caller:
     namespace: str
     service_account: str
     detail: str = ""  # the issuer or token review that vouched for it, for logs
+    # The pod a bound service-account token was issued to, when the token says (node proxies
+    # impersonating workloads are checked against it).
+    pod_name: str = ""
+    pod_uid: str = ""
 
     @property
     def account(self) -> str:
@@ -179,6 +183,17 @@ class ClientCertAuthenticator:
 
 # ------------------------------------------------------------------------ Kubernetes TokenReview
 
+# What a TokenReview says about the pod a bound token belongs to (user.extra, lists of strings).
+POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
+POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
+
+
+def _first(values: Any) -> str:
+    if isinstance(values, list) and values and isinstance(values[0], str):
+        return values[0]
+    return ""
+
+
 class KubeJWTAuthenticator:
     """A service-account token reviewed by the apiserver (istiod's kube JWT authenticator)."""
 
@@ -213,7 +228,9 @@ class KubeJWTAuthenticator:
         if groups is not None and "system:serviceaccounts" not in groups:
             raise AuthenticationError("the token does not belong to a service account")
         ns, sa = _split_sa_username(user.get("username"), "token review")
-        return Caller(self.name, ns, sa, detail="TokenReview")
+        extra = user.get("extra") or {}
+        return Caller(self.name, ns, sa, detail="TokenReview", pod_name=_first(extra.get(POD_NAME_EXTRA)),
+                      pod_uid=_first(extra.get(POD_UID_EXTRA)))
 
 
 # ---------------------------------------------------------------------------------------- JWTs
@@ -476,6 +493,15 @@ class _RemoteKeys:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
+def _pod_from_claims(claims: dict) -> tuple[str, str]:
+    """A projected service-account token names its pod under `kubernetes.io.pod`."""
+    k8s = claims.get("kubernetes.io")
+    pod = k8s.get("pod") if isinstance(k8s, dict) else None
+    if not isinstance(pod, dict):
+        return "", ""
+    return str(pod.get("name") or ""), str(pod.get("uid") or "")
+
+
 class JwtAuthenticator:
     """Tokens of one trusted issuer (one JWT_RULE entry)."""
 
@@ -507,7 +533,8 @@ class JwtAuthenticator:
             verify_signature(jwt, fresh)
         check_claims(jwt.claims, self.rule, self._clock())
         ns, sa = identity_from_claims(jwt.claims)
-        return Caller(self.name, ns, sa, detail=self.rule.issuer)
+        pod_name, pod_uid = _pod_from_claims(jwt.claims)
+        return Caller(self.name, ns, sa, detail=self.rule.issuer, pod_name=pod_name, pod_uid=pod_uid)
 
     async def _keys(self, refresh: bool) -> Sequence[Jwk]:
         if self.rule.jwks is not None:

@@ -52,6 +52,7 @@ from pilot.model.proxy import Proxy
 from pilot.security import spiffe
 from pilot.security.authn import AuthenticationError, Authenticators, Caller, Credentials, bearer_token
 from pilot.security.ca import CAError, CertificateAuthority, CSRError, ServerCertificate, TTLError
+from pilot.security.node_auth import ImpersonationDenied, NodeAuthorizer
 from pilot.xds.ads import SERVICE as ADS_SERVICE
 from pilot.xds.ads import AdsService
 
@@ -357,6 +358,7 @@ class SecureServer:
     def __init__(self, ca: CertificateAuthority, ads: AdsService, authenticators: Authenticators, *,
                  trust_domain: Callable[[], str], dns_names: Sequence[str], metrics: Metrics,
                  trusted_node_accounts: Sequence[str] = ("istio-system/ztunnel",),
+                 node_authorizer: NodeAuthorizer | None = None,
                  grpc_options: Sequence[tuple[str, object]] = ()) -> None:
         self.ca = ca
         self.ads = ads
@@ -364,6 +366,7 @@ class SecureServer:
         self.trust_domain = trust_domain
         self.metrics = metrics
         self.trusted_node_accounts = frozenset(trusted_node_accounts)
+        self.node_authorizer = node_authorizer
         self.grpc_options = list(grpc_options)
         self.certs = ServerCertRotator(ca, dns_names)
         self.front: TlsFront | None = None
@@ -473,6 +476,15 @@ class SecureServer:
                 m.csr_sign_error_count.labels("PERMISSION_DENIED").inc()
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED,
                                     f"ImpersonatedIdentity {impersonated} is outside trust domain {trust_domain}")
+            try:
+                if self.node_authorizer is None:
+                    raise ImpersonationDenied("no pod registry to check the caller's node against")
+                self.node_authorizer.check(caller, target)
+            except ImpersonationDenied as e:
+                m.csr_sign_error_count.labels("PERMISSION_DENIED").inc()
+                log.warning("impersonation refused", caller=caller.account, pod=caller.pod_name,
+                            impersonated=impersonated, reason=str(e))
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"ImpersonatedIdentity {impersonated}: {e}")
             identity = impersonated
         ttl = request.validity_duration if request.validity_duration > 0 else None
         start = time.perf_counter()

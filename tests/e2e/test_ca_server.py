@@ -11,6 +11,7 @@ import ssl
 
 import grpc
 import pytest
+import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -98,8 +99,29 @@ def verify_chain(chain: list[str], root_pem: str) -> x509.Certificate:
     return certs[0]
 
 
+def pod_doc(name: str, namespace: str, sa: str, node_name: str, uid: str = "") -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace, "uid": uid},
+            "spec": {"serviceAccountName": sa, "nodeName": node_name},
+            "status": {"podIP": "10.1.0.9", "phase": "Running"}}
+
+
+# A ztunnel and the workloads it may (same node) and may not (other node) request identities for.
+NODE_PODS = [pod_doc("ztunnel-a", "istio-system", "ztunnel", "node-1", uid="uid-zt"),
+             pod_doc("reviews-1", "bookinfo", "reviews", "node-1"),
+             pod_doc("ratings-1", "bookinfo", "ratings", "node-2")]
+
+
+def ztunnel_token(issuer: Issuer, pod: str | None = "ztunnel-a", uid: str = "uid-zt") -> str:
+    k8s: dict = {"namespace": "istio-system", "serviceaccount": {"name": "ztunnel", "uid": "u-9"}}
+    if pod:
+        k8s["pod"] = {"name": pod, "uid": uid}
+    return issuer.token({"kubernetes.io": k8s}, namespace="istio-system", sa="ztunnel")
+
+
 async def test_signs_only_the_callers_identity_and_refuses_bad_requests(tmp_path, issuer):
-    async with plane(tmp_path, issuer) as cp:
+    cp = plane(tmp_path, issuer)
+    cp.write("pods.yaml", yaml.safe_dump_all(NODE_PODS))
+    async with cp:
         root = cp.root_cert()
         token = issuer.token(namespace="default", sa="sleep")
         key, pem = csr()
@@ -138,20 +160,31 @@ async def test_signs_only_the_callers_identity_and_refuses_bad_requests(tmp_path
         target = f"spiffe://{TRUST_DOMAIN}/ns/bookinfo/sa/reviews"
         code, details = await refused(cp, pem, token=token, metadata={"ImpersonatedIdentity": target})
         assert code == grpc.StatusCode.PERMISSION_DENIED, details
-        ztunnel = issuer.token(namespace="istio-system", sa="ztunnel")
+        ztunnel = ztunnel_token(issuer)
         chain = await create(cp, pem, token=ztunnel, metadata={"ImpersonatedIdentity": target})
         assert uris(verify_chain(chain, root)) == [target]
         code, _ = await refused(cp, pem, token=ztunnel,
                                 metadata={"ImpersonatedIdentity": "spiffe://elsewhere/ns/a/sa/b"})
         assert code == grpc.StatusCode.PERMISSION_DENIED
 
+        # ...and only for identities of pods on its own node, as its (bound) token says.
+        code, details = await refused(cp, pem, token=ztunnel, metadata={
+            "ImpersonatedIdentity": f"spiffe://{TRUST_DOMAIN}/ns/bookinfo/sa/ratings"})
+        assert code == grpc.StatusCode.PERMISSION_DENIED
+        assert "no instances of bookinfo/ratings found on node node-1" in details
+        for bad_token, reason in [(ztunnel_token(issuer, pod=None), "names no pod"),
+                                  (ztunnel_token(issuer, uid="uid-old"), "UID does not match"),
+                                  (ztunnel_token(issuer, pod="ztunnel-gone"), "failed to look up pod")]:
+            code, details = await refused(cp, pem, token=bad_token, metadata={"ImpersonatedIdentity": target})
+            assert code == grpc.StatusCode.PERMISSION_DENIED and reason in details, details
+
         metrics = await cp.metrics()
-        assert "citadel_server_csr_count 15.0" in metrics
+        assert "citadel_server_csr_count 19.0" in metrics
         assert "citadel_server_success_cert_issuance_count 4.0" in metrics
         assert "citadel_server_authentication_failure_count 6.0" in metrics
         assert 'citadel_server_csr_sign_error_count{type="CSR_ERROR"} 2.0' in metrics
         assert 'citadel_server_csr_sign_error_count{type="TTL_ERROR"} 1.0' in metrics
-        assert 'citadel_server_csr_sign_error_count{type="PERMISSION_DENIED"} 2.0' in metrics
+        assert 'citadel_server_csr_sign_error_count{type="PERMISSION_DENIED"} 6.0' in metrics
         assert "citadel_server_csr_sign_seconds_count 4.0" in metrics
         assert "citadel_server_root_cert_expiry_timestamp" in metrics
 
@@ -280,6 +313,47 @@ async def test_kubernetes_mode_reviews_tokens_and_stores_the_root_in_a_secret(tm
             # The istio-ca-root-cert ConfigMaps carry the CA's root.
             await wait_for(lambda: (fake.get("configmaps", "istio-ca-root-cert", namespace="default") or {})
                            .get("data", {}).get("root-cert.pem") == root, message="root cert ConfigMap")
+
+
+async def test_kubernetes_mode_node_proxy_gets_identities_of_its_own_node_only(tmp_path):
+    def reviewer(token: str, audiences: list[str]) -> dict:
+        # A bound token of the ztunnel pod: the review names the pod in user.extra.
+        return {"authenticated": True, "audiences": audiences,
+                "user": {"username": "system:serviceaccount:istio-system:ztunnel",
+                         "groups": ["system:serviceaccounts"],
+                         "extra": {"authentication.kubernetes.io/pod-name": ["ztunnel-a"],
+                                   "authentication.kubernetes.io/pod-uid": [token]}}}
+
+    async with FakeApiServer() as fake:
+        fake.token_reviewer = reviewer
+        for ns in ("istio-system", "bookinfo"):
+            fake.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+        for doc in NODE_PODS:
+            created = fake.create(dict(doc))
+            if doc["metadata"]["name"] == "ztunnel-a":
+                zt_uid = created["metadata"]["uid"]
+        kubeconfig = fake.write_kubeconfig(tmp_path / "kubeconfig")
+        async with ControlPlane(tmp_path, kubeconfig=kubeconfig, secure_grpc=True, env={"CA_KEY_TYPE": "EC"}) as cp:
+            root = base64.b64decode(fake.get("secrets", "istio-ca-secret", namespace="istio-system")
+                                    ["data"]["ca-cert.pem"]).decode()
+            cp.root_cert = lambda: root
+
+            async def pods_known() -> bool:
+                configz = await cp.debug("/debug/configz")
+                return sum(c["kind"] == "Pod" for c in configz["configs"]) == 3
+
+            await wait_for(pods_known, message="the pods reached the control plane")
+            _, pem = csr()
+            same_node = "spiffe://cluster.local/ns/bookinfo/sa/reviews"
+            chain = await create(cp, pem, token=zt_uid, metadata={"ImpersonatedIdentity": same_node})
+            assert uris(verify_chain(chain, root)) == [same_node]
+            code, details = await refused(cp, pem, token=zt_uid, metadata={
+                "ImpersonatedIdentity": "spiffe://cluster.local/ns/bookinfo/sa/ratings"})
+            assert code == grpc.StatusCode.PERMISSION_DENIED and "found on node node-1" in details
+            # A token of an earlier pod of the same name (another UID) is refused.
+            code, details = await refused(cp, pem, token="uid-of-a-deleted-pod",
+                                          metadata={"ImpersonatedIdentity": same_node})
+            assert code == grpc.StatusCode.PERMISSION_DENIED and "UID does not match" in details
 
 
 async def test_the_server_certificate_is_reissued_at_half_life_without_a_restart(tmp_path):

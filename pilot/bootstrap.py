@@ -37,6 +37,7 @@ from pilot.sources.kube.client import Kube, in_cluster, load_api_client
 from pilot.sources.kube.leader import LeaderElection
 from pilot.sources.kube.source import KubeSource
 from pilot.sources.kube.writers import RootCertWriter
+from pilot.status.view import GatewayStatusView
 from pilot.xds.ads import AdsService
 from pilot.xds.discovery import DiscoveryServer
 
@@ -74,6 +75,8 @@ class ControlPlane:
         self.store = Store()
         self.mesh = MeshHolder(load_mesh_file(opts.mesh_config), features.pod_namespace)
         self.discovery = DiscoveryServer(self.store, self.mesh, features, opts.domain)
+        self.gateway_status = GatewayStatusView()
+        self.discovery.context_listeners.append(self.gateway_status.update)
         self.ads = AdsService(self.discovery)
         self.files = FileSource(opts.config_dir, self.store) if opts.config_dir else None
         self.kube: Kube | None = None
@@ -261,7 +264,7 @@ class ControlPlane:
                 self.ports[name] = self.ports["http"]
                 continue
             seen[addr] = None
-            runner = web.AppRunner(build_app(self.discovery, self.ready), access_log=None)
+            runner = web.AppRunner(build_app(self.discovery, self.ready, self.gateway_status), access_log=None)
             await runner.setup()
             self._runners.append(runner)
             site = web.TCPSite(runner, addr[0], addr[1])

@@ -10,6 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pilot import __version__
 from pilot.http.debug import DebugHandlers
 from pilot.metrics import render
+from pilot.status.view import GatewayStatusView
 from pilot.xds.discovery import DiscoveryServer
 
 
@@ -30,8 +31,8 @@ async def local_only_debug(request: web.Request, handler):
     return await handler(request)
 
 
-def build_app(server: DiscoveryServer, ready) -> web.Application:
-    """`ready` is a callable returning (is_ready, reason)."""
+def build_app(server: DiscoveryServer, ready, gateway_status: GatewayStatusView | None = None) -> web.Application:
+    """`ready` is a callable returning (is_ready, reason); `gateway_status` feeds /debug/gatewayz."""
     app = web.Application(middlewares=[local_only_debug])
 
     async def ready_handler(_req: web.Request) -> web.Response:
@@ -47,5 +48,5 @@ def build_app(server: DiscoveryServer, ready) -> web.Application:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     app.add_routes([web.get("/ready", ready_handler), web.get("/version", version_handler),
-                    web.get("/metrics", metrics_handler), *DebugHandlers(server).routes()])
+                    web.get("/metrics", metrics_handler), *DebugHandlers(server, gateway_status).routes()])
     return app

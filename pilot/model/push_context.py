@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from pilot.config.mesh import MeshConfig
+from pilot.model.gateway_api import EMPTY as NO_GATEWAY_API
+from pilot.model.gateway_api import GatewayApiResult, translate
 from pilot.model.gateways import GatewayIndex
 from pilot.model.mesh_settings import MeshSettings
 from pilot.model.services import (
@@ -48,6 +50,8 @@ class PushContext:
     _views: dict = field(default_factory=dict, compare=False, repr=False)  # per-push memo
     pods: Mapping[tuple[str, str], Entry] = field(default_factory=dict)
     gateways: GatewayIndex = field(default_factory=GatewayIndex)  # Gateways, their VirtualServices, Secrets
+    # Gateway API objects: the Istio config they become (also in `gateways`) and their status.
+    gateway_api: GatewayApiResult = NO_GATEWAY_API
 
     @classmethod
     def build(cls, store: Store, mesh: MeshConfig, mesh_version: str, domain: str, version: str,
@@ -74,6 +78,7 @@ class PushContext:
         settings = MeshSettings.of(mesh)
         if previous is not None and previous.settings == settings:
             settings = previous.settings
+        gateway_api = translate(store, domain)
         return cls(
             version=version,
             mesh=mesh,
@@ -89,7 +94,8 @@ class PushContext:
             workload_entries_by_ns=_by_namespace(store.list("WorkloadEntry")),
             full_view=ServiceView.of(services),
             pods=_index_pods(store),
-            gateways=GatewayIndex.build(store, domain),
+            gateways=GatewayIndex.build(store, domain, gateway_api.gateways, gateway_api.virtual_services),
+            gateway_api=gateway_api,
         )
 
     @property

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from pilot import logging as plog
@@ -61,6 +62,7 @@ class DiscoveryServer:
         self._idle.set()
         self.cache.on_build = self._note_build
         self._seq = 0
+        self.context_listeners: list[Callable[[PushContext], None]] = []  # told of every new full context
         self.push_context = self._build_context(self._next_version(), previous=None)
         self._tasks: list[asyncio.Task] = []
         store.subscribe(self.on_store_events)
@@ -94,7 +96,10 @@ class DiscoveryServer:
     def _build_context(self, version: str, previous: PushContext | None) -> PushContext:
         """`previous` lends its unchanged services, so cache keys compare by identity."""
         self.mesh.refresh(self.store)
-        return PushContext.build(self.store, self.mesh.current, self.mesh.version, self.domain, version, previous)
+        ctx = PushContext.build(self.store, self.mesh.current, self.mesh.version, self.domain, version, previous)
+        for listener in self.context_listeners:
+            listener(ctx)
+        return ctx
 
     async def _debounced_push(self, req: PushRequest, debounce_s: float) -> None:
         self.metrics.debounce_time.observe(debounce_s)

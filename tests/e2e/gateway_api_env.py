@@ -50,9 +50,10 @@ def gateway_yaml(listeners: str, name: str = GW_NAME, namespace: str = GW_NS, cl
 
 
 def route_yaml(kind: str, name: str, spec: str, namespace: str = "default", version: str = "v1",
-               generation: int = 1) -> str:
+               generation: int = 1, created: str = "") -> str:
+    stamp = f", creationTimestamp: '{created}'" if created else ""
     return (f"apiVersion: {API}/{version}\nkind: {kind}\n"
-            f"metadata: {{name: {name}, namespace: {namespace}, generation: {generation}}}\nspec:\n"
+            f"metadata: {{name: {name}, namespace: {namespace}, generation: {generation}{stamp}}}\nspec:\n"
             + textwrap.indent(textwrap.dedent(spec), "  "))
 
 

@@ -1,7 +1,8 @@
 """HTTPRoute and GRPCRoute rules -> VirtualService HTTP rules (pure), one rule per match so the
 rules of every route on a host can be put in the spec's precedence order:
 
-1. an Exact path before a PathPrefix before a RegularExpression; longer paths first;
+1. an Exact path before a PathPrefix before a RegularExpression before the `/` prefix (which
+   matches everything); longer paths first;
 2. a method match before none; 3. more header matches first; 4. more query matches first;
 then the oldest route (creationTimestamp, then namespace/name) and rule order, which is the
 order candidates are made in (the sort is stable). GRPCRoute methods become paths
@@ -63,7 +64,7 @@ class RouteRefs:
 
 def rank(match) -> tuple:
     uri = match.uri
-    kind = 3 if uri.exact is not None else 2 if uri.prefix is not None else 1
+    kind = 3 if uri.exact is not None else 0 if uri.prefix == "/" else 2 if uri.prefix is not None else 1
     length = len(uri.exact or uri.prefix or uri.regex or "")
     return (-kind, -length, match.method is None, -len(match.headers), -len(match.query_params))
 

@@ -38,25 +38,9 @@ class ServiceSpec(Model):
         return ports
 
 
-class LoadBalancerIngress(Model):
-    ip: str = ""
-    hostname: str = ""
-
-
-class LoadBalancerStatus(Model):
-    ingress: list[LoadBalancerIngress] = Field(default_factory=list)
-
-
-class ServiceStatus(Model):
-    """Only the load balancer's addresses: a Gateway API Gateway reports them as its own."""
-
-    load_balancer: LoadBalancerStatus = Field(default_factory=LoadBalancerStatus)
-
-
 class Service(K8sObject):
     kind: Literal["Service"] = "Service"
     spec: ServiceSpec = Field(default_factory=ServiceSpec)
-    status: ServiceStatus = Field(default_factory=ServiceStatus)
 
 
 class EndpointConditions(Model):

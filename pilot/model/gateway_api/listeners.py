@@ -11,9 +11,10 @@ one with the same hostname as an earlier listener of its class (a second TCP lis
 HostnameConflict. A conflicted listener is neither accepted nor programmed.
 
 Addresses: the Service istiod's automated deployment creates, `<gateway>-<class>` in the
-Gateway's namespace, or the Service a `Hostname` address names. Its load-balancer ingress is
-the address, else its cluster-local hostname. `IPAddress` addresses are not supported (istiod
-only binds Hostname addresses).
+Gateway's namespace, or the Service a `Hostname` address names; its cluster-local hostname is
+the address. (Its load balancer's addresses are not reported: a Service's status is not read,
+so that load-balancer updates never cause a push.) `IPAddress` addresses are not supported
+(istiod binds only Hostname addresses).
 """
 
 from __future__ import annotations
@@ -191,11 +192,6 @@ def evaluate_listeners(gateway: Entry, secrets: Mapping[tuple[str, str], Entry],
     return tuple(out)
 
 
-def _lb_addresses(service: Entry) -> tuple[tuple[str, str], ...]:
-    ingress = service.obj.status.load_balancer.ingress  # type: ignore[attr-defined]
-    return tuple(("IPAddress", i.ip) if i.ip else ("Hostname", i.hostname) for i in ingress if i.ip or i.hostname)
-
-
 def evaluate_gateway(gateway: Entry, class_name: str, services: Mapping[tuple[str, str], Entry],
                      secrets: Mapping[tuple[str, str], Entry], grants: ReferenceGrants, domain: str) -> GatewayState:
     spec = gateway.obj.spec  # type: ignore[attr-defined]
@@ -218,7 +214,6 @@ def evaluate_gateway(gateway: Entry, class_name: str, services: Mapping[tuple[st
     fqdn = f"{svc_name}.{svc_ns}.svc.{domain}"
     ports = sorted({ls.spec.port for ls in listeners})
     assigned = ", ".join(f"{fqdn}:{p}" for p in ports)
-    addresses = _lb_addresses(service) or (("Hostname", fqdn),)
     return GatewayState(gateway, class_name, listeners, accepted,
                         Verdict(True, "Programmed", f"Resource programmed, assigned to service(s) {assigned}"),
-                        addresses)
+                        (("Hostname", fqdn),))

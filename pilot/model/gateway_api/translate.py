@@ -123,7 +123,8 @@ class _Pass:
                             "conditions": sorted_conditions([
                                 condition("Accepted", verdict.ok, verdict.reason, verdict.message, gen),
                                 _resolved(problems, unsupported, gen)])})
-        self.statuses[route.key] = {"parents": parents}
+        if parents:  # a route naming none of our Gateways is someone else's to report on
+            self.statuses[route.key] = {"parents": parents}
 
     def _attach(self, route: Entry, order: int, a: Attachment, candidates: list[Candidate],
                 l4_targets: list[tuple[str, int, int]]) -> None:

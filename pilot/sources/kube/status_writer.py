@@ -119,7 +119,7 @@ class StatusWriter:
                 return True
             log.warning("could not write status", object=str(key), status=e.status, reason=e.reason)
             return False
-        except Exception as e:  # the apiserver is away: retried
+        except Exception as e:  # noqa: BLE001 - the apiserver is away (any transport error): retried
             log.warning("could not write status", object=str(key), error=f"{type(e).__name__}: {e}")
             return False
         self._written[key] = (rv, new)

@@ -235,6 +235,7 @@ def _action(rule, inputs: RouteInputs, route: rc.Route, match) -> None:
     dests = list(rule.route)
     if len(dests) == 1:
         action.cluster = destination_cluster(dests[0].destination, inputs)
+        _apply_headers(route, dests[0].headers)  # a lone destination's header operations are the route's
     else:
         for d in dests:
             if d.weight <= 0:

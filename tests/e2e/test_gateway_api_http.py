@@ -180,6 +180,11 @@ async def test_matches_weights_and_filters(env: GatewayApiEnv):
               set: [{{name: x-response, value: "yes"}}]
               remove: [x-backend-name]
           backendRefs: [{{name: alpha, {b}}}]
+        - matches: [{{path: {{value: /per-backend}}}}]
+          backendRefs:
+          - name: beta
+            {b}
+            filters: [{{type: RequestHeaderModifier, requestHeaderModifier: {{set: [{{name: x-to, value: beta}}]}}}}]
         - matches: [{{path: {{value: /mirror}}}}]
           filters:
           - type: RequestMirror
@@ -224,6 +229,10 @@ async def test_matches_weights_and_filters(env: GatewayApiEnv):
     sent = {k.lower(): v for k, v in r.body["headers"].items()}
     assert (sent["x-set"], sent["x-add"]) == ("one", "two") and "x-remove" not in sent, sent
     assert r.headers["x-response"] == "yes" and "x-backend-name" not in r.headers
+
+    # A backendRef's own filter applies to the requests it gets.
+    r = await request(port, host, "/per-backend")
+    assert r.backend == "beta" and {k.lower(): v for k, v in r.body["headers"].items()}["x-to"] == "beta"
 
     # Mirroring: the mirror backend gets a copy (Envoy marks its Host "-shadow"), the client alpha's answer.
     before = len(env.backends["gamma"].requests)

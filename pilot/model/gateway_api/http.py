@@ -8,8 +8,9 @@ then the oldest route (creationTimestamp, then namespace/name) and rule order, w
 order candidates are made in (the sort is stable). GRPCRoute methods become paths
 (`/service/method` exact, `/service/` prefix, or a regex) and rank the same way.
 
-Filters: RequestHeaderModifier/ResponseHeaderModifier -> headers; RequestRedirect -> redirect;
-URLRewrite -> rewrite (hostname, full path, or the matched prefix); RequestMirror -> mirror.
+Filters: RequestHeaderModifier/ResponseHeaderModifier -> headers (also on a single backendRef:
+that destination's headers); RequestRedirect -> redirect; URLRewrite -> rewrite (hostname, full
+path, or the matched prefix); RequestMirror -> mirror.
 Backends keep their relative weights. An invalid backendRef (not found, not permitted, an
 unsupported kind) keeps its share of the weight on a cluster that never exists, which the
 route answers with 500 (gateway semantics); a rule with no usable backend at all, or with a
@@ -95,27 +96,38 @@ def _prefix_rewrite(prefix: str, replacement: str) -> tuple[str | None, RegexRew
     return r, None
 
 
-def _backends(refs, kind: str, namespace: str, ctx: RouteRefs, problems: list[Backend]) -> list[Backend]:
+def _backends(refs, kind: str, namespace: str, ctx: RouteRefs, problems: list[Backend],
+              unsupported: list[str]) -> list[tuple[Backend, object]]:
+    """Each backendRef resolved, with the header operations of its own filters."""
     out = []
     for ref in refs:
         b = resolve_backend(ref, kind, namespace, ctx.services, ctx.grants, ctx.domain)
         if not b.valid:
             problems.append(b)
-        out.append(b)
+        request = response = None
+        for f in getattr(ref, "filters", ()):
+            if f.type == "RequestHeaderModifier":
+                request = _modifier(f.request_header_modifier)
+            elif f.type == "ResponseHeaderModifier":
+                response = _modifier(f.response_header_modifier)
+            else:  # the backend cannot be served as asked: its share fails (500)
+                unsupported.append(f"{f.type} filters on a backendRef are not supported")
+                b = Backend(INVALID_BACKEND_HOST, b.port, b.weight, "InvalidKind", unsupported[-1])
+        out.append((b, headers(request, response)))
     return out
 
 
-def _destinations(backends: list[Backend]):
+def _destinations(backends: list[tuple[Backend, object]]):
     """VirtualService destinations for the backends with weight, invalid shares pooled on one
     never-existing cluster; None when nothing can serve (answer 500)."""
-    live = [b for b in backends if b.weight > 0]
-    valid = [b for b in live if b.valid]
+    live = [(b, h) for b, h in backends if b.weight > 0]
+    valid = [(b, h) for b, h in live if b.valid]
     if not valid:
         return None
-    invalid = sum(b.weight for b in live if not b.valid)
-    dests = [http_destination(b.host, b.port, b.weight) for b in valid]
+    invalid = sum(b.weight for b, _ in live if not b.valid)
+    dests = [http_destination(b.host, b.port, b.weight, h) for b, h in valid]
     if invalid:
-        dests.append(http_destination(INVALID_BACKEND_HOST, valid[0].port, invalid))
+        dests.append(http_destination(INVALID_BACKEND_HOST, valid[0][0].port, invalid))
     return dests
 
 
@@ -172,7 +184,7 @@ def _rule_fields(rule, kind: str, namespace: str, prefix: str | None, ctx: Route
             fields["retries"] = HTTPRetry.model_construct(attempts=DEFAULT_ATTEMPTS,
                                                           per_try_timeout=timeouts.backend_request,
                                                           retry_on=None, retry_remote_localities=None)
-    backends = _backends(rule.backend_refs, kind, namespace, ctx, problems)
+    backends = _backends(rule.backend_refs, kind, namespace, ctx, problems, unsupported)
     if broken:
         fields["redirect"] = fields["rewrite"] = fields["mirror"] = None
         fields["direct_response"] = _ERROR_500

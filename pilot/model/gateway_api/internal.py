@@ -119,8 +119,8 @@ def destination(host: str, port: int) -> Destination:
                                        if port else None)
 
 
-def http_destination(host: str, port: int, weight: int) -> HTTPRouteDestination:
-    return HTTPRouteDestination.model_construct(destination=destination(host, port), weight=weight, headers=None)
+def http_destination(host: str, port: int, weight: int, headers: Headers | None = None) -> HTTPRouteDestination:
+    return HTTPRouteDestination.model_construct(destination=destination(host, port), weight=weight, headers=headers)
 
 
 def header_operations(set_: dict[str, str], add: dict[str, str], remove: list[str]) -> HeaderOperations:

@@ -78,7 +78,7 @@ class PushContext:
         settings = MeshSettings.of(mesh)
         if previous is not None and previous.settings == settings:
             settings = previous.settings
-        gateway_api = translate(store, domain)
+        gateway_api = translate(store, domain, previous.gateway_api if previous is not None else None)
         return cls(
             version=version,
             mesh=mesh,

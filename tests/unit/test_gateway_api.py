@@ -330,3 +330,56 @@ def test_generated_gateway_api_config_passes_envoy_validate(tmp_path):
     assert names == {"0.0.0.0_8080", "0.0.0.0_8443", "0.0.0.0_9443", "0.0.0.0_9000"}
     ok, output = envoy_validate(config, tmp_path)
     assert ok, f"envoy rejected the generated Gateway API config:\n{output}"
+
+
+def test_the_memo_reuses_only_what_no_input_of_it_changed():
+    """Each input a route's translation reads, changed alone, changes the result; nothing
+    changed reuses the very same generated Entries."""
+    store = store_of(CLASS, SVC, gateway("- {name: http, port: 80, protocol: HTTP, "
+                                         "allowedRoutes: {namespaces: {from: All}}}\n"),
+                     route("r", """\
+                         parentRefs: [{name: web, namespace: infra}]
+                         hostnames: [a.example.com]
+                         rules: [{backendRefs: [{name: alpha, port: 80}, {name: remote, namespace: far, port: 80}]}]
+                         """),
+                     route("other", """\
+                         parentRefs: [{name: web, namespace: infra}]
+                         hostnames: [b.example.com]
+                         rules: [{backendRefs: [{name: alpha, port: 80}]}]
+                         """))
+    first = translate(store, "cluster.local")
+    again = translate(store, "cluster.local", first)
+    assert all(a is b for a, b in zip(first.virtual_services, again.virtual_services, strict=True))
+
+    def vs(result, host):
+        return next(e for e in result.virtual_services if e.obj.spec.hosts == [host])
+
+    def resolved(result):
+        return conds(result.statuses[ConfigKey("HTTPRoute", "default", "r")]["parents"][0])["ResolvedRefs"]
+
+    assert resolved(again) == ("False", "RefNotPermitted")
+    steps = [
+        SVC.replace("alpha", "remote").replace("default", "far"),  # the remote Service appears
+        f"""\
+        apiVersion: {API}/v1beta1
+        kind: ReferenceGrant
+        metadata: {{name: g, namespace: far}}
+        spec:
+          from: [{{group: {API}, kind: HTTPRoute, namespace: default}}]
+          to: [{{group: "", kind: Service}}]
+        """,
+    ]
+    previous = again
+    key = ConfigKey("HTTPRoute", "default", "r")
+    for doc in steps:
+        store.apply(parse_object(yaml.safe_load(textwrap.dedent(doc))))
+        now = translate(store, "cluster.local", previous)
+        assert vs(now, "b.example.com") is vs(previous, "b.example.com")  # untouched: reused
+        assert now.memo.routes[key][1] is not previous.memo.routes[key][1]  # an input changed: redone
+        previous = now
+    assert vs(previous, "a.example.com") != vs(again, "a.example.com")  # the grant let `remote` in
+    assert resolved(previous) == ("True", "ResolvedRefs")
+    store.delete(ConfigKey("Service", "default", "alpha"))
+    gone = translate(store, "cluster.local", previous)
+    assert resolved(gone) == ("False", "BackendNotFound")
+    assert vs(gone, "b.example.com") != vs(previous, "b.example.com")

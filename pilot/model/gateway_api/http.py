@@ -47,7 +47,7 @@ from pilot.model.store import Entry
 DEFAULT_ATTEMPTS = 2  # MeshConfig's default retry attempts, kept when only backendRequest is set
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)  # compared by identity: memoized ones are reused as is
 class Candidate:
     rank: tuple
     rule: GatewayApiRule
@@ -61,6 +61,18 @@ class RouteRefs:
     services: Mapping[tuple[str, str], Entry]
     grants: ReferenceGrants
     domain: str
+
+
+def referenced_services(route: Entry) -> tuple[tuple[str, str], ...]:
+    """(namespace, name) of every Service a route's backendRefs and mirrors may name: what its
+    translation reads of the registry."""
+    ns = route.key.namespace
+    out = []
+    for rule in route.obj.spec.rules:  # type: ignore[attr-defined]
+        refs = list(rule.backend_refs)
+        refs += [f.request_mirror.backend_ref for f in getattr(rule, "filters", ()) if f.type == "RequestMirror"]
+        out += [(r.namespace or ns, r.name) for r in refs]
+    return tuple(sorted(set(out)))
 
 
 def rank(match) -> tuple:

@@ -24,7 +24,13 @@ from pilot.config.gateway_api import CONTROLLER_NAME, DEFAULT_CLASS
 from pilot.model.gateway_api.attach import Attachment, attach
 from pilot.model.gateway_api.conditions import Status, condition, sorted_conditions
 from pilot.model.gateway_api.hostnames import matches
-from pilot.model.gateway_api.http import Candidate, RouteRefs, grpc_route_rules, http_route_rules
+from pilot.model.gateway_api.http import (
+    Candidate,
+    RouteRefs,
+    grpc_route_rules,
+    http_route_rules,
+    referenced_services,
+)
 from pilot.model.gateway_api.internal import (
     gateway_entry,
     internal_gateway_name,
@@ -40,6 +46,18 @@ GATEWAY_API_INPUTS = ("GatewayClass", "KubernetesGateway", "HTTPRoute", "GRPCRou
                       "ReferenceGrant")
 
 
+@dataclass(eq=False)
+class TranslationMemo:
+    """Work a translation can hand to the next one: per route, its rules (while the route, the
+    Services it names and the ReferenceGrants are the same Entries); per generated object, the
+    object (while what it is made of is the same). A full push for an unrelated change then
+    redoes almost nothing, and unchanged generated Entries stay the very same objects."""
+
+    routes: dict[ConfigKey, tuple[tuple, tuple]] = field(default_factory=dict)
+    virtual_services: dict[str, tuple[tuple, Entry]] = field(default_factory=dict)
+    gateways: dict[tuple, Entry] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class GatewayApiResult:
     gateways: tuple[Entry, ...] = ()  # internal networking.istio.io Gateways
@@ -48,6 +66,7 @@ class GatewayApiResult:
     # (gateway namespace, secret namespace, secret name): Secrets in other namespaces that a
     # ReferenceGrant lets this namespace's gateways present (served over SDS).
     credentials: frozenset[tuple[str, str, str]] = frozenset()
+    memo: TranslationMemo = field(default_factory=TranslationMemo, compare=False, repr=False)
 
     def allows_credential(self, proxy_namespace: str, namespace: str, name: str) -> bool:
         return (proxy_namespace, namespace, name) in self.credentials
@@ -87,26 +106,46 @@ class _Pass:
     refs: RouteRefs
     labels: Mapping[str, Mapping[str, str]]
     gateways: dict[tuple[str, str], GatewayState]
+    previous: TranslationMemo
+    memo: TranslationMemo
+    grants: tuple[Entry, ...]
     http: dict[tuple[ConfigKey, str], dict[str, list[tuple[int, Candidate]]]] = field(
         default_factory=lambda: defaultdict(lambda: defaultdict(list)))
-    l4: list[tuple[ListenerState, Entry, list]] = field(default_factory=list)
+    l4: list[tuple[ListenerState, Entry, tuple[str, ...], tuple]] = field(default_factory=list)
     # (Gateway, listener name) -> the routes attached to it (its status's attachedRoutes)
     attached: dict[tuple[ConfigKey, str], set[ConfigKey]] = field(default_factory=lambda: defaultdict(set))
     statuses: dict[ConfigKey, Status] = field(default_factory=dict)
 
-    def route(self, route: Entry, order: int) -> None:
-        spec = route.obj.spec  # type: ignore[attr-defined]
-        kind = route.key.kind
+    def _rules(self, route: Entry) -> tuple:
+        """(candidates, l4 targets, backend problems, unsupported filters) of a route, reused from
+        the previous translation when nothing it reads changed."""
+        services = self.refs.services
+        referenced = referenced_services(route)
+        elsewhere = {ns for ns, _ in referenced if ns != route.key.namespace}
+        signature = (route, tuple(services.get(k) for k in referenced),
+                     tuple(g for g in self.grants if g.key.namespace in elsewhere) if elsewhere else ())
+        hit = self.previous.routes.get(route.key)
+        if hit is not None and hit[0] == signature:
+            self.memo.routes[route.key] = hit
+            return hit[1]
         problems: list[Backend] = []
         unsupported: list[str] = []
         candidates: list[Candidate] = []
         l4_targets: list[tuple[str, int, int]] = []
-        if kind == "HTTPRoute":
+        if route.key.kind == "HTTPRoute":
             candidates = http_route_rules(route, self.refs, problems, unsupported)
-        elif kind == "GRPCRoute":
+        elif route.key.kind == "GRPCRoute":
             candidates = grpc_route_rules(route, self.refs, problems, unsupported)
         else:
             l4_targets = self._l4_targets(route, problems)
+        out = (tuple(candidates), tuple(l4_targets), tuple(problems), tuple(unsupported))
+        self.memo.routes[route.key] = (signature, out)
+        return out
+
+    def route(self, route: Entry, order: int) -> None:
+        spec = route.obj.spec  # type: ignore[attr-defined]
+        kind = route.key.kind
+        candidates, l4_targets, problems, unsupported = self._rules(route)
         gen = route.obj.metadata.generation
         parents = []
         hosts = list(getattr(spec, "hostnames", [])) if kind != "TCPRoute" else None
@@ -126,8 +165,8 @@ class _Pass:
         if parents:  # a route naming none of our Gateways is someone else's to report on
             self.statuses[route.key] = {"parents": parents}
 
-    def _attach(self, route: Entry, order: int, a: Attachment, candidates: list[Candidate],
-                l4_targets: list[tuple[str, int, int]]) -> None:
+    def _attach(self, route: Entry, order: int, a: Attachment, candidates: tuple[Candidate, ...],
+                l4_targets: tuple[tuple[str, int, int], ...]) -> None:
         key = (a.listener.gateway.key, a.listener.name)
         if route.key in self.attached[key]:
             return  # two parentRefs naming the same listener
@@ -136,9 +175,30 @@ class _Pass:
             for host in a.hosts:
                 self.http[key][host].extend((order, c) for c in candidates)
         elif route.key.kind == "TLSRoute":
-            self.l4.append((a.listener, route, [tls_rule(list(a.hosts), l4_targets)]))
+            self.l4.append((a.listener, route, a.hosts, l4_targets))
         else:
-            self.l4.append((a.listener, route, [tcp_rule(l4_targets)]))
+            self.l4.append((a.listener, route, ("*",), l4_targets))
+
+    def virtual_service(self, namespace: str, name: str, gateway: str, hosts: tuple[str, ...],
+                        parents: tuple[str, ...], created: str, http: tuple = (), l4: tuple = (),
+                        kind: str = "HTTPRoute") -> Entry:
+        signature = (namespace, gateway, hosts, parents, created, http, l4, kind)
+        hit = self.previous.virtual_services.get(name)
+        if hit is None or hit[0] != signature:
+            if kind == "TLSRoute":
+                extra = {"tls": [tls_rule(list(hosts), list(l4))]}
+            elif kind == "TCPRoute":
+                extra = {"tcp": [tcp_rule(list(l4))]}
+            else:
+                extra = {"http": [c.rule for c in http]}
+            hit = (signature, virtual_service_entry(namespace, name, gateway, list(hosts), parents, created, **extra))
+        self.memo.virtual_services[name] = hit
+        return hit[1]
+
+    def gateway(self, *args) -> Entry:
+        entry = self.previous.gateways.get(args) or gateway_entry(*args)
+        self.memo.gateways[args] = entry
+        return entry
 
     def _l4_targets(self, route: Entry, problems: list[Backend]) -> list[tuple[str, int, int]]:
         rules = route.obj.spec.rules  # type: ignore[attr-defined]
@@ -154,16 +214,18 @@ class _Pass:
         return out or [(INVALID_BACKEND_HOST, 1, 1)]
 
 
-def _http_rules(by_host: Mapping[str, list[tuple[int, Candidate]]], host: str) -> list[Candidate]:
-    """The rules for one hostname: its own, then those of the wildcards covering it."""
+def _http_rules(by_host: Mapping[str, list[tuple[int, Candidate]]], host: str,
+                wildcards: list[str]) -> tuple[Candidate, ...]:
+    """The rules for one hostname: its own, then those of the wildcards covering it (`wildcards`:
+    this listener's, most specific first)."""
     out = []
-    covering = sorted((h for h in by_host if h != host and matches(h, host)), key=lambda h: (h == "*", -len(h)))
-    for h in (host, *covering):
+    for h in (host, *(w for w in wildcards if w != host and matches(w, host))):
         out.extend(c for _, c in sorted(by_host[h], key=lambda oc: (oc[1].rank, oc[0])))
-    return out
+    return tuple(out)
 
 
-def translate(store: Store, domain: str) -> GatewayApiResult:
+def translate(store: Store, domain: str, previous: GatewayApiResult | None = None) -> GatewayApiResult:
+    """`previous`: the last result from this Store, whose memo spares unchanged work."""
     classes = store.list("GatewayClass")
     ours = _our_classes(classes)
     statuses: dict[ConfigKey, Status] = {}
@@ -177,13 +239,15 @@ def translate(store: Store, domain: str) -> GatewayApiResult:
         return GatewayApiResult(statuses=MappingProxyType(statuses)) if statuses else EMPTY
     services = {(e.key.namespace, e.key.name): e for e in store.list("Service")}
     secrets = {(e.key.namespace, e.key.name): e for e in store.list("Secret")}
-    grants = ReferenceGrants.of(store.list("ReferenceGrant"))
+    grant_entries = tuple(sorted(store.list("ReferenceGrant"), key=lambda e: e.key))
+    grants = ReferenceGrants.of(list(grant_entries))
     labels = {e.key.name: e.obj.metadata.labels for e in store.list("Namespace")}
     states = {}
     for g in sorted(kube_gateways, key=_age):
         states[(g.key.namespace, g.key.name)] = evaluate_gateway(
             g, g.obj.spec.gateway_class_name, services, secrets, grants, domain)  # type: ignore[attr-defined]
-    p = _Pass(RouteRefs(services, grants, domain), labels, states)
+    p = _Pass(RouteRefs(services, grants, domain), labels, states,
+              previous.memo if previous is not None else TranslationMemo(), TranslationMemo(), grant_entries)
     routes = [r for kind in ("HTTPRoute", "GRPCRoute", "TLSRoute", "TCPRoute") for r in store.list(kind)]
     for order, route in enumerate(sorted(routes, key=_age)):
         p.route(route, order)
@@ -198,27 +262,25 @@ def translate(store: Store, domain: str) -> GatewayApiResult:
         for ls in state.listeners:
             if not ls.programmed:
                 continue
-            gateways.append(_internal_gateway(state, ls))
+            gateways.append(_internal_gateway(state, ls, p))
             if "/" in ls.credential:
                 secret_ns, _, secret = ls.credential.partition("/")
                 credentials.add((state.entry.key.namespace, secret_ns, secret))
             virtual_services.extend(_http_virtual_services(state, ls, p))
-    for ls, route, rules in p.l4:
+    for ls, route, hosts, targets in p.l4:
         if not ls.programmed:
             continue
         gw = ls.gateway
-        name = f"{internal_gateway_name(gw.key.name, ls.name)}-{route.key.kind.lower()}-{route.key.namespace}-" \
-               f"{route.key.name}"
-        hosts = list(rules[0].match[0].sni_hosts) if route.key.kind == "TLSRoute" else ["*"]
-        virtual_services.append(virtual_service_entry(
-            gw.key.namespace, name, internal_gateway_name(gw.key.name, ls.name), hosts, (str(route.key),),
-            route.obj.metadata.creation_timestamp,
-            tls=rules if route.key.kind == "TLSRoute" else None, tcp=rules if route.key.kind == "TCPRoute" else None))
+        internal = internal_gateway_name(gw.key.name, ls.name)
+        name = f"{internal}-{route.key.kind.lower()}-{route.key.namespace}-{route.key.name}"
+        virtual_services.append(p.virtual_service(gw.key.namespace, name, internal, hosts, (str(route.key),),
+                                                  route.obj.metadata.creation_timestamp, l4=targets,
+                                                  kind=route.key.kind))
     return GatewayApiResult(tuple(gateways), tuple(virtual_services), MappingProxyType(statuses),
-                            frozenset(credentials))
+                            frozenset(credentials), p.memo)
 
 
-def _internal_gateway(state: GatewayState, ls: ListenerState) -> Entry:
+def _internal_gateway(state: GatewayState, ls: ListenerState, p: _Pass) -> Entry:
     spec = ls.spec
     gw = state.entry
     if spec.protocol == "HTTP":
@@ -229,8 +291,8 @@ def _internal_gateway(state: GatewayState, ls: ListenerState) -> Entry:
         protocol, mode = "TLS", ("PASSTHROUGH" if spec.tls.mode == "Passthrough" else "SIMPLE")
     else:
         protocol, mode = "TCP", ""
-    return gateway_entry(gw.key.namespace, gw.key.name, ls.name, gw.obj.metadata.creation_timestamp, spec.port,
-                         protocol, spec.hostname, mode, ls.credential)
+    return p.gateway(gw.key.namespace, gw.key.name, ls.name, gw.obj.metadata.creation_timestamp, spec.port,
+                     protocol, spec.hostname, mode, ls.credential)
 
 
 def _http_virtual_services(state: GatewayState, ls: ListenerState, p: _Pass) -> list[Entry]:
@@ -239,10 +301,11 @@ def _http_virtual_services(state: GatewayState, ls: ListenerState, p: _Pass) -> 
         return []
     gw = state.entry
     internal = internal_gateway_name(gw.key.name, ls.name)
+    wildcards = sorted((h for h in by_host if h.startswith("*")), key=lambda h: (h == "*", -len(h), h))
     out = []
-    for i, host in enumerate(sorted(by_host)):
-        candidates = _http_rules(by_host, host)
+    for host in sorted(by_host):
+        candidates = _http_rules(by_host, host, wildcards)
         parents = tuple(dict.fromkeys(c.origin for c in candidates))
-        out.append(virtual_service_entry(gw.key.namespace, f"{internal}-{i}", internal, [host], parents,
-                                         gw.obj.metadata.creation_timestamp, http=[c.rule for c in candidates]))
+        out.append(p.virtual_service(gw.key.namespace, f"{internal}-{host}", internal, (host,), parents,
+                                     gw.obj.metadata.creation_timestamp, http=candidates))
     return out

@@ -180,6 +180,9 @@ async def test_matches_weights_and_filters(env: GatewayApiEnv):
               set: [{{name: x-response, value: "yes"}}]
               remove: [x-backend-name]
           backendRefs: [{{name: alpha, {b}}}]
+        - matches: [{{path: {{value: /slow}}}}]
+          timeouts: {{request: 300ms}}
+          backendRefs: [{{name: alpha, {b}}}]
         - matches: [{{path: {{value: /per-backend}}}}]
           backendRefs:
           - name: beta
@@ -229,6 +232,10 @@ async def test_matches_weights_and_filters(env: GatewayApiEnv):
     sent = {k.lower(): v for k, v in r.body["headers"].items()}
     assert (sent["x-set"], sent["x-add"]) == ("one", "two") and "x-remove" not in sent, sent
     assert r.headers["x-response"] == "yes" and "x-backend-name" not in r.headers
+
+    # The request timeout: a backend slower than it gets the client a 504.
+    assert (await request(port, host, "/slow?delay=1")).status == 504
+    assert (await request(port, host, "/slow")).backend == "alpha"
 
     # A backendRef's own filter applies to the requests it gets.
     r = await request(port, host, "/per-backend")

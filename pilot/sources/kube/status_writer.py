@@ -92,6 +92,7 @@ class StatusWriter:
                 key = ConfigKey.of(obj)
                 if key not in desired and _ours(obj.status.get("parents")):  # type: ignore[attr-defined]
                     ok &= await self._reconcile(key, {"parents": []})
+        self._written = {k: v for k, v in self._written.items() if k in desired}  # forget deleted objects
         return ok
 
     async def _reconcile(self, key: ConfigKey, desired: Status) -> bool:

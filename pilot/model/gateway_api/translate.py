@@ -42,9 +42,6 @@ from pilot.model.gateway_api.listeners import GatewayState, ListenerState, evalu
 from pilot.model.gateway_api.references import INVALID_BACKEND_HOST, Backend, ReferenceGrants, resolve_backend
 from pilot.model.store import ConfigKey, Entry, Store
 
-GATEWAY_API_INPUTS = ("GatewayClass", "KubernetesGateway", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute",
-                      "ReferenceGrant")
-
 
 @dataclass(eq=False)
 class TranslationMemo:
@@ -229,7 +226,7 @@ def translate(store: Store, domain: str, previous: GatewayApiResult | None = Non
     classes = store.list("GatewayClass")
     ours = _our_classes(classes)
     statuses: dict[ConfigKey, Status] = {}
-    for name, entry in ours.items():
+    for entry in ours.values():
         if entry is not None:
             statuses[entry.key] = {"conditions": [condition("Accepted", True, "Accepted", "Handled by Istio controller",
                                                             entry.obj.metadata.generation)]}

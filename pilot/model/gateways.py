@@ -3,7 +3,9 @@ how their servers merge into listeners per port, and which VirtualServices each 
 
 Pure model code, as istiod's MergeGateways and VirtualServicesForGateway:
 - A Gateway applies to a router whose labels include its `selector` (an empty selector applies
-  to every router), in any namespace (istiod's default PILOT_SCOPE_GATEWAY_TO_NAMESPACE=false).
+  to every router), in any namespace (istiod's default PILOT_SCOPE_GATEWAY_TO_NAMESPACE=false),
+  except the Gateways generated from Gateway API Gateways (model/gateway_api), which apply only
+  to routers in their own namespace (`select_for`).
 - Servers are grouped by (bind, port), oldest Gateway first. Plain-text HTTP servers on a port
   share one route configuration `http.PORT`; TLS-class servers (HTTPS, TLS) share one listener,
   told apart by SNI, each terminating HTTPS server with its own route configuration
@@ -29,6 +31,7 @@ from typing import Literal
 
 from pilot.config.networking.common import MESH_GATEWAY, UNIX_PREFIX
 from pilot.config.networking.validation import host_matches  # istio host.Name.Matches
+from pilot.model.gateway_api.internal import PARENTS, SCOPE
 from pilot.model.store import Entry, Store
 from pilot.model.traffic import resolve_host
 
@@ -43,6 +46,15 @@ PortKind = Literal["http", "tls", "tcp"]
 def _age(e: Entry) -> tuple:
     """Oldest first (creationTimestamp, then namespace/name), as istiod orders configs."""
     return (e.obj.metadata.creation_timestamp, e.key.namespace, e.key.name)
+
+
+def config_origins(e: Entry) -> tuple[str, ...]:
+    """The config objects an Entry stands for, as debug views and NACK reports name them: itself,
+    or for one generated from Gateway API objects, those objects."""
+    parents = e.obj.metadata.annotations.get(PARENTS)
+    if parents:
+        return tuple(parents.split(","))
+    return (f"{e.key.kind}/{e.key.namespace}/{e.key.name}",)
 
 
 def more_specific(a: str, b: str) -> str:
@@ -78,7 +90,7 @@ class ServerRef:
 
     @property
     def origin(self) -> str:
-        return f"Gateway/{self.gateway.key.namespace}/{self.gateway.key.name}"
+        return config_origins(self.gateway)[0]
 
     @property
     def protocol(self) -> str:
@@ -265,10 +277,12 @@ class GatewayIndex:
     _memo: dict = field(default_factory=dict, compare=False, repr=False)  # per-push memo
 
     @classmethod
-    def build(cls, store: Store, domain: str) -> GatewayIndex:
-        gateways = tuple(sorted(store.list("Gateway"), key=_age))
+    def build(cls, store: Store, domain: str, extra_gateways: tuple[Entry, ...] = (),
+              extra_virtual_services: tuple[Entry, ...] = ()) -> GatewayIndex:
+        """`extra_*`: generated config (from Gateway API objects) served alongside the Store's."""
+        gateways = tuple(sorted([*store.list("Gateway"), *extra_gateways], key=_age))
         by_gateway: dict[tuple[str, str], list[Entry]] = defaultdict(list)
-        for vs in store.list("VirtualService"):
+        for vs in (*store.list("VirtualService"), *extra_virtual_services):
             for ref in gateway_refs(vs):
                 by_gateway[ref].append(vs)
         secrets = {(e.key.namespace, e.key.name): e for e in store.list("Secret")}
@@ -284,6 +298,12 @@ class GatewayIndex:
                         if all(labels.get(k) == v for k, v in g.obj.spec.selector.items()))  # type: ignore[attr-defined]
             self._memo[key] = hit
         return hit
+
+    def select_for(self, labels: Mapping[str, str], namespace: str) -> tuple[Entry, ...]:
+        """`select`, less the Gateways that only serve routers of their own namespace (those of
+        Gateway API Gateways) when the router is elsewhere."""
+        return tuple(g for g in self.select(labels)
+                     if g.key.namespace == namespace or g.obj.metadata.annotations.get(SCOPE) != "namespace")
 
     def view(self, gateways: tuple[Entry, ...]) -> GatewayView:
         key = ("view", gateways)

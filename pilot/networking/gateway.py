@@ -38,10 +38,12 @@ from envoy.type.matcher.v3 import string_pb2
 from google.protobuf import wrappers_pb2
 
 from pilot.config.mesh import HttpRetryPolicy
+from pilot.model.gateway_api.internal import SEMANTICS
 from pilot.model.gateways import (
     Binding,
     PortView,
     ServerRef,
+    config_origins,
     host_matches,
     http_route_name,
     https_route_name,
@@ -147,15 +149,15 @@ def _targets(route, vs: Entry, port: int, domain: str,
 
 
 def _tcp_targets(ref: ServerRef, bindings: tuple[Binding, ...], domain: str,
-                 services: Mapping[str, MeshService]) -> tuple[tuple[tuple[str, int], ...], str]:
+                 services: Mapping[str, MeshService]) -> tuple[tuple[tuple[str, int], ...], tuple[str, ...]]:
     """The first `tcp` rule of the bound VirtualServices that applies to this server."""
     for b in bindings:
         vs = b.virtual_service
         for rule in vs.obj.spec.tcp:  # type: ignore[attr-defined]
             if not rule.match or any(_match_applies(m, ref.gateway_name, vs.key.namespace, ref.port)
                                      for m in rule.match):
-                return _targets(rule, vs, ref.port, domain, services), f"VirtualService/{vs.key.namespace}/{vs.key.name}"
-    return (), ""
+                return _targets(rule, vs, ref.port, domain, services), config_origins(vs)
+    return (), ()
 
 
 def listener_plan(pv: PortView, bindings: Callable[[ServerRef], tuple[Binding, ...]],
@@ -215,18 +217,18 @@ def listener_plan(pv: PortView, bindings: Callable[[ServerRef], tuple[Binding, .
                     if not names:
                         continue
                     found = True
-                    origins[f"VirtualService/{vs.key.namespace}/{vs.key.name}"] = None
+                    origins.update(dict.fromkeys(config_origins(vs)))
                     names = list(dict.fromkeys(names))
                     add(ChainPlan(f"{vs.key.namespace}/{vs.key.name}/tls[{i}]", () if "*" in names else tuple(names),
                                   tcp=_targets(rule, vs, ref.port, domain, services)), what)
             if not found:
                 skipped.append(f"{what}: PASSTHROUGH server with no VirtualService tls route for its hosts")
         else:  # TCP, or TLS terminated then TCP
-            targets, origin = _tcp_targets(ref, bindings(ref), domain, services)
+            targets, vs_origins = _tcp_targets(ref, bindings(ref), domain, services)
             if not targets:
                 skipped.append(f"{what}: no VirtualService tcp route for its hosts")
                 continue
-            origins[origin] = None
+            origins.update(dict.fromkeys(vs_origins))
             tls = _tls_plan(ref, ()) if ref.terminates_tls else None
             add(ChainPlan(f"{ref.gateway_name}/{ref.server.port.name}", sni if tls else (), tls, tcp=targets), what)
     if not chains:
@@ -324,7 +326,9 @@ def gateway_route_config(name: str, port: int, sources: tuple[VhostSource, ...],
         rules = _rules_for_gateway(vs.obj.spec.http, src.gateway, vs.key.namespace, port)  # type: ignore[attr-defined]
         if not rules:
             continue
-        routes = virtual_service_routes(rules, RouteInputs(vs.key.namespace, domain, port, by_host, retry))
+        gateway_api = vs.obj.metadata.annotations.get(SEMANTICS) == "gateway"
+        routes = virtual_service_routes(rules, RouteInputs(vs.key.namespace, domain, port, by_host, retry,
+                                                           gateway_semantics=gateway_api))
         for host in src.hosts:
             if (host, vs.key) in contributed:
                 continue

@@ -13,10 +13,9 @@ istiod does).
 from __future__ import annotations
 
 from pilot import logging as plog
-from pilot.model.gateways import GatewayView
+from pilot.model.gateways import GatewayView, config_origins
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
-from pilot.model.store import Entry
 from pilot.networking import gateway, routes
 from pilot.xds.cache import CachedResource, XdsCache
 from pilot.xds.typeurls import LISTENER, ROUTE
@@ -32,11 +31,7 @@ def is_gateway(proxy: Proxy) -> bool:
 
 def _view(ctx: PushContext, proxy: Proxy) -> GatewayView:
     index = ctx.gateways
-    return index.view(index.select(proxy.labels))
-
-
-def _vs_ref(e: Entry) -> str:
-    return f"VirtualService/{e.key.namespace}/{e.key.name}"
+    return index.view(index.select_for(proxy.labels, proxy.namespace))
 
 
 def listeners(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
@@ -85,7 +80,7 @@ def route_configs(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | No
         hosts = gateway.referenced_hosts(vss, ctx.domain)
         services = tuple(ctx.by_host[h] for h in sorted(hosts) if h in ctx.by_host)
         hashes = _hash_policies(ctx, proxy.namespace, hosts)
-        origins = tuple(dict.fromkeys([ref.origin for ref in rv.servers] + [_vs_ref(v) for v in vss]))
+        origins = tuple(dict.fromkeys([ref.origin for ref in rv.servers] + [o for v in vss for o in config_origins(v)]))
         out.append(cache.resource(ROUTE, name, gateway.gateway_route_config, name, rv.port, tuple(sources),
                                   ctx.settings.routes.retry, services, ctx.domain, hashes, origins=origins))
     return out

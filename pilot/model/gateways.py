@@ -10,8 +10,10 @@ Pure model code, as istiod's MergeGateways and VirtualServicesForGateway:
   share one route configuration `http.PORT`; TLS-class servers (HTTPS, TLS) share one listener,
   told apart by SNI, each terminating HTTPS server with its own route configuration
   `https.PORT.PORTNAME.GATEWAY.NAMESPACE`. A server that cannot join its port (another protocol
-  class got there first) or cannot be served (ISTIO_MUTUAL needs the mesh CA, file-mounted
-  certificates need istio-agent's SDS, unix sockets) is skipped with a reason.
+  class got there first) or cannot be served (file-mounted certificates need istio-agent's SDS,
+  unix sockets) is skipped with a reason. ISTIO_MUTUAL servers need the router's own mesh
+  certificate, which only a router with a mesh identity has (decided per router when its
+  listeners are built).
 - A VirtualService is bound to a Gateway when its `gateways` name it (`NAMESPACE/NAME`, or a
   bare `NAME` in the VirtualService's namespace, or the legacy `NAME.NAMESPACE.svc...` form);
   it routes for a server when it is exported to the router's namespace and one of its hosts
@@ -38,7 +40,7 @@ from pilot.model.traffic import resolve_host
 WILDCARD_BIND = "0.0.0.0"
 _HTTP = {"http", "http2", "grpc", "grpc-web", "http_proxy"}
 _TLS = {"https", "tls"}
-TERMINATING_MODES = ("SIMPLE", "MUTUAL", "OPTIONAL_MUTUAL")
+TERMINATING_MODES = ("SIMPLE", "MUTUAL", "OPTIONAL_MUTUAL", "ISTIO_MUTUAL")
 
 PortKind = Literal["http", "tls", "tcp"]
 
@@ -112,6 +114,10 @@ class ServerRef:
     @property
     def passthrough(self) -> bool:
         return self.protocol in _TLS and self.tls_mode == "PASSTHROUGH"
+
+    @property
+    def auto_passthrough(self) -> bool:
+        return self.protocol == "tls" and self.tls_mode == "AUTO_PASSTHROUGH"
 
     @property
     def hosts(self) -> tuple[ServerHost, ...]:
@@ -221,11 +227,9 @@ def _unservable(ref: ServerRef) -> str:
         return "unix domain socket binds are not supported"
     mode = ref.tls_mode
     if ref.protocol in _TLS:
-        if mode == "ISTIO_MUTUAL":
-            return "tls mode ISTIO_MUTUAL needs the mesh CA's workload certificate; not supported yet"
-        if mode == "AUTO_PASSTHROUGH":
-            return "tls mode AUTO_PASSTHROUGH (multi-network SNI routing) is not supported"
-        if mode in TERMINATING_MODES and not s.tls.credential_name:
+        if mode == "AUTO_PASSTHROUGH" and ref.protocol != "tls":
+            return "tls mode AUTO_PASSTHROUGH needs protocol TLS"
+        if mode in TERMINATING_MODES and mode != "ISTIO_MUTUAL" and not s.tls.credential_name:
             return ("serverCertificate/privateKey files need istio-agent's SDS, which routers here do not "
                     "have; use credentialName (a Secret in the router's namespace)")
     return ""

@@ -54,6 +54,7 @@ from pilot.model.mesh_settings import ListenerSettings
 from pilot.model.services import MeshService
 from pilot.model.store import Entry
 from pilot.model.traffic import resolve_host
+from pilot.networking import tls as istio_tls
 from pilot.networking.filters import (
     TCP_PROXY_FILTER,
     access_logs,
@@ -111,7 +112,8 @@ class ListenerPlan:
 
 def _tls_plan(ref: ServerRef, alpn: tuple[str, ...]) -> TlsPlan:
     t = ref.server.tls
-    return TlsPlan(t.mode, credential_resource_name(t.credential_name), tuple(t.subject_alt_names),
+    credential = "" if t.mode == "ISTIO_MUTUAL" else credential_resource_name(t.credential_name)
+    return TlsPlan(t.mode, credential, tuple(t.subject_alt_names),
                    t.min_protocol_version or "", t.max_protocol_version or "", tuple(t.cipher_suites), alpn)
 
 
@@ -161,9 +163,13 @@ def _tcp_targets(ref: ServerRef, bindings: tuple[Binding, ...], domain: str,
 
 
 def listener_plan(pv: PortView, bindings: Callable[[ServerRef], tuple[Binding, ...]],
-                  services: Mapping[str, MeshService], domain: str) -> tuple[ListenerPlan | None, list[str]]:
+                  services: Mapping[str, MeshService], domain: str, mesh_tls: bool = False,
+                  sni_clusters: Callable[[ServerRef], tuple[tuple[str, str], ...]] = lambda _ref: (),
+                  ) -> tuple[ListenerPlan | None, list[str]]:
     """The listener for one merged port, or None when nothing can be served on it (Envoy
-    rejects a listener without filter chains). Also returns why servers were left out."""
+    rejects a listener without filter chains). Also returns why servers were left out.
+    `mesh_tls`: the router has a mesh identity (its certificate serves ISTIO_MUTUAL servers);
+    `sni_clusters(ref)`: (cluster, SNI) pairs an AUTO_PASSTHROUGH server forwards to."""
     skipped: list[str] = []
     chains: list[ChainPlan] = []
     origins: dict[str, None] = {ref.origin: None for ref in pv.servers}
@@ -198,6 +204,19 @@ def listener_plan(pv: PortView, bindings: Callable[[ServerRef], tuple[Binding, .
     for ref in pv.servers if pv.kind != "http" else ():
         what = f"Gateway {ref.gateway.key.namespace}/{ref.gateway.key.name} server {ref.server.port.name}"
         sni = () if "*" in ref.dns_hosts else ref.dns_hosts
+        if ref.tls_mode == "ISTIO_MUTUAL" and not mesh_tls:
+            skipped.append(f"{what}: ISTIO_MUTUAL needs the router's mesh certificate; run it with pilot-agent "
+                           "(connected on the secure port 15012)")
+            continue
+        if pv.kind == "tls" and ref.auto_passthrough:
+            # istiod's sni-dnat: mesh mTLS from another network, routed by the SNI sidecars set
+            # (outbound_.PORT_.SUBSET_.HOST) to that cluster, without terminating it.
+            pairs = sni_clusters(ref)
+            if not pairs:
+                skipped.append(f"{what}: AUTO_PASSTHROUGH server whose hosts match no service")
+            for cluster, name in pairs:
+                add(ChainPlan(f"sni-dnat|{cluster}", (name,), tcp=((cluster, 100),)), what)
+            continue
         if pv.kind == "tls" and ref.terminates_tls and ref.protocol == "https":
             name = https_route_name(ref, suffix)
             add(ChainPlan(name, sni, _tls_plan(ref, ALPN_HTTP), route_name=name), what)
@@ -248,6 +267,11 @@ def downstream_tls_context(tls: TlsPlan) -> tls_pb2.DownstreamTlsContext:
     if tls.max_version:
         params.tls_maximum_protocol_version = _TLS_VERSIONS[tls.max_version]
     params.cipher_suites.extend(tls.cipher_suites)
+    if tls.mode == "ISTIO_MUTUAL":
+        # The router's own workload certificate and the mesh root, from pilot-agent's SDS.
+        ctx = istio_tls.istio_downstream_tls(bool(tls.alpn), tls.subject_alt_names, tls.alpn)
+        ctx.common_tls_context.tls_params.CopyFrom(params)
+        return ctx
     common = tls_pb2.CommonTlsContext(tls_params=params, alpn_protocols=list(tls.alpn),
                                       tls_certificate_sds_secret_configs=[sds_secret_config(tls.credential)])
     ctx = tls_pb2.DownstreamTlsContext(common_tls_context=common)

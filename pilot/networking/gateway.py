@@ -16,8 +16,13 @@ so 0.0.0.0 also serves tests that connect to 127.0.0.1 without root (use ports >
   server's hosts as SNI (`*` matches any), a DownstreamTlsContext whose certificate comes over
   SDS from ADS (`kubernetes://CREDENTIAL`; for MUTUAL also `kubernetes://CREDENTIAL-cacert`), and
   an HCM with RDS `https.PORT.PORTNAME.GATEWAY.NAMESPACE`.
+- HTTPS/TLS servers with ISTIO_MUTUAL: as SIMPLE, but with the router's own workload certificate
+  and the mesh root from pilot-agent's SDS (`default`, `ROOTCA`), client certificate required;
+  only for routers with a mesh identity.
 - TLS servers in PASSTHROUGH: a chain per SNI of the bound VirtualServices' `tls` routes, to a
   tcp_proxy (with tls_inspector to read the SNI). TLS servers that terminate route `tcp` rules.
+- TLS servers in AUTO_PASSTHROUGH: a chain per `outbound_.PORT_.SUBSET_.HOST` SNI of the services
+  the server's hosts match, to that cluster (istiod's sni-dnat for multi-network meshes).
 - TCP servers: the first matching `tcp` route of the bound VirtualServices.
 Chains with SNI names another chain already claimed keep only the unclaimed names (Envoy
 rejects two chains with one match).

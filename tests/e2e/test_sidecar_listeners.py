@@ -3,14 +3,13 @@ NONE, through a real Envoy without iptables (a plain local Envoy, no mesh identi
 
 from __future__ import annotations
 
-import json
 import textwrap
 
 import aiohttp
 import pytest
 
 from tests.e2e.mesh_config import endpoint_slice_yaml, fqdn, service_yaml
-from tests.support.backends import HttpBackend
+from tests.support.backends import HttpBackend, answered_by
 from tests.support.control_plane import ControlPlane
 from tests.support.envoy import Envoy
 from tests.support.node import sidecar_node_id
@@ -43,13 +42,7 @@ def sidecar_yaml(port: int, ingress_port: int, app_port: int) -> str:
 
 
 async def get(address: str, port: int, host: str) -> tuple[int, str | None]:
-    async with aiohttp.ClientSession() as s, s.get(f"http://{address}:{port}/", headers={"Host": host},
-                                                    timeout=aiohttp.ClientTimeout(total=5)) as r:
-        body = await r.text()
-        try:
-            return r.status, json.loads(body).get("name")
-        except ValueError:
-            return r.status, None
+    return await answered_by(f"http://{address}:{port}/", host)
 
 
 async def test_egress_port_listener_binds_its_address_and_sees_only_its_hosts(tmp_path):

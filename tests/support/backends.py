@@ -108,3 +108,12 @@ async def http_get(url: str, headers: dict[str, str] | None = None, timeout: flo
         session.get(url, headers=headers, allow_redirects=False) as resp,
     ):
         return resp.status, await resp.text()
+
+
+async def answered_by(url: str, host: str, timeout: float = 5) -> tuple[int, str | None]:
+    """GET ``url`` with a Host header: (status, name of the backend that answered, or None)."""
+    status, body = await http_get(url, {"Host": host}, timeout)
+    try:
+        return status, json.loads(body).get("name")
+    except ValueError:
+        return status, None

@@ -42,7 +42,9 @@ from pilot.sources.files import FileSource
 from pilot.sources.kube.client import Kube, in_cluster, load_api_client
 from pilot.sources.kube.leader import LeaderElection
 from pilot.sources.kube.source import KubeSource
+from pilot.sources.kube.status_writer import StatusWriter
 from pilot.sources.kube.writers import RootCertWriter
+from pilot.status.view import GatewayStatusView
 from pilot.xds.ads import AdsService
 from pilot.xds.discovery import DiscoveryServer
 
@@ -82,12 +84,15 @@ class ControlPlane:
         self.discovery = DiscoveryServer(self.store, self.mesh, features, opts.domain)
         self.jwks = JwksResolver(self.store, self._jwks_changed, refresh_interval=features.jwt_pub_key_refresh_interval)
         self.discovery.jwks = self.jwks.snapshot
+        self.gateway_status = GatewayStatusView()
+        self.discovery.context_listeners.append(self.gateway_status.update)
         self.ads = AdsService(self.discovery)
         self.files = FileSource(opts.config_dir, self.store) if opts.config_dir else None
         self.kube: Kube | None = None
         self.kube_source: KubeSource | None = None
         self.leader: LeaderElection | None = None
         self.root_cert_writer: RootCertWriter | None = None
+        self.status_writer: StatusWriter | None = None
         self.ca: CertificateAuthority | None = None
         self.secure: SecureServer | None = None
         try:
@@ -237,14 +242,20 @@ class ControlPlane:
             self.root_cert_writer = RootCertWriter(self.kube, self.store, self.ca.root_cert_pem,
                                                    namespace_selected=self._namespace_selected)
         writer = self.root_cert_writer
+        source = self.kube_source
+        status = self.status_writer = StatusWriter(self.kube, source.latest, source.objects_of)
+        self.gateway_status.listeners.append(status.offer)
+        status.offer(self.gateway_status.desired)
 
         async def started() -> None:
             if writer is not None:
                 await writer.start()
+            await status.start()
 
         async def stopped() -> None:
             if writer is not None:
                 await writer.stop()
+            await status.stop()
 
         if not self.features.enable_leader_election:
             self._tasks.append(asyncio.create_task(started(), name="always-leader"))
@@ -296,7 +307,7 @@ class ControlPlane:
                 continue
             seen[addr] = None
             runner = web.AppRunner(build_app(self.discovery, self.ready, self._debug_authenticators(),
-                                             self.features.pod_namespace), access_log=None)
+                                             self.features.pod_namespace, self.gateway_status), access_log=None)
             await runner.setup()
             self._runners.append(runner)
             site = web.TCPSite(runner, addr[0], addr[1])
@@ -313,8 +324,10 @@ class ControlPlane:
         await self.ads.drain(duration)
         if self.leader is not None:
             await self.leader.release()
-        elif self.root_cert_writer is not None:
-            await self.root_cert_writer.stop()
+        else:
+            for w in (self.root_cert_writer, self.status_writer):
+                if w is not None:
+                    await w.stop()
 
     async def stop(self) -> None:
         self.loaded = False
@@ -322,8 +335,9 @@ class ControlPlane:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self.root_cert_writer is not None:
-            await self.root_cert_writer.stop()
+        for w in (self.root_cert_writer, self.status_writer):
+            if w is not None:
+                await w.stop()
         if self.kube_source is not None:
             await self.kube_source.stop()
         servers = ([self.secure.stop(grace=1.0)] if self.secure is not None else []) + \

@@ -323,7 +323,9 @@ def _rbac_of(method: str, path: str, query: dict) -> tuple[str | None, str, str,
     if segs[0] == "namespaces" and len(segs) >= 3:
         namespace, segs = segs[1], segs[2:]
     resource, name = segs[0], (segs[1] if len(segs) > 1 else None)
-    assert len(segs) <= 2, f"subresources are not modelled: {path}"
+    assert len(segs) <= 3, path
+    if len(segs) == 3:  # a subresource is authorized as `resource/subresource`
+        resource = f"{resource}/{segs[2]}"
     if method == "GET":
         verb = "get" if name else ("watch" if query.get("watch") in ("true", "1") else "list")
     else:
@@ -420,6 +422,27 @@ async def test_required_rules_cover_every_request_the_code_makes_and_nothing_mor
     kube = RecordingKube(lambda *_: {"status": {"authenticated": True,
                                                 "user": {"username": "system:serviceaccount:default:sleep"}}})
     assert (await KubeJWTAuthenticator(kube).authenticate(Credentials(bearer_token="t"))).namespace == "default"
+    calls += kube.calls
+
+    # The Gateway API status writer: a status PUT for each kind that has a status.
+    from pilot.config.kinds import BY_NAME
+    from pilot.model.store import ConfigKey
+    from pilot.sources.kube.status_writer import STATUS_KINDS, StatusWriter
+
+    objs = {}
+    for kind_name in STATUS_KINDS:
+        kind = BY_NAME[kind_name]
+        obj = parse_object({"apiVersion": kind.api_version, "kind": kind.kind,
+                            "metadata": {"name": "x", "namespace": "apps", "resourceVersion": "3"},
+                            "spec": {"controllerName": "c", "gatewayClassName": "c",
+                                     "listeners": [{"name": "l", "port": 80, "protocol": "HTTP"}],
+                                     "rules": [{}]}})
+        objs[ConfigKey.of(obj)] = obj
+    kube = RecordingKube(lambda method, path, body: body)
+    writer = StatusWriter(kube, objs.get, lambda _kind: [])
+    writer.offer({k: {"conditions": []} if k.kind not in ("HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute")
+                  else {"parents": [{"controllerName": "istio.io/gateway-controller"}]} for k in objs})
+    assert await writer.reconcile_all() and writer.writes == len(STATUS_KINDS)
     calls += kube.calls
 
     used = {_rbac_of(*c) for c in calls}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
@@ -28,6 +30,14 @@ class K8sObject(Model):
     api_version: str
     kind: str
     metadata: ObjectMeta
+
+    # The name the Store (and ConfigKey) files this kind under, when the wire kind alone is
+    # ambiguous: gateway.networking.k8s.io's Gateway is "KubernetesGateway", as in istiod.
+    CONFIG_KIND: ClassVar[str] = ""
+
+    @property
+    def config_kind(self) -> str:
+        return type(self).CONFIG_KIND or self.kind
 
     def spec_equal(self, other: K8sObject) -> bool:
         """True when nothing that can change generated config differs: bookkeeping such as

@@ -6,6 +6,15 @@ from dataclasses import dataclass
 
 from pilot.config.base import K8sObject
 from pilot.config.core import ConfigMap, EndpointSlice, Namespace, Node, Pod, Secret, Service
+from pilot.config.gateway_api import (
+    GatewayClass,
+    GRPCRoute,
+    HTTPRoute,
+    KubernetesGateway,
+    ReferenceGrant,
+    TCPRoute,
+    TLSRoute,
+)
 from pilot.config.networking import (
     DestinationRule,
     Gateway,
@@ -30,6 +39,11 @@ class Kind:
     def accepts(self, api_version: str) -> bool:
         group, _, version = api_version.rpartition("/")
         return group == self.group and version in self.versions
+
+    @property
+    def config_kind(self) -> str:
+        """The Store's name for it (ConfigKey.kind): the wire kind unless that is ambiguous."""
+        return self.model.CONFIG_KIND or self.kind
 
     @property
     def api_version(self) -> str:
@@ -69,13 +83,27 @@ KINDS: tuple[Kind, ...] = (
          AuthorizationPolicy),
     Kind("security.istio.io", SECURITY_VERSIONS, "RequestAuthentication", "requestauthentications", True,
          RequestAuthentication),
+    # gateway.networking.k8s.io (standard channel; TCPRoute and TLSRoute are experimental). The
+    # Gateway is filed as `KubernetesGateway` (Kind.config_kind), apart from Istio's Gateway.
+    Kind("gateway.networking.k8s.io", ("v1", "v1beta1"), "GatewayClass", "gatewayclasses", False, GatewayClass),
+    Kind("gateway.networking.k8s.io", ("v1", "v1beta1"), "Gateway", "gateways", True, KubernetesGateway),
+    Kind("gateway.networking.k8s.io", ("v1", "v1beta1"), "HTTPRoute", "httproutes", True, HTTPRoute),
+    Kind("gateway.networking.k8s.io", ("v1", "v1alpha2"), "GRPCRoute", "grpcroutes", True, GRPCRoute),
+    Kind("gateway.networking.k8s.io", ("v1alpha2",), "TCPRoute", "tcproutes", True, TCPRoute),
+    Kind("gateway.networking.k8s.io", ("v1alpha2",), "TLSRoute", "tlsroutes", True, TLSRoute),
+    Kind("gateway.networking.k8s.io", ("v1beta1",), "ReferenceGrant", "referencegrants", True, ReferenceGrant),
 )
 
-BY_NAME: dict[str, Kind] = {k.kind: k for k in KINDS}
+# By Store name (Kind.config_kind): one wire kind may be served by two groups (Gateway).
+BY_NAME: dict[str, Kind] = {k.config_kind: k for k in KINDS}
 
 
 def lookup(api_version: str, kind: str) -> Kind | None:
-    k = BY_NAME.get(kind)
-    if k is not None and k.accepts(api_version):
-        return k
+    for k in KINDS:
+        if k.kind == kind and k.accepts(api_version):
+            return k
     return None
+
+
+def by_wire_kind(kind: str) -> list[Kind]:
+    return [k for k in KINDS if k.kind == kind]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from pilot.config.base import K8sObject
-from pilot.config.kinds import BY_NAME, lookup
+from pilot.config.kinds import by_wire_kind, lookup
 
 
 @dataclass(frozen=True)
@@ -45,9 +45,8 @@ def parse_object(doc: object, default_namespace: str = "default") -> K8sObject:
         raise InvalidObject("", namespace, name, "missing kind")
     k = lookup(api_version, kind)
     if k is None:
-        if kind in BY_NAME:
-            want = BY_NAME[kind]
-            versions = ", ".join(f"{want.group + '/' if want.group else ''}{v}" for v in want.versions)
+        if wanted := by_wire_kind(kind):
+            versions = ", ".join(f"{w.group + '/' if w.group else ''}{v}" for w in wanted for v in w.versions)
             reason = f"unsupported apiVersion {api_version!r} for {kind} (want {versions})"
         else:
             reason = f"unknown kind {kind!r} (apiVersion {api_version!r})"
@@ -61,7 +60,8 @@ def parse_object(doc: object, default_namespace: str = "default") -> K8sObject:
     try:
         return k.model.model_validate(doc)
     except ValidationError as e:
-        raise InvalidObject(kind, namespace, name, format_validation_error(e)) from None
+        # The Store's name for the kind, so a rejection lines up with the object's ConfigKey.
+        raise InvalidObject(k.config_kind, namespace, name, format_validation_error(e)) from None
 
 
 def format_validation_error(e: ValidationError, limit: int = 5) -> str:

@@ -12,10 +12,13 @@ from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
 from google.protobuf import json_format
 
+from pilot.config.gateway_api import GATEWAY_API_KINDS
 from pilot.http.ambient_debug import AmbientDebug
 from pilot.model.events import SERVICE_ENDPOINTS
+from pilot.model.gateways import config_origins
 from pilot.model.store import ConfigKey
 from pilot.model.traffic import destination_problems
+from pilot.status.view import GatewayStatusView
 from pilot.xds import typeurls
 from pilot.xds.connection import Connection, WatchedResource
 from pilot.xds.discovery import GENERATORS, DiscoveryServer
@@ -55,8 +58,9 @@ def _nack(w: WatchedResource) -> dict | None:
 
 
 class DebugHandlers:
-    def __init__(self, server: DiscoveryServer) -> None:
+    def __init__(self, server: DiscoveryServer, gateway_status: GatewayStatusView | None = None) -> None:
         self.server = server
+        self.gateway_status = gateway_status
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -73,6 +77,7 @@ class DebugHandlers:
             web.get("/debug/cachez", self.cachez),
             web.get("/debug/push_timeline", self.push_timeline),
             web.get("/debug/explain", self.explain),
+            web.get("/debug/gatewayz", self.gatewayz),
             web.get("/debug/list", self.index),
             *AmbientDebug(self.server).routes(),
         ]
@@ -118,12 +123,34 @@ class DebugHandlers:
                 obj = e.obj.model_dump(mode="json", by_alias=True, exclude_defaults=True)
                 if kind == "Secret":  # gateway credentials: never show private keys
                     obj["data"] = {k: f"<redacted: {len(v)} base64 chars>" for k, v in obj.get("data", {}).items()}
+                if kind in GATEWAY_API_KINDS:  # the status this controller computes, not a stored one
+                    obj.pop("status", None)
+                    status = self.gateway_status.get(e.key) if self.gateway_status is not None else None
+                    if status is not None:
+                        obj["status"] = status
                 configs.append({"kind": kind, "namespace": e.key.namespace, "name": e.key.name,
                                 "revision": e.revision, "source": e.source, "object": obj})
         # Accepted policies this control plane cannot apply as written, and what it does instead.
         unsupported = list(self.server.push_context.security.problems)
         return _json({"configs": configs, "rejected": [r.as_dict() for r in store.rejections()],
                       "unsupported": unsupported})
+
+    async def gatewayz(self, _req: web.Request) -> web.Response:
+        """Gateway API objects with the status this controller computed for them (the status the
+        leader writes in Kubernetes mode), and the Istio config they were translated into."""
+        view = self.gateway_status
+        ctx = self.server.push_context
+        objects = []
+        for key, status in view.items() if view is not None else ():
+            entry = self.server.store.get(key)
+            objects.append({"kind": entry.obj.kind if entry else key.kind, "apiVersion": entry.obj.api_version
+                            if entry else None, "namespace": key.namespace, "name": key.name,
+                            "generation": entry.obj.metadata.generation if entry else None, "status": status})
+        generated = [{"kind": e.key.kind, "namespace": e.key.namespace, "name": e.key.name,
+                      "from": list(config_origins(e))}
+                     for e in (*ctx.gateway_api.gateways, *ctx.gateway_api.virtual_services)]
+        return _json({"version": view.version if view is not None else ctx.version, "objects": objects,
+                      "generated": generated})
 
     async def registryz(self, _req: web.Request) -> web.Response:
         ctx = self.server.push_context

@@ -11,14 +11,16 @@ SERVICE_ENDPOINTS = "ServiceEndpoints"
 # Every service of a namespace (a Pod's labels changed: subsets may have changed members).
 NAMESPACE_ENDPOINTS = "NamespaceEndpoints"
 TRAFFIC_KINDS = ("VirtualService", "DestinationRule", "ServiceEntry", "Sidecar", "Gateway",
-                 "Secret")  # gateway credentials (SDS)
+                 "Secret",  # gateway credentials (SDS)
+                 "GatewayClass", "KubernetesGateway", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute",
+                 "ReferenceGrant")
 # Inbound filters (mTLS mode, jwt_authn, RBAC) of the workloads they select.
 SECURITY_KINDS = ("PeerAuthentication", "AuthorizationPolicy", "RequestAuthentication")
 
 
 def push_request_for(events: list[Event], mesh_configmap: ConfigKey) -> PushRequest | None:
-    """None when nothing generated can change (Pods, Namespaces and unrelated ConfigMaps are
-    kept for the registry but feed no generator yet)."""
+    """None when nothing generated can change (Pods, Namespaces other than label changes, and
+    unrelated ConfigMaps are kept for the registry but feed no generator)."""
     req: PushRequest | None = None
     for ev in events:
         r = _one(ev, mesh_configmap)
@@ -56,6 +58,12 @@ def _one(ev: Event, mesh_configmap: ConfigKey) -> PushRequest | None:
         # Subset membership follows Pod labels: refresh the namespace's endpoints.
         r = PushRequest(full=False, config_keys={ev.key, ConfigKey(NAMESPACE_ENDPOINTS, "", ev.key.namespace)})
         r.reasons[reasons.ENDPOINT_UPDATE] += 1
+        return r
+    if kind == "Namespace" and ev.old is not None and ev.new is not None and \
+            ev.old.obj.metadata.labels != ev.new.obj.metadata.labels:
+        # Gateway API listeners may admit routes by their namespace's labels.
+        r = PushRequest(full=True, config_keys={ev.key})
+        r.reasons[reasons.CONFIG_UPDATE] += 1
         return r
     if ev.key == mesh_configmap:
         r = PushRequest(full=True, config_keys={ev.key})

@@ -3,13 +3,17 @@ how their servers merge into listeners per port, and which VirtualServices each 
 
 Pure model code, as istiod's MergeGateways and VirtualServicesForGateway:
 - A Gateway applies to a router whose labels include its `selector` (an empty selector applies
-  to every router), in any namespace (istiod's default PILOT_SCOPE_GATEWAY_TO_NAMESPACE=false).
+  to every router), in any namespace (istiod's default PILOT_SCOPE_GATEWAY_TO_NAMESPACE=false),
+  except the Gateways generated from Gateway API Gateways (model/gateway_api), which apply only
+  to routers in their own namespace (`select_for`).
 - Servers are grouped by (bind, port), oldest Gateway first. Plain-text HTTP servers on a port
   share one route configuration `http.PORT`; TLS-class servers (HTTPS, TLS) share one listener,
   told apart by SNI, each terminating HTTPS server with its own route configuration
   `https.PORT.PORTNAME.GATEWAY.NAMESPACE`. A server that cannot join its port (another protocol
-  class got there first) or cannot be served (ISTIO_MUTUAL needs the mesh CA, file-mounted
-  certificates need istio-agent's SDS, unix sockets) is skipped with a reason.
+  class got there first) or cannot be served (file-mounted certificates need istio-agent's SDS,
+  unix sockets) is skipped with a reason. ISTIO_MUTUAL servers need the router's own mesh
+  certificate, which only a router with a mesh identity has (decided per router when its
+  listeners are built).
 - A VirtualService is bound to a Gateway when its `gateways` name it (`NAMESPACE/NAME`, or a
   bare `NAME` in the VirtualService's namespace, or the legacy `NAME.NAMESPACE.svc...` form);
   it routes for a server when it is exported to the router's namespace and one of its hosts
@@ -29,13 +33,14 @@ from typing import Literal
 
 from pilot.config.networking.common import MESH_GATEWAY, UNIX_PREFIX
 from pilot.config.networking.validation import host_matches  # istio host.Name.Matches
+from pilot.model.gateway_api.internal import PARENTS, SCOPE
 from pilot.model.store import Entry, Store
 from pilot.model.traffic import resolve_host
 
 WILDCARD_BIND = "0.0.0.0"
 _HTTP = {"http", "http2", "grpc", "grpc-web", "http_proxy"}
 _TLS = {"https", "tls"}
-TERMINATING_MODES = ("SIMPLE", "MUTUAL", "OPTIONAL_MUTUAL")
+TERMINATING_MODES = ("SIMPLE", "MUTUAL", "OPTIONAL_MUTUAL", "ISTIO_MUTUAL")
 
 PortKind = Literal["http", "tls", "tcp"]
 
@@ -43,6 +48,15 @@ PortKind = Literal["http", "tls", "tcp"]
 def _age(e: Entry) -> tuple:
     """Oldest first (creationTimestamp, then namespace/name), as istiod orders configs."""
     return (e.obj.metadata.creation_timestamp, e.key.namespace, e.key.name)
+
+
+def config_origins(e: Entry) -> tuple[str, ...]:
+    """The config objects an Entry stands for, as debug views and NACK reports name them: itself,
+    or for one generated from Gateway API objects, those objects."""
+    parents = e.obj.metadata.annotations.get(PARENTS)
+    if parents:
+        return tuple(parents.split(","))
+    return (f"{e.key.kind}/{e.key.namespace}/{e.key.name}",)
 
 
 def more_specific(a: str, b: str) -> str:
@@ -78,7 +92,7 @@ class ServerRef:
 
     @property
     def origin(self) -> str:
-        return f"Gateway/{self.gateway.key.namespace}/{self.gateway.key.name}"
+        return config_origins(self.gateway)[0]
 
     @property
     def protocol(self) -> str:
@@ -100,6 +114,10 @@ class ServerRef:
     @property
     def passthrough(self) -> bool:
         return self.protocol in _TLS and self.tls_mode == "PASSTHROUGH"
+
+    @property
+    def auto_passthrough(self) -> bool:
+        return self.protocol == "tls" and self.tls_mode == "AUTO_PASSTHROUGH"
 
     @property
     def hosts(self) -> tuple[ServerHost, ...]:
@@ -209,11 +227,9 @@ def _unservable(ref: ServerRef) -> str:
         return "unix domain socket binds are not supported"
     mode = ref.tls_mode
     if ref.protocol in _TLS:
-        if mode == "ISTIO_MUTUAL":
-            return "tls mode ISTIO_MUTUAL needs the mesh CA's workload certificate; not supported yet"
-        if mode == "AUTO_PASSTHROUGH":
-            return "tls mode AUTO_PASSTHROUGH (multi-network SNI routing) is not supported"
-        if mode in TERMINATING_MODES and not s.tls.credential_name:
+        if mode == "AUTO_PASSTHROUGH" and ref.protocol != "tls":
+            return "tls mode AUTO_PASSTHROUGH needs protocol TLS"
+        if mode in TERMINATING_MODES and mode != "ISTIO_MUTUAL" and not s.tls.credential_name:
             return ("serverCertificate/privateKey files need istio-agent's SDS, which routers here do not "
                     "have; use credentialName (a Secret in the router's namespace)")
     return ""
@@ -265,10 +281,12 @@ class GatewayIndex:
     _memo: dict = field(default_factory=dict, compare=False, repr=False)  # per-push memo
 
     @classmethod
-    def build(cls, store: Store, domain: str) -> GatewayIndex:
-        gateways = tuple(sorted(store.list("Gateway"), key=_age))
+    def build(cls, store: Store, domain: str, extra_gateways: tuple[Entry, ...] = (),
+              extra_virtual_services: tuple[Entry, ...] = ()) -> GatewayIndex:
+        """`extra_*`: generated config (from Gateway API objects) served alongside the Store's."""
+        gateways = tuple(sorted([*store.list("Gateway"), *extra_gateways], key=_age))
         by_gateway: dict[tuple[str, str], list[Entry]] = defaultdict(list)
-        for vs in store.list("VirtualService"):
+        for vs in (*store.list("VirtualService"), *extra_virtual_services):
             for ref in gateway_refs(vs):
                 by_gateway[ref].append(vs)
         secrets = {(e.key.namespace, e.key.name): e for e in store.list("Secret")}
@@ -284,6 +302,12 @@ class GatewayIndex:
                         if all(labels.get(k) == v for k, v in g.obj.spec.selector.items()))  # type: ignore[attr-defined]
             self._memo[key] = hit
         return hit
+
+    def select_for(self, labels: Mapping[str, str], namespace: str) -> tuple[Entry, ...]:
+        """`select`, less the Gateways that only serve routers of their own namespace (those of
+        Gateway API Gateways) when the router is elsewhere."""
+        return tuple(g for g in self.select(labels)
+                     if g.key.namespace == namespace or g.obj.metadata.annotations.get(SCOPE) != "namespace")
 
     def view(self, gateways: tuple[Entry, ...]) -> GatewayView:
         key = ("view", gateways)

@@ -13,6 +13,8 @@ from types import MappingProxyType
 
 from pilot.config.mesh import MeshConfig
 from pilot.model.ambient.index import AmbientInputs
+from pilot.model.gateway_api import EMPTY as NO_GATEWAY_API
+from pilot.model.gateway_api import GatewayApiResult, translate
 from pilot.model.gateways import GatewayIndex
 from pilot.model.inbound import InboundPlan, plan_inbound
 from pilot.model.mesh_settings import MeshSettings
@@ -56,6 +58,8 @@ class PushContext:
     gateways: GatewayIndex = field(default_factory=GatewayIndex)  # Gateways, their VirtualServices, Secrets
     security: SecurityIndex = field(default_factory=SecurityIndex)  # PeerAuthn, AuthorizationPolicy, RequestAuthn
     ambient: AmbientInputs = field(default_factory=AmbientInputs)  # what only ztunnel's config reads
+    # Gateway API objects: the Istio config they become (also in `gateways`) and their status.
+    gateway_api: GatewayApiResult = NO_GATEWAY_API
 
     @classmethod
     def build(cls, store: Store, mesh: MeshConfig, mesh_version: str, domain: str, version: str,
@@ -82,6 +86,7 @@ class PushContext:
         settings = MeshSettings.of(mesh)
         if previous is not None and previous.settings == settings:
             settings = previous.settings
+        gateway_api = translate(store, domain, previous.gateway_api if previous is not None else None)
         return cls(
             version=version,
             mesh=mesh,
@@ -97,7 +102,8 @@ class PushContext:
             workload_entries_by_ns=_by_namespace(store.list("WorkloadEntry")),
             full_view=ServiceView.of(services),
             pods=_index_pods(store),
-            gateways=GatewayIndex.build(store, domain),
+            gateways=GatewayIndex.build(store, domain, gateway_api.gateways, gateway_api.virtual_services),
+            gateway_api=gateway_api,
             security=SecurityIndex.build(store, mesh.root_namespace, jwks),
             ambient=AmbientInputs.build(store),
         )

@@ -8,7 +8,7 @@ namespace's Sidecar without a selector, else no scoping at all.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from pilot.model.ports import PortPlan, plan_ports
@@ -45,16 +45,18 @@ def egress_names(sidecar: Entry, namespace: str, hostname: str) -> bool:
     spec = sidecar.obj.spec  # type: ignore[attr-defined]
     if not spec.egress:
         return True  # a Sidecar without egress listeners does not limit what is seen
-    own = sidecar.key.namespace
-    for listener in spec.egress:
-        for item in listener.hosts:
-            ns, _, host = item.partition("/")
-            if ns == "~":
-                continue
-            if ns not in ("*", namespace) and not (ns == "." and namespace == own):
-                continue
-            if host_matches(host, hostname):
-                return True
+    return any(_listener_names(listener, sidecar.key.namespace, namespace, hostname) for listener in spec.egress)
+
+
+def _listener_names(listener, own: str, namespace: str, hostname: str) -> bool:
+    for item in listener.hosts:
+        ns, _, host = item.partition("/")
+        if ns == "~":
+            continue
+        if ns not in ("*", namespace) and not (ns == "." and namespace == own):
+            continue
+        if host_matches(host, hostname):
+            return True
     return False
 
 
@@ -68,22 +70,49 @@ class ServiceView:
     port_plans: tuple[PortPlan, ...]
     registry_only: bool | None  # the Sidecar's outboundTrafficPolicy, None = the mesh's
     conflicts: tuple[str, ...] = ()  # services that lost their port to another protocol
+    # Ports whose outbound listener binds a real address (a Sidecar egress listener with `bind`
+    # or `captureMode: NONE`): port -> address.
+    binds: Mapping[int, str] = field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod
-    def of(cls, services: tuple[MeshService, ...], registry_only: bool | None = None) -> ServiceView:
+    def of(cls, services: tuple[MeshService, ...], registry_only: bool | None = None,
+           port_visible=None, binds: Mapping[int, str] | None = None) -> ServiceView:
+        """`port_visible(svc, port)`: whether the service is reached on that port (a Sidecar's
+        port-specific egress listener narrows who is behind its port)."""
         by_port: dict[int, list[MeshService]] = {}
         for svc in services:
             for p in svc.ports:
-                by_port.setdefault(p.port, []).append(svc)
+                if port_visible is None or port_visible(svc, p.port):
+                    by_port.setdefault(p.port, []).append(svc)
         ports = MappingProxyType({p: tuple(v) for p, v in sorted(by_port.items())})
         plans, conflicts = plan_ports(ports)
         http = MappingProxyType({p: tuple(s for s in v if s.port(p).protocol.is_http) for p, v in ports.items()})
-        return cls(services, ports, http, tuple(plans), registry_only, tuple(conflicts))
+        return cls(services, ports, http, tuple(plans), registry_only, tuple(conflicts),
+                   MappingProxyType(dict(binds or {})))
 
+
+
+LOCALHOST = "127.0.0.1"
 
 
 def scoped_view(sidecar: Entry, services: tuple[MeshService, ...]) -> ServiceView:
+    """istiod's egress listeners: one with a port owns that port (only its hosts are reached
+    there, on its `bind` address when set); the one without a port covers every other port."""
     spec = sidecar.obj.spec  # type: ignore[attr-defined]
-    visible = tuple(s for s in services if egress_visible(sidecar, s)) if spec.egress else services
     policy = spec.outbound_traffic_policy
-    return ServiceView.of(visible, None if policy is None else policy.mode == "REGISTRY_ONLY")
+    registry_only = None if policy is None else policy.mode == "REGISTRY_ONLY"
+    if not spec.egress:
+        return ServiceView.of(services, registry_only)
+    own = sidecar.key.namespace
+    by_port = {listener.port.number: listener for listener in spec.egress if listener.port and listener.port.number}
+    catch_all = [listener for listener in spec.egress if not (listener.port and listener.port.number)]
+
+    def port_visible(svc: MeshService, port: int) -> bool:
+        listener = by_port.get(port)
+        chosen = [listener] if listener is not None else catch_all
+        return any(_listener_names(c, own, svc.namespace, svc.hostname) for c in chosen)
+
+    visible = tuple(s for s in services if any(port_visible(s, p.port) for p in s.ports))
+    binds = {port: listener.bind or LOCALHOST for port, listener in by_port.items()
+             if listener.bind or listener.capture_mode == "NONE"}
+    return ServiceView.of(visible, registry_only, port_visible, binds)

@@ -27,7 +27,7 @@ class ConfigKey:
 
     @classmethod
     def of(cls, obj: K8sObject) -> ConfigKey:
-        return cls(obj.kind, obj.metadata.namespace, obj.metadata.name)
+        return cls(obj.config_kind, obj.metadata.namespace, obj.metadata.name)
 
 
 @dataclass(frozen=True, slots=True, eq=False)

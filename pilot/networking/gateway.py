@@ -16,8 +16,13 @@ so 0.0.0.0 also serves tests that connect to 127.0.0.1 without root (use ports >
   server's hosts as SNI (`*` matches any), a DownstreamTlsContext whose certificate comes over
   SDS from ADS (`kubernetes://CREDENTIAL`; for MUTUAL also `kubernetes://CREDENTIAL-cacert`), and
   an HCM with RDS `https.PORT.PORTNAME.GATEWAY.NAMESPACE`.
+- HTTPS/TLS servers with ISTIO_MUTUAL: as SIMPLE, but with the router's own workload certificate
+  and the mesh root from pilot-agent's SDS (`default`, `ROOTCA`), client certificate required;
+  only for routers with a mesh identity.
 - TLS servers in PASSTHROUGH: a chain per SNI of the bound VirtualServices' `tls` routes, to a
   tcp_proxy (with tls_inspector to read the SNI). TLS servers that terminate route `tcp` rules.
+- TLS servers in AUTO_PASSTHROUGH: a chain per `outbound_.PORT_.SUBSET_.HOST` SNI of the services
+  the server's hosts match, to that cluster (istiod's sni-dnat for multi-network meshes).
 - TCP servers: the first matching `tcp` route of the bound VirtualServices.
 Chains with SNI names another chain already claimed keep only the unclaimed names (Envoy
 rejects two chains with one match).
@@ -38,10 +43,12 @@ from envoy.type.matcher.v3 import string_pb2
 from google.protobuf import wrappers_pb2
 
 from pilot.config.mesh import HttpRetryPolicy
+from pilot.model.gateway_api.internal import SEMANTICS
 from pilot.model.gateways import (
     Binding,
     PortView,
     ServerRef,
+    config_origins,
     host_matches,
     http_route_name,
     https_route_name,
@@ -52,6 +59,7 @@ from pilot.model.mesh_settings import ListenerSettings
 from pilot.model.services import MeshService
 from pilot.model.store import Entry
 from pilot.model.traffic import resolve_host
+from pilot.networking import tls as istio_tls
 from pilot.networking.filters import (
     TCP_PROXY_FILTER,
     access_logs,
@@ -109,7 +117,8 @@ class ListenerPlan:
 
 def _tls_plan(ref: ServerRef, alpn: tuple[str, ...]) -> TlsPlan:
     t = ref.server.tls
-    return TlsPlan(t.mode, credential_resource_name(t.credential_name), tuple(t.subject_alt_names),
+    credential = "" if t.mode == "ISTIO_MUTUAL" else credential_resource_name(t.credential_name)
+    return TlsPlan(t.mode, credential, tuple(t.subject_alt_names),
                    t.min_protocol_version or "", t.max_protocol_version or "", tuple(t.cipher_suites), alpn)
 
 
@@ -147,21 +156,25 @@ def _targets(route, vs: Entry, port: int, domain: str,
 
 
 def _tcp_targets(ref: ServerRef, bindings: tuple[Binding, ...], domain: str,
-                 services: Mapping[str, MeshService]) -> tuple[tuple[tuple[str, int], ...], str]:
+                 services: Mapping[str, MeshService]) -> tuple[tuple[tuple[str, int], ...], tuple[str, ...]]:
     """The first `tcp` rule of the bound VirtualServices that applies to this server."""
     for b in bindings:
         vs = b.virtual_service
         for rule in vs.obj.spec.tcp:  # type: ignore[attr-defined]
             if not rule.match or any(_match_applies(m, ref.gateway_name, vs.key.namespace, ref.port)
                                      for m in rule.match):
-                return _targets(rule, vs, ref.port, domain, services), f"VirtualService/{vs.key.namespace}/{vs.key.name}"
-    return (), ""
+                return _targets(rule, vs, ref.port, domain, services), config_origins(vs)
+    return (), ()
 
 
 def listener_plan(pv: PortView, bindings: Callable[[ServerRef], tuple[Binding, ...]],
-                  services: Mapping[str, MeshService], domain: str) -> tuple[ListenerPlan | None, list[str]]:
+                  services: Mapping[str, MeshService], domain: str, mesh_tls: bool = False,
+                  sni_clusters: Callable[[ServerRef], tuple[tuple[str, str], ...]] = lambda _ref: (),
+                  ) -> tuple[ListenerPlan | None, list[str]]:
     """The listener for one merged port, or None when nothing can be served on it (Envoy
-    rejects a listener without filter chains). Also returns why servers were left out."""
+    rejects a listener without filter chains). Also returns why servers were left out.
+    `mesh_tls`: the router has a mesh identity (its certificate serves ISTIO_MUTUAL servers);
+    `sni_clusters(ref)`: (cluster, SNI) pairs an AUTO_PASSTHROUGH server forwards to."""
     skipped: list[str] = []
     chains: list[ChainPlan] = []
     origins: dict[str, None] = {ref.origin: None for ref in pv.servers}
@@ -196,6 +209,19 @@ def listener_plan(pv: PortView, bindings: Callable[[ServerRef], tuple[Binding, .
     for ref in pv.servers if pv.kind != "http" else ():
         what = f"Gateway {ref.gateway.key.namespace}/{ref.gateway.key.name} server {ref.server.port.name}"
         sni = () if "*" in ref.dns_hosts else ref.dns_hosts
+        if ref.tls_mode == "ISTIO_MUTUAL" and not mesh_tls:
+            skipped.append(f"{what}: ISTIO_MUTUAL needs the router's mesh certificate; run it with pilot-agent "
+                           "(connected on the secure port 15012)")
+            continue
+        if pv.kind == "tls" and ref.auto_passthrough:
+            # istiod's sni-dnat: mesh mTLS from another network, routed by the SNI sidecars set
+            # (outbound_.PORT_.SUBSET_.HOST) to that cluster, without terminating it.
+            pairs = sni_clusters(ref)
+            if not pairs:
+                skipped.append(f"{what}: AUTO_PASSTHROUGH server whose hosts match no service")
+            for cluster, name in pairs:
+                add(ChainPlan(f"sni-dnat|{cluster}", (name,), tcp=((cluster, 100),)), what)
+            continue
         if pv.kind == "tls" and ref.terminates_tls and ref.protocol == "https":
             name = https_route_name(ref, suffix)
             add(ChainPlan(name, sni, _tls_plan(ref, ALPN_HTTP), route_name=name), what)
@@ -215,18 +241,18 @@ def listener_plan(pv: PortView, bindings: Callable[[ServerRef], tuple[Binding, .
                     if not names:
                         continue
                     found = True
-                    origins[f"VirtualService/{vs.key.namespace}/{vs.key.name}"] = None
+                    origins.update(dict.fromkeys(config_origins(vs)))
                     names = list(dict.fromkeys(names))
                     add(ChainPlan(f"{vs.key.namespace}/{vs.key.name}/tls[{i}]", () if "*" in names else tuple(names),
                                   tcp=_targets(rule, vs, ref.port, domain, services)), what)
             if not found:
                 skipped.append(f"{what}: PASSTHROUGH server with no VirtualService tls route for its hosts")
         else:  # TCP, or TLS terminated then TCP
-            targets, origin = _tcp_targets(ref, bindings(ref), domain, services)
+            targets, vs_origins = _tcp_targets(ref, bindings(ref), domain, services)
             if not targets:
                 skipped.append(f"{what}: no VirtualService tcp route for its hosts")
                 continue
-            origins[origin] = None
+            origins.update(dict.fromkeys(vs_origins))
             tls = _tls_plan(ref, ()) if ref.terminates_tls else None
             add(ChainPlan(f"{ref.gateway_name}/{ref.server.port.name}", sni if tls else (), tls, tcp=targets), what)
     if not chains:
@@ -246,6 +272,11 @@ def downstream_tls_context(tls: TlsPlan) -> tls_pb2.DownstreamTlsContext:
     if tls.max_version:
         params.tls_maximum_protocol_version = _TLS_VERSIONS[tls.max_version]
     params.cipher_suites.extend(tls.cipher_suites)
+    if tls.mode == "ISTIO_MUTUAL":
+        # The router's own workload certificate and the mesh root, from pilot-agent's SDS.
+        ctx = istio_tls.istio_downstream_tls(bool(tls.alpn), tls.subject_alt_names, tls.alpn)
+        ctx.common_tls_context.tls_params.CopyFrom(params)
+        return ctx
     common = tls_pb2.CommonTlsContext(tls_params=params, alpn_protocols=list(tls.alpn),
                                       tls_certificate_sds_secret_configs=[sds_secret_config(tls.credential)])
     ctx = tls_pb2.DownstreamTlsContext(common_tls_context=common)
@@ -324,7 +355,9 @@ def gateway_route_config(name: str, port: int, sources: tuple[VhostSource, ...],
         rules = _rules_for_gateway(vs.obj.spec.http, src.gateway, vs.key.namespace, port)  # type: ignore[attr-defined]
         if not rules:
             continue
-        routes = virtual_service_routes(rules, RouteInputs(vs.key.namespace, domain, port, by_host, retry))
+        gateway_api = vs.obj.metadata.annotations.get(SEMANTICS) == "gateway"
+        routes = virtual_service_routes(rules, RouteInputs(vs.key.namespace, domain, port, by_host, retry,
+                                                           gateway_semantics=gateway_api))
         for host in src.hosts:
             if (host, vs.key) in contributed:
                 continue

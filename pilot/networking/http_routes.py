@@ -2,6 +2,12 @@
 
 Rules keep their order (first match wins); a rule with several matches becomes one Envoy route
 per match, as in istiod. Destinations become `outbound|PORT|SUBSET|HOST` clusters.
+
+Rules translated from Gateway API routes (`gateway_semantics`, istiod's UseGatewaySemantics) differ
+in two ways the spec requires: a prefix matches whole path segments (`/foo` matches `/foo/bar`,
+not `/foobar`), and a destination whose cluster does not exist (an invalid backendRef) answers
+500 rather than Envoy's 503. Their rules may also redirect by replacing only the matched prefix
+(`GatewayApiRule`).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from google.protobuf import wrappers_pb2
 
 from pilot.config.mesh import HttpRetryPolicy
 from pilot.durations import parse_duration
+from pilot.model.gateway_api.internal import GatewayApiRule
 from pilot.model.services import MeshService
 from pilot.model.traffic import resolve_host
 from pilot.networking import names
@@ -45,6 +52,7 @@ class RouteInputs:
     # The client: matches on sourceNamespace / sourceLabels keep only rules meant for it.
     client_namespace: str = ""
     client_labels: Mapping[str, str] | None = None  # None: source matching not evaluated
+    gateway_semantics: bool = False  # rules translated from Gateway API routes (see the module doc)
 
 
 def _source_ok(match, inputs: RouteInputs) -> bool:
@@ -79,13 +87,16 @@ def _header(name: str, m, invert: bool = False) -> rc.HeaderMatcher:
     return rc.HeaderMatcher(name=name, string_match=_string_matcher(m), invert_match=invert)
 
 
-def route_match(match) -> rc.RouteMatch:
+def route_match(match, segment_prefix: bool = False) -> rc.RouteMatch:
+    """`segment_prefix`: prefixes match whole path segments (Gateway API PathPrefix)."""
     out = rc.RouteMatch()
     uri = match.uri if match is not None else None
     if uri is None:
         out.prefix = "/"
     elif uri.exact is not None:
         out.path = uri.exact
+    elif uri.prefix is not None and segment_prefix and uri.prefix.rstrip("/"):
+        out.path_separated_prefix = uri.prefix.rstrip("/")
     elif uri.prefix is not None:
         out.prefix = uri.prefix
     else:
@@ -204,6 +215,13 @@ def _action(rule, inputs: RouteInputs, route: rc.Route, match) -> None:
             action.port_redirect = r.port
         if r.scheme:
             action.scheme_redirect = r.scheme
+        if isinstance(rule, GatewayApiRule):
+            if rule.redirect_prefix is not None:
+                action.prefix_rewrite = rule.redirect_prefix
+            elif rule.redirect_regex is not None:
+                action.regex_rewrite.CopyFrom(regex_pb2.RegexMatchAndSubstitute(
+                    pattern=regex_pb2.RegexMatcher(regex=rule.redirect_regex.match),
+                    substitution=rule.redirect_regex.rewrite))
         route.redirect.CopyFrom(action)
         return
     if rule.direct_response is not None:
@@ -217,6 +235,7 @@ def _action(rule, inputs: RouteInputs, route: rc.Route, match) -> None:
     dests = list(rule.route)
     if len(dests) == 1:
         action.cluster = destination_cluster(dests[0].destination, inputs)
+        _apply_headers(route, dests[0].headers)  # a lone destination's header operations are the route's
     else:
         for d in dests:
             if d.weight <= 0:
@@ -230,6 +249,8 @@ def _action(rule, inputs: RouteInputs, route: rc.Route, match) -> None:
                 wc.request_headers_to_remove.extend(holder.request_headers_to_remove)
                 wc.response_headers_to_add.extend(holder.response_headers_to_add)
                 wc.response_headers_to_remove.extend(holder.response_headers_to_remove)
+    if inputs.gateway_semantics:
+        action.cluster_not_found_response_code = rc.RouteAction.INTERNAL_SERVER_ERROR
     action.timeout.CopyFrom(duration(parse_duration(rule.timeout) if rule.timeout else 0))
     rp = _retry(rule.retries, inputs.default_retry)
     if rp is not None:
@@ -262,7 +283,7 @@ def http_rule_routes(rule, index: int, inputs: RouteInputs) -> list[rc.Route]:
         return []  # every match is for another port, or another client
     out = []
     for match in matches:
-        route = rc.Route(name=rule.name or f"rule-{index}", match=route_match(match))
+        route = rc.Route(name=rule.name or f"rule-{index}", match=route_match(match, inputs.gateway_semantics))
         _action(rule, inputs, route, match)
         _apply_headers(route, rule.headers)
         if rule.fault is not None:

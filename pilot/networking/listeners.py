@@ -46,15 +46,16 @@ def _tcp_chains(svc: MeshService, port: int, vs: Entry | None, domain: str, sett
 
 def bound_outbound_listener(plan: PortPlan, settings: ListenerSettings,
                             virtual_services: tuple[Entry | None, ...] = (),
-                            domain: str = "cluster.local") -> listener_pb2.Listener | None:
-    """NONE mode: listen on 127.0.0.1:PORT. A TCP port shared by several services cannot tell
-    them apart without the original destination, so the first (by hostname) gets it.
-    `virtual_services` hold the VirtualService (or None) of each of `plan.tcp_services`."""
-    name = names.listener_name(LOCALHOST, plan.port)
-    listener = listener_pb2.Listener(name=name, address=_address(LOCALHOST, plan.port),
+                            domain: str = "cluster.local", bind: str = LOCALHOST) -> listener_pb2.Listener | None:
+    """NONE mode (or a Sidecar egress listener's `bind`): listen on BIND:PORT. A TCP port shared
+    by several services cannot tell them apart without the original destination, so the first
+    (by hostname) gets it. `virtual_services` hold the VirtualService (or None) of each of
+    `plan.tcp_services`."""
+    name = names.listener_name(bind, plan.port)
+    listener = listener_pb2.Listener(name=name, address=_address(bind, plan.port),
                                      traffic_direction=base_pb2.OUTBOUND)
     if plan.http:
-        hcm = http_connection_manager(f"outbound_{LOCALHOST}_{plan.port}",
+        hcm = http_connection_manager(f"outbound_{bind}_{plan.port}",
                                       names.route_config_name(plan.port), settings)
         listener.filter_chains.add(filters=[hcm_network_filter(hcm)])
     else:

@@ -66,10 +66,13 @@ def istio_upstream_tls(sni: str, sans: tuple[str, ...], http2: bool) -> tls_pb2.
         sni=sni, common_tls_context=_mesh_common(sans, CLIENT_ALPN_H2 if http2 else CLIENT_ALPN_TCP))
 
 
-def istio_downstream_tls(http: bool) -> tls_pb2.DownstreamTlsContext:
-    """Server side: the peer must present a certificate from the mesh root. Which identities may
-    do what is authorization's job, not the handshake's."""
-    ctx = tls_pb2.DownstreamTlsContext(common_tls_context=_mesh_common((), SERVER_ALPN_HTTP if http else ()))
+def istio_downstream_tls(http: bool, sans: tuple[str, ...] = (),
+                         alpn: tuple[str, ...] | None = None) -> tls_pb2.DownstreamTlsContext:
+    """Server side: the peer must present a certificate from the mesh root (and, with `sans`, one
+    of those identities). Which identities may do what is otherwise authorization's job."""
+    if alpn is None:
+        alpn = SERVER_ALPN_HTTP if http else ()
+    ctx = tls_pb2.DownstreamTlsContext(common_tls_context=_mesh_common(sans, alpn))
     ctx.require_client_certificate.value = True
     return ctx
 

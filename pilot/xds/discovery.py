@@ -68,6 +68,7 @@ class DiscoveryServer:
         self._seq = 0
         # Keys fetched for RequestAuthentication jwksUris (pilot/security/jwks.py), read per push.
         self.jwks: Callable[[], JwksSnapshot | None] = lambda: None
+        self.context_listeners: list[Callable[[PushContext], None]] = []  # told of every new full context
         self.push_context = self._build_context(self._next_version(), previous=None)
         self._tasks: list[asyncio.Task] = []
         store.subscribe(self.on_store_events)
@@ -105,8 +106,11 @@ class DiscoveryServer:
     def _build_context(self, version: str, previous: PushContext | None) -> PushContext:
         """`previous` lends its unchanged services, so cache keys compare by identity."""
         self.mesh.refresh(self.store)
-        return PushContext.build(self.store, self.mesh.current, self.mesh.version, self.domain, version, previous,
-                                 self.jwks())
+        ctx = PushContext.build(self.store, self.mesh.current, self.mesh.version, self.domain, version, previous,
+                                self.jwks())
+        for listener in self.context_listeners:
+            listener(ctx)
+        return ctx
 
     async def _debounced_push(self, req: PushRequest, debounce_s: float) -> None:
         self.metrics.debounce_time.observe(debounce_s)

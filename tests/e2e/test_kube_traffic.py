@@ -12,7 +12,7 @@ import pytest
 from tests.e2e.mesh_config import fqdn
 from tests.e2e.test_gateway import tls_request
 from tests.fakes.apiserver import FakeApiServer
-from tests.support.backends import HttpBackend
+from tests.support.backends import HttpBackend, answered_by
 from tests.support.certs import b64, issue, make_ca
 from tests.support.control_plane import ControlPlane
 from tests.support.envoy import Envoy
@@ -72,13 +72,22 @@ async def cluster(tmp_path):
 
 
 async def get(port: int, host: str) -> tuple[int, str | None]:
-    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/", headers={"Host": host},
-                     timeout=aiohttp.ClientTimeout(total=5)) as r:
-        body = await r.text()
-        try:
-            return r.status, json.loads(body).get("name")
-        except ValueError:
-            return r.status, None
+    return await answered_by(f"http://127.0.0.1:{port}/", host)
+
+
+async def start_gateway(fake, cp, envoys, tmp, server: dict, subset: str) -> None:
+    """A router Envoy labelled istio=ingressgateway, the Gateway `web` with `server`, and a
+    VirtualService sending shop.example.com to a subset of reviews."""
+    gateway = Envoy()
+    envoys.append(gateway)
+    await gateway.start(Envoy.bootstrap(ROUTER, cp.xds_port, metadata={
+        "NAMESPACE": "istio-system", "LABELS": {"istio": "ingressgateway"}}), tmp)
+    fake.create({"apiVersion": f"{NET}/v1", "kind": "Gateway", "metadata": {"name": "web", "namespace": "istio-system"},
+                 "spec": {"selector": {"istio": "ingressgateway"},
+                          "servers": [{"hosts": ["shop.example.com"], **server}]}})
+    fake.create({"apiVersion": f"{NET}/v1", "kind": "VirtualService", "metadata": {"name": "shop", "namespace": "default"},
+                 "spec": {"hosts": ["shop.example.com"], "gateways": ["istio-system/web"],
+                          "http": [{"route": [{"destination": {"host": "reviews", "subset": subset}}]}]}})
 
 
 async def test_weighted_split_from_kubernetes(cluster):
@@ -107,16 +116,7 @@ async def test_weighted_split_from_kubernetes(cluster):
 
 async def test_ingress_gateway_from_kubernetes(cluster):
     fake, cp, envoys, backends, port, gw_port, tmp = cluster
-    gateway = Envoy()
-    envoys.append(gateway)
-    await gateway.start(Envoy.bootstrap(ROUTER, cp.xds_port, metadata={
-        "NAMESPACE": "istio-system", "LABELS": {"istio": "ingressgateway"}}), tmp)
-    fake.create({"apiVersion": f"{NET}/v1", "kind": "Gateway", "metadata": {"name": "web", "namespace": "istio-system"},
-                 "spec": {"selector": {"istio": "ingressgateway"}, "servers": [
-                     {"port": {"number": gw_port, "name": "http", "protocol": "HTTP"}, "hosts": ["shop.example.com"]}]}})
-    fake.create({"apiVersion": f"{NET}/v1", "kind": "VirtualService", "metadata": {"name": "shop", "namespace": "default"},
-                 "spec": {"hosts": ["shop.example.com"], "gateways": ["istio-system/web"],
-                          "http": [{"route": [{"destination": {"host": "reviews", "subset": "v2"}}]}]}})
+    await start_gateway(fake, cp, envoys, tmp, {"port": {"number": gw_port, "name": "http", "protocol": "HTTP"}}, "v2")
 
     async def served():
         try:
@@ -139,17 +139,8 @@ async def test_gateway_credential_from_an_opaque_secret(cluster):
     fake.create({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/service-account-token",
                  "metadata": {"name": "default-token", "namespace": "istio-system"},
                  "data": {"token": b64(b"secret-token")}})
-    gateway = Envoy()
-    envoys.append(gateway)
-    await gateway.start(Envoy.bootstrap(ROUTER, cp.xds_port, metadata={
-        "NAMESPACE": "istio-system", "LABELS": {"istio": "ingressgateway"}}), tmp)
-    fake.create({"apiVersion": f"{NET}/v1", "kind": "Gateway", "metadata": {"name": "web", "namespace": "istio-system"},
-                 "spec": {"selector": {"istio": "ingressgateway"}, "servers": [
-                     {"port": {"number": gw_port, "name": "https", "protocol": "HTTPS"}, "hosts": ["shop.example.com"],
-                      "tls": {"mode": "SIMPLE", "credentialName": "shop-cert"}}]}})
-    fake.create({"apiVersion": f"{NET}/v1", "kind": "VirtualService", "metadata": {"name": "shop", "namespace": "default"},
-                 "spec": {"hosts": ["shop.example.com"], "gateways": ["istio-system/web"],
-                          "http": [{"route": [{"destination": {"host": "reviews", "subset": "v1"}}]}]}})
+    await start_gateway(fake, cp, envoys, tmp, {"port": {"number": gw_port, "name": "https", "protocol": "HTTPS"},
+                                                 "tls": {"mode": "SIMPLE", "credentialName": "shop-cert"}}, "v1")
 
     async def served():
         try:

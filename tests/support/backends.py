@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 from typing import Any, Self
 
 import aiohttp
@@ -22,10 +23,12 @@ class HttpBackend:
     "headers"}``. ``status`` may be changed at any time to simulate failures.
     """
 
-    def __init__(self, name: str, port: int = 0, *, host: str = "127.0.0.1", status: int = 200) -> None:
+    def __init__(self, name: str, port: int = 0, *, host: str = "127.0.0.1", status: int = 200,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.name = name
         self.host = host
         self.status = status
+        self.ssl_context = ssl_context  # serve HTTPS (a TLS passthrough target)
         self.fail_next = 0
         self.request_count = 0
         self.requests: list[dict[str, Any]] = []
@@ -75,7 +78,7 @@ class HttpBackend:
         # access_log=None: the default logger adds noise to every test failure.
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self._requested_port)
+        site = web.TCPSite(self._runner, self.host, self._requested_port, ssl_context=self.ssl_context)
         await site.start()
         # With port 0 the kernel picks the port; read back the real one.
         self._port = self._runner.addresses[0][1]
@@ -105,3 +108,12 @@ async def http_get(url: str, headers: dict[str, str] | None = None, timeout: flo
         session.get(url, headers=headers, allow_redirects=False) as resp,
     ):
         return resp.status, await resp.text()
+
+
+async def answered_by(url: str, host: str, timeout: float = 5) -> tuple[int, str | None]:
+    """GET ``url`` with a Host header: (status, name of the backend that answered, or None)."""
+    status, body = await http_get(url, {"Host": host}, timeout)
+    try:
+        return status, json.loads(body).get("name")
+    except ValueError:
+        return status, None

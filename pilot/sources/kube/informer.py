@@ -159,7 +159,7 @@ class Informer:
             self._publish_rejections()
         elif etype == "DELETED":
             meta = obj.get("metadata") or {}
-            key = ConfigKey(self.kind.kind, meta.get("namespace", "") if self.kind.namespaced else "", meta.get("name", ""))
+            key = ConfigKey(self.kind.config_kind, meta.get("namespace", "") if self.kind.namespaced else "", meta.get("name", ""))
             self.objects.pop(key, None)
             if self._rejections.pop(key, None) is not None:
                 self._publish_rejections()
@@ -172,11 +172,11 @@ class Informer:
         item = {**item, "apiVersion": item.get("apiVersion") or self.kind.api_version,
                 "kind": item.get("kind") or self.kind.kind}
         meta = item.get("metadata") or {}
-        key = ConfigKey(self.kind.kind, meta.get("namespace", "") if self.kind.namespaced else "", meta.get("name", ""))
+        key = ConfigKey(self.kind.config_kind, meta.get("namespace", "") if self.kind.namespaced else "", meta.get("name", ""))
         try:
             obj = parse_object(item, default_namespace="default")
         except InvalidObject as e:
-            self._rejections[key] = Rejection(f"kube {self.kind.path(key.namespace, key.name)}", e.kind or self.kind.kind,
+            self._rejections[key] = Rejection(f"kube {self.kind.path(key.namespace, key.name)}", e.kind or self.kind.config_kind,
                                               key.namespace, key.name, e.reason)
             log.warning("object rejected", kind=self.kind.kind, namespace=key.namespace, name=key.name, reason=e.reason)
             return None

@@ -24,7 +24,9 @@ SELECTED_KINDS = ("Service", "EndpointSlice", "Pod")
 # Everything the control plane lists and watches. The RBAC in deploy/ is derived from this.
 WATCHED_KINDS = ("Namespace", "Service", "EndpointSlice", "Pod", "Node", "ConfigMap", "Secret",
                  "VirtualService", "DestinationRule", "ServiceEntry", "WorkloadEntry", "Sidecar", "Gateway",
-                 "PeerAuthentication", "AuthorizationPolicy", "RequestAuthentication")
+                 "PeerAuthentication", "AuthorizationPolicy", "RequestAuthentication",
+                 "GatewayClass", "KubernetesGateway", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute",
+                 "ReferenceGrant")
 
 
 # Gateway credentials are kubernetes.io/tls Secrets or generic (Opaque) ones with tls.crt/tls.key.
@@ -49,8 +51,8 @@ class KubeSource:
         self.informers: dict[str, Informer] = {}
         for kind in watched_kinds():
             accept = self._in_selected_namespace if kind.kind in SELECTED_KINDS else (lambda _o: True)
-            self.informers[kind.kind] = Informer(kube, kind, store, accept=accept,
-                                                 field_selector=FIELD_SELECTORS.get(kind.kind))
+            self.informers[kind.config_kind] = Informer(kube, kind, store, accept=accept,
+                                                        field_selector=FIELD_SELECTORS.get(kind.kind))
         self._tasks: list[asyncio.Task] = []
         store.subscribe(self._on_events)
 
@@ -70,6 +72,16 @@ class KubeSource:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def latest(self, key: ConfigKey) -> K8sObject | None:
+        """The latest copy of an object, as its informer last saw it (even a change the Store
+        ignored, such as a status write)."""
+        informer = self.informers.get(key.kind)
+        return informer.objects.get(key) if informer is not None else None
+
+    def objects_of(self, kind: str) -> list[K8sObject]:
+        informer = self.informers.get(kind)
+        return list(informer.objects.values()) if informer is not None else []
 
     # --- discovery selectors ------------------------------------------------------------------
     def _in_selected_namespace(self, obj: K8sObject) -> bool:

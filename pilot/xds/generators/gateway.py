@@ -13,11 +13,11 @@ istiod does).
 from __future__ import annotations
 
 from pilot import logging as plog
-from pilot.model.gateways import GatewayView
+from pilot.model.gateways import GatewayView, config_origins, host_matches
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
-from pilot.model.store import Entry
-from pilot.networking import gateway, routes
+from pilot.networking import gateway, names, routes
+from pilot.networking.tls import outbound_sni
 from pilot.xds.cache import CachedResource, XdsCache
 from pilot.xds.typeurls import LISTENER, ROUTE
 
@@ -32,11 +32,7 @@ def is_gateway(proxy: Proxy) -> bool:
 
 def _view(ctx: PushContext, proxy: Proxy) -> GatewayView:
     index = ctx.gateways
-    return index.view(index.select(proxy.labels))
-
-
-def _vs_ref(e: Entry) -> str:
-    return f"VirtualService/{e.key.namespace}/{e.key.name}"
+    return index.view(index.select_for(proxy.labels, proxy.namespace))
 
 
 def listeners(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
@@ -56,7 +52,8 @@ def listeners(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         vss = tuple(dict.fromkeys(b.virtual_service for ref in pv.servers for b in bindings(ref)))
         hosts = gateway.referenced_hosts(vss, ctx.domain)
         services = {h: ctx.by_host[h] for h in sorted(hosts) if h in ctx.by_host}
-        plan, skipped = gateway.listener_plan(pv, bindings, services, ctx.domain)
+        plan, skipped = gateway.listener_plan(pv, bindings, services, ctx.domain, proxy.traits.mesh_tls,
+                                              lambda ref: _sni_clusters(ctx, proxy, ref))
         for reason in skipped:
             log.warning("gateway server skipped", proxy=proxy.id, reason=reason)
         if plan is None:
@@ -64,6 +61,24 @@ def listeners(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         out.append(cache.resource(LISTENER, plan.name, gateway.gateway_listener, plan, ctx.settings.listeners,
                                   origins=plan.origins))
     return out
+
+
+def _sni_clusters(ctx: PushContext, proxy: Proxy, ref) -> tuple[tuple[str, str], ...]:
+    """AUTO_PASSTHROUGH: every (cluster, SNI) of the services the server's hosts match, subsets
+    included, as sidecars name them when they call those clusters with mTLS."""
+    out = []
+    for svc in ctx.services:
+        if not any(h.namespace in ("*", svc.namespace) and host_matches(h.host, svc.hostname) for h in ref.hosts):
+            continue
+        dr = ctx.traffic.destination_rule(svc.hostname, proxy.namespace, svc.namespace)
+        subsets = [s.name for s in dr.obj.spec.subsets] if dr else []  # type: ignore[attr-defined]
+        for port in svc.ports:
+            if port.protocol.value == "UDP":
+                continue
+            for subset in ("", *subsets):
+                out.append((names.outbound_cluster_name(port.port, svc.hostname, subset),
+                            outbound_sni(port.port, subset, svc.hostname)))
+    return tuple(out)
 
 
 def route_configs(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
@@ -85,7 +100,7 @@ def route_configs(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | No
         hosts = gateway.referenced_hosts(vss, ctx.domain)
         services = tuple(ctx.by_host[h] for h in sorted(hosts) if h in ctx.by_host)
         hashes = _hash_policies(ctx, proxy.namespace, hosts)
-        origins = tuple(dict.fromkeys([ref.origin for ref in rv.servers] + [_vs_ref(v) for v in vss]))
+        origins = tuple(dict.fromkeys([ref.origin for ref in rv.servers] + [o for v in vss for o in config_origins(v)]))
         out.append(cache.resource(ROUTE, name, gateway.gateway_route_config, name, rv.port, tuple(sources),
                                   ctx.settings.routes.retry, services, ctx.domain, hashes, origins=origins))
     return out

@@ -49,25 +49,24 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         settings = replace(settings, registry_only=view.registry_only)  # the Sidecar's policy wins
     mode = proxy.interception_mode
     out: list[CachedResource] = []
-    if mode == "NONE":
-        for plan in plans:
-            name = names.listener_name(listeners.LOCALHOST, plan.port)
-            vss = _tcp_virtual_services(ctx, plan)
-            out.append(cache.resource(LISTENER, name, listeners.bound_outbound_listener, plan, settings, vss,
-                                      ctx.domain, origins=_origins(plan, view.by_port) + _sidecar_origin(sidecar)
-                                      + _vs_origins(vss)))
-    else:
+    if mode != "NONE":
         out.append(cache.resource(LISTENER, names.VIRTUAL_OUTBOUND_LISTENER,
                                   listeners.virtual_outbound_listener, settings, origins=("MeshConfig",)))
-        for plan in plans:
-            if plan.port == names.VIRTUAL_OUTBOUND_PORT:
-                # 0.0.0.0:15001 is virtualOutbound's own address: Envoy rejects the whole LDS
-                # update for a second listener there. Traffic to such a port takes the fallback.
-                continue
-            name = names.listener_name(listeners.WILDCARD, plan.port)
+    for plan in plans:
+        bind = view.binds.get(plan.port) or (listeners.LOCALHOST if mode == "NONE" else None)
+        if bind is not None:
             vss = _tcp_virtual_services(ctx, plan)
-            out.append(cache.resource(LISTENER, name, listeners.unbound_outbound_listener, plan, settings, vss,
-                                      ctx.domain, origins=_origins(plan, view.by_port) + _sidecar_origin(sidecar)
+            out.append(cache.resource(LISTENER, names.listener_name(bind, plan.port), listeners.bound_outbound_listener,
+                                      plan, settings, vss, ctx.domain, bind,
+                                      origins=_origins(plan, view.by_port) + _sidecar_origin(sidecar)
+                                      + _vs_origins(vss)))
+        elif plan.port != names.VIRTUAL_OUTBOUND_PORT:
+            # (0.0.0.0:15001 is virtualOutbound's own address: Envoy rejects the whole LDS update
+            # for a second listener there. Traffic to such a port takes the fallback.)
+            vss = _tcp_virtual_services(ctx, plan)
+            out.append(cache.resource(LISTENER, names.listener_name(listeners.WILDCARD, plan.port),
+                                      listeners.unbound_outbound_listener, plan, settings, vss, ctx.domain,
+                                      origins=_origins(plan, view.by_port) + _sidecar_origin(sidecar)
                                       + _vs_origins(vss)))
     out.extend(_inbound(ctx, proxy, settings, {r.name for r in out}, cache))
     if requested is not None:

@@ -2,8 +2,9 @@
 
 As istiod's SecretGen for credentialName:
 - Only router proxies get secrets, and only Secrets in their own namespace (`NAME`, or
-  `NAMESPACE/NAME` naming that same namespace). A sidecar, or a router in another namespace,
-  asking for a name gets no resource (the response is sent, empty).
+  `NAMESPACE/NAME` naming that same namespace), or in another namespace when a Gateway API
+  Gateway of the router's namespace presents it under a ReferenceGrant. A sidecar, or a router
+  in another namespace, asking for a name gets no resource (the response is sent, empty).
 - `kubernetes://NAME` is the certificate chain and key of Secret NAME (tls.crt/tls.key or
   cert/key); `kubernetes://NAME-cacert` is the CA bundle (ca.crt or cacert) of a Secret named
   NAME-cacert if there is one, else of Secret NAME.
@@ -51,7 +52,9 @@ def _resource(ctx: PushContext, proxy: Proxy, name: str, cache: XdsCache) -> Cac
     namespace, slash, secret_name = ref.rpartition("/")
     if not slash:
         namespace, secret_name = proxy.namespace, ref
-    if namespace != proxy.namespace or not secret_name:
+    granted = namespace != proxy.namespace and ctx.gateway_api.allows_credential(proxy.namespace, namespace,
+                                                                                 secret_name)
+    if not secret_name or (namespace != proxy.namespace and not granted):
         log.info("secret in another namespace refused", name=name, proxy_namespace=proxy.namespace)
         return None
     index = ctx.gateways

@@ -1,0 +1,286 @@
+"""HTTPRoute, GRPCRoute, TCPRoute, TLSRoute and ReferenceGrant (gateway.networking.k8s.io)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from pilot.config.base import Model
+from pilot.config.gateway_api.common import (
+    BackendRef,
+    CommonRouteSpec,
+    GatewayApiObject,
+    GatewayDuration,
+    HeaderMatch,
+    HeaderModifier,
+    Hostname,
+    Hostnames,
+    LocalObjectReference,
+    PortNumber,
+    RequestMirror,
+    check_filter_fields,
+    validate_regex_value,
+)
+from pilot.config.networking.validation import _fail, _raise_if
+
+
+# --- HTTPRoute --------------------------------------------------------------------------------------
+class PathMatch(Model):
+    type: Literal["Exact", "PathPrefix", "RegularExpression"] = "PathPrefix"
+    value: str = Field(default="/", max_length=1024)
+
+    @model_validator(mode="after")
+    def _valid(self) -> PathMatch:
+        if self.type == "RegularExpression":
+            validate_regex_value(self.value, "value")
+            return self
+        errs = []
+        if not self.value.startswith("/"):
+            errs.append("value must be an absolute path and start with '/' when type one of ['Exact', 'PathPrefix']")
+        for bad in ("//", "/./", "/../", "%2f", "%2F", "#"):
+            if bad in self.value:
+                errs.append(f"value must not contain {bad!r} when type one of ['Exact', 'PathPrefix']")
+        if self.value.endswith(("/..", "/.")):
+            errs.append("value must not end with '/..' or '/.' when type one of ['Exact', 'PathPrefix']")
+        _raise_if(errs)
+        return self
+
+
+class QueryParamMatch(Model):
+    type: Literal["Exact", "RegularExpression"] = "Exact"
+    name: str = Field(min_length=1, max_length=256)
+    value: str = Field(min_length=1, max_length=1024)
+
+    @model_validator(mode="after")
+    def _regex(self) -> QueryParamMatch:
+        if self.type == "RegularExpression":
+            validate_regex_value(self.value, "value")
+        return self
+
+
+Method = Literal["GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"]
+
+
+class HTTPRouteMatch(Model):
+    path: PathMatch = Field(default_factory=PathMatch)
+    headers: list[HeaderMatch] = Field(default_factory=list)
+    query_params: list[QueryParamMatch] = Field(default_factory=list)
+    method: Method | None = None
+
+
+class PathModifier(Model):
+    type: Literal["ReplaceFullPath", "ReplacePrefixMatch"]
+    replace_full_path: str | None = None
+    replace_prefix_match: str | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> PathModifier:
+        errs = []
+        if self.type == "ReplaceFullPath" and (self.replace_full_path is None or self.replace_prefix_match is not None):
+            errs.append("replaceFullPath must be specified (and replacePrefixMatch not) when type is ReplaceFullPath")
+        if self.type == "ReplacePrefixMatch" and (self.replace_prefix_match is None
+                                                  or self.replace_full_path is not None):
+            errs.append("replacePrefixMatch must be specified (and replaceFullPath not) when type is "
+                        "ReplacePrefixMatch")
+        value = self.replace_full_path if self.type == "ReplaceFullPath" else self.replace_prefix_match
+        if value is not None and value and not value.startswith("/"):
+            errs.append(f"{value!r} must start with '/'")
+        _raise_if(errs)
+        return self
+
+    @property
+    def value(self) -> str:
+        return (self.replace_full_path if self.type == "ReplaceFullPath" else self.replace_prefix_match) or "/"
+
+
+class RequestRedirect(Model):
+    scheme: Literal["http", "https"] | None = None
+    hostname: Hostname | None = None
+    path: PathModifier | None = None
+    port: PortNumber | None = None
+    status_code: Literal[301, 302, 303, 307, 308] = 302
+
+
+class URLRewrite(Model):
+    hostname: Hostname | None = None
+    path: PathModifier | None = None
+
+
+class HTTPRouteFilter(Model):
+    type: Literal["RequestHeaderModifier", "ResponseHeaderModifier", "RequestMirror", "RequestRedirect",
+                  "URLRewrite", "ExtensionRef", "CORS"]
+    request_header_modifier: HeaderModifier | None = None
+    response_header_modifier: HeaderModifier | None = None
+    request_mirror: RequestMirror | None = None
+    request_redirect: RequestRedirect | None = None
+    url_rewrite: URLRewrite | None = Field(default=None, alias="urlRewrite")
+    extension_ref: LocalObjectReference | None = None
+    cors: dict | None = None
+
+    @model_validator(mode="after")
+    def _fields(self) -> HTTPRouteFilter:
+        check_filter_fields(self, self.type)
+        return self
+
+
+class HTTPBackendRef(BackendRef):
+    filters: list[HTTPRouteFilter] = Field(default_factory=list)
+
+
+class HTTPRouteTimeouts(Model):
+    request: GatewayDuration | None = None
+    backend_request: GatewayDuration | None = None
+
+
+def _filters_ok(filters: list[HTTPRouteFilter], matches: list[HTTPRouteMatch]) -> list[str]:
+    """The HTTPRoute CEL rules about filters in one rule."""
+    errs = []
+    types = [f.type for f in filters]
+    if "RequestRedirect" in types and "URLRewrite" in types:
+        errs.append("May specify either httpRouteFilterRequestRedirect or httpRouteFilterRequestRewrite, but not both")
+    for t in ("RequestHeaderModifier", "ResponseHeaderModifier", "RequestRedirect", "URLRewrite"):
+        if types.count(t) > 1:
+            errs.append(f"{t} filter cannot be repeated")
+    for f in filters:
+        path = (f.request_redirect.path if f.request_redirect is not None
+                else f.url_rewrite.path if f.url_rewrite is not None else None)
+        if path is not None and path.type == "ReplacePrefixMatch" and (
+                len(matches) != 1 or matches[0].path.type != "PathPrefix"):
+            errs.append("When using ReplacePrefixMatch, exactly one PathPrefix match must be specified")
+    return errs
+
+
+class HTTPRouteRule(Model):
+    name: str | None = None
+    matches: list[HTTPRouteMatch] = Field(default_factory=lambda: [HTTPRouteMatch()])
+    filters: list[HTTPRouteFilter] = Field(default_factory=list)
+    backend_refs: list[HTTPBackendRef] = Field(default_factory=list)
+    timeouts: HTTPRouteTimeouts | None = None
+
+    @model_validator(mode="after")
+    def _cel(self) -> HTTPRouteRule:
+        errs = _filters_ok(self.filters, self.matches)
+        if len(self.matches) > 64:
+            errs.append("at most 64 matches")
+        _raise_if(errs)
+        return self
+
+
+class HTTPRouteSpec(CommonRouteSpec):
+    hostnames: Hostnames = Field(default_factory=list)
+    rules: list[HTTPRouteRule] = Field(default_factory=lambda: [HTTPRouteRule()], max_length=16)
+
+
+class HTTPRoute(GatewayApiObject):
+    kind: Literal["HTTPRoute"] = "HTTPRoute"
+    spec: HTTPRouteSpec
+
+
+# --- GRPCRoute --------------------------------------------------------------------------------------
+class GRPCMethodMatch(Model):
+    type: Literal["Exact", "RegularExpression"] = "Exact"
+    service: str | None = Field(default=None, max_length=1024)
+    method: str | None = Field(default=None, max_length=1024)
+
+    @model_validator(mode="after")
+    def _valid(self) -> GRPCMethodMatch:
+        if self.service is None and self.method is None:
+            _fail("One or both of 'service' or 'method' must be specified")
+        if self.type == "Exact":
+            if self.service is not None and ("/" in self.service or not self.service):
+                _fail("service must be a valid gRPC service name (no '/')")
+            if self.method is not None and ("/" in self.method or not self.method):
+                _fail("method must be a valid gRPC method name (no '/')")
+        else:
+            for v, where in ((self.service, "service"), (self.method, "method")):
+                if v is not None:
+                    validate_regex_value(v, where)
+        return self
+
+
+class GRPCRouteMatch(Model):
+    method: GRPCMethodMatch | None = None
+    headers: list[HeaderMatch] = Field(default_factory=list)
+
+
+class GRPCRouteFilter(Model):
+    type: Literal["RequestHeaderModifier", "ResponseHeaderModifier", "RequestMirror", "ExtensionRef"]
+    request_header_modifier: HeaderModifier | None = None
+    response_header_modifier: HeaderModifier | None = None
+    request_mirror: RequestMirror | None = None
+    extension_ref: LocalObjectReference | None = None
+
+    @model_validator(mode="after")
+    def _fields(self) -> GRPCRouteFilter:
+        check_filter_fields(self, self.type)
+        return self
+
+
+class GRPCBackendRef(BackendRef):
+    filters: list[GRPCRouteFilter] = Field(default_factory=list)
+
+
+class GRPCRouteRule(Model):
+    name: str | None = None
+    matches: list[GRPCRouteMatch] = Field(default_factory=list)
+    filters: list[GRPCRouteFilter] = Field(default_factory=list)
+    backend_refs: list[GRPCBackendRef] = Field(default_factory=list)
+
+
+class GRPCRouteSpec(CommonRouteSpec):
+    hostnames: Hostnames = Field(default_factory=list)
+    rules: list[GRPCRouteRule] = Field(default_factory=list, max_length=16)
+
+
+class GRPCRoute(GatewayApiObject):
+    kind: Literal["GRPCRoute"] = "GRPCRoute"
+    spec: GRPCRouteSpec
+
+
+# --- TCPRoute and TLSRoute --------------------------------------------------------------------------
+class L4RouteRule(Model):
+    name: str | None = None
+    backend_refs: list[BackendRef] = Field(default_factory=list, max_length=16)
+
+
+class TCPRouteSpec(CommonRouteSpec):
+    rules: list[L4RouteRule] = Field(min_length=1, max_length=16)
+
+
+class TCPRoute(GatewayApiObject):
+    kind: Literal["TCPRoute"] = "TCPRoute"
+    spec: TCPRouteSpec
+
+
+class TLSRouteSpec(CommonRouteSpec):
+    hostnames: Hostnames = Field(default_factory=list)
+    rules: list[L4RouteRule] = Field(min_length=1, max_length=16)
+
+
+class TLSRoute(GatewayApiObject):
+    kind: Literal["TLSRoute"] = "TLSRoute"
+    spec: TLSRouteSpec
+
+
+# --- ReferenceGrant ---------------------------------------------------------------------------------
+class ReferenceGrantFrom(Model):
+    group: str
+    kind: str
+    namespace: str
+
+
+class ReferenceGrantTo(Model):
+    group: str
+    kind: str
+    name: str | None = None
+
+
+class ReferenceGrantSpec(Model):
+    from_: list[ReferenceGrantFrom] = Field(alias="from", min_length=1, max_length=16)
+    to: list[ReferenceGrantTo] = Field(min_length=1, max_length=16)
+
+
+class ReferenceGrant(GatewayApiObject):
+    kind: Literal["ReferenceGrant"] = "ReferenceGrant"
+    spec: ReferenceGrantSpec

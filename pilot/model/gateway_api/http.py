@@ -1,0 +1,272 @@
+"""HTTPRoute and GRPCRoute rules -> VirtualService HTTP rules (pure), one rule per match so the
+rules of every route on a host can be put in the spec's precedence order:
+
+1. an Exact path before a PathPrefix before a RegularExpression before the `/` prefix (which
+   matches everything); longer paths first;
+2. a method match before none; 3. more header matches first; 4. more query matches first;
+then the oldest route (creationTimestamp, then namespace/name) and rule order, which is the
+order candidates are made in (the sort is stable). GRPCRoute methods become paths
+(`/service/method` exact, `/service/` prefix, or a regex) and rank the same way.
+
+Filters: RequestHeaderModifier/ResponseHeaderModifier -> headers (also on a single backendRef:
+that destination's headers); RequestRedirect -> redirect; URLRewrite -> rewrite (hostname, full
+path, or the matched prefix); RequestMirror -> mirror.
+Backends keep their relative weights. An invalid backendRef (not found, not permitted, an
+unsupported kind) keeps its share of the weight on a cluster that never exists, which the
+route answers with 500 (gateway semantics); a rule with no usable backend at all, or with a
+filter this controller cannot apply (ExtensionRef, CORS), answers 500 directly.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pilot.config.gateway_api import first_per_name
+from pilot.config.networking import (
+    HTTPDirectResponse,
+    HTTPRedirect,
+    HTTPRetry,
+    HTTPRewrite,
+    Percent,
+    RegexRewrite,
+)
+from pilot.model.gateway_api.internal import (
+    GatewayApiRule,
+    destination,
+    header_operations,
+    headers,
+    http_destination,
+    http_match,
+    string_match,
+)
+from pilot.model.gateway_api.references import INVALID_BACKEND_HOST, Backend, ReferenceGrants, resolve_backend
+from pilot.model.store import Entry
+
+DEFAULT_ATTEMPTS = 2  # MeshConfig's default retry attempts, kept when only backendRequest is set
+
+
+@dataclass(frozen=True, slots=True, eq=False)  # compared by identity: memoized ones are reused as is
+class Candidate:
+    rank: tuple
+    rule: GatewayApiRule
+    origin: str  # the route it comes from, `Kind/namespace/name`
+
+
+@dataclass(frozen=True)
+class RouteRefs:
+    """What resolving references needs (the same for every rule of every route in one pass)."""
+
+    services: Mapping[tuple[str, str], Entry]
+    grants: ReferenceGrants
+    domain: str
+
+
+def referenced_services(route: Entry) -> tuple[tuple[str, str], ...]:
+    """(namespace, name) of every Service a route's backendRefs and mirrors may name: what its
+    translation reads of the registry."""
+    ns = route.key.namespace
+    out = []
+    for rule in route.obj.spec.rules:  # type: ignore[attr-defined]
+        refs = list(rule.backend_refs)
+        refs += [f.request_mirror.backend_ref for f in getattr(rule, "filters", ()) if f.type == "RequestMirror"]
+        out += [(r.namespace or ns, r.name) for r in refs]
+    return tuple(sorted(set(out)))
+
+
+def rank(match) -> tuple:
+    uri = match.uri
+    kind = 3 if uri.exact is not None else 0 if uri.prefix == "/" else 2 if uri.prefix is not None else 1
+    length = len(uri.exact or uri.prefix or uri.regex or "")
+    return (-kind, -length, match.method is None, -len(match.headers), -len(match.query_params))
+
+
+def _string(type_: str, value: str):
+    return string_match(regex=value) if type_ == "RegularExpression" else string_match(exact=value)
+
+
+def _header_matches(matches) -> dict:
+    return {m.name.lower(): _string(m.type, m.value) for m in first_per_name(matches)}
+
+
+def _modifier(mod):
+    if mod is None:
+        return None
+    return header_operations({h.name: h.value for h in mod.set}, {h.name: h.value for h in mod.add},
+                             list(mod.remove))
+
+
+def _prefix_rewrite(prefix: str, replacement: str) -> tuple[str | None, RegexRewrite | None]:
+    """Replace the matched (path-segment) prefix: a plain prefix rewrite, except where Envoy's
+    would leave a double or missing slash (a `/` prefix or a `/` replacement)."""
+    p, r = prefix.rstrip("/"), replacement.rstrip("/")
+    if not p:
+        return None, RegexRewrite.model_construct(match="^/", rewrite=r + "/")
+    if not r:
+        return None, RegexRewrite.model_construct(match=f"^{re.escape(p)}/*", rewrite="/")
+    return r, None
+
+
+def _backends(refs, kind: str, namespace: str, ctx: RouteRefs, problems: list[Backend],
+              unsupported: list[str]) -> list[tuple[Backend, object]]:
+    """Each backendRef resolved, with the header operations of its own filters."""
+    out = []
+    for ref in refs:
+        b = resolve_backend(ref, kind, namespace, ctx.services, ctx.grants, ctx.domain)
+        if not b.valid:
+            problems.append(b)
+        request = response = None
+        for f in getattr(ref, "filters", ()):
+            if f.type == "RequestHeaderModifier":
+                request = _modifier(f.request_header_modifier)
+            elif f.type == "ResponseHeaderModifier":
+                response = _modifier(f.response_header_modifier)
+            else:  # the backend cannot be served as asked: its share fails (500)
+                unsupported.append(f"{f.type} filters on a backendRef are not supported")
+                b = Backend(INVALID_BACKEND_HOST, b.port, b.weight, "InvalidKind", unsupported[-1])
+        out.append((b, headers(request, response)))
+    return out
+
+
+def _destinations(backends: list[tuple[Backend, object]]):
+    """VirtualService destinations for the backends with weight, invalid shares pooled on one
+    never-existing cluster; None when nothing can serve (answer 500)."""
+    live = [(b, h) for b, h in backends if b.weight > 0]
+    valid = [(b, h) for b, h in live if b.valid]
+    if not valid:
+        return None
+    invalid = sum(b.weight for b, _ in live if not b.valid)
+    dests = [http_destination(b.host, b.port, b.weight, h) for b, h in valid]
+    if invalid:
+        dests.append(http_destination(INVALID_BACKEND_HOST, valid[0][0].port, invalid))
+    return dests
+
+
+_ERROR_500 = HTTPDirectResponse.model_construct(status=500, body=None)
+
+
+def _rule_fields(rule, kind: str, namespace: str, prefix: str | None, ctx: RouteRefs,
+                 problems: list[Backend], unsupported: list[str]) -> dict:
+    fields: dict = {"headers": None, "redirect": None, "rewrite": None, "mirror": None, "mirror_percentage": None,
+                    "route": [], "direct_response": None, "timeout": None, "retries": None}
+    request = response = None
+    broken = False
+    for f in rule.filters:
+        if f.type == "RequestHeaderModifier":
+            request = _modifier(f.request_header_modifier)
+        elif f.type == "ResponseHeaderModifier":
+            response = _modifier(f.response_header_modifier)
+        elif f.type == "RequestMirror":
+            m = f.request_mirror
+            b = resolve_backend(m.backend_ref, kind, namespace, ctx.services, ctx.grants, ctx.domain)
+            if b.valid:
+                fields["mirror"] = destination(b.host, b.port)
+                share = m.share
+                if share is not None:
+                    fields["mirror_percentage"] = Percent.model_construct(value=share)
+            else:
+                problems.append(b)
+        elif f.type == "RequestRedirect":
+            r = f.request_redirect
+            uri = None
+            if r.path is not None and r.path.type == "ReplaceFullPath":
+                uri = r.path.value
+            elif r.path is not None and prefix is not None:
+                fields["redirect_prefix"], fields["redirect_regex"] = _prefix_rewrite(prefix, r.path.value)
+            fields["redirect"] = HTTPRedirect.model_construct(uri=uri, authority=r.hostname, port=r.port,
+                                                              scheme=r.scheme, redirect_code=r.status_code)
+        elif f.type == "URLRewrite":
+            w = f.url_rewrite
+            uri, regex = None, None
+            if w.path is not None and w.path.type == "ReplaceFullPath":
+                regex = RegexRewrite.model_construct(match="^.*$", rewrite=w.path.value)
+            elif w.path is not None and prefix is not None:
+                uri, regex = _prefix_rewrite(prefix, w.path.value)
+            if uri is not None or regex is not None or w.hostname:
+                fields["rewrite"] = HTTPRewrite.model_construct(uri=uri, authority=w.hostname, uri_regex_rewrite=regex)
+        else:  # ExtensionRef, CORS
+            unsupported.append(f"{f.type} filters are not supported")
+            broken = True
+    fields["headers"] = headers(request, response)
+    timeouts = getattr(rule, "timeouts", None)
+    if timeouts is not None:
+        fields["timeout"] = timeouts.request
+        if timeouts.backend_request:
+            fields["retries"] = HTTPRetry.model_construct(attempts=DEFAULT_ATTEMPTS,
+                                                          per_try_timeout=timeouts.backend_request,
+                                                          retry_on=None, retry_remote_localities=None)
+    backends = _backends(rule.backend_refs, kind, namespace, ctx, problems, unsupported)
+    if broken:
+        fields["redirect"] = fields["rewrite"] = fields["mirror"] = None
+        fields["direct_response"] = _ERROR_500
+    elif fields["redirect"] is None:
+        dests = _destinations(backends)
+        if dests is None:
+            fields["direct_response"] = _ERROR_500
+            fields["rewrite"] = fields["mirror"] = None
+        else:
+            fields["route"] = dests
+    return fields
+
+
+def _http_uri(path):
+    if path.type == "Exact":
+        return string_match(exact=path.value)
+    if path.type == "RegularExpression":
+        return string_match(regex=path.value)
+    return string_match(prefix=path.value)
+
+
+def http_route_rules(route: Entry, ctx: RouteRefs, problems: list[Backend],
+                     unsupported: list[str]) -> list[Candidate]:
+    ns, name = route.key.namespace, route.key.name
+    out = []
+    for i, rule in enumerate(route.obj.spec.rules):  # type: ignore[attr-defined]
+        prefix = rule.matches[0].path.value if len(rule.matches) == 1 and rule.matches[0].path.type == "PathPrefix" \
+            else None
+        fields = _rule_fields(rule, "HTTPRoute", ns, prefix, ctx, problems, unsupported)
+        for j, m in enumerate(rule.matches):
+            match = http_match(_http_uri(m.path), _header_matches(m.headers),
+                               {q.name: _string(q.type, q.value) for q in _first_query(m.query_params)}, m.method)
+            out.append(Candidate(rank(match), GatewayApiRule.model_construct(name=f"{ns}.{name}.{i}.{j}",
+                                                                             match=[match], **fields),
+                                 str(route.key)))
+    return out
+
+
+def _first_query(params) -> list:
+    seen: set[str] = set()
+    out = []
+    for q in params:
+        if q.name not in seen:
+            seen.add(q.name)
+            out.append(q)
+    return out
+
+
+def _grpc_uri(method):
+    if method is None:
+        return string_match(prefix="/")
+    if method.type == "Exact":
+        if method.service and method.method:
+            return string_match(exact=f"/{method.service}/{method.method}")
+        if method.service:
+            return string_match(prefix=f"/{method.service}/")
+        return string_match(regex=f"/[^/]+/{re.escape(method.method)}")
+    return string_match(regex=f"/{method.service or '[^/]+'}/{method.method or '[^/]+'}")
+
+
+def grpc_route_rules(route: Entry, ctx: RouteRefs, problems: list[Backend],
+                     unsupported: list[str]) -> list[Candidate]:
+    ns, name = route.key.namespace, route.key.name
+    out = []
+    for i, rule in enumerate(route.obj.spec.rules):  # type: ignore[attr-defined]
+        fields = _rule_fields(rule, "GRPCRoute", ns, None, ctx, problems, unsupported)
+        for j, m in enumerate(rule.matches or [None]):
+            match = http_match(_grpc_uri(m.method if m is not None else None),
+                               _header_matches(m.headers) if m is not None else {}, {}, None)
+            out.append(Candidate(rank(match), GatewayApiRule.model_construct(name=f"{ns}.{name}.{i}.{j}",
+                                                                             match=[match], **fields),
+                                 str(route.key)))
+    return out

@@ -1,0 +1,308 @@
+"""One pass over the Gateway API objects in the Store: the Istio config they become and the
+status of each, computed together so the status says what proxies get (istiod's design).
+
+Ours: GatewayClasses whose controllerName is istio.io/gateway-controller (and the built-in
+`istio` class unless a GatewayClass of that name says otherwise), their Gateways, and the
+route parents that are those Gateways. Gateways of other classes, routes' other parents and
+parents that do not exist are left alone: their status belongs to whoever serves them.
+
+Output per served listener: an internal Gateway (selecting routers labelled with the Gateway's
+name in its namespace) and VirtualServices bound to it: for HTTP(S) one per hostname holding
+every attached HTTPRoute/GRPCRoute rule for it in precedence order (then, after them, the rules
+of wildcard hostnames covering it, most specific first, as Envoy picks one virtual host per
+request); for TLS passthrough and TCP one per attached route, oldest first.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from pilot.config.gateway_api import CONTROLLER_NAME, DEFAULT_CLASS
+from pilot.model.gateway_api.attach import Attachment, attach
+from pilot.model.gateway_api.conditions import Status, condition, sorted_conditions
+from pilot.model.gateway_api.hostnames import matches
+from pilot.model.gateway_api.http import (
+    Candidate,
+    RouteRefs,
+    grpc_route_rules,
+    http_route_rules,
+    referenced_services,
+)
+from pilot.model.gateway_api.internal import (
+    gateway_entry,
+    internal_gateway_name,
+    tcp_rule,
+    tls_rule,
+    virtual_service_entry,
+)
+from pilot.model.gateway_api.listeners import GatewayState, ListenerState, evaluate_gateway
+from pilot.model.gateway_api.references import INVALID_BACKEND_HOST, Backend, ReferenceGrants, resolve_backend
+from pilot.model.store import ConfigKey, Entry, Store
+
+
+@dataclass(eq=False)
+class TranslationMemo:
+    """Work a translation can hand to the next one: per route, its rules (while the route, the
+    Services it names and the ReferenceGrants are the same Entries); per generated object, the
+    object (while what it is made of is the same). A full push for an unrelated change then
+    redoes almost nothing, and unchanged generated Entries stay the very same objects."""
+
+    routes: dict[ConfigKey, tuple[tuple, tuple]] = field(default_factory=dict)
+    virtual_services: dict[str, tuple[tuple, Entry]] = field(default_factory=dict)
+    gateways: dict[tuple, Entry] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GatewayApiResult:
+    gateways: tuple[Entry, ...] = ()  # internal networking.istio.io Gateways
+    virtual_services: tuple[Entry, ...] = ()
+    statuses: Mapping[ConfigKey, Status] = field(default_factory=dict)  # without lastTransitionTime
+    # (gateway namespace, secret namespace, secret name): Secrets in other namespaces that a
+    # ReferenceGrant lets this namespace's gateways present (served over SDS).
+    credentials: frozenset[tuple[str, str, str]] = frozenset()
+    memo: TranslationMemo = field(default_factory=TranslationMemo, compare=False, repr=False)
+
+    def allows_credential(self, proxy_namespace: str, namespace: str, name: str) -> bool:
+        return (proxy_namespace, namespace, name) in self.credentials
+
+
+EMPTY = GatewayApiResult()
+
+
+def _age(e: Entry) -> tuple:
+    return (e.obj.metadata.creation_timestamp, e.key.namespace, e.key.name)
+
+
+def _our_classes(classes: list[Entry]) -> dict[str, Entry | None]:
+    ours: dict[str, Entry | None] = {}
+    named = {e.key.name: e for e in classes}
+    if DEFAULT_CLASS not in named:
+        ours[DEFAULT_CLASS] = None
+    for e in classes:
+        if e.obj.spec.controller_name == CONTROLLER_NAME:  # type: ignore[attr-defined]
+            ours[e.key.name] = e
+    return ours
+
+
+def _resolved(problems: list[Backend], unsupported: list[str], generation: int) -> dict:
+    if problems:
+        first = problems[0]
+        return condition("ResolvedRefs", False, first.reason, first.message, generation)
+    if unsupported:
+        return condition("ResolvedRefs", False, "InvalidKind", unsupported[0], generation)
+    return condition("ResolvedRefs", True, "ResolvedRefs", "All references resolved", generation)
+
+
+@dataclass
+class _Pass:
+    """The mutable state of one translation (local to `translate`)."""
+
+    refs: RouteRefs
+    labels: Mapping[str, Mapping[str, str]]
+    gateways: dict[tuple[str, str], GatewayState]
+    previous: TranslationMemo
+    memo: TranslationMemo
+    grants: tuple[Entry, ...]
+    http: dict[tuple[ConfigKey, str], dict[str, list[tuple[int, Candidate]]]] = field(
+        default_factory=lambda: defaultdict(lambda: defaultdict(list)))
+    l4: list[tuple[ListenerState, Entry, tuple[str, ...], tuple]] = field(default_factory=list)
+    # (Gateway, listener name) -> the routes attached to it (its status's attachedRoutes)
+    attached: dict[tuple[ConfigKey, str], set[ConfigKey]] = field(default_factory=lambda: defaultdict(set))
+    statuses: dict[ConfigKey, Status] = field(default_factory=dict)
+
+    def _rules(self, route: Entry) -> tuple:
+        """(candidates, l4 targets, backend problems, unsupported filters) of a route, reused from
+        the previous translation when nothing it reads changed."""
+        services = self.refs.services
+        referenced = referenced_services(route)
+        elsewhere = {ns for ns, _ in referenced if ns != route.key.namespace}
+        signature = (route, tuple(services.get(k) for k in referenced),
+                     tuple(g for g in self.grants if g.key.namespace in elsewhere) if elsewhere else ())
+        hit = self.previous.routes.get(route.key)
+        if hit is not None and hit[0] == signature:
+            self.memo.routes[route.key] = hit
+            return hit[1]
+        problems: list[Backend] = []
+        unsupported: list[str] = []
+        candidates: list[Candidate] = []
+        l4_targets: list[tuple[str, int, int]] = []
+        if route.key.kind == "HTTPRoute":
+            candidates = http_route_rules(route, self.refs, problems, unsupported)
+        elif route.key.kind == "GRPCRoute":
+            candidates = grpc_route_rules(route, self.refs, problems, unsupported)
+        else:
+            l4_targets = self._l4_targets(route, problems)
+        out = (tuple(candidates), tuple(l4_targets), tuple(problems), tuple(unsupported))
+        self.memo.routes[route.key] = (signature, out)
+        return out
+
+    def route(self, route: Entry, order: int) -> None:
+        spec = route.obj.spec  # type: ignore[attr-defined]
+        kind = route.key.kind
+        candidates, l4_targets, problems, unsupported = self._rules(route)
+        gen = route.obj.metadata.generation
+        parents = []
+        hosts = list(getattr(spec, "hostnames", [])) if kind != "TCPRoute" else None
+        for ref in spec.parent_refs:
+            if not ref.refers_to_gateway():
+                continue
+            gw = self.gateways.get((ref.namespace or route.key.namespace, ref.name))
+            if gw is None:
+                continue  # another controller's Gateway, or none at all: not ours to report on
+            found, verdict = attach(route, ref, gw.listeners, self.labels, hosts)
+            for a in found:
+                self._attach(route, order, a, candidates, l4_targets)
+            parents.append({"parentRef": ref.as_status(), "controllerName": CONTROLLER_NAME,
+                            "conditions": sorted_conditions([
+                                condition("Accepted", verdict.ok, verdict.reason, verdict.message, gen),
+                                _resolved(problems, unsupported, gen)])})
+        if parents:  # a route naming none of our Gateways is someone else's to report on
+            self.statuses[route.key] = {"parents": parents}
+
+    def _attach(self, route: Entry, order: int, a: Attachment, candidates: tuple[Candidate, ...],
+                l4_targets: tuple[tuple[str, int, int], ...]) -> None:
+        key = (a.listener.gateway.key, a.listener.name)
+        if route.key in self.attached[key]:
+            return  # two parentRefs naming the same listener
+        self.attached[key].add(route.key)
+        if route.key.kind in ("HTTPRoute", "GRPCRoute"):
+            for host in a.hosts:
+                self.http[key][host].extend((order, c) for c in candidates)
+        elif route.key.kind == "TLSRoute":
+            self.l4.append((a.listener, route, a.hosts, l4_targets))
+        else:
+            self.l4.append((a.listener, route, ("*",), l4_targets))
+
+    def virtual_service(self, namespace: str, name: str, gateway: str, hosts: tuple[str, ...],
+                        parents: tuple[str, ...], created: str, http: tuple = (), l4: tuple = (),
+                        kind: str = "HTTPRoute") -> Entry:
+        signature = (namespace, gateway, hosts, parents, created, http, l4, kind)
+        hit = self.previous.virtual_services.get(name)
+        if hit is None or hit[0] != signature:
+            if kind == "TLSRoute":
+                extra = {"tls": [tls_rule(list(hosts), list(l4))]}
+            elif kind == "TCPRoute":
+                extra = {"tcp": [tcp_rule(list(l4))]}
+            else:
+                extra = {"http": [c.rule for c in http]}
+            hit = (signature, virtual_service_entry(namespace, name, gateway, list(hosts), parents, created, **extra))
+        self.memo.virtual_services[name] = hit
+        return hit[1]
+
+    def gateway(self, *args) -> Entry:
+        entry = self.previous.gateways.get(args) or gateway_entry(*args)
+        self.memo.gateways[args] = entry
+        return entry
+
+    def _l4_targets(self, route: Entry, problems: list[Backend]) -> list[tuple[str, int, int]]:
+        rules = route.obj.spec.rules  # type: ignore[attr-defined]
+        out = []
+        for ref in rules[0].backend_refs if rules else ():
+            b = resolve_backend(ref, route.key.kind, route.key.namespace, self.refs.services, self.refs.grants,
+                                self.refs.domain)
+            if not b.valid:
+                problems.append(b)
+            if b.weight > 0:
+                out.append((b.host, b.port, b.weight))
+        # Connections with nowhere to go are refused: a cluster that never exists.
+        return out or [(INVALID_BACKEND_HOST, 1, 1)]
+
+
+def _http_rules(by_host: Mapping[str, list[tuple[int, Candidate]]], host: str,
+                wildcards: list[str]) -> tuple[Candidate, ...]:
+    """The rules for one hostname: its own, then those of the wildcards covering it (`wildcards`:
+    this listener's, most specific first)."""
+    out = []
+    for h in (host, *(w for w in wildcards if w != host and matches(w, host))):
+        out.extend(c for _, c in sorted(by_host[h], key=lambda oc: (oc[1].rank, oc[0])))
+    return tuple(out)
+
+
+def translate(store: Store, domain: str, previous: GatewayApiResult | None = None) -> GatewayApiResult:
+    """`previous`: the last result from this Store, whose memo spares unchanged work."""
+    classes = store.list("GatewayClass")
+    ours = _our_classes(classes)
+    statuses: dict[ConfigKey, Status] = {}
+    for entry in ours.values():
+        if entry is not None:
+            statuses[entry.key] = {"conditions": [condition("Accepted", True, "Accepted", "Handled by Istio controller",
+                                                            entry.obj.metadata.generation)]}
+    kube_gateways = [g for g in store.list("KubernetesGateway")
+                     if g.obj.spec.gateway_class_name in ours]  # type: ignore[attr-defined]
+    if not kube_gateways:
+        return GatewayApiResult(statuses=MappingProxyType(statuses)) if statuses else EMPTY
+    services = {(e.key.namespace, e.key.name): e for e in store.list("Service")}
+    secrets = {(e.key.namespace, e.key.name): e for e in store.list("Secret")}
+    grant_entries = tuple(sorted(store.list("ReferenceGrant"), key=lambda e: e.key))
+    grants = ReferenceGrants.of(list(grant_entries))
+    labels = {e.key.name: e.obj.metadata.labels for e in store.list("Namespace")}
+    states = {}
+    for g in sorted(kube_gateways, key=_age):
+        states[(g.key.namespace, g.key.name)] = evaluate_gateway(
+            g, g.obj.spec.gateway_class_name, services, secrets, grants, domain)  # type: ignore[attr-defined]
+    p = _Pass(RouteRefs(services, grants, domain), labels, states,
+              previous.memo if previous is not None else TranslationMemo(), TranslationMemo(), grant_entries)
+    routes = [r for kind in ("HTTPRoute", "GRPCRoute", "TLSRoute", "TCPRoute") for r in store.list(kind)]
+    for order, route in enumerate(sorted(routes, key=_age)):
+        p.route(route, order)
+    statuses.update(p.statuses)
+
+    gateways: list[Entry] = []
+    virtual_services: list[Entry] = []
+    credentials: set[tuple[str, str, str]] = set()
+    for state in states.values():
+        statuses[state.entry.key] = state.status({ls.name: len(p.attached.get((state.entry.key, ls.name), ()))
+                                                  for ls in state.listeners})
+        for ls in state.listeners:
+            if not ls.programmed:
+                continue
+            gateways.append(_internal_gateway(state, ls, p))
+            if "/" in ls.credential:
+                secret_ns, _, secret = ls.credential.partition("/")
+                credentials.add((state.entry.key.namespace, secret_ns, secret))
+            virtual_services.extend(_http_virtual_services(state, ls, p))
+    for ls, route, hosts, targets in p.l4:
+        if not ls.programmed:
+            continue
+        gw = ls.gateway
+        internal = internal_gateway_name(gw.key.name, ls.name)
+        name = f"{internal}-{route.key.kind.lower()}-{route.key.namespace}-{route.key.name}"
+        virtual_services.append(p.virtual_service(gw.key.namespace, name, internal, hosts, (str(route.key),),
+                                                  route.obj.metadata.creation_timestamp, l4=targets,
+                                                  kind=route.key.kind))
+    return GatewayApiResult(tuple(gateways), tuple(virtual_services), MappingProxyType(statuses),
+                            frozenset(credentials), p.memo)
+
+
+def _internal_gateway(state: GatewayState, ls: ListenerState, p: _Pass) -> Entry:
+    spec = ls.spec
+    gw = state.entry
+    if spec.protocol == "HTTP":
+        protocol, mode = "HTTP", ""
+    elif spec.protocol == "HTTPS":
+        protocol, mode = "HTTPS", "SIMPLE"
+    elif spec.protocol == "TLS":
+        protocol, mode = "TLS", ("PASSTHROUGH" if spec.tls.mode == "Passthrough" else "SIMPLE")
+    else:
+        protocol, mode = "TCP", ""
+    return p.gateway(gw.key.namespace, gw.key.name, ls.name, gw.obj.metadata.creation_timestamp, spec.port,
+                     protocol, spec.hostname, mode, ls.credential)
+
+
+def _http_virtual_services(state: GatewayState, ls: ListenerState, p: _Pass) -> list[Entry]:
+    by_host = p.http.get((state.entry.key, ls.name))
+    if not by_host:
+        return []
+    gw = state.entry
+    internal = internal_gateway_name(gw.key.name, ls.name)
+    wildcards = sorted((h for h in by_host if h.startswith("*")), key=lambda h: (h == "*", -len(h), h))
+    out = []
+    for host in sorted(by_host):
+        candidates = _http_rules(by_host, host, wildcards)
+        parents = tuple(dict.fromkeys(c.origin for c in candidates))
+        out.append(p.virtual_service(gw.key.namespace, f"{internal}-{host}", internal, (host,), parents,
+                                     gw.obj.metadata.creation_timestamp, http=candidates))
+    return out

@@ -1,0 +1,141 @@
+"""Gateway API status written to the apiserver, by the leader only (istiod's status controller).
+
+Each new PushContext hands over the status its translation computed. The writer compares it,
+object by object, with the status the informers last saw (ours and other controllers'), and
+PUTs the status subresource only where it differs:
+- lastTransitionTime is carried over while a condition keeps its status, so an unchanged status
+  compares equal and is never written again;
+- a route's `parents` entries of other controllers are kept as they are; ours are replaced, and
+  removed when the route no longer names our Gateway;
+- the PUT carries the resourceVersion the informer saw: a conflict (someone wrote meanwhile) is
+  retried once the informer has the newer object.
+A status write changes only `status`, which the Gateway API models leave out of `spec_equal`: the
+Store sees no change, so it never causes a push.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable, Mapping
+
+from pilot import logging as plog
+from pilot.config.base import K8sObject
+from pilot.config.gateway_api import CONTROLLER_NAME, ROUTE_KINDS
+from pilot.config.kinds import BY_NAME
+from pilot.model.gateway_api.conditions import Status, stamp
+from pilot.model.store import ConfigKey
+from pilot.sources.kube.client import ApiError, Kube
+from pilot.sources.kube.rbac import Rule
+from pilot.status.view import now_rfc3339
+
+log = plog.get("status")
+
+STATUS_KINDS = ("GatewayClass", "KubernetesGateway", *ROUTE_KINDS)
+# What _write calls: PUT on the status subresource of every kind that has a status, cluster-wide.
+RBAC = tuple(Rule("cluster", BY_NAME[k].group, f"{BY_NAME[k].plural}/status", frozenset({"update"}))
+             for k in STATUS_KINDS)
+RETRY_S = 1.0
+
+
+class StatusWriter:
+    def __init__(self, kube: Kube, lookup: Callable[[ConfigKey], K8sObject | None],
+                 objects_of: Callable[[str], Iterable[K8sObject]], clock: Callable[[], str] = now_rfc3339) -> None:
+        """`lookup(key)` is the informers' latest copy of an object (with its status and
+        resourceVersion); `objects_of(kind)` every object of a kind they hold."""
+        self.kube = kube
+        self.lookup = lookup
+        self.objects_of = objects_of
+        self.clock = clock
+        self.active = False
+        self.writes = 0
+        self.conflicts = 0
+        self._desired: Mapping[ConfigKey, Status] = {}
+        self._written: dict[ConfigKey, tuple[str, Status]] = {}  # key -> (resourceVersion written over, status)
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    def offer(self, desired: Mapping[ConfigKey, Status]) -> None:
+        """The status a new PushContext computed (a GatewayStatusView listener)."""
+        self._desired = desired
+        if self.active:
+            self._wake.set()
+
+    # The leader election calls these.
+    async def start(self) -> None:
+        self.active = True
+        self._wake.set()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="gateway-status-writer")
+
+    async def stop(self) -> None:
+        self.active = False
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if not await self.reconcile_all():
+                await asyncio.sleep(RETRY_S)  # failed writes: retry soon, not in a hot loop
+                self._wake.set()
+
+    async def reconcile_all(self) -> bool:
+        """One pass over everything; False when some write must be retried."""
+        desired = self._desired
+        ok = True
+        for key, status in desired.items():
+            ok &= await self._reconcile(key, status)
+        for kind in ROUTE_KINDS:  # routes that stopped naming our Gateways: drop our parents
+            for obj in list(self.objects_of(kind)):
+                key = ConfigKey.of(obj)
+                if key not in desired and _ours(obj.status.get("parents")):  # type: ignore[attr-defined]
+                    ok &= await self._reconcile(key, {"parents": []})
+        self._written = {k: v for k, v in self._written.items() if k in desired}  # forget deleted objects
+        return ok
+
+    async def _reconcile(self, key: ConfigKey, desired: Status) -> bool:
+        obj = self.lookup(key)
+        if obj is None:
+            return True  # gone, or not seen yet: its next event brings another push
+        current: Status = obj.status or {}  # type: ignore[attr-defined]
+        rv = obj.metadata.resource_version
+        if key.kind in ROUTE_KINDS:
+            others = [p for p in current.get("parents") or () if p.get("controllerName") != CONTROLLER_NAME]
+            desired = {**current, "parents": others + list(desired.get("parents") or ())}
+        new = stamp(current, desired, self.clock())
+        if new == current:
+            return True
+        written = self._written.get(key)
+        if written is not None and written == (rv, new):
+            return True  # written already; the informer has not seen it yet
+        try:
+            await self._write(key, obj, new)
+        except ApiError as e:
+            if e.status == 409:
+                self.conflicts += 1
+                return False
+            if e.status == 404:
+                return True
+            log.warning("could not write status", object=str(key), status=e.status, reason=e.reason)
+            return False
+        except Exception as e:  # noqa: BLE001 - the apiserver is away (any transport error): retried
+            log.warning("could not write status", object=str(key), error=f"{type(e).__name__}: {e}")
+            return False
+        self._written[key] = (rv, new)
+        self.writes += 1
+        log.debug("wrote status", object=str(key))
+        return True
+
+    async def _write(self, key: ConfigKey, obj: K8sObject, status: Status) -> None:
+        kind = BY_NAME[key.kind]
+        body = {"apiVersion": kind.api_version, "kind": kind.kind,
+                "metadata": {"name": key.name, **({"namespace": key.namespace} if kind.namespaced else {}),
+                             "resourceVersion": obj.metadata.resource_version},
+                "status": status}
+        await self.kube.request("PUT", kind.path(key.namespace or None, key.name) + "/status", body=body)
+
+
+def _ours(parents) -> bool:
+    return any(isinstance(p, dict) and p.get("controllerName") == CONTROLLER_NAME for p in parents or ())

@@ -200,6 +200,9 @@ def envoy_bootstrap(cfg: AgentConfig, metadata: Mapping[str, Any]) -> dict:
             },
         }]},
         "layered_runtime": {"layers": [{"name": "admin", "admin_layer": {}}]},
+        # Internal listeners (a waypoint hands each HBONE tunnel to one), as istio-agent enables.
+        "bootstrap_extensions": [{"name": "envoy.bootstrap.internal_listener", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.bootstrap.internal_listener.v3.InternalListener"}}],
         "dynamic_resources": {
             "ads_config": {
                 "api_type": "DELTA_GRPC" if cfg.delta_xds else "GRPC",

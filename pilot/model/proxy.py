@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from google.protobuf import json_format
 
 PROXY_TYPES = ("sidecar", "router", "ztunnel")
+GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name"
 
 
 class InvalidNode(ValueError):
@@ -24,6 +25,8 @@ class ProxyTraits:
     interception_mode: str
     generator: str  # "" for Envoy, "grpc" for proxyless gRPC clients
     mesh_tls: bool = False  # has a workload identity, hence certificates: gets mTLS config
+    # A router's Gateway API gateway (its gateway-name label): a waypoint's config is its own.
+    gateway_name: str = ""
 
 
 @dataclass
@@ -64,7 +67,8 @@ class Proxy:
     @property
     def traits(self) -> ProxyTraits:
         return ProxyTraits(self.type, self.namespace, self.interception_mode, self.generator,
-                           bool(self.identity) and not self.is_grpc)
+                           bool(self.identity) and not self.is_grpc,
+                           self.labels.get(GATEWAY_NAME_LABEL, "") if self.type == "router" else "")
 
     def mark_grpc(self) -> None:
         """grpcio clients rarely send GENERATOR metadata; a named host:port LDS request gives them away."""

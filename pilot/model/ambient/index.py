@@ -60,6 +60,8 @@ class AmbientIndex:
     origins: Mapping[str, tuple[str, ...]]  # resource name -> config objects it comes from
     statuses: tuple[pol.PolicyStatus, ...] = ()
     waypoints: WaypointIndex | None = None
+    # (namespace, name) of a waypoint -> "namespace/hostname" of the services it serves
+    waypoint_services: Mapping[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
 
     @classmethod
     def build(cls, ctx, inputs: AmbientInputs) -> AmbientIndex:
@@ -148,10 +150,13 @@ class AmbientIndex:
                 add(w, f"ServiceEntry/{key[0]}/{key[1]}")
 
         services: dict[str, ServiceInfo] = {}
+        by_waypoint: dict[tuple[str, str], list[str]] = defaultdict(list)
         for ss in sources.values():
             for s in ss:
                 services[s.info.resource_name] = s.info
                 origins[s.info.resource_name] = (s.origin,)
+                if s.waypoint is not None:
+                    by_waypoint[(s.waypoint.namespace, s.waypoint.name)].append(s.info.resource_name)
         aliases: dict[str, list[str]] = defaultdict(list)
         service_workloads: dict[str, list[str]] = defaultdict(list)
         for uid, w in workloads.items():
@@ -166,7 +171,8 @@ class AmbientIndex:
                    MappingProxyType({k: tuple(v) for k, v in aliases.items()}),
                    MappingProxyType({k: tuple(sorted(v)) for k, v in service_workloads.items()}),
                    MappingProxyType(origins),
-                   tuple(sorted(statuses, key=lambda s: (s.namespace, s.name))), waypoints)
+                   tuple(sorted(statuses, key=lambda s: (s.namespace, s.name))), waypoints,
+                   MappingProxyType({k: tuple(sorted(v)) for k, v in by_waypoint.items()}))
 
     # --- lookups --------------------------------------------------------------------------------
     def resolve(self, name: str) -> tuple[str, ...]:

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pilot.model.ambient.types import HBONE_PORT, GatewayAddr
+from pilot.model.security_policies import WorkloadPolicies
 from pilot.model.store import Entry
 
 WAYPOINT_CLASS = "istio-waypoint"
@@ -79,7 +80,12 @@ class WaypointIndex:
             if spec.gateway_class_name != WAYPOINT_CLASS:
                 continue
             ns, name = e.key.namespace, e.key.name
-            address = _address(spec, ns, service_hosts.get((ns, name)))
+            # The HBONE listener: istiod hard-codes 15008 ("TODO: look up the HBONE port"); the
+            # Gateway's own listener port is used here, 15008 being the usual one.
+            hbone = sorted((ln for ln in spec.listeners if ln.protocol == "HBONE"),
+                           key=lambda ln: ln.port != HBONE_PORT)
+            port = hbone[0].port if hbone else HBONE_PORT
+            address = _address(spec, ns, service_hosts.get((ns, name)), port)
             if address is None:
                 continue  # not ready
             traffic = SERVICE_TRAFFIC
@@ -88,12 +94,11 @@ class WaypointIndex:
                 traffic = cls_entry.obj.metadata.labels.get(WAYPOINT_FOR, traffic)
             traffic = e.obj.metadata.labels.get(WAYPOINT_FOR, traffic)
             allowed, selector = "Same", ()
-            for listener in spec.listeners:
-                if listener.protocol == "HBONE" and listener.port == HBONE_PORT:
-                    rn = listener.allowed_routes.namespaces
-                    allowed = rn.from_
-                    if rn.selector is not None:
-                        selector = tuple(sorted(rn.selector.match_labels.items()))
+            if hbone:
+                rn = hbone[0].allowed_routes.namespaces
+                allowed = rn.from_
+                if rn.selector is not None:
+                    selector = tuple(sorted(rn.selector.match_labels.items()))
             out[(ns, name)] = Waypoint(ns, name, address, traffic, allowed, selector,
                                        tuple(sorted(instances.get((ns, name), ()))))
         return cls(out, namespaces)
@@ -130,13 +135,37 @@ class WaypointIndex:
         return wp
 
 
-def _address(spec, namespace: str, service_host: str | None) -> GatewayAddr | None:
+def _address(spec, namespace: str, service_host: str | None, port: int) -> GatewayAddr | None:
     for a in spec.addresses:
         if a.type == "Hostname":
-            return GatewayAddr(namespace=namespace, hostname=a.value)
+            return GatewayAddr(namespace=namespace, hostname=a.value, port=port)
     for a in spec.addresses:
         if a.type in ("IPAddress", ""):
-            return GatewayAddr(ip=a.value)
+            return GatewayAddr(ip=a.value, port=port)
     if service_host:
-        return GatewayAddr(namespace=namespace, hostname=service_host)
+        return GatewayAddr(namespace=namespace, hostname=service_host, port=port)
     return None
+
+
+def waypoint_policies(authorization_policies: Mapping[str, tuple[Entry, ...]], waypoint: Waypoint,
+                      service_namespace: str, service_name: str, service_kind: str = "Service") -> WorkloadPolicies:
+    """The AuthorizationPolicies a waypoint enforces for one service: those attached (targetRefs)
+    to the waypoint's Gateway, and those attached to the service itself (istiod's policy
+    attachment for waypoints); by action, oldest first."""
+    by_action: dict[str, list[Entry]] = {"CUSTOM": [], "DENY": [], "ALLOW": [], "AUDIT": []}
+    seen = set()
+    for ns in dict.fromkeys((waypoint.namespace, service_namespace)):
+        for e in authorization_policies.get(ns, ()):
+            for ref in e.obj.spec.target_references:  # type: ignore[attr-defined]
+                to_gateway = (ref.kind == "Gateway" and ref.group == "gateway.networking.k8s.io"
+                              and ns == waypoint.namespace and ref.name == waypoint.name)
+                to_service = (ref.kind == service_kind and ref.group in ("", "core", "networking.istio.io")
+                              and ns == service_namespace and ref.name == service_name)
+                if (to_gateway or to_service) and e.key not in seen:
+                    seen.add(e.key)
+                    by_action[e.obj.spec.action].append(e)  # type: ignore[attr-defined]
+    return WorkloadPolicies(*(tuple(sorted(by_action[a], key=_age)) for a in ("CUSTOM", "DENY", "ALLOW", "AUDIT")))
+
+
+def _age(e: Entry) -> tuple[str, str, str]:
+    return (e.obj.metadata.creation_timestamp, e.key.name, e.key.namespace)

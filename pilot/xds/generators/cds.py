@@ -10,6 +10,7 @@ from pilot.model.store import Entry
 from pilot.networking import clusters, inbound, names
 from pilot.networking.traffic_policy import effective_policy
 from pilot.xds.cache import CachedResource, XdsCache
+from pilot.xds.generators import waypoint
 from pilot.xds.typeurls import CLUSTER
 
 
@@ -55,6 +56,9 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
             if want(name):
                 out.append(cache.resource(CLUSTER, name, build, ctx.settings.clusters,
                                           origins=("MeshConfig",)))
+    wp = waypoint.waypoint_of(ctx, proxy)
+    if wp is not None:
+        out.extend(r for r in waypoint.clusters(ctx, wp, cache) if want(r.name))
     return out
 
 

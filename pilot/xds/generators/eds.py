@@ -10,6 +10,7 @@ from pilot.model.services import ServicePort, endpoints_for_port, service_entry_
 from pilot.model.store import Entry
 from pilot.networking import endpoints, names
 from pilot.xds.cache import CachedResource, XdsCache
+from pilot.xds.generators import waypoint
 from pilot.xds.typeurls import ENDPOINT
 
 
@@ -34,6 +35,9 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
     for name in sorted(requested or ()):
         parsed = names.parse_cluster_name(name)
         if parsed is None or parsed[0] != "outbound":
+            vip = waypoint.load_assignment(ctx, name, cache)  # a waypoint's inbound-vip cluster
+            if vip is not None:
+                out.append(vip)
             continue
         _, port_number, subset, host = parsed
         svc = ctx.by_host.get(host)

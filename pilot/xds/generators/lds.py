@@ -9,7 +9,7 @@ from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
 from pilot.networking import inbound, listeners, names
 from pilot.xds.cache import CachedResource, XdsCache
-from pilot.xds.generators import gateway
+from pilot.xds.generators import gateway, waypoint
 from pilot.xds.typeurls import LISTENER
 
 
@@ -37,6 +37,9 @@ def _sidecar_origin(sidecar) -> tuple[str, ...]:
 
 def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
              cache: XdsCache) -> list[CachedResource]:
+    wp = waypoint.waypoint_of(ctx, proxy)
+    if wp is not None:
+        return waypoint.listeners(ctx, proxy, wp, requested, cache)
     if gateway.is_gateway(proxy):
         return gateway.listeners(ctx, proxy, requested, cache)
     if proxy.is_grpc:

@@ -1,0 +1,110 @@
+"""A waypoint's generated Envoy config: HBONE termination, one chain per service VIP:port with its
+attached policies, inbound-vip clusters with endpoints; and Envoy accepts all of it."""
+
+from __future__ import annotations
+
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.listener.v3 import listener_pb2
+from envoy.extensions.filters.http.rbac.v3 import rbac_pb2 as http_rbac_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+
+from pilot.model.proxy import Proxy, parse_node_id
+from pilot.xds.generators import cds, eds, lds
+from tests.support.envoy import envoy_validate
+from tests.support.policies import authz
+from tests.support.static_config import static_bootstrap
+from tests.unit.helpers import World, endpoint_slice
+
+DOCS = [
+    {"apiVersion": "v1", "kind": "Namespace",
+     "metadata": {"name": "shop", "labels": {"istio.io/use-waypoint": "waypoint"}}},
+    {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "metadata": {"name": "waypoint", "namespace": "shop"},
+     "spec": {"gatewayClassName": "istio-waypoint", "listeners": [{"name": "mesh", "port": 15008, "protocol": "HBONE"}]}},
+    {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "waypoint", "namespace": "shop",
+                                                          "labels": {"gateway.istio.io/managed": "istio.io-mesh-controller"}},
+     "spec": {"clusterIP": "10.96.0.99", "ports": [{"name": "mesh", "port": 15008}]}},
+    {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "cart", "namespace": "shop"},
+     "spec": {"clusterIP": "10.96.0.10", "selector": {"app": "cart"},
+              "ports": [{"name": "http", "port": 80, "targetPort": 8080}, {"name": "tcp-db", "port": 5432}]}},
+    endpoint_slice("cart-1", "cart", "shop", addresses=("10.1.0.11",), port=8080),
+    authz("no-admin", "shop", action="DENY",
+          targetRefs=[{"kind": "Gateway", "group": "gateway.networking.k8s.io", "name": "waypoint"}],
+          rules=[{"to": [{"operation": {"paths": ["/admin"]}}]}]),
+    authz("cart-callers", "shop", targetRefs=[{"kind": "Service", "group": "", "name": "cart"}],
+          rules=[{"from": [{"source": {"principals": ["cluster.local/ns/shop/sa/front"]}}]}]),
+]
+
+
+def waypoint_proxy() -> Proxy:
+    node_id = "router~10.1.0.50~waypoint-7c9.shop~shop.svc.cluster.local"
+    t, ips, pod, ns, domain = parse_node_id(node_id)
+    return Proxy(node_id, t, ips, pod, ns, domain, "waypoint.shop",
+                 {"NAMESPACE": "shop", "LABELS": {"gateway.networking.k8s.io/gateway-name": "waypoint"}})
+
+
+def hcm_of(chain) -> hcm_pb2.HttpConnectionManager:
+    h = hcm_pb2.HttpConnectionManager()
+    chain.filters[-1].typed_config.Unpack(h)
+    return h
+
+
+def test_listeners_clusters_and_endpoints():
+    w = World()
+    w.apply(*DOCS)
+    ctx, p = w.ctx(), waypoint_proxy()
+    listeners = {r.name: r.message(listener_pb2.Listener) for r in lds.generate(ctx, p, None, w.cache)}
+    assert set(listeners) == {"connect_terminate", "main_internal"}
+    term = listeners["connect_terminate"]
+    assert term.address.socket_address.port_value == 15008
+    assert term.filter_chains[0].transport_socket.name == "envoy.transport_sockets.tls"
+    route = hcm_of(term.filter_chains[0]).route_config.virtual_hosts[0].routes[0]
+    assert route.match.HasField("connect_matcher") and route.route.cluster == "main_internal"
+
+    internal = listeners["main_internal"]
+    assert internal.HasField("internal_listener")
+    chains = {c.name: c for c in internal.filter_chains}
+    assert set(chains) == {"inbound-vip|80|http|cart.shop.svc.cluster.local",
+                           "inbound-vip|5432|tcp|cart.shop.svc.cluster.local"}
+    http = chains["inbound-vip|80|http|cart.shop.svc.cluster.local"]
+    assert http.filter_chain_match.destination_port.value == 80
+    assert [r.address_prefix for r in http.filter_chain_match.prefix_ranges] == ["10.96.0.10"]
+    filters = hcm_of(http).http_filters
+    rbac = {}
+    for f in filters:
+        if f.name == "envoy.filters.http.rbac":
+            cfg = http_rbac_pb2.RBAC()
+            f.typed_config.Unpack(cfg)
+            rbac[cfg.rules.action] = cfg.rules
+    # The Gateway-attached DENY and the Service-attached ALLOW both apply to the cart chain.
+    assert set(rbac) == {1, 0}  # DENY, ALLOW
+    [allow] = rbac[0].policies.values()
+    principal = allow.principals[0]
+    # The caller's identity comes from the tunnel's filter state, not the (internal) peer.
+    while principal.WhichOneof("identifier") in ("and_ids", "or_ids"):
+        principal = getattr(principal, principal.WhichOneof("identifier")).ids[0]
+    assert principal.filter_state.key == "io.istio.peer_principal"
+    assert principal.filter_state.string_match.exact == "spiffe://cluster.local/ns/shop/sa/front"
+
+    clusters = {r.name: r.message(cluster_pb2.Cluster) for r in cds.generate(ctx, p, None, w.cache)}
+    assert {"main_internal", "inbound-vip|80|http|cart.shop.svc.cluster.local",
+            "inbound-vip|5432|tcp|cart.shop.svc.cluster.local"} <= set(clusters)
+    [cla] = eds.generate(ctx, p, frozenset({"inbound-vip|80|http|cart.shop.svc.cluster.local"}), w.cache)
+    from envoy.config.endpoint.v3 import endpoint_pb2
+    lb = cla.message(endpoint_pb2.ClusterLoadAssignment).endpoints[0].lb_endpoints[0]
+    assert (lb.endpoint.address.socket_address.address, lb.endpoint.address.socket_address.port_value) == (
+        "10.1.0.11", 8080)
+
+    # A router that is not a waypoint gets none of this.
+    other = waypoint_proxy()
+    other.metadata = {"NAMESPACE": "shop", "LABELS": {"gateway.networking.k8s.io/gateway-name": "ingress"}}
+    assert "connect_terminate" not in {r.name for r in lds.generate(ctx, other, None, w.cache)}
+
+
+def test_envoy_accepts_the_waypoint_config(tmp_path):
+    w = World()
+    w.apply(*DOCS)
+    config = static_bootstrap(w.ctx(), waypoint_proxy())
+    config["bootstrap_extensions"] = [{"name": "envoy.bootstrap.internal_listener", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.bootstrap.internal_listener.v3.InternalListener"}}]
+    ok, output = envoy_validate(config, tmp_path)
+    assert ok, f"envoy rejected the waypoint config:\n{output}"

@@ -17,6 +17,8 @@ caller (the rule denies more), in ALLOW rules they never match (it allows less).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import address_pb2, base_pb2, protocol_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
@@ -36,8 +38,13 @@ from envoy.extensions.transport_sockets.raw_buffer.v3 import raw_buffer_pb2
 from envoy.type.matcher.v3 import filter_state_pb2
 from google.protobuf import wrappers_pb2
 
+from pilot.config.mesh import HttpRetryPolicy
 from pilot.model.security_policies import WorkloadPolicies
+from pilot.model.services import MeshService
+from pilot.model.store import Entry
 from pilot.networking import tls
+from pilot.networking.filters import cors_filter, fault_filter, router_filter
+from pilot.networking.http_routes import RouteInputs, virtual_service_routes
 from pilot.networking.policy_filters import inbound_http_filters, inbound_network_filters
 from pilot.networking.protos import ads_config_source, duration, pack
 
@@ -78,9 +85,12 @@ def connect_terminate_listener(port: int) -> listener_pb2.Listener:
             upgrade_configs=[route_components_pb2.RouteAction.UpgradeConfig(
                 upgrade_type="CONNECT",
                 connect_config=route_components_pb2.RouteAction.UpgradeConfig.ConnectConfig())]))
+    # Both objects are hashable: shared filter state that hashes is part of the upstream pool key,
+    # so an internal connection made for one caller (or destination) is never reused for another.
+    # A plain `envoy.string` principal let a refused caller's connection serve the next caller.
     state = set_filter_state_pb2.Config(on_request_headers=[
         _set_state(ORIGINAL_DST_KEY, "%REQ(:AUTHORITY)%"),
-        _set_state(PEER_PRINCIPAL_KEY, "%DOWNSTREAM_PEER_URI_SAN%", "envoy.string")])
+        _set_state(PEER_PRINCIPAL_KEY, "%DOWNSTREAM_PEER_URI_SAN%", "envoy.hashable_string")])
     manager = hcm_pb2.HttpConnectionManager(
         stat_prefix=CONNECT_TERMINATE,
         route_config=route_pb2.RouteConfiguration(name="default", virtual_hosts=[route_components_pb2.VirtualHost(
@@ -105,13 +115,24 @@ def connect_terminate_listener(port: int) -> listener_pb2.Listener:
                                                     typed_config=pack(manager))])])
 
 
-# (hostname, VIPs, ((port, "http" | "tcp"), ...), policies for this service, trust domain)
-ServiceChains = tuple[str, tuple[str, ...], tuple[tuple[int, str], ...], WorkloadPolicies]
+# (hostname, VIPs, ((port, "http" | "tcp"), ...), policies for this service, its VirtualService)
+ServiceChains = tuple[str, tuple[str, ...], tuple[tuple[int, str], ...], WorkloadPolicies, Entry | None]
 
 
-def main_internal_listener(services: tuple[ServiceChains, ...], trust_domain: str) -> listener_pb2.Listener:
+@dataclass(frozen=True)
+class RoutingInputs:
+    """What VirtualService routes need: every service (destination ports), the mesh domain and
+    the default retry policy."""
+
+    services: tuple[MeshService, ...] = ()
+    domain: str = "cluster.local"
+    retry: HttpRetryPolicy | None = None
+
+
+def main_internal_listener(services: tuple[ServiceChains, ...], trust_domain: str,
+                           routing: RoutingInputs = RoutingInputs()) -> listener_pb2.Listener:
     chains = []
-    for hostname, vips, ports, policies in services:
+    for hostname, vips, ports, policies, vs in services:
         for port, protocol in ports:
             cluster = inbound_vip_cluster_name(port, protocol, hostname)
             match = listener_components_pb2.FilterChainMatch(
@@ -119,7 +140,7 @@ def main_internal_listener(services: tuple[ServiceChains, ...], trust_domain: st
                 prefix_ranges=[address_pb2.CidrRange(address_prefix=v, prefix_len=wrappers_pb2.UInt32Value(
                     value=128 if ":" in v else 32)) for v in vips])
             if protocol == "http":
-                filters = [_http_chain(cluster, hostname, port, policies, trust_domain)]
+                filters = [_http_chain(cluster, port, policies, trust_domain, vs, routing)]
             else:
                 filters = [*tunnel_rbac(inbound_network_filters(policies, trust_domain)),
                            listener_components_pb2.Filter(
@@ -135,18 +156,28 @@ def main_internal_listener(services: tuple[ServiceChains, ...], trust_domain: st
         filter_chains=chains)
 
 
-def _http_chain(cluster: str, hostname: str, port: int, policies: WorkloadPolicies,
-                trust_domain: str) -> listener_components_pb2.Filter:
-    route = route_components_pb2.Route(
-        match=route_components_pb2.RouteMatch(prefix="/"),
-        route=route_components_pb2.RouteAction(cluster=cluster, timeout=duration(0)))
+def _http_chain(cluster: str, port: int, policies: WorkloadPolicies, trust_domain: str, vs: Entry | None,
+                routing: RoutingInputs) -> listener_components_pb2.Filter:
+    """The service's own endpoints, or, when a VirtualService applies to the host, its HTTP rules
+    (their destinations are the outbound clusters every router has), as istiod's waypoint does."""
+    routes = []
+    if vs is not None and vs.obj.spec.http:  # type: ignore[attr-defined]
+        inputs = RouteInputs(vs.key.namespace, routing.domain, port, {s.hostname: s for s in routing.services},
+                             routing.retry or HttpRetryPolicy())
+        routes = virtual_service_routes(vs.obj.spec.http, inputs)  # type: ignore[attr-defined]
+    if not routes:
+        routes = [route_components_pb2.Route(
+            match=route_components_pb2.RouteMatch(prefix="/"),
+            route=route_components_pb2.RouteAction(cluster=cluster, timeout=duration(0)))]
     manager = hcm_pb2.HttpConnectionManager(
         stat_prefix=cluster,
-        route_config=route_pb2.RouteConfiguration(name=cluster, virtual_hosts=[route_components_pb2.VirtualHost(
-            name=f"inbound|http|{port}", domains=["*"], routes=[route])]),
+        route_config=route_pb2.RouteConfiguration(
+            name=cluster, validate_clusters=wrappers_pb2.BoolValue(value=False),
+            virtual_hosts=[route_components_pb2.VirtualHost(name=f"inbound|http|{port}", domains=["*"],
+                                                            routes=routes)]),
         use_remote_address=wrappers_pb2.BoolValue(value=False),
         http_filters=[*tunnel_rbac(inbound_http_filters(policies, trust_domain)),
-                      hcm_pb2.HttpFilter(name="envoy.filters.http.router", typed_config=pack(router_pb2.Router()))])
+                      fault_filter(), cors_filter(), router_filter()])
     return listener_components_pb2.Filter(name="envoy.filters.network.http_connection_manager",
                                           typed_config=pack(manager))
 

@@ -165,10 +165,16 @@ def waypoint_mesh(hbone_port: int, app_port: int) -> str:
                       rules=[{"to": [{"operation": {"paths": ["/admin"]}}]}]),
                 authz("front-only", "shop", targetRefs=[{"kind": "Service", "group": "", "name": "cart"}],
                       rules=[{"from": [{"source": {"principals": ["cluster.local/ns/shop/sa/front"]}}]}])]
-    return dump(NAMESPACE, cart, slice_, gateway, WAYPOINT[1], *policies)
+    # Routing at the waypoint: requests for /old are answered 410 there (a VirtualService fault).
+    vs = {"apiVersion": "networking.istio.io/v1", "kind": "VirtualService", "metadata": {"name": "cart", "namespace": "shop"},
+          "spec": {"hosts": ["cart.shop.svc.cluster.local"], "http": [
+              {"match": [{"uri": {"prefix": "/old"}}], "fault": {"abort": {"httpStatus": 410, "percentage": {"value": 100}}},
+               "route": [{"destination": {"host": "cart"}}]},
+              {"route": [{"destination": {"host": "cart"}}]}]}}
+    return dump(NAMESPACE, cart, slice_, gateway, WAYPOINT[1], vs, *policies)
 
 
-async def test_a_waypoint_envoy_terminates_hbone_and_applies_l7_policy(tmp_path):
+async def test_a_waypoint_envoy_terminates_hbone_and_applies_l7_routing_and_policy(tmp_path):
     issuer = Issuer("ES256")
     hbone_port, app_port = free_ports(2)
     app = HttpBackend("cart", app_port)
@@ -207,6 +213,9 @@ async def test_a_waypoint_envoy_terminates_hbone_and_applies_l7_policy(tmp_path)
         # by the caller's mesh identity (from the tunnel's mTLS).
         assert (await client.get("front", "/admin"))[0] == 403
         assert (await client.get("other", "/hello"))[0] == 403
+        # Routing at the waypoint, for the allowed caller, right after the refused one: tunnels of
+        # different identities never share an internal connection (or its identity).
+        assert (await client.get("front", "/old/page"))[0] == 410
         assert app.request_count == 1
     finally:
         if client is not None:

@@ -4,6 +4,7 @@ attached policies, inbound-vip clusters with endpoints; and Envoy accepts all of
 from __future__ import annotations
 
 from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.config.listener.v3 import listener_pb2
 from envoy.extensions.filters.http.rbac.v3 import rbac_pb2 as http_rbac_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
@@ -89,7 +90,6 @@ def test_listeners_clusters_and_endpoints():
     assert {"main_internal", "inbound-vip|80|http|cart.shop.svc.cluster.local",
             "inbound-vip|5432|tcp|cart.shop.svc.cluster.local"} <= set(clusters)
     [cla] = eds.generate(ctx, p, frozenset({"inbound-vip|80|http|cart.shop.svc.cluster.local"}), w.cache)
-    from envoy.config.endpoint.v3 import endpoint_pb2
     lb = cla.message(endpoint_pb2.ClusterLoadAssignment).endpoints[0].lb_endpoints[0]
     assert (lb.endpoint.address.socket_address.address, lb.endpoint.address.socket_address.port_value) == (
         "10.1.0.11", 8080)
@@ -104,6 +104,33 @@ def test_envoy_accepts_the_waypoint_config(tmp_path):
     w = World()
     w.apply(*DOCS)
     config = static_bootstrap(w.ctx(), waypoint_proxy())
+    config["bootstrap_extensions"] = [{"name": "envoy.bootstrap.internal_listener", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.bootstrap.internal_listener.v3.InternalListener"}}]
+    ok, output = envoy_validate(config, tmp_path)
+    assert ok, f"envoy rejected the waypoint config:\n{output}"
+
+
+VS = {"apiVersion": "networking.istio.io/v1", "kind": "VirtualService", "metadata": {"name": "cart", "namespace": "shop"},
+      "spec": {"hosts": ["cart.shop.svc.cluster.local"], "http": [
+          {"match": [{"uri": {"prefix": "/old"}}], "fault": {"abort": {"httpStatus": 410, "percentage": {"value": 100}}},
+           "route": [{"destination": {"host": "cart"}}]},
+          {"route": [{"destination": {"host": "cart", "port": {"number": 80}}}]}]}}
+
+
+def test_a_virtual_service_routes_at_the_waypoint(tmp_path):
+    w = World()
+    w.apply(*DOCS, VS)
+    ctx, p = w.ctx(), waypoint_proxy()
+    listeners = {r.name: r.message(listener_pb2.Listener) for r in lds.generate(ctx, p, None, w.cache)}
+    chain = next(c for c in listeners["main_internal"].filter_chains if "|http|" in c.name)
+    h = hcm_of(chain)
+    routes = h.route_config.virtual_hosts[0].routes
+    assert [(r.match.prefix, r.route.cluster) for r in routes] == [
+        ("/old", "outbound|80||cart.shop.svc.cluster.local"), ("/", "outbound|80||cart.shop.svc.cluster.local")]
+    assert routes[0].typed_per_filter_config["envoy.filters.http.fault"]
+    assert [f.name for f in h.http_filters][-3:] == ["envoy.filters.http.fault", "envoy.filters.http.cors",
+                                                     "envoy.filters.http.router"]
+    config = static_bootstrap(ctx, p)
     config["bootstrap_extensions"] = [{"name": "envoy.bootstrap.internal_listener", "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.bootstrap.internal_listener.v3.InternalListener"}}]
     ok, output = envoy_validate(config, tmp_path)

@@ -44,25 +44,31 @@ def _service_chains(ctx: PushContext, waypoint: Waypoint) -> tuple[tuple, tuple[
         ports = tuple((p.port, "http" if p.protocol.is_http else "tcp") for p in svc.ports)
         policies = waypoint_policies(ctx.security.authorization_policies, waypoint, svc.namespace, svc.name,
                                      svc.kind)
-        chains.append((info.hostname, tuple(ip for _, ip in info.addresses), ports, policies))
+        vs = ctx.traffic.virtual_service(info.hostname)
+        chains.append((info.hostname, tuple(ip for _, ip in info.addresses), ports, policies, vs))
         origins += [*index.origins.get(key, ()), *policies.origins]
+        if vs is not None:
+            origins.append(f"VirtualService/{vs.key.namespace}/{vs.key.name}")
     return tuple(chains), tuple(dict.fromkeys(origins))
 
 
 def listeners(ctx: PushContext, proxy: Proxy, waypoint: Waypoint, requested: frozenset[str] | None,
               cache: XdsCache) -> list[CachedResource]:
     chains, origins = _service_chains(ctx, waypoint)
+    # Destination ports of VirtualService routes may be any service's: all are inputs then.
+    routing = wp.RoutingInputs(ctx.services if any(c[4] for c in chains) else (), ctx.domain,
+                               ctx.settings.routes.retry)
     out = [cache.resource(LISTENER, wp.CONNECT_TERMINATE, wp.connect_terminate_listener, waypoint.address.port,
                           origins=origins[:1]),
            cache.resource(LISTENER, wp.MAIN_INTERNAL, wp.main_internal_listener, chains, ctx.mesh.trust_domain,
-                          origins=origins)]
+                          routing, origins=origins)]
     return [r for r in out if requested is None or r.name in requested]
 
 
 def clusters(ctx: PushContext, waypoint: Waypoint, cache: XdsCache) -> list[CachedResource]:
     chains, _ = _service_chains(ctx, waypoint)
     out = [cache.resource(CLUSTER, wp.MAIN_INTERNAL, wp.main_internal_cluster)]
-    for hostname, _, ports, _ in chains:
+    for hostname, _, ports, _, _ in chains:
         for port, protocol in ports:
             name = wp.inbound_vip_cluster_name(port, protocol, hostname)
             out.append(cache.resource(CLUSTER, name, wp.inbound_vip_cluster, name,

@@ -199,8 +199,17 @@ class DebugHandlers:
         ctx = s.push_context
         return _json({"version": ctx.version, "connected": len(s.connections),
                       "conflicts": list(ctx.conflicts) + list(ctx.traffic.conflicts)
-                      + list(destination_problems(ctx.traffic, set(ctx.by_host), ctx.domain)),
+                      + list(destination_problems(ctx.traffic, set(ctx.by_host), ctx.domain))
+                      + self._inbound_problems(),
                       "pushes": [p.as_dict() for p in s.history.recent()]})
+
+    def _inbound_problems(self) -> list[str]:
+        """Workload ports connected sidecars cannot serve inbound, and why."""
+        ctx, out = self.server.push_context, []
+        for conn in list(self.server.connections.values()):
+            if conn.proxy.type == "sidecar" and not conn.proxy.is_grpc:
+                out.extend(f"{conn.proxy.id}: {p}" for p in ctx.inbound_plan(conn.proxy).problems)
+        return sorted(set(out))
 
     async def mesh(self, _req: web.Request) -> web.Response:
         m = self.server.mesh

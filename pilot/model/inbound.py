@@ -103,6 +103,10 @@ def plan_inbound(proxy: Proxy, services: tuple[MeshService, ...], slices_of, sid
                     continue
             if target in ports:
                 continue  # several services may target one workload port: the first (by host) serves it
+            if none_mode and ip == LOCALHOST:
+                problems.append(f"{svc.origin} port {sp.port}: the workload address is {LOCALHOST}, where the app "
+                                f"itself listens on {target}; give the proxy its own IP to serve it inbound")
+                continue
             ports[target] = InboundPort(target, sp.protocol, f"{LOCALHOST}:{target}",
                                         ip if none_mode else "", mtls_mode(target), svc.origin)
     return InboundPlan(tuple(ports[k] for k in sorted(ports)), mesh_tls, policies, tuple(problems))

@@ -235,3 +235,10 @@ def test_mtls_config_passes_envoy_validate(world: World, interception: str, tmp_
     assert {"sds-grpc", "inbound|9080||", CLUSTER} <= names
     ok, output = envoy_validate(config, tmp_path)
     assert ok, f"envoy rejected the generated mTLS config:\n{output}"
+
+
+def test_a_workload_on_loopback_cannot_be_served_inbound_and_says_why(world: World) -> None:
+    p = mesh_proxy(ip="127.0.0.1")
+    assert not [n for n in world.lds(p) if n.startswith("inbound")]
+    (problem,) = world.ctx().inbound_plan(p).problems
+    assert "Service/default/reviews port 9080" in problem and "127.0.0.1" in problem

@@ -86,9 +86,8 @@ def _inbound(ctx: PushContext, proxy: Proxy, settings, outbound_names: set[str],
         if not port.bind:
             redirected.append(port)
             continue
-        if (port.bind == listeners.LOCALHOST and names.listener_name(listeners.LOCALHOST, port.port) in outbound_names) \
-                or port.endpoint == f"{port.bind}:{port.port}":
-            continue  # same address as an outbound listener or as the app itself: cannot be bound
+        if names.listener_name(port.bind, port.port) in outbound_names or port.endpoint == f"{port.bind}:{port.port}":
+            continue  # the address of an outbound listener, or of the app itself: Envoy would reject it
         out.append(cache.resource(LISTENER, inbound.inbound_listener_name(port.bind, port.port),
                                   inbound.bound_inbound_listener, port, plan.mesh_tls, settings,
                                   plan.policies, ctx.mesh.trust_domain,

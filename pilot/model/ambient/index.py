@@ -19,6 +19,7 @@ from pilot.model.ambient.waypoints import GATEWAY_KIND, WaypointIndex
 from pilot.model.ambient.workloads import (
     node_locality,
     pod_workload,
+    selecting_services,
     service_entry_workloads,
     workload_entry_workload,
 )
@@ -129,9 +130,15 @@ class AmbientIndex:
                 workloads[w.uid] = w
                 origins[w.uid] = (origin,)
 
+        # Replicas share labels: which services select them is worked out once per label set.
+        selected: dict[tuple[str, frozenset], list[ServiceSource]] = {}
         for (ns, name), pod in sorted(ctx.pods.items()):
             node = pod.obj.spec.node_name  # type: ignore[attr-defined]
-            add(pod_workload(pod, namespace_labels=ns_labels.get(ns, {}), services=sources.get(ns, []),
+            labels = pod.obj.metadata.labels
+            key = (ns, frozenset(labels.items()))
+            if key not in selected:
+                selected[key] = selecting_services(sources.get(ns, []), labels)
+            add(pod_workload(pod, namespace_labels=ns_labels.get(ns, {}), selecting=selected[key],
                              policies=workload_policies, waypoint=workload_waypoint,
                              is_waypoint_instance=waypoints.instance_of(ns, pod.obj.metadata.labels) is not None,
                              trust_domain=trust_domain, cluster_id=cluster_id,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Callable, Mapping
+from functools import lru_cache
 
 from pilot.model.ambient.services import ServiceSource
 from pilot.model.ambient.types import (
@@ -77,6 +78,7 @@ def workload_name_and_type(pod) -> tuple[str, str]:
     return meta.name, POD
 
 
+@lru_cache(maxsize=65536)
 def _valid_ip(text: str) -> str | None:
     try:
         return str(ipaddress.ip_address(text))
@@ -130,10 +132,17 @@ def node_locality(node: Entry | None) -> tuple[str, str, str] | None:
     return loc if any(loc) else None
 
 
-def pod_workload(pod_entry: Entry, *, namespace_labels: Mapping[str, str], services: list[ServiceSource],
+def selecting_services(services: list[ServiceSource], labels: Mapping[str, str]) -> list[ServiceSource]:
+    """The services of a namespace whose selector picks these labels: Kubernetes Services first."""
+    return [s for s in services if s.kind == "Service" and s.selects(labels)] + \
+        [s for s in services if s.kind == "ServiceEntry" and s.selects(labels)]
+
+
+def pod_workload(pod_entry: Entry, *, namespace_labels: Mapping[str, str], selecting: list[ServiceSource],
                  policies: Policies, waypoint: Waypoint, is_waypoint_instance: bool, trust_domain: str,
                  cluster_id: str, locality: tuple[str, str, str] | None) -> WorkloadInfo | None:
-    """None for pods ztunnel cannot reach: not running (or pending), no valid IP, host network."""
+    """None for pods ztunnel cannot reach: not running (or pending), no valid IP, host network.
+    `selecting`: the services whose selector picks the pod (selecting_services)."""
     pod = pod_entry.obj
     phase = pod.status.phase  # type: ignore[attr-defined]
     if phase not in ("Running", "Pending", "") or pod.spec.host_network:  # type: ignore[attr-defined]
@@ -143,8 +152,6 @@ def pod_workload(pod_entry: Entry, *, namespace_labels: Mapping[str, str], servi
         return None
     meta = pod.metadata
     ns, name, labels = meta.namespace, meta.name, meta.labels
-    selecting = [s for s in services if s.kind == "Service" and s.selects(labels)] + \
-                [s for s in services if s.kind == "ServiceEntry" and s.selects(labels)]
     hbone, native = tunnel(labels, meta.annotations, namespace_labels)
     wl_name, wl_type = workload_name_and_type(pod)
     cname, crev = canonical(labels, wl_name)

@@ -4,12 +4,19 @@ and which Store changes push ztunnels."""
 from __future__ import annotations
 
 import ipaddress
+import json
+import statistics
+import time
+
+import pytest
 
 from pilot.gen.workloadapi import workload_pb2 as wapi
 from pilot.model.ambient.events import ambient_push_request
 from pilot.model.ambient.index import ambient_index
 from pilot.model.store import ConfigKey, Event
+from pilot.xds.generated import Generated, plan_response
 from pilot.xds.generators import wds
+from tests.support.policies import authz
 from tests.unit.helpers import World, mesh_configmap, proxy
 
 ZT = proxy("istio-system", pod_name="ztunnel-1", ptype="ztunnel")
@@ -144,3 +151,40 @@ def test_ztunnel_only_changes_map_to_ztunnel_pushes():
     gw = ambient_push_request([ev("KubernetesGateway", "waypoint", "shop")])
     assert gw is not None and gw.full
     assert ambient_push_request([ev("ConfigMap", "x", "shop"), ev("Secret", "s", "shop")]) is None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_figures_wds_push_cost_for_a_pod_change():
+    """1,000 pods (100 services, 100 selector policies, 10 ambient namespaces): the ztunnel push of
+    one pod's move, from index to the planned delta response."""
+    w = World()
+    docs = []
+    for n in range(10):
+        docs.append(ns(f"ns{n}", **{"istio.io/dataplane-mode": "ambient"}))
+        for s in range(10):
+            docs.append({"apiVersion": "v1", "kind": "Service", "metadata": {"name": f"svc{s}", "namespace": f"ns{n}"},
+                         "spec": {"clusterIP": f"10.96.{n}.{s + 1}", "selector": {"app": f"svc{s}"},
+                                  "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}})
+            docs.append(authz(f"p{s}", f"ns{n}", selector={"matchLabels": {"app": f"svc{s}"}},
+                              rules=[{"from": [{"source": {"namespaces": [f"ns{n}"]}}]}]))
+            docs += [pod(f"svc{s}-{p}", f"ns{n}", ip=f"10.{n + 1}.{s}.{p + 1}", labels={"app": f"svc{s}"})
+                     for p in range(10)]
+    w.apply(*docs)
+    t0 = time.perf_counter()
+    held = Generated(tuple(wds.generate(w.ctx(), ZT, None, w.cache))).versions()
+    cold_ms = (time.perf_counter() - t0) * 1000
+    samples, sent = [], []
+    for k in range(5):
+        w.apply(pod("svc3-4", "ns2", ip=f"10.200.0.{k + 1}", labels={"app": "svc3"}))
+        ctx = w.ctx()
+        t0 = time.perf_counter()
+        plan = plan_response(held, Generated(tuple(wds.generate(ctx, ZT, None, w.cache))), frozenset(),
+                             delta=True, complete=False, partial=False, always=False)
+        samples.append((time.perf_counter() - t0) * 1000)
+        sent.append(len(plan.out))
+        held = plan.held_after
+    figures = {"addresses": len(held), "cold_ms": round(cold_ms, 1),
+               "pod_change_ms_median": round(statistics.median(samples), 1), "resources_sent": sent}
+    print("\nFIGURES " + json.dumps({"ambient_wds_1000_pods": figures}))
+    assert sent == [1] * 5

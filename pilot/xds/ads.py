@@ -23,6 +23,18 @@ from pilot.xds.ratelimit import TokenBucket
 
 log = plog.get("ads")
 
+
+def names_digest(req: discovery_pb2.DiscoveryRequest) -> int:
+    """A 64-bit digest of the request's resource names as serialised (order and repeats
+    included). Clears every other field of `req`: call it once the rest has been read. About
+    15 us for a thousand names, where reading them as Python strings costs ~80 us; keeping a
+    digest rather than the bytes spares ~45 KB per stream."""
+    for fd, _ in req.ListFields():
+        if fd.name != "resource_names":
+            req.ClearField(fd.name)
+    req.DiscardUnknownFields()
+    return hash(req.SerializeToString())
+
 SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
 _EOF = object()
 # Wildcard by default for these when the first request names nothing (Envoy's legacy wildcard).
@@ -149,12 +161,17 @@ class AdsService:
                                         req.error_detail.code, req.error_detail.message)
                 return
             self.server.record_ack(conn, w, req.response_nonce, req.version_info)
-            # Most messages are plain ACKs repeating the subscription: check without building a set.
-            if w.wildcard or (len(requested) == len(w.names) and w.names.issuperset(requested)):
+            if w.wildcard:
                 return  # a plain ACK: answering it would loop
+            # Envoy repeats its whole subscription in every ACK: a thousand EDS names, a thousand
+            # times per push. Compare their bytes, not the strings.
+            digest = names_digest(req)
+            if digest == w.names_digest:
+                return  # a plain ACK
+            w.names_digest = digest
             names = frozenset(requested)
             if names == w.names:
-                return  # the same subscription, with repeated names
+                return  # the same subscription, in another order or with repeated names
             w.names = names  # an ACK that changes the subscription (e.g. Envoy adding EDS names)
             await self.server.respond(conn, w, send)
             return
@@ -164,6 +181,7 @@ class AdsService:
             conn.proxy.mark_grpc()
         w = WatchedResource(type_url, wildcard=type_url in _WILDCARD_TYPES and (not names or "*" in names))
         w.names = names - {"*"}
+        w.names_digest = names_digest(req)
         conn.watched[type_url] = w
         await self.server.respond(conn, w, send)
 

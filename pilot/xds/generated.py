@@ -43,20 +43,33 @@ class GenerationMemo:
         self._version: str | None = None
         self._memo: dict[Hashable, Generated] = {}
         self._plans: dict[Hashable, tuple[Mapping, Generated, Plan]] = {}
+        self._proxy_keys: dict[int, tuple[Proxy, Mapping, Hashable]] = {}
         self.hits = 0
         self.misses = 0
+
+    def _proxy_key(self, ctx: PushContext, proxy: Proxy) -> Hashable:
+        """Generators read nothing of a proxy but its traits, the Sidecar that scopes it (for a
+        router: the Gateways its labels select) and which sourceLabels matches its labels meet.
+        Worked out once per proxy and context: a push asks for it once per type."""
+        hit = self._proxy_keys.get(id(proxy))
+        # The metadata object is replaced, never mutated, when a proxy turns out to be gRPC.
+        if hit is not None and hit[0] is proxy and hit[1] is proxy.metadata:
+            return hit[2]
+        labels = proxy.labels
+        scope = (ctx.gateways.select(labels) if proxy.type == "router"
+                 else ctx.sidecar_for(proxy.namespace, labels))
+        key = (proxy.traits, scope, ctx.traffic.source_signature(labels))
+        self._proxy_keys[id(proxy)] = (proxy, proxy.metadata, key)
+        return key
 
     def generate(self, ctx: PushContext, type_url: str, proxy: Proxy,
                  requested: frozenset[str] | None) -> Generated:
         if ctx.version != self._version:
             self._memo = {}
             self._plans = {}
+            self._proxy_keys = {}
             self._version = ctx.version
-        # Generators read nothing of a proxy but its traits, the Sidecar that scopes it (for a
-        # router: the Gateways its labels select) and which sourceLabels matches its labels meet.
-        scope = (ctx.gateways.select(proxy.labels) if proxy.type == "router"
-                 else ctx.sidecar_for(proxy.namespace, proxy.labels))
-        key = (type_url, proxy.traits, scope, ctx.traffic.source_signature(proxy.labels), requested)
+        key = (type_url, self._proxy_key(ctx, proxy), requested)
         out = self._memo.get(key)
         if out is None:
             self.misses += 1
@@ -88,6 +101,9 @@ class Plan:
     held_after: Mapping[str, str]  # name -> version once the proxy takes this response
     changed: frozenset[str]  # names whose content differs from what was held (or forced)
     empty: bool  # nothing to tell the proxy
+    # The whole response, once per (type, push version), for every proxy given this plan: see
+    # DiscoveryServer._response. Filled lazily, so the dataclass stays frozen otherwise.
+    bodies: dict = field(default_factory=dict, repr=False)
 
 
 def plan_response(held: Mapping[str, str], generated: Generated, force: frozenset[str], *, delta: bool,

@@ -84,7 +84,7 @@ class SotwRequest:
     def resource_names(self):
         return self.message.resource_names
 
-    def HasField(self, name: str) -> bool:  # noqa: N802 - the protobuf spelling
+    def HasField(self, name: str) -> bool:  # the protobuf spelling: callers take either kind
         if name in ("node", "error_detail"):
             return self._envelope.HasField(name)
         return self.message.HasField(name)

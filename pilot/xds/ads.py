@@ -211,10 +211,12 @@ class AdsService:
             w.wildcard = True
         if "*" in unsubscribe:
             w.wildcard = False
-        new_names = subscribe - {"*"} - w.names
-        w.names |= subscribe - {"*"}
-        w.names -= unsubscribe
+        subscribing = bool(subscribe)
+        subscribe.discard("*")
+        new_names = subscribe - w.names
+        if new_names or not unsubscribe.isdisjoint(w.names):  # a plain ACK changes nothing: no copy
+            w.names = (w.names | new_names) - unsubscribe
         if unsubscribe:  # held maps are shared between proxies: replace, never mutate
             w.sent = {n: v for n, v in w.sent.items() if n not in unsubscribe}
-        if first or new_names or (subscribe and w.wildcard):
+        if first or new_names or (subscribing and w.wildcard):
             await self.server.respond(conn, w, send)

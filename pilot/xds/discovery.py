@@ -296,6 +296,7 @@ class DiscoveryServer:
                                    complete=w.type_url in typeurls.STATE_OF_THE_WORLD_COMPLETE,
                                    partial=partial, always=always)
         if plan.empty and not always:
+            w.sent = plan.held_after  # the same content; maybe the map its peers share
             return frozenset()
         nonce, body = self._response(conn, w, ctx, plan)
         w.sent = plan.held_after  # shared, never mutated in place

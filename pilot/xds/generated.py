@@ -110,7 +110,9 @@ def plan_response(held: Mapping[str, str], generated: Generated, force: frozense
                   complete: bool, partial: bool, always: bool) -> Plan:
     """Pure: the response for one proxy. `held` maps are never mutated: when the proxy ends up
     holding exactly the generated set, `held_after` *is* the generated version map, so proxies
-    in the same state share one map and, through the memo, one plan."""
+    in the same state share one map and, through the memo, one plan. That holds for an empty
+    plan too: a proxy whose map only equals the generated one (it was built in an earlier push)
+    moves onto the shared one, so its next push shares a plan and a body with its peers."""
     desired = generated.versions()
     changed = frozenset(n for n, v in desired.items() if held.get(n) != v) | (force & desired.keys())
     if complete or always:
@@ -125,10 +127,13 @@ def plan_response(held: Mapping[str, str], generated: Generated, force: frozense
     out = tuple(r for r in generated.resources if r.name in changed)
     fields = b"".join((r.delta_field if delta else r.sotw_field) for r in out)
     removed = () if partial or not delta else tuple(n for n in held if n not in desired)
+    if not out and not removed:
+        # Nothing to send: the proxy keeps what it holds (see DiscoveryServer._send).
+        return Plan((), b"", (), desired if held == desired else held, changed, True)
     if not partial:
         held_after: Mapping[str, str] = desired
     elif held.keys() <= desired.keys():
         held_after = desired
     else:
         held_after = {**held, **{r.name: r.version for r in out}}
-    return Plan(out, fields, removed, held_after, changed, not out and not removed)
+    return Plan(out, fields, removed, held_after, changed, False)

@@ -198,13 +198,19 @@ async def test_nonces_never_repeat_on_a_stream_even_when_the_same_response_is_du
 
 async def test_proxies_in_the_same_state_get_identical_pushes(cp: ControlPlane):
     """A push is the same bytes for every proxy in the same state (one body built, not one per
-    proxy); each proxy still ACKs it and is then in sync."""
+    proxy), even when they got their clusters in different pushes; each proxy still ACKs it and
+    is then in sync."""
     clients = [Sotw(cp.xds_port, node_id=f"sidecar~10.0.0.{i}~raw-{i}.default~default.svc.cluster.local")
                for i in (7, 8)]
     try:
-        for c in clients:
-            await c.request(CDS)
-            await c.ack(await c.read())
+        await clients[0].request(CDS)
+        await clients[0].ack(await clients[0].read())
+        # A push that changes listeners only: the first proxy's clusters stay as they were.
+        version = await cp.push_version()
+        cp.write("mesh.yaml", MESH.format(log="/dev/stdout"))
+        await wait_for(lambda: _version_after(cp, version), message="the listener push")
+        await clients[1].request(CDS)
+        await clients[1].ack(await clients[1].read())
         cp.write("svc-b.yaml", SERVICE.format(name="b", ip="10.96.0.2", port=9002))
         pushed = []
         for c in clients:
@@ -320,6 +326,11 @@ def _cla_names(resp: discovery_pb2.DiscoveryResponse) -> list[str]:
         r.Unpack(cla)
         out.append(cla.cluster_name)
     return out
+
+
+async def _version_after(cp: ControlPlane, version: str) -> str | None:
+    now = await cp.push_version()
+    return now if now != version else None
 
 
 def _synced_row(cp: ControlPlane, node_id: str, nonce: str):

@@ -50,7 +50,7 @@ class DiscoveryServer:
         self.domain = domain
         self.metrics = metrics or Metrics()
         self.cache = XdsCache(features.xds_cache_size)
-        self.generated = GenerationMemo(GENERATORS, self.cache)
+        self.generated = GenerationMemo(GENERATORS, self.cache, {typeurls.ENDPOINT: eds.reads_no_proxy})
         self.connections: dict[str, Connection] = {}
         self.throttle = asyncio.Semaphore(features.push_throttle)
         self.debouncer = Debouncer(features.debounce_after, features.debounce_max,

@@ -36,10 +36,17 @@ class Generated:
 Generator = Callable[[PushContext, Proxy, frozenset[str] | None, XdsCache], list[CachedResource]]
 
 
+# Per type, optionally: whether a request's output leaves the proxy unread (then the memo key
+# holds no proxy traits and proxies in every namespace share one output, plan and body).
+ReadsNoProxy = Callable[[frozenset[str] | None], bool]
+
+
 class GenerationMemo:
-    def __init__(self, generators: Mapping[str, Generator], cache: XdsCache) -> None:
+    def __init__(self, generators: Mapping[str, Generator], cache: XdsCache,
+                 reads_no_proxy: Mapping[str, ReadsNoProxy] | None = None) -> None:
         self.generators = generators
         self.cache = cache
+        self.reads_no_proxy = dict(reads_no_proxy or {})
         self._version: str | None = None
         self._memo: dict[Hashable, Generated] = {}
         self._plans: dict[Hashable, tuple[Mapping, Generated, Plan]] = {}
@@ -69,7 +76,9 @@ class GenerationMemo:
             self._plans = {}
             self._proxy_keys = {}
             self._version = ctx.version
-        key = (type_url, self._proxy_key(ctx, proxy), requested)
+        independent = self.reads_no_proxy.get(type_url)
+        proxy_key = None if independent is not None and independent(requested) else self._proxy_key(ctx, proxy)
+        key = (type_url, proxy_key, requested)
         out = self._memo.get(key)
         if out is None:
             self.misses += 1

@@ -51,10 +51,33 @@ def test_push_scenario_writes_complete_result(tmp_path):
     assert result["server_rss_mb"] > 10
     assert result["floor_ms"] > 0
     assert result["ratio"] == round(conv["p99"] / result["floor_ms"], 3)
+    # The whole push (CDS, then the EDS Envoy needs to finish re-creating the clusters) against
+    # a floor streaming the same CDS and EDS bytes.
+    full = result["full_push"]
+    assert full["floor"]["proxies_acked"] == PROXIES
+    assert full["eds_ack_ms"]["count"] == PROXIES * result["params"]["rounds"]
+    assert full["ratio"] == round(full["eds_ack_ms"]["p99"] / full["floor_eds_ack_ms"]["p99"], 3)
+    assert result["eds_response_bytes"] > 0
     # Every proxy got the same resources; only the envelope (version, nonce) differs in length.
     per_proxy = result["bytes_received"]["cds_per_push"] / PROXIES
     assert abs(per_proxy - result["cds_response_bytes"]) < 64 and per_proxy > 0
     assert result["loadgen"]["errors"] == []
+
+
+def test_eds_scenario_reaches_every_watcher_with_one_resource_and_has_a_floor(tmp_path):
+    out = tmp_path / "eds.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "eds", "--services", "5", "--proxies", str(PROXIES),
+         "--rounds", "2", "--out", str(out)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=90, check=False)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
+    result = json.loads(out.read_text())
+    assert result["proxies_received_eds"] == result["proxies_watching"] == PROXIES
+    assert result["resources_per_response"] == {"min": 1, "max": 1}  # only the changed assignment
+    assert result["floor"]["proxies_acked"] == PROXIES
+    assert result["floor_ms"] > 0
+    assert result["ratio"] == round(result["convergence_ms"]["p99"] / result["floor_ms"], 3)
+    assert 0 < result["first_receipt_ms"] <= result["convergence_ms"]["p50"]
 
 
 def _clusters_response(names: list[str], nonce: str, delta: bool = False) -> bytes:
@@ -89,3 +112,14 @@ def test_load_generator_shares_parsed_contents_only_for_identical_resources():
         assert c1.names == ("outbound|80||a", "BlackHoleCluster")
         assert c1.all_refs == {"outbound|80||a"}  # only EDS clusters need endpoints
         assert c3.all_refs == {"outbound|80||b"}
+
+
+def test_load_generator_acks_are_the_requests_envoy_would_send():
+    """ACKs are framed around a pre-encoded subscription: the bytes must be exactly those of the
+    DiscoveryRequest (names sorted), so the server under test parses what Envoy would send."""
+    from benchmarks.proxy import _names_field
+    names = frozenset({"outbound|80||b", "outbound|80||a", "outbound|81||a"})
+    head = discovery_pb2.DiscoveryRequest(version_info="v7").SerializeToString()
+    tail = discovery_pb2.DiscoveryRequest(type_url=CDS, response_nonce="n-7").SerializeToString()
+    assert head + _names_field(names) + tail == discovery_pb2.DiscoveryRequest(
+        version_info="v7", resource_names=sorted(names), type_url=CDS, response_nonce="n-7").SerializeToString()

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any, Self
 
+import psutil
+
 from benchmarks import stats
 from benchmarks.ipc import Child
 from benchmarks.mesh import MeshFiles
@@ -139,3 +141,46 @@ class CpuWindow:
         self.cpu = self._cpu_s() - self.cpu0
         self.wall = time.time() - self.t0
         return self.cpu
+
+
+async def floor_rounds(h: Harness, opts: Options, responses: dict[str, Path], label: str, *,
+                       measure: tuple[str, ...], pushed: tuple[Path, ...] = ()) -> dict:
+    """The floor (benchmarks/floor.py) measured with a load generator of its own: proxies set up
+    with `responses` (type -> a captured response, streamed in this order on a push unless
+    `pushed` names what a push sends), then `opts.rounds` pushes, each timed until every proxy
+    ACKed a response of each `measure` type. `convergence_ms` is the first measured type's."""
+    args = [a for path in responses.values() for a in ("--response", str(path))]
+    args += [a for path in pushed for a in ("--push", str(path))]
+    floor, hello = await h.child("benchmarks.floor", [*args, *(["--delta"] if opts.delta else [])], label)
+    ps = psutil.Process(floor.pid)
+    lg = await h.loadgen(hello["port"], label=f"loadgen-{label}")
+    await lg.connect(0, opts.proxies)
+    # The floor answers only the captured types, so "set up" means every proxy holds those.
+    for type_ in responses:
+        setup = (await lg.converge(type_, [(0.0, None)], opts.timeout()))["changes"][0]
+        if setup["acked"] != opts.proxies:
+            raise RuntimeError(f"{label}: only {setup['acked']}/{opts.proxies} proxies got {type_}")
+
+    def cpu_s() -> float:
+        t = ps.cpu_times()
+        return t.user + t.system
+
+    rounds = []
+    for _ in range(opts.rounds):
+        window = CpuWindow(cpu_s)
+        x = time.time()
+        await floor.request("push")
+        acks = {type_: (await lg.converge(type_, [(x, None)], opts.timeout()))["changes"][0] for type_ in measure}
+        window.close()
+        rounds.append({**acks, "cpu_s": window.cpu})
+    first = measure[0]
+    result = {"convergence_ms": stats.summary(pooled([r[first] for r in rounds])),
+              "ack_ms": {t: stats.summary(pooled([r[t] for r in rounds])) for t in measure},
+              "proxies_acked": min(r[t]["acked"] for r in rounds for t in measure),
+              "cpu_s": sum(r["cpu_s"] for r in rounds) / len(rounds),
+              "rss_mb": ps.memory_info().rss / (1 << 20),
+              "rounds": [{"p50": stats.summary(r[first]["ack_ms"])["p50"],
+                          "p99": stats.summary(r[first]["ack_ms"])["p99"], "cpu_s": r["cpu_s"]} for r in rounds]}
+    await lg.stop()
+    await floor.stop()
+    return result

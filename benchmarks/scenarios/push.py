@@ -7,17 +7,20 @@ the debounce; `first_receipt_ms` (the first proxy's CDS) says how much of it pas
 push began, and `after_first_receipt_ms` is the part a bare server could be compared with.
 Then the same load generator measures the floor (benchmarks/floor.py) streaming the very CDS
 bytes our server sent, to the same number of clients: `ratio` is our p99 over the floor's p99.
+
+A full push is not CDS alone: the EDS of every re-created cluster must follow (a real Envoy holds
+the CDS ACK until it arrives), so the floor runs a second time streaming the same CDS and then
+the same EDS bytes, and `full_push` compares the whole push: the time until each proxy ACKed its
+EDS (`eds_ack_ms`), ours over the floor's, plus the CDS ratio against that floor.
 """
 
 from __future__ import annotations
 
 import time
 
-import psutil
-
 from benchmarks import stats
 from benchmarks.options import Options
-from benchmarks.scenarios.harness import CpuWindow, Harness, Loadgen, pooled
+from benchmarks.scenarios.harness import CpuWindow, Harness, Loadgen, floor_rounds, pooled
 
 
 async def _server_rounds(h: Harness, lg: Loadgen, opts: Options) -> list[dict]:
@@ -31,7 +34,7 @@ async def _server_rounds(h: Harness, lg: Loadgen, opts: Options) -> list[dict]:
         # The push goes on with EDS for the changed clusters; let it finish before the next round
         # so rounds never overlap, and report the whole push's cost too.
         eds = (await lg.converge("eds", [(x, None)], opts.timeout()))["changes"][0]
-        rounds.append({"cds": cds, "eds_ack_ms": stats.summary(eds["ack_ms"]), "server_cpu_s": window.cpu,
+        rounds.append({"cds": cds, "eds": eds, "eds_ack_ms": stats.summary(eds["ack_ms"]), "server_cpu_s": window.cpu,
                        "server_cpu_with_eds_s": h.server.cpu_s() - window.cpu0,
                        # Seen from the proxies: the file watch, the debounce and the context build
                        # are over when the first proxy receives its CDS.
@@ -40,59 +43,28 @@ async def _server_rounds(h: Harness, lg: Loadgen, opts: Options) -> list[dict]:
     return rounds
 
 
-async def _floor_rounds(h: Harness, opts: Options, captured) -> dict:
-    args = ["--response", str(captured), *(["--delta"] if opts.delta else [])]
-    floor, hello = await h.child("benchmarks.floor", args, "floor")
-    ps = psutil.Process(floor.pid)
-    lg = await h.loadgen(hello["port"], label="loadgen-floor")
-    await lg.connect(0, opts.proxies)
-    # The floor answers only CDS, so "set up" means every proxy holds the initial CDS.
-    setup = (await lg.converge("cds", [(0.0, None)], opts.timeout()))["changes"][0]
-    if setup["acked"] != opts.proxies:
-        raise RuntimeError(f"floor: only {setup['acked']}/{opts.proxies} proxies got CDS")
-
-    def cpu_s() -> float:
-        t = ps.cpu_times()
-        return t.user + t.system
-
-    rounds = []
-    for _ in range(opts.rounds):
-        window = CpuWindow(cpu_s)
-        x = time.time()
-        await floor.request("push")
-        cds = (await lg.converge("cds", [(x, None)], opts.timeout()))["changes"][0]
-        window.close()
-        rounds.append({"cds": cds, "cpu_s": window.cpu})
-    ack = pooled([r["cds"] for r in rounds])
-    result = {"convergence_ms": stats.summary(ack),
-              "proxies_acked": min(r["cds"]["acked"] for r in rounds),
-              "cpu_s": sum(r["cpu_s"] for r in rounds) / len(rounds),
-              "rss_mb": ps.memory_info().rss / (1 << 20),
-              "rounds": [{"p50": stats.summary(r["cds"]["ack_ms"])["p50"],
-                          "p99": stats.summary(r["cds"]["ack_ms"])["p99"], "cpu_s": r["cpu_s"]} for r in rounds]}
-    await lg.stop()
-    await floor.stop()
-    return result
-
-
 async def run(opts: Options) -> dict:
     async with Harness(opts, "push") as h:
         lg = await h.loadgen(h.server.grpc_port)
         setup = await h.connect_all(lg, opts.proxies)
         rounds = await _server_rounds(h, lg, opts)
         rss = h.server.rss_mb()
-        captured = h.workdir / "cds-response.bin"
-        cds_bytes = await lg.capture("cds", captured)
+        captured = {t: h.workdir / f"{t}-response.bin" for t in ("cds", "eds")}
+        cds_bytes = await lg.capture("cds", captured["cds"])
+        eds_bytes = await lg.capture("eds", captured["eds"])  # the last push's: every cluster
         lg_stats = await lg.stats()
         await lg.stop()
         await h.server.stop()  # free the CPU for the floor
-        floor = await _floor_rounds(h, opts, captured)
+        floor = await floor_rounds(h, opts, {"cds": captured["cds"]}, "floor", measure=("cds",))
+        floor_full = await floor_rounds(h, opts, captured, "floor-full-push", measure=("cds", "eds"))
 
         cds = [r["cds"] for r in rounds]
         conv = stats.summary(pooled(cds))
         floor_p99 = floor["convergence_ms"]["p99"]
         # What follows the push start, comparable with the floor, which has no watch or debounce.
         after_first = stats.summary([v - r["first_receipt_ms"] for r in rounds for v in r["cds"]["ack_ms"]])
+        eds_ack = stats.summary(pooled([r["eds"] for r in rounds]))
+        full_floor_cds, full_floor_eds = (floor_full["ack_ms"][t]["p99"] for t in ("cds", "eds"))
         return h.result(
             change="mesh ConfigMap connectTimeout (every outbound cluster)",
             convergence_ms=conv,
@@ -106,7 +78,12 @@ async def run(opts: Options) -> dict:
             after_first_receipt_ms=after_first,
             ratio_after_first_receipt=round(after_first["p99"] / floor_p99, 3) if floor_p99 else None,
             floor=floor,
+            full_push={"eds_ack_ms": eds_ack, "floor_eds_ack_ms": floor_full["ack_ms"]["eds"],
+                       "ratio": round(eds_ack["p99"] / full_floor_eds, 3) if full_floor_eds else None,
+                       "cds_ratio": round(conv["p99"] / full_floor_cds, 3) if full_floor_cds else None,
+                       "floor": floor_full},
             cds_response_bytes=cds_bytes,
+            eds_response_bytes=eds_bytes,
             bytes_received={"cds_per_push": sum(c["bytes"] for c in cds) // len(cds),
                             "total_by_type": lg_stats["bytes"]},
             setup_ms=stats.summary(setup["synced_ms"]),
@@ -115,5 +92,5 @@ async def run(opts: Options) -> dict:
                      "server_cpu_s": r["server_cpu_s"], "server_cpu_with_eds_s": r["server_cpu_with_eds_s"],
                      "eds_ack_ms": r["eds_ack_ms"], "server_push": r["server_push"]} for r in rounds],
             loadgen=lg_stats,
-            note=f"floor p99 {floor_p99} ms",
+            note=f"floor p99 {floor_p99} ms; full push (EDS ACK) p99 {eds_ack['p99']} ms vs floor {full_floor_eds} ms",
         )

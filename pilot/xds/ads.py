@@ -20,8 +20,10 @@ from pilot.xds import typeurls
 from pilot.xds.connection import Connection, WatchedResource
 from pilot.xds.discovery import DiscoveryServer
 from pilot.xds.ratelimit import TokenBucket
+from pilot.xds.sotw_request import SotwRequest, names_digest
 
 log = plog.get("ads")
+
 
 SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
 _EOF = object()
@@ -59,7 +61,7 @@ class AdsService:
     def handler(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler(SERVICE, {
             "StreamAggregatedResources": grpc.stream_stream_rpc_method_handler(
-                self.stream_sotw, request_deserializer=discovery_pb2.DiscoveryRequest.FromString),
+                self.stream_sotw, request_deserializer=SotwRequest.parse),
             "DeltaAggregatedResources": grpc.stream_stream_rpc_method_handler(
                 self.stream_delta, request_deserializer=discovery_pb2.DeltaDiscoveryRequest.FromString),
         })
@@ -141,17 +143,14 @@ class AdsService:
         conn.inbox.put_nowait(_EOF)
 
     # --- state of the world -----------------------------------------------------------------
-    async def _on_sotw(self, conn: Connection, req: discovery_pb2.DiscoveryRequest, send) -> None:
+    async def _on_sotw(self, conn: Connection, req: discovery_pb2.DiscoveryRequest | SotwRequest, send) -> None:
+        """`req` is a SotwRequest (plaintext xDS) or a parsed message (secure xDS): the same fields."""
         type_url = req.type_url
         if not type_url:
             log.warning("request without type_url ignored", proxy=conn.proxy.id)
             return
         if type_url in typeurls.AMBIENT_TYPES:
             raise DeltaOnly(f"{type_url} is served over delta xDS only (DeltaAggregatedResources), as istiod does")
-        requested = req.resource_names
-        if len(requested) > MAX_NAMES:
-            log.warning("request names too many resources; ignored", proxy=conn.proxy.id, count=len(requested))
-            return
         w = conn.watched.get(type_url)
         if req.response_nonce and w is not None:
             if req.response_nonce != w.nonce_sent:
@@ -161,23 +160,43 @@ class AdsService:
                                         req.error_detail.code, req.error_detail.message)
                 return
             self.server.record_ack(conn, w, req.response_nonce, req.version_info)
-            # Most messages are plain ACKs repeating the subscription: check without building a set.
-            if w.wildcard or (len(requested) == len(w.names) and w.names.issuperset(requested)):
+            if w.wildcard:
                 return  # a plain ACK: answering it would loop
+            # Envoy repeats its whole subscription in every ACK: a thousand EDS names, a thousand
+            # times per push. A digest of their bytes says whether they changed.
+            digest = names_digest(req)
+            if digest == w.names_digest:
+                return  # a plain ACK
+            requested = self._names(conn, req)
+            if requested is None:
+                return
+            w.names_digest = digest
             names = frozenset(requested)
             if names == w.names:
-                return  # the same subscription, with repeated names
+                return  # the same subscription, in another order or with repeated names
             w.names = names  # an ACK that changes the subscription (e.g. Envoy adding EDS names)
             await self.server.respond(conn, w, send)
             return
         # A new subscription, or a reconnect carrying a nonce from a previous server.
+        requested = self._names(conn, req)
+        if requested is None:
+            return
         names = set(requested)
         if type_url == typeurls.LISTENER and names and "*" not in names and any(":" in n for n in names):
             conn.proxy.mark_grpc()
         w = WatchedResource(type_url, wildcard=type_url in _WILDCARD_TYPES and (not names or "*" in names))
         w.names = names - {"*"}
+        w.names_digest = names_digest(req)
         conn.watched[type_url] = w
         await self.server.respond(conn, w, send)
+
+    @staticmethod
+    def _names(conn: Connection, req):
+        requested = req.resource_names
+        if len(requested) > MAX_NAMES:
+            log.warning("request names too many resources; ignored", proxy=conn.proxy.id, count=len(requested))
+            return None
+        return requested
 
     # --- delta ------------------------------------------------------------------------------
     async def _on_delta(self, conn: Connection, req: discovery_pb2.DeltaDiscoveryRequest, send) -> None:
@@ -204,10 +223,12 @@ class AdsService:
             w.wildcard = True
         if "*" in unsubscribe:
             w.wildcard = False
-        new_names = subscribe - {"*"} - w.names
-        w.names |= subscribe - {"*"}
-        w.names -= unsubscribe
+        subscribing = bool(subscribe)
+        subscribe.discard("*")
+        new_names = subscribe - w.names
+        if new_names or not unsubscribe.isdisjoint(w.names):  # a plain ACK changes nothing: no copy
+            w.names = (w.names | new_names) - unsubscribe
         if unsubscribe:  # held maps are shared between proxies: replace, never mutate
             w.sent = {n: v for n, v in w.sent.items() if n not in unsubscribe}
-        if first or new_names or (subscribe and w.wildcard):
+        if first or new_names or (subscribing and w.wildcard):
             await self.server.respond(conn, w, send)

@@ -7,7 +7,6 @@ values), so an input the key forgot cannot exist: the builder sees nothing else.
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,9 +45,16 @@ class CachedResource:
 
 
 class XdsCache:
+    """Bounded by `max_size` entries, evicting what has not been used for a while: two
+    generations, where a lookup hits the young one first and a hit in the old one moves the
+    entry back; when the young generation fills half the budget, the old one is dropped. Only
+    one dict lookup per hit (an exact LRU re-hashes every key on every hit to reorder it, and a
+    push looks up tens of thousands of keys)."""
+
     def __init__(self, max_size: int = 60000) -> None:
         self.max_size = max_size
-        self._entries: OrderedDict[Hashable, CachedResource] = OrderedDict()
+        self._young: dict[Hashable, CachedResource] = {}
+        self._old: dict[Hashable, CachedResource] = {}
         self.hits = 0
         self.misses = 0
         self.evictions = 0
@@ -57,7 +63,7 @@ class XdsCache:
         self.on_build: Callable[[str, str, str], None] | None = None
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._young) + len(self._old)
 
     def resource(self, type_url: str, name: str, build: Callable[..., Message], *args: Any,
                  origins: tuple[str, ...] = ()) -> CachedResource:
@@ -65,9 +71,12 @@ class XdsCache:
         Proxies that share inputs share the returned object; within a push, GenerationMemo
         avoids even this lookup for proxies with the same traits."""
         key = (type_url, name, build, args)
-        res = self._entries.get(key)
+        res = self._young.get(key)
         if res is not None:
-            self._entries.move_to_end(key)
+            self.hits += 1
+            return res
+        res = self._old.pop(key, None)
+        if res is not None:
             self.hits += 1
         else:
             self.misses += 1
@@ -75,15 +84,16 @@ class XdsCache:
             res = CachedResource.from_message(name, build(*args), type_url, origins)
             if self.on_build is not None:
                 self.on_build(type_url, name, res.version)
-            self._entries[key] = res
-            if len(self._entries) > self.max_size:
-                self._entries.popitem(last=False)
-                self.evictions += 1
+        self._young[key] = res
+        if len(self._young) >= max(1, self.max_size // 2):
+            self.evictions += len(self._old)
+            self._old, self._young = self._young, {}
         return res
 
     def clear(self) -> None:
-        self._entries.clear()
+        self._young.clear()
+        self._old.clear()
 
     def stats(self) -> dict:
-        return {"size": len(self._entries), "max_size": self.max_size, "hits": self.hits,
+        return {"size": len(self), "max_size": self.max_size, "hits": self.hits,
                 "misses": self.misses, "evictions": self.evictions, "builds_by_type": dict(self.builds_by_type)}

@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Mapping
+import weakref
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -28,6 +29,34 @@ class Nack:
 
 
 NOTHING_HELD: Mapping[str, str] = MappingProxyType({})  # one shared "holds nothing" state
+
+# A thousand sidecars that see the same services ask for the same thousand EDS names: they share
+# one frozenset (with interned strings), so memo keys holding it hash once and compare by
+# identity, and indexes derived from it are built once. Keyed by an equal copy, so an entry goes
+# when the last stream using that set lets go of it.
+_SHARED_NAMES: weakref.WeakValueDictionary[frozenset[str], frozenset[str]] = weakref.WeakValueDictionary()
+_BY_HOST: weakref.WeakKeyDictionary[frozenset[str], dict[str, tuple[str, ...]]] = weakref.WeakKeyDictionary()
+
+
+def shared_names(names: Iterable[str]) -> frozenset[str]:
+    """The one shared frozenset equal to `names`."""
+    fs = names if isinstance(names, frozenset) else frozenset(names)
+    found = _SHARED_NAMES.get(fs)
+    if found is None:
+        found = frozenset(map(sys.intern, fs))
+        _SHARED_NAMES[frozenset(found)] = found
+    return found
+
+
+def names_by_host(names: frozenset[str]) -> dict[str, tuple[str, ...]]:
+    """Cluster-style names (`dir|port|subset|host`) grouped by host, once per shared set."""
+    index = _BY_HOST.get(names)
+    if index is None:
+        grouped: dict[str, list[str]] = {}
+        for n in names:
+            grouped.setdefault(n.rpartition("|")[2], []).append(n)
+        index = _BY_HOST[names] = {h: tuple(v) for h, v in grouped.items()}
+    return index
 
 
 @dataclass
@@ -51,31 +80,28 @@ class WatchedResource:
     # nonce -> (PushRequest.start, push version): convergence is measured from the first event
     push_started: dict[str, tuple[float, str]] = field(default_factory=dict)
 
-    _by_host: dict[str, tuple[str, ...]] | None = field(default=None, repr=False)
+    # Digest of the names of the last SotW request (ads.names_digest): an ACK that repeats them
+    # is recognised without reading a thousand strings.
+    names_digest: int | None = None
+    last_shared_seq: int = 0  # the newest shared response this stream took (DiscoveryServer._response)
 
     @property
     def names(self) -> frozenset[str]:
         return self._names
 
     @names.setter
-    def names(self, value) -> None:
-        # Interned: a thousand proxies naming the same thousand clusters share the strings.
-        self._names = frozenset(map(sys.intern, value))
-        self._by_host = None
+    def names(self, value: Iterable[str]) -> None:
+        self._names = shared_names(value)
 
     def requested(self) -> frozenset[str] | None:
-        """None means "everything" (wildcard); otherwise the names asked for. The same frozenset
-        object until the subscription changes, so its hash is computed once."""
+        """None means "everything" (wildcard); otherwise the names asked for: the one frozenset
+        shared by every stream asking for the same names, so memo keys compare by identity."""
         return None if self.wildcard else self._names
 
-    def names_for_hosts(self, hosts: set[str]) -> frozenset[str]:
+    def names_for_hosts(self, hosts: Iterable[str]) -> frozenset[str]:
         """The subscribed cluster-style names (`dir|port|subset|host`) of these hosts."""
-        if self._by_host is None:
-            by_host: dict[str, list[str]] = {}
-            for n in self._names:
-                by_host.setdefault(n.rpartition("|")[2], []).append(n)
-            self._by_host = {h: tuple(v) for h, v in by_host.items()}
-        return frozenset(n for h in hosts for n in self._by_host.get(h, ()))
+        by_host = names_by_host(self._names)
+        return frozenset(n for h in hosts for n in by_host.get(h, ()))
 
 
 class Connection:

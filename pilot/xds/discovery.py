@@ -27,7 +27,7 @@ from pilot.xds import typeurls, wire
 from pilot.xds.cache import XdsCache
 from pilot.xds.connection import Connection, Nack, WatchedResource
 from pilot.xds.debounce import Debouncer
-from pilot.xds.generated import Generated, GenerationMemo, Generator
+from pilot.xds.generated import Generated, GenerationMemo, Generator, Plan
 from pilot.xds.generators import authorization, cds, eds, lds, rds, sds, wds
 from pilot.xds.pushstatus import PushHistory, PushRecord
 
@@ -55,7 +55,7 @@ class DiscoveryServer:
         self.domain = domain
         self.metrics = metrics or Metrics()
         self.cache = XdsCache(features.xds_cache_size)
-        self.generated = GenerationMemo(GENERATORS, self.cache)
+        self.generated = GenerationMemo(GENERATORS, self.cache, {typeurls.ENDPOINT: eds.reads_no_proxy})
         self.connections: dict[str, Connection] = {}
         self.throttle = asyncio.Semaphore(features.push_throttle)
         self.debouncer = Debouncer(features.debounce_after, features.debounce_max,
@@ -69,6 +69,12 @@ class DiscoveryServer:
         # Keys fetched for RequestAuthentication jwksUris (pilot/security/jwks.py), read per push.
         self.jwks: Callable[[], JwksSnapshot | None] = lambda: None
         self.context_listeners: list[Callable[[PushContext], None]] = []  # told of every new full context
+        self._shared_seq = 0  # responses built once for every proxy in the same state
+        # Per push request: the hosts whose endpoints changed, and each subscription's names
+        # among them (the same frozenset for every stream sharing a subscription).
+        self._hosts_of: tuple[PushRequest, frozenset[str]] | None = None
+        self._subsets: dict[tuple[frozenset[str], frozenset[str]], frozenset[str]] = {}
+        self._type_metrics: dict[str, tuple] = {}
         self.push_context = self._build_context(self._next_version(), previous=None)
         self._tasks: list[asyncio.Task] = []
         store.subscribe(self.on_store_events)
@@ -139,6 +145,7 @@ class DiscoveryServer:
                 req.full = True
                 self.push_context = self._build_context(req.version, previous)
         build_s = time.perf_counter() - t0
+        self._subsets.clear()
         self.metrics.pushcontext_init_seconds.observe(build_s)
         for reason, n in req.reasons.items():
             self.metrics.push_triggers.labels(reason).inc(n)
@@ -193,18 +200,26 @@ class DiscoveryServer:
                 return True  # anything else (mesh, traffic rules, ServiceEntries): push
         return False
 
-    def _affected_hosts(self, req: PushRequest) -> set[str]:
+    def _affected_hosts(self, req: PushRequest) -> frozenset[str]:
+        """Once per request, not once per proxy (the last request asked is remembered)."""
+        if self._hosts_of is not None and self._hosts_of[0] is req:
+            return self._hosts_of[1]
         hosts = {f"{k.name}.{k.namespace}.svc.{self.domain}" for k in req.config_keys if k.kind == SERVICE_ENDPOINTS}
         namespaces = {k.name for k in req.config_keys if k.kind == NAMESPACE_ENDPOINTS}
         if namespaces:
             hosts.update(s.hostname for s in self.push_context.services if s.namespace in namespaces)
-        return hosts
+        self._hosts_of = (req, frozenset(hosts))
+        return self._hosts_of[1]
 
     def _eds_subset(self, conn: Connection, req: PushRequest) -> frozenset[str]:
         w = conn.watched.get(typeurls.ENDPOINT)
-        if w is None:
+        if w is None or w.wildcard:
             return frozenset()
-        return w.names_for_hosts(self._affected_hosts(req))
+        key = (w.names, self._affected_hosts(req))
+        subset = self._subsets.get(key)
+        if subset is None:
+            subset = self._subsets[key] = w.names_for_hosts(key[1])
+        return subset
 
     # --- connections ------------------------------------------------------------------------
     def register(self, conn: Connection) -> None:
@@ -286,10 +301,9 @@ class DiscoveryServer:
                 if type_url == typeurls.CLUSTER:
                     changed_clusters = sent
                 t2 = time.perf_counter()
-            short = typeurls.SHORT[type_url]
-            self.metrics.xds_push_time.labels(short).observe(t2 - t0)
+            self._metrics_for(type_url)[2].observe(t2 - t0)
             if record is not None:
-                record.generate_s[short] += t1 - t0
+                record.generate_s[typeurls.SHORT[type_url]] += t1 - t0
                 record.send_s += t2 - t1
 
     async def respond(self, conn: Connection, w: WatchedResource, send) -> None:
@@ -314,16 +328,12 @@ class DiscoveryServer:
                                    complete=w.type_url in typeurls.STATE_OF_THE_WORLD_COMPLETE,
                                    partial=partial, always=always)
         if plan.empty and not always:
+            w.sent = plan.held_after  # the same content; maybe the map its peers share
             return frozenset()
-        nonce = conn.next_nonce()
-        if conn.delta:
-            body = wire.delta_response(ctx.version, [plan.fields], w.type_url, list(plan.removed), nonce)
-        else:
-            body = wire.sotw_response(ctx.version, [plan.fields], w.type_url, nonce)
+        nonce, body = self._response(conn, w, ctx, plan)
         w.sent = plan.held_after  # shared, never mutated in place
-        out = plan.out
         w.nonce_sent, w.version_sent, w.last_sent_at = nonce, ctx.version, time.time()
-        w.pending[nonce] = tuple(out)
+        w.pending[nonce] = plan.out
         if len(w.pending) > 16:  # a proxy that never answers must not grow memory
             w.pending.pop(next(iter(w.pending)))
         if push is not None:
@@ -334,11 +344,46 @@ class DiscoveryServer:
             if record is not None:
                 record.responses += 1
                 record.bytes_sent += len(body)
-        short = typeurls.SHORT.get(w.type_url, "other")
-        self.metrics.xds_pushes.labels(short).inc()
-        self.metrics.xds_config_size.labels(short).observe(len(body))
+        pushes, size, _ = self._metrics_for(w.type_url)
+        pushes.inc()
+        size.observe(len(body))
         await send(body)
         return plan.changed
+
+    def _response(self, conn: Connection, w: WatchedResource, ctx: PushContext, plan: Plan) -> tuple[str, bytes]:
+        """(nonce, body). Proxies given the same plan in the same push get the same bytes object,
+        nonce included: a full push to a thousand sidecars builds ten bodies, not a thousand.
+        A shared nonce is unique within a stream because shared responses are numbered in the
+        order they are built and a stream only ever takes one newer than the last it took;
+        otherwise (rare: an older plan met again) the response gets a nonce of its own."""
+        key = (w.type_url, ctx.version, conn.delta)
+        shared = plan.bodies.get(key)
+        if shared is None:
+            self._shared_seq += 1
+            nonce = f"{self._shared_seq:x}"  # stream nonces are "CONN-N": never equal to these
+            shared = plan.bodies[key] = (self._shared_seq, nonce, self._encode(conn, w, ctx, plan, nonce))
+        seq, nonce, body = shared
+        if seq > w.last_shared_seq:
+            w.last_shared_seq = seq
+            return nonce, body
+        nonce = conn.next_nonce()
+        return nonce, self._encode(conn, w, ctx, plan, nonce)
+
+    @staticmethod
+    def _encode(conn: Connection, w: WatchedResource, ctx: PushContext, plan: Plan, nonce: str) -> bytes:
+        if conn.delta:
+            return wire.delta_response(ctx.version, [plan.fields], w.type_url, list(plan.removed), nonce)
+        return wire.sotw_response(ctx.version, [plan.fields], w.type_url, nonce)
+
+    def _metrics_for(self, type_url: str) -> tuple:
+        """The per-type metric children (pushes, config size, push time): labels() looked up once."""
+        found = self._type_metrics.get(type_url)
+        if found is None:
+            short = typeurls.SHORT.get(type_url, "other")
+            found = self._type_metrics[type_url] = (
+                self.metrics.xds_pushes.labels(short), self.metrics.xds_config_size.labels(short),
+                self.metrics.xds_push_time.labels(short))
+        return found
 
     # --- ACK / NACK -------------------------------------------------------------------------
     def record_ack(self, conn: Connection, w: WatchedResource, nonce: str, version: str) -> None:

@@ -38,30 +38,51 @@ class Generated:
 Generator = Callable[[PushContext, Proxy, frozenset[str] | None, XdsCache], list[CachedResource]]
 
 
+# Per type, optionally: whether a request's output leaves the proxy unread (then the memo key
+# holds no proxy traits and proxies in every namespace share one output, plan and body).
+ReadsNoProxy = Callable[[frozenset[str] | None], bool]
+
+
 class GenerationMemo:
-    def __init__(self, generators: Mapping[str, Generator], cache: XdsCache) -> None:
+    def __init__(self, generators: Mapping[str, Generator], cache: XdsCache,
+                 reads_no_proxy: Mapping[str, ReadsNoProxy] | None = None) -> None:
         self.generators = generators
         self.cache = cache
+        self.reads_no_proxy = dict(reads_no_proxy or {})
         self._version: str | None = None
         self._memo: dict[Hashable, Generated] = {}
         self._plans: dict[Hashable, tuple[Mapping, Generated, Plan]] = {}
+        self._proxy_keys: dict[int, tuple[Proxy, Mapping, Hashable]] = {}
         self.hits = 0
         self.misses = 0
+
+    def _proxy_key(self, ctx: PushContext, proxy: Proxy) -> Hashable:
+        """Generators read nothing of a proxy but its traits, the Sidecar that scopes it (for a
+        router: the Gateways its labels select), which sourceLabels matches its labels meet and,
+        for a sidecar, its inbound plan (the services selecting it, their mTLS modes and
+        policies). Worked out once per proxy and context: a push asks for it once per type."""
+        hit = self._proxy_keys.get(id(proxy))
+        # The metadata object is replaced, never mutated, when a proxy turns out to be gRPC.
+        if hit is not None and hit[0] is proxy and hit[1] is proxy.metadata:
+            return hit[2]
+        labels = proxy.labels
+        scope = (ctx.gateways.select(labels) if proxy.type == "router"
+                 else ctx.sidecar_for(proxy.namespace, labels))
+        inbound = ctx.inbound_plan(proxy) if proxy.type == "sidecar" and not proxy.is_grpc else None
+        key = (proxy.traits, scope, ctx.traffic.source_signature(labels), inbound)
+        self._proxy_keys[id(proxy)] = (proxy, proxy.metadata, key)
+        return key
 
     def generate(self, ctx: PushContext, type_url: str, proxy: Proxy,
                  requested: frozenset[str] | None) -> Generated:
         if ctx.version != self._version:
             self._memo = {}
             self._plans = {}
+            self._proxy_keys = {}
             self._version = ctx.version
-        # Generators read nothing of a proxy but its traits, the Sidecar that scopes it (for a
-        # router: the Gateways its labels select), which sourceLabels matches its labels meet
-        # and its inbound plan.
-        scope = (ctx.gateways.select(proxy.labels) if proxy.type == "router"
-                 else ctx.sidecar_for(proxy.namespace, proxy.labels))
-        # A sidecar's inbound side depends on the services selecting it: its InboundPlan.
-        inbound = ctx.inbound_plan(proxy) if proxy.type == "sidecar" and not proxy.is_grpc else None
-        key = (type_url, proxy.traits, scope, ctx.traffic.source_signature(proxy.labels), inbound, requested)
+        independent = self.reads_no_proxy.get(type_url)
+        proxy_key = None if independent is not None and independent(requested) else self._proxy_key(ctx, proxy)
+        key = (type_url, proxy_key, requested)
         out = self._memo.get(key)
         if out is None:
             self.misses += 1
@@ -94,13 +115,18 @@ class Plan:
     held_after: Mapping[str, str]  # name -> version once the proxy takes this response
     changed: frozenset[str]  # names whose content differs from what was held (or forced)
     empty: bool  # nothing to tell the proxy
+    # The whole response, once per (type, push version), for every proxy given this plan: see
+    # DiscoveryServer._response. Filled lazily, so the dataclass stays frozen otherwise.
+    bodies: dict = field(default_factory=dict, repr=False)
 
 
 def plan_response(held: Mapping[str, str], generated: Generated, force: frozenset[str], *, delta: bool,
                   complete: bool, partial: bool, always: bool) -> Plan:
     """Pure: the response for one proxy. `held` maps are never mutated: when the proxy ends up
     holding exactly the generated set, `held_after` *is* the generated version map, so proxies
-    in the same state share one map and, through the memo, one plan."""
+    in the same state share one map and, through the memo, one plan. That holds for an empty
+    plan too: a proxy whose map only equals the generated one (it was built in an earlier push)
+    moves onto the shared one, so its next push shares a plan and a body with its peers."""
     desired = generated.versions()
     changed = frozenset(n for n, v in desired.items() if held.get(n) != v) | (force & desired.keys())
     if complete or always:
@@ -117,10 +143,13 @@ def plan_response(held: Mapping[str, str], generated: Generated, force: frozense
     out = tuple(r for r in generated.resources if r.name in changed)
     fields = b"".join((r.delta_field if delta else r.sotw_field) for r in out)
     removed = () if partial or not delta else tuple(n for n in held if n not in desired)
+    if not out and not removed:
+        # Nothing to send: the proxy keeps what it holds (see DiscoveryServer._send).
+        return Plan((), b"", (), desired if held == desired else held, changed, True)
     if not partial:
         held_after: Mapping[str, str] = desired
     elif held.keys() <= desired.keys():
         held_after = desired
     else:
         held_after = {**held, **{r.name: r.version for r in out}}
-    return Plan(out, fields, removed, held_after, changed, not out and not removed)
+    return Plan(out, fields, removed, held_after, changed, False)

@@ -70,7 +70,8 @@ async def cp(tmp_path):
 
 
 class Sotw:
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, node_id: str = NODE_ID) -> None:
+        self.node_id = node_id
         self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
         self.call = self.channel.stream_stream(
             SOTW, request_serializer=discovery_pb2.DiscoveryRequest.SerializeToString,
@@ -81,7 +82,7 @@ class Sotw:
         req = discovery_pb2.DiscoveryRequest(type_url=type_url, resource_names=list(names),
                                              response_nonce=nonce, version_info=version)
         if not self.sent_node:
-            req.node.CopyFrom(node())
+            req.node.CopyFrom(node(self.node_id))
             self.sent_node = True
         if error:
             req.error_detail.CopyFrom(status_pb2.Status(code=13, message=error))
@@ -136,6 +137,97 @@ async def test_ack_gets_no_response_and_nack_is_recorded_not_resent(cp: ControlP
         assert nxt.type_url == LDS, "a rejected CDS version was sent again"
     finally:
         await c.close()
+
+
+async def test_eds_acks_repeating_the_subscription_are_silent_and_changes_are_answered(cp: ControlPlane):
+    """Envoy repeats its whole EDS subscription in every ACK. Repeated (even reordered) it gets
+    no answer; when it shrinks or grows, the answer carries the new subscription."""
+    cp.write("svc-b.yaml", SERVICE.format(name="b", ip="10.96.0.2", port=9002))
+    a, b = "outbound|8080||a.default.svc.cluster.local", "outbound|8080||b.default.svc.cluster.local"
+    c = Sotw(cp.xds_port)
+    try:
+        await c.request(CDS)
+        cds = await c.read()
+        while b not in {_name(r) for r in cds.resources}:  # b may land after the first load
+            await c.ack(cds)
+            cds = await c.read()
+        await c.ack(cds)
+        await c.request(EDS, [a, b])
+        eds = await c.read()
+        assert sorted(_cla_names(eds)) == [a, b]
+        await c.ack(eds, [a, b])
+        await c.ack(eds, [b, a])  # the same subscription in another order
+        await c.request(LDS)
+        assert (await c.read()).type_url == LDS, "an ACK repeating the subscription was answered"
+
+        await c.ack(eds, [a])
+        shrunk = await c.read()
+        assert shrunk.type_url == EDS and _cla_names(shrunk) == [a]
+        await c.ack(shrunk, [a, b])
+        grown = await c.read()
+        assert grown.type_url == EDS and sorted(_cla_names(grown)) == [a, b]
+    finally:
+        await c.close()
+
+
+async def test_nonces_never_repeat_on_a_stream_even_when_the_same_response_is_due_again(cp: ControlPlane):
+    """Responses are built once for every proxy in the same state, nonce included; a stream that
+    comes back to a state it was in earlier (same config, same subscription) must still get a
+    nonce it has not seen, or it could not tell its ACKs apart."""
+    cp.write("svc-b.yaml", SERVICE.format(name="b", ip="10.96.0.2", port=9002))
+    a, b = "outbound|8080||a.default.svc.cluster.local", "outbound|8080||b.default.svc.cluster.local"
+    c = Sotw(cp.xds_port)
+    try:
+        await c.request(CDS)
+        cds = await c.read()
+        while b not in {_name(r) for r in cds.resources}:
+            await c.ack(cds)
+            cds = await c.read()
+        await c.ack(cds)
+        await c.request(EDS, [a, b])
+        seen = [await c.read()]
+        for names in ([a], [a, b], [a], [a, b]):
+            await c.ack(seen[-1], names)
+            seen.append(await c.read())
+        assert [sorted(_cla_names(r)) for r in seen] == [[a, b], [a], [a, b], [a], [a, b]]
+        nonces = [r.nonce for r in seen]
+        assert len(set(nonces)) == len(nonces), nonces
+    finally:
+        await c.close()
+
+
+async def test_proxies_in_the_same_state_get_identical_pushes(cp: ControlPlane):
+    """A push is the same bytes for every proxy in the same state (one body built, not one per
+    proxy), even when they got their clusters in different pushes; each proxy still ACKs it and
+    is then in sync."""
+    clients = [Sotw(cp.xds_port, node_id=f"sidecar~10.0.0.{i}~raw-{i}.default~default.svc.cluster.local")
+               for i in (7, 8)]
+    try:
+        await clients[0].request(CDS)
+        await clients[0].ack(await clients[0].read())
+        # A push that changes listeners only: the first proxy's clusters stay as they were.
+        version = await cp.push_version()
+        cp.write("mesh.yaml", MESH.format(log="/dev/stdout"))
+        await wait_for(lambda: _version_after(cp, version), message="the listener push")
+        await clients[1].request(CDS)
+        await clients[1].ack(await clients[1].read())
+        cp.write("svc-b.yaml", SERVICE.format(name="b", ip="10.96.0.2", port=9002))
+        pushed = []
+        for c in clients:
+            resp = await c.read()
+            while resp.type_url != CDS:
+                await c.ack(resp)
+                resp = await c.read()
+            pushed.append(resp)
+            await c.ack(resp)
+        assert "outbound|8080||b.default.svc.cluster.local" in {_name(r) for r in pushed[0].resources}
+        assert pushed[0].SerializeToString() == pushed[1].SerializeToString()
+        for c in clients:  # both ACKs were taken: each proxy is in sync at the pushed version
+            row = await wait_for(_synced_row(cp, c.node_id, pushed[0].nonce), message=f"{c.node_id} in sync")
+            assert row["cluster_acked"] == pushed[0].nonce
+    finally:
+        for c in clients:
+            await c.close()
 
 
 async def test_unknown_type_url_gets_empty_response_and_stream_survives(cp: ControlPlane):
@@ -224,6 +316,28 @@ def _name(any_msg) -> str:
     c = cluster_pb2.Cluster()
     any_msg.Unpack(c)
     return c.name
+
+
+def _cla_names(resp: discovery_pb2.DiscoveryResponse) -> list[str]:
+    from envoy.config.endpoint.v3 import endpoint_pb2
+    out = []
+    for r in resp.resources:
+        cla = endpoint_pb2.ClusterLoadAssignment()
+        r.Unpack(cla)
+        out.append(cla.cluster_name)
+    return out
+
+
+async def _version_after(cp: ControlPlane, version: str) -> str | None:
+    now = await cp.push_version()
+    return now if now != version else None
+
+
+def _synced_row(cp: ControlPlane, node_id: str, nonce: str):
+    async def check():
+        row = await cp.sync_status(node_id)
+        return row if row and row["cluster_acked"] == nonce else None
+    return check
 
 
 def _nack_row(cp: ControlPlane):

@@ -21,6 +21,7 @@ from pilot.agent.ca_client import CAClient, new_key_and_csr
 from pilot.agent.sds import SECRET_TYPE, SdsServer
 from pilot.agent.secrets import SecretManager, WorkloadSecret, parse_chain
 from pilot.security.ca import CAOptions, CertificateAuthority, DirectoryStorage
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -93,10 +94,12 @@ async def test_pushes_new_versions_and_never_answers_acks_or_nacks(sds):
     assert resp.version_info == s2.version, "the ACK was answered"
 
     await stream.request(["default"], version=s1.version, nonce=resp.nonce, error="bad key")  # NACK
+    # The NACK must have been read before the next version is published, or that version could
+    # be pushed first and the NACK would then (rightly) be stale.
+    await wait_for(lambda: server.service.nacks == 1, timeout=5, message="NACK recorded")
     manager.publish(s3)
     resp, _ = await stream.read()
     assert resp.version_info == s3.version, "the NACKed version was sent again"
-    assert server.service.nacks == 1
 
     # Subscribing to ROOTCA as well: both, the root as a validation context.
     await stream.request(["default", "ROOTCA"], version=resp.version_info, nonce=resp.nonce)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 from envoy.config.endpoint.v3 import endpoint_pb2
 
 from pilot.model.proxy import Proxy
@@ -25,6 +27,23 @@ def build_service_entry_cla(cluster_name: str, port: ServicePort, service_entry:
                             ) -> endpoint_pb2.ClusterLoadAssignment:
     return endpoints.cluster_load_assignment(
         cluster_name, service_entry_endpoints(service_entry, port, workload_entries, subset_labels))
+
+
+_NO_SUBSETS: weakref.WeakKeyDictionary[frozenset[str], bool] = weakref.WeakKeyDictionary()
+
+
+def reads_no_proxy(requested: frozenset[str] | None) -> bool:
+    """Whether generate() leaves `proxy` unread for these names, so every proxy asking for them
+    can share one output: only a subset reads it (which DestinationRule defines a subset depends
+    on the client's namespace). Keep this in step with generate(). Remembered per name set:
+    subscriptions are shared frozensets (see xds.connection.shared_names)."""
+    if not requested:
+        return True
+    found = _NO_SUBSETS.get(requested)
+    if found is None:
+        found = _NO_SUBSETS[requested] = not any(
+            (p := names.parse_cluster_name(n)) is not None and p[0] == "outbound" and p[2] for n in requested)
+    return found
 
 
 def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,

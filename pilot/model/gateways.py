@@ -180,7 +180,11 @@ class GatewayView:
     skipped: tuple[str, ...]  # servers left out, with the reason (shown in logs)
 
     @classmethod
-    def build(cls, gateways: tuple[Entry, ...]) -> GatewayView:
+    def build(cls, gateways: tuple[Entry, ...], port_map: tuple[tuple[int, int], ...] = ()) -> GatewayView:
+        """`port_map`: (service port, target port) of the Services selecting the router, as
+        istiod maps them: a server on port 80 of a Service forwarding 80 to 8080 listens on 8080
+        (gateways run without root), while its routes still match the port clients used."""
+        target = dict(port_map)
         groups: dict[tuple[str, int], list[ServerRef]] = {}
         kinds: dict[tuple[str, int], PortKind] = {}
         explicit: dict[tuple[str, int], bool] = {}
@@ -194,7 +198,7 @@ class GatewayView:
                     skipped.append(f"{where}: {reason}")
                     continue
                 kind: PortKind = "http" if ref.protocol in _HTTP else "tls" if ref.protocol in _TLS else "tcp"
-                key = (server.bind or WILDCARD_BIND, server.port.number)
+                key = (server.bind or WILDCARD_BIND, target.get(server.port.number, server.port.number))
                 if key not in groups:
                     groups[key], kinds[key], explicit[key] = [], kind, bool(server.bind)
                 elif kinds[key] != kind:
@@ -213,11 +217,11 @@ class GatewayView:
             suffix = bind if pv.explicit_bind else ""
             if pv.kind == "http":
                 name = http_route_name(port, suffix)
-                routes[name] = RouteView(name, port, pv.servers)
+                routes[name] = RouteView(name, refs[0].port, pv.servers)
             for ref in pv.servers:
                 if ref.terminates_tls and ref.protocol == "https":
                     name = https_route_name(ref, suffix)
-                    routes[name] = RouteView(name, port, (ref,))
+                    routes[name] = RouteView(name, ref.port, (ref,))
         return cls(gateways, tuple(ports), MappingProxyType(routes), tuple(skipped))
 
 
@@ -309,11 +313,11 @@ class GatewayIndex:
         return tuple(g for g in self.select(labels)
                      if g.key.namespace == namespace or g.obj.metadata.annotations.get(SCOPE) != "namespace")
 
-    def view(self, gateways: tuple[Entry, ...]) -> GatewayView:
-        key = ("view", gateways)
+    def view(self, gateways: tuple[Entry, ...], port_map: tuple[tuple[int, int], ...] = ()) -> GatewayView:
+        key = ("view", gateways, port_map)
         hit = self._memo.get(key)
         if hit is None:
-            hit = GatewayView.build(gateways)
+            hit = GatewayView.build(gateways, port_map)
             self._memo[key] = hit
         return hit
 

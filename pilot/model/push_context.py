@@ -196,6 +196,20 @@ class PushContext:
             self._memo[key] = plan = self._memo.setdefault(("plan", plan), plan)  # equal plans: one object
         return plan
 
+    def gateway_port_map(self, proxy: Proxy) -> tuple[tuple[int, int], ...]:
+        """(port, targetPort) of the Services in a router's namespace that select it."""
+        key = ("gw-ports", proxy.namespace, frozenset(proxy.labels.items()))
+        out = self._memo.get(key)
+        if out is None:
+            labels, ports = proxy.labels, {}
+            for svc in self.services_in(proxy.namespace):
+                if svc.kind == "Service" and svc.selector and all(labels.get(k) == v for k, v in svc.selector):
+                    for p in svc.ports:
+                        if isinstance(p.target_port, int) and p.target_port != p.port:
+                            ports.setdefault(p.port, p.target_port)
+            out = self._memo[key] = tuple(sorted(ports.items()))
+        return out
+
     def mtls_mode(self, namespace: str, labels: Mapping[str, str], port: int) -> str:
         """PeerAuthentication's mode for a workload port (istiod's default: PERMISSIVE)."""
         return self.security.mtls_mode(namespace, labels, port)

@@ -7,10 +7,10 @@ Two steps, both pure:
    step 2, so it is the cache key.
 2. `gateway_listener(plan, settings)` and `gateway_route_config(...)` build the protos.
 
-Listener shape (istiod's): `0.0.0.0_PORT` bound on 0.0.0.0:PORT (or the server's `bind`), the
-server's port number as is (istiod maps it to the gateway Service's targetPort when it finds the
-Service; we do not), whatever the router's INTERCEPTION_MODE: a gateway binds its ports itself,
-so 0.0.0.0 also serves tests that connect to 127.0.0.1 without root (use ports >= 1024).
+Listener shape (istiod's): `0.0.0.0_PORT` bound on 0.0.0.0:PORT (or the server's `bind`), where
+PORT is the server's port, or the targetPort a Service selecting the router maps it to (80 ->
+8080: gateways run without root), whatever the router's INTERCEPTION_MODE: a gateway binds its
+ports itself, so 0.0.0.0 also serves tests that connect to 127.0.0.1 without root.
 - HTTP servers: one chain, HCM with RDS `http.PORT`.
 - HTTPS servers with tls SIMPLE/MUTUAL/OPTIONAL_MUTUAL: a chain per server matching the
   server's hosts as SNI (`*` matches any), a DownstreamTlsContext whose certificate comes over

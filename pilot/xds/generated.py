@@ -60,7 +60,7 @@ class GenerationMemo:
         """Generators read nothing of a proxy but its traits, the Sidecar that scopes it (for a
         router: the Gateways its labels select), which sourceLabels matches its labels meet and,
         for a sidecar, its inbound plan (the services selecting it, their mTLS modes and
-        policies). Worked out once per proxy and context: a push asks for it once per type."""
+        policies), for a router the ports of the Services selecting it. Worked out once per proxy and context: a push asks for it once per type."""
         hit = self._proxy_keys.get(id(proxy))
         # The metadata object is replaced, never mutated, when a proxy turns out to be gRPC.
         if hit is not None and hit[0] is proxy and hit[1] is proxy.metadata:
@@ -68,8 +68,13 @@ class GenerationMemo:
         labels = proxy.labels
         scope = (ctx.gateways.select(labels) if proxy.type == "router"
                  else ctx.sidecar_for(proxy.namespace, labels))
-        inbound = ctx.inbound_plan(proxy) if proxy.type == "sidecar" and not proxy.is_grpc else None
-        key = (proxy.traits, scope, ctx.traffic.source_signature(labels), inbound)
+        if proxy.is_grpc:
+            own = None
+        elif proxy.type == "sidecar":
+            own = ctx.inbound_plan(proxy)
+        else:  # a router listens on the target ports of the Services selecting it
+            own = ctx.gateway_port_map(proxy)
+        key = (proxy.traits, scope, ctx.traffic.source_signature(labels), own)
         self._proxy_keys[id(proxy)] = (proxy, proxy.metadata, key)
         return key
 

@@ -488,3 +488,36 @@ def test_generated_gateway_config_passes_envoy_validate(tmp_path: Path):
     chains[1]["filter_chain_match"] = copy.deepcopy(chains[0]["filter_chain_match"])
     ok, output = envoy_validate(broken, tmp_path)
     assert not ok, "envoy accepted two filter chains with the same match"
+
+
+async def test_server_port_follows_the_gateway_services_target_port(env: GatewayEnv):
+    """istiod's mapping: Service istio-ingressgateway 80 -> 8080 selects the router, so a server
+    on port 80 listens on 8080 (no root needed); clients' Host `host:80` still matches."""
+    service_port, target = free_ports(2)
+    env.cp.write("gw-svc.yaml", textwrap.dedent(f"""\
+        apiVersion: v1
+        kind: Service
+        metadata: {{name: istio-ingressgateway, namespace: {GW_NS}}}
+        spec:
+          selector: {{istio: ingressgateway}}
+          ports: [{{name: http2, port: {service_port}, targetPort: {target}}}]
+        """))
+    env.cp.write("gateway.yaml", gateway_yaml("web", f"""\
+        - port: {{number: {service_port}, name: http, protocol: HTTP}}
+          hosts: [shop.example.com]
+        """))
+    env.cp.write("vs.yaml", virtual_service_yaml("shop", f"""\
+        hosts: [shop.example.com]
+        gateways: [{GW_NS}/web]
+        http: [{{route: [{{destination: {{host: alpha}}}}]}}]
+        """))
+    await env.start()
+
+    async def routed():
+        return await http_request(target, f"shop.example.com:{service_port}") == (200, "alpha")
+
+    await env.until(routed, "listener on the target port")
+    listeners = await env.envoy.listener_ports()
+    assert f"0.0.0.0_{target}" in listeners and f"0.0.0.0_{service_port}" not in listeners
+    routes = await env.envoy.config_dump(resource="dynamic_route_configs")
+    assert f"http.{target}" in json.dumps(routes)

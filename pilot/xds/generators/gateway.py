@@ -32,7 +32,7 @@ def is_gateway(proxy: Proxy) -> bool:
 
 def _view(ctx: PushContext, proxy: Proxy) -> GatewayView:
     index = ctx.gateways
-    return index.view(index.select_for(proxy.labels, proxy.namespace))
+    return index.view(index.select_for(proxy.labels, proxy.namespace), ctx.gateway_port_map(proxy))
 
 
 def listeners(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,

@@ -25,6 +25,7 @@ from pilot.config.kinds import BY_NAME
 from pilot.model.gateway_api.conditions import Status, stamp
 from pilot.model.store import ConfigKey
 from pilot.sources.kube.client import ApiError, Kube
+from pilot.sources.kube.leader_worker import LeaderWorker
 from pilot.sources.kube.rbac import Rule
 from pilot.status.view import now_rfc3339
 
@@ -37,41 +38,28 @@ RBAC = tuple(Rule("cluster", BY_NAME[k].group, f"{BY_NAME[k].plural}/status", fr
 RETRY_S = 1.0
 
 
-class StatusWriter:
+class StatusWriter(LeaderWorker):
+    task_name = "gateway-status-writer"
+
     def __init__(self, kube: Kube, lookup: Callable[[ConfigKey], K8sObject | None],
                  objects_of: Callable[[str], Iterable[K8sObject]], clock: Callable[[], str] = now_rfc3339) -> None:
         """`lookup(key)` is the informers' latest copy of an object (with its status and
         resourceVersion); `objects_of(kind)` every object of a kind they hold."""
+        super().__init__()
         self.kube = kube
         self.lookup = lookup
         self.objects_of = objects_of
         self.clock = clock
-        self.active = False
         self.writes = 0
         self.conflicts = 0
         self._desired: Mapping[ConfigKey, Status] = {}
         self._written: dict[ConfigKey, tuple[str, Status]] = {}  # key -> (resourceVersion written over, status)
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task | None = None
 
     def offer(self, desired: Mapping[ConfigKey, Status]) -> None:
         """The status a new PushContext computed (a GatewayStatusView listener)."""
         self._desired = desired
         if self.active:
             self._wake.set()
-
-    # The leader election calls these.
-    async def start(self) -> None:
-        self.active = True
-        self._wake.set()
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="gateway-status-writer")
-
-    async def stop(self) -> None:
-        self.active = False
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
 
     async def _run(self) -> None:
         while True:

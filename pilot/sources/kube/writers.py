@@ -12,6 +12,7 @@ import asyncio
 from pilot import logging as plog
 from pilot.model.store import ConfigKey, Event, Store
 from pilot.sources.kube.client import ApiError, Kube
+from pilot.sources.kube.leader_worker import LeaderWorker
 from pilot.sources.kube.rbac import Rule
 
 log = plog.get("rootcert")
@@ -24,33 +25,22 @@ LABELS = {"istio.io/config": "true"}
 RBAC = (Rule("cluster", "", "configmaps", frozenset({"create", "get", "update"})),)
 
 
-class RootCertWriter:
+class RootCertWriter(LeaderWorker):
+    task_name = "root-cert-writer"
+
     def __init__(self, kube: Kube, store: Store, root_pem: str,
                  namespace_selected=lambda _ns: True) -> None:
+        super().__init__()
         self.kube = kube
         self.store = store
         self.root_pem = root_pem
         self.namespace_selected = namespace_selected
-        self.active = False
         self.writes = 0
         self._dirty: set[str] = set()
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task | None = None
         store.subscribe(self._on_events)
 
-    # The leader election calls these.
-    async def start(self) -> None:
-        self.active = True
+    def _on_start(self) -> None:
         self._dirty = {e.key.name for e in self.store.list("Namespace")}
-        self._wake.set()
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="root-cert-writer")
-
-    async def stop(self) -> None:
-        self.active = False
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
 
     def set_root(self, root_pem: str) -> None:
         """A new root (a reloaded plugged-in CA): rewrite every namespace's ConfigMap."""

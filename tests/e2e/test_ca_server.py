@@ -392,7 +392,7 @@ async def test_the_server_certificate_is_reissued_at_half_life_without_a_restart
 async def test_plugged_in_ca_rotation_is_picked_up_without_a_restart(tmp_path, issuer):
     """ROOT_CA_DIR files replaced (a new intermediate under a new root): new workload
     certificates and istiod's own serving certificate chain to the new root."""
-    from tests.unit.test_ca import make_intermediate, root_files, write_dir
+    from tests.unit.ca_fixtures import make_intermediate, root_files, write_dir
 
     cacerts = tmp_path / "cacerts"
     old_root, new_root = root_files("EC"), root_files("RSA")  # two different roots

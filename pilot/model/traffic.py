@@ -94,10 +94,9 @@ class TrafficIndex:
                    tuple(sorted(conflicts)), root_namespace, tuple(selectors), MappingProxyType(consumers))
 
     def virtual_service(self, host: str, client_namespace: str = "") -> Entry | None:
-        if self.consumer_routes:
-            consumer = self.consumer_routes.get((host, client_namespace))
-            if consumer is not None:
-                return consumer
+        consumer = self.consumer_routes.get((host, client_namespace)) if self.consumer_routes else None
+        if consumer is not None:
+            return consumer
         entries = self.virtual_services.get(host)
         if entries:
             return entries[0]

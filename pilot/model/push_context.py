@@ -96,7 +96,7 @@ class PushContext:
             by_host=MappingProxyType({s.hostname: s for s in services}),
             slices=_index_slices(store),
             settings=settings,
-            traffic=TrafficIndex.build(store, domain, mesh.root_namespace),
+            traffic=TrafficIndex.build(store, domain, mesh.root_namespace, gateway_api.mesh_virtual_services),
             sidecars=_by_namespace(store.list("Sidecar"), oldest_first=True),
             service_entries=MappingProxyType({(e.key.namespace, e.key.name): e for e in store.list("ServiceEntry")}),
             workload_entries_by_ns=_by_namespace(store.list("WorkloadEntry")),

@@ -1,7 +1,10 @@
 """Indexes of the traffic rules (VirtualService, DestinationRule) a PushContext serves.
 
 Precedence follows istiod: for sidecars, the oldest VirtualService claiming a host wins and the
-others are reported as conflicts; a DestinationRule in the client's namespace beats one in the
+others are reported as conflicts, except that a GAMMA consumer route (an HTTPRoute on a Service
+in another namespace, exported only to its own) comes first for clients in its namespace, as
+istiod imports a namespace's private VirtualServices before public ones; a producer route
+(exported everywhere) competes with VirtualServices by age; a DestinationRule in the client's namespace beats one in the
 service's namespace, which beats one in the root namespace; an exact host beats a wildcard.
 """
 
@@ -46,6 +49,8 @@ class TrafficIndex:
     # Every distinct `sourceLabels` selector of mesh VirtualService matches, in a fixed order: a
     # proxy's routes depend on its labels only through which of these it matches.
     source_selectors: tuple[tuple[tuple[str, str], ...], ...] = ()
+    # GAMMA consumer routes: (host, client namespace) -> the VirtualService they became
+    consumer_routes: Mapping[tuple[str, str], Entry] = field(default_factory=dict)
 
     def source_signature(self, labels: Mapping[str, str]) -> frozenset[int]:
         """Which `source_selectors` these labels satisfy (part of the route generation key)."""
@@ -55,8 +60,16 @@ class TrafficIndex:
                          if all(labels.get(k) == v for k, v in sel))
 
     @classmethod
-    def build(cls, store: Store, domain: str, root_namespace: str) -> TrafficIndex:
+    def build(cls, store: Store, domain: str, root_namespace: str,
+              mesh_routes: tuple[Entry, ...] = ()) -> TrafficIndex:
+        """`mesh_routes`: the VirtualServices GAMMA routes became (model/gateway_api/mesh)."""
         vs: dict[str, list[Entry]] = defaultdict(list)
+        consumers: dict[tuple[str, str], Entry] = {}
+        for e in mesh_routes:
+            if e.obj.spec.export_to == ["."]:  # type: ignore[attr-defined]
+                consumers[(e.obj.spec.hosts[0], e.key.namespace)] = e  # type: ignore[attr-defined]
+            else:
+                vs[e.obj.spec.hosts[0]].append(e)  # type: ignore[attr-defined]
         for e in store.list("VirtualService"):
             spec = e.obj.spec  # type: ignore[attr-defined]
             gateways = spec.gateways or [MESH_GATEWAY]
@@ -78,9 +91,12 @@ class TrafficIndex:
                             for rule in e.obj.spec.http for m in rule.match if m.source_labels})  # type: ignore[attr-defined]
         return cls(MappingProxyType({h: tuple(v) for h, v in vs.items()}),
                    MappingProxyType({h: tuple(sorted(v, key=_age)) for h, v in dr.items()}),
-                   tuple(sorted(conflicts)), root_namespace, tuple(selectors))
+                   tuple(sorted(conflicts)), root_namespace, tuple(selectors), MappingProxyType(consumers))
 
-    def virtual_service(self, host: str) -> Entry | None:
+    def virtual_service(self, host: str, client_namespace: str = "") -> Entry | None:
+        consumer = self.consumer_routes.get((host, client_namespace)) if self.consumer_routes else None
+        if consumer is not None:
+            return consumer
         entries = self.virtual_services.get(host)
         if entries:
             return entries[0]

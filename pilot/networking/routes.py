@@ -6,6 +6,7 @@ from envoy.config.route.v3 import route_components_pb2, route_pb2
 from google.protobuf import wrappers_pb2
 
 from pilot.durations import parse_duration
+from pilot.model.gateway_api.internal import SEMANTICS
 from pilot.model.mesh_settings import RouteSettings
 from pilot.model.services import MeshService
 from pilot.model.store import Entry
@@ -88,7 +89,8 @@ def outbound_route_config(port: int, services: tuple[MeshService, ...], proxy_na
         vs_routes = None
         if vs is not None:
             inputs = RouteInputs(vs.key.namespace, domain, port, by_host, settings.retry,
-                                 proxy_namespace, dict(client_labels))
+                                 proxy_namespace, dict(client_labels),
+                                 gateway_semantics=vs.obj.metadata.annotations.get(SEMANTICS) == "gateway")
             vs_routes = virtual_service_routes(vs.obj.spec.http, inputs)  # type: ignore[attr-defined]
         rc.virtual_hosts.append(service_virtual_host(svc, port, domains, settings, vs_routes))
     if hash_policies:

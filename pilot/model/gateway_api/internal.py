@@ -92,12 +92,14 @@ def gateway_entry(namespace: str, gateway: str, listener: str, created: str, por
 
 def virtual_service_entry(namespace: str, name: str, gateway: str, hosts: list[str], parents: tuple[str, ...],
                           created: str, http: list | None = None, tcp: list | None = None,
-                          tls: list | None = None) -> Entry:
+                          tls: list | None = None, export_to: tuple[str, ...] = ()) -> Entry:
+    """`gateway` "mesh" (GAMMA routes) binds the VirtualService to sidecars, not to a Gateway."""
     obj = VirtualService.model_construct(
         api_version="networking.istio.io/v1", kind="VirtualService",
         metadata=_meta(name, namespace, parents, created),
-        spec=VirtualServiceSpec.model_construct(hosts=list(hosts), gateways=[f"{namespace}/{gateway}"],
-                                                http=http or [], tcp=tcp or [], tls=tls or [], export_to=[]))
+        spec=VirtualServiceSpec.model_construct(hosts=list(hosts), gateways=[gateway if gateway == "mesh" else f"{namespace}/{gateway}"],
+                                                http=http or [], tcp=tcp or [], tls=tls or [],
+                                                export_to=list(export_to)))
     return _entry("VirtualService", obj)
 
 

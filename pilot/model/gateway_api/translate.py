@@ -39,6 +39,15 @@ from pilot.model.gateway_api.internal import (
     virtual_service_entry,
 )
 from pilot.model.gateway_api.listeners import GatewayState, ListenerState, evaluate_gateway
+from pilot.model.gateway_api.mesh import (
+    MESH,
+    MESH_ROUTE_KINDS,
+    export_to,
+    is_service_parent,
+    mesh_virtual_service_name,
+    on_port,
+    service_parent,
+)
 from pilot.model.gateway_api.references import INVALID_BACKEND_HOST, Backend, ReferenceGrants, resolve_backend
 from pilot.model.store import ConfigKey, Entry, Store
 
@@ -59,6 +68,8 @@ class TranslationMemo:
 class GatewayApiResult:
     gateways: tuple[Entry, ...] = ()  # internal networking.istio.io Gateways
     virtual_services: tuple[Entry, ...] = ()
+    # GAMMA: VirtualServices bound to `mesh`, from routes whose parent is a Service (sidecars')
+    mesh_virtual_services: tuple[Entry, ...] = ()
     statuses: Mapping[ConfigKey, Status] = field(default_factory=dict)  # without lastTransitionTime
     # (gateway namespace, secret namespace, secret name): Secrets in other namespaces that a
     # ReferenceGrant lets this namespace's gateways present (served over SDS).
@@ -112,6 +123,9 @@ class _Pass:
     # (Gateway, listener name) -> the routes attached to it (its status's attachedRoutes)
     attached: dict[tuple[ConfigKey, str], set[ConfigKey]] = field(default_factory=lambda: defaultdict(set))
     statuses: dict[ConfigKey, Status] = field(default_factory=dict)
+    # GAMMA: (route namespace, Service namespace, Service name) -> (order, route, candidates)
+    mesh: dict[tuple[str, str, str], list[tuple[int, Entry, tuple[Candidate, ...]]]] = field(
+        default_factory=lambda: defaultdict(list))
 
     def _rules(self, route: Entry) -> tuple:
         """(candidates, l4 targets, backend problems, unsupported filters) of a route, reused from
@@ -147,6 +161,9 @@ class _Pass:
         parents = []
         hosts = list(getattr(spec, "hostnames", [])) if kind != "TCPRoute" else None
         for ref in spec.parent_refs:
+            if kind in MESH_ROUTE_KINDS and is_service_parent(ref):
+                parents.append(self._mesh_parent(route, order, ref, candidates, problems, unsupported, gen))
+                continue
             if not ref.refers_to_gateway():
                 continue
             gw = self.gateways.get((ref.namespace or route.key.namespace, ref.name))
@@ -161,6 +178,15 @@ class _Pass:
                                 _resolved(problems, unsupported, gen)])})
         if parents:  # a route naming none of our Gateways is someone else's to report on
             self.statuses[route.key] = {"parents": parents}
+
+    def _mesh_parent(self, route: Entry, order: int, ref, candidates: tuple[Candidate, ...],
+                     problems: tuple, unsupported: tuple, gen: int) -> dict:
+        svc, verdict = service_parent(ref, route.key.namespace, self.refs.services)
+        if svc is not None:
+            self.mesh[(route.key.namespace, *svc)].append((order, route, on_port(candidates, ref.port)))
+        return {"parentRef": ref.as_status(), "controllerName": CONTROLLER_NAME,
+                "conditions": sorted_conditions([condition("Accepted", verdict.ok, verdict.reason, verdict.message, gen),
+                                                 _resolved(list(problems), list(unsupported), gen)])}
 
     def _attach(self, route: Entry, order: int, a: Attachment, candidates: tuple[Candidate, ...],
                 l4_targets: tuple[tuple[str, int, int], ...]) -> None:
@@ -178,8 +204,8 @@ class _Pass:
 
     def virtual_service(self, namespace: str, name: str, gateway: str, hosts: tuple[str, ...],
                         parents: tuple[str, ...], created: str, http: tuple = (), l4: tuple = (),
-                        kind: str = "HTTPRoute") -> Entry:
-        signature = (namespace, gateway, hosts, parents, created, http, l4, kind)
+                        kind: str = "HTTPRoute", export: tuple[str, ...] = ()) -> Entry:
+        signature = (namespace, gateway, hosts, parents, created, http, l4, kind, export)
         hit = self.previous.virtual_services.get(name)
         if hit is None or hit[0] != signature:
             if kind == "TLSRoute":
@@ -188,7 +214,8 @@ class _Pass:
                 extra = {"tcp": [tcp_rule(list(l4))]}
             else:
                 extra = {"http": [c.rule for c in http]}
-            hit = (signature, virtual_service_entry(namespace, name, gateway, list(hosts), parents, created, **extra))
+            hit = (signature, virtual_service_entry(namespace, name, gateway, list(hosts), parents, created,
+                                                    export_to=export, **extra))
         self.memo.virtual_services[name] = hit
         return hit[1]
 
@@ -232,7 +259,9 @@ def translate(store: Store, domain: str, previous: GatewayApiResult | None = Non
                                                             entry.obj.metadata.generation)]}
     kube_gateways = [g for g in store.list("KubernetesGateway")
                      if g.obj.spec.gateway_class_name in ours]  # type: ignore[attr-defined]
-    if not kube_gateways:
+    routes = [r for kind in ("HTTPRoute", "GRPCRoute", "TLSRoute", "TCPRoute") for r in store.list(kind)]
+    if not kube_gateways and not any(is_service_parent(ref) for r in routes
+                                     for ref in r.obj.spec.parent_refs):  # type: ignore[attr-defined]
         return GatewayApiResult(statuses=MappingProxyType(statuses)) if statuses else EMPTY
     services = {(e.key.namespace, e.key.name): e for e in store.list("Service")}
     secrets = {(e.key.namespace, e.key.name): e for e in store.list("Secret")}
@@ -245,7 +274,6 @@ def translate(store: Store, domain: str, previous: GatewayApiResult | None = Non
             g, g.obj.spec.gateway_class_name, services, secrets, grants, domain)  # type: ignore[attr-defined]
     p = _Pass(RouteRefs(services, grants, domain), labels, states,
               previous.memo if previous is not None else TranslationMemo(), TranslationMemo(), grant_entries)
-    routes = [r for kind in ("HTTPRoute", "GRPCRoute", "TLSRoute", "TCPRoute") for r in store.list(kind)]
     for order, route in enumerate(sorted(routes, key=_age)):
         p.route(route, order)
     statuses.update(p.statuses)
@@ -273,8 +301,25 @@ def translate(store: Store, domain: str, previous: GatewayApiResult | None = Non
         virtual_services.append(p.virtual_service(gw.key.namespace, name, internal, hosts, (str(route.key),),
                                                   route.obj.metadata.creation_timestamp, l4=targets,
                                                   kind=route.key.kind))
-    return GatewayApiResult(tuple(gateways), tuple(virtual_services), MappingProxyType(statuses),
-                            frozenset(credentials), p.memo)
+    return GatewayApiResult(tuple(gateways), tuple(virtual_services), _mesh_virtual_services(p, domain),
+                            MappingProxyType(statuses), frozenset(credentials), p.memo)
+
+
+def _mesh_virtual_services(p: _Pass, domain: str) -> tuple[Entry, ...]:
+    """One VirtualService per (route namespace, Service): its routes' rules in precedence order.
+    Its creationTimestamp is its oldest route's, which places it among VirtualServices for the
+    same host (oldest first)."""
+    out = []
+    for (route_ns, svc_ns, svc), attached in sorted(p.mesh.items()):
+        ranked = sorted(((c.rank, order, c) for order, _, cs in attached for c in cs), key=lambda t: t[:2])
+        candidates = tuple(c for _, _, c in ranked)
+        routes = sorted(dict.fromkeys(r for _, r, _ in attached), key=_age)
+        parents = tuple(str(r.key) for r in routes)
+        out.append(p.virtual_service(route_ns, mesh_virtual_service_name(svc, svc_ns), MESH,
+                                     (f"{svc}.{svc_ns}.svc.{domain}",), parents,
+                                     routes[0].obj.metadata.creation_timestamp, http=candidates,
+                                     export=tuple(export_to(route_ns, svc_ns))))
+    return tuple(out)
 
 
 def _internal_gateway(state: GatewayState, ls: ListenerState, p: _Pass) -> Entry:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from pilot.model.gateways import config_origins
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
 from pilot.networking import routes
@@ -34,11 +35,11 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         if view.registry_only is not None and view.registry_only != settings.registry_only:
             settings = replace(settings, registry_only=view.registry_only)  # the Sidecar's policy wins
         http = view.http_by_port.get(port, ())
-        vss = tuple(ctx.traffic.virtual_service(s.hostname) for s in http)
+        vss = tuple(ctx.traffic.virtual_service(s.hostname, proxy.namespace) for s in http)
         # Destination ports come from any service, so all of them are inputs when a VS applies.
         everything = ctx.services if any(vss) else ()
         origins = tuple(s.origin for s in http) + tuple(
-            f"VirtualService/{v.key.namespace}/{v.key.name}" for v in dict.fromkeys(v for v in vss if v))
+            o for v in dict.fromkeys(v for v in vss if v) for o in config_origins(v))
         hashes = _hash_policies(ctx, proxy.namespace)
         # Only the labels some sourceLabels match asks about: proxies that agree on them share output.
         asked = {k for sel in ctx.traffic.source_selectors for k, _ in sel}

@@ -1,5 +1,6 @@
 """Wires pilot-agent together: certificate first, then the SDS socket, the bootstrap, the status
-port and Envoy; signals stop Envoy and the agent exits with Envoy's status.
+port and Envoy; SIGTERM drains Envoy then stops it (drain.py), and the agent exits with Envoy's
+status.
 
 The certificate is fetched before Envoy starts: a wrong token or an unreachable root then fails
 the agent at once with the CA's reason, rather than leaving an Envoy that never becomes ready.
@@ -27,6 +28,7 @@ from pilot.agent.config import (
     TOKEN_PATH,
     AgentConfig,
 )
+from pilot.agent.drain import GracefulStop
 from pilot.agent.sds import SdsServer
 from pilot.agent.secrets import SecretManager
 from pilot.agent.status import StatusServer
@@ -85,10 +87,12 @@ async def run(cfg: AgentConfig, warnings: list[str]) -> int:
         on_admin_address=lambda a: ports.set("admin", int(a.rsplit(":", 1)[1])))
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    graceful = GracefulStop(supervisor, duration=cfg.termination_drain,
+                            inbound_only=cfg.proxy_type == "sidecar")
 
     def on_signal(sig: int) -> None:
         stop.set()
-        supervisor.request_stop(sig)
+        graceful.on_signal(sig)
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
@@ -133,6 +137,7 @@ async def run(cfg: AgentConfig, warnings: list[str]) -> int:
             return 1
         code = await supervisor.run()
     finally:
+        await graceful.close()
         rotation.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await rotation

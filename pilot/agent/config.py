@@ -85,6 +85,10 @@ SECRET_GRACE_PERIOD_RATIO_JITTER = _knob(
 PROXY_CONFIG = _knob("PROXY_CONFIG", "", str, "ProxyConfig (YAML or JSON), over the mesh's defaultConfig.")
 DELTA_XDS = _knob("ISTIO_DELTA_XDS", "false", _bool, "Envoy uses delta ADS (DELTA_GRPC) instead of SotW.")
 # Not istio-agent knobs: istio-agent leaves restarts to the kubelet. Here the agent restarts Envoy.
+TERMINATION_DRAIN_DURATION_SECONDS = _knob(
+    "TERMINATION_DRAIN_DURATION_SECONDS", "5", int,
+    "Seconds between SIGTERM and stopping Envoy, while its inbound listeners drain; "
+    "ProxyConfig.terminationDrainDuration wins when set.")
 ENVOY_MAX_RESTARTS = _knob("ENVOY_MAX_RESTARTS", "5", int,
                            "Consecutive Envoy crashes tolerated before pilot-agent gives up.")
 ENVOY_RESTART_BACKOFF = _knob("ENVOY_RESTART_BACKOFF", "200ms", _positive_duration,
@@ -100,6 +104,7 @@ class ProxyConfig:
     status_port: int = 15020
     concurrency: int = 2
     drain_duration: float = 45.0
+    termination_drain_duration: float | None = None  # None: TERMINATION_DRAIN_DURATION_SECONDS
     binary_path: str = ""
     service_cluster: str = ""
     proxy_metadata: Mapping[str, str] = field(default_factory=dict)
@@ -109,6 +114,7 @@ class ProxyConfig:
 _PC_FIELDS = {
     "discoveryAddress": "discovery_address", "proxyAdminPort": "proxy_admin_port",
     "statusPort": "status_port", "concurrency": "concurrency", "drainDuration": "drain_duration",
+    "terminationDrainDuration": "termination_drain_duration",
     "binaryPath": "binary_path",
     "serviceCluster": "service_cluster", "proxyMetadata": "proxy_metadata",
 }
@@ -127,11 +133,14 @@ def _field(where: str, name: str, v: Any) -> Any:
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ConfigError(f"{where}: must be a non-negative integer (0: all cores), got {v!r}")
         return v
-    if name == "drain_duration":
+    if name in ("drain_duration", "termination_drain_duration"):
         try:
-            return parse_duration(str(v))
+            d = parse_duration(str(v))
         except ValueError as e:
             raise ConfigError(f"{where}: {e}") from None
+        if d < 0:
+            raise ConfigError(f"{where}: must not be negative, got {v!r}")
+        return d
     if name == "proxy_metadata":
         if not isinstance(v, dict) or not all(isinstance(x, str) for x in v):
             raise ConfigError(f"{where}: must be a map of strings, got {v!r}")
@@ -238,6 +247,7 @@ class AgentConfig:
     envoy_binary: str
     max_restarts: int
     restart_backoff: float
+    termination_drain: float  # seconds Envoy drains after SIGTERM before it is stopped
     env: Mapping[str, str]  # the process environment with ProxyConfig.proxyMetadata applied
     ports_file: str | None = None
 
@@ -315,6 +325,8 @@ def load(*, proxy_type: str, env: Mapping[str, str], overrides: Mapping[str, Any
         envoy_binary=find_envoy(pc.binary_path),
         max_restarts=max(0, _get(ENVOY_MAX_RESTARTS, env)),
         restart_backoff=_get(ENVOY_RESTART_BACKOFF, env),
+        termination_drain=(pc.termination_drain_duration if pc.termination_drain_duration is not None
+                           else float(max(0, _get(TERMINATION_DRAIN_DURATION_SECONDS, env)))),
         env=env,
         ports_file=overrides.get("portsFile"),
     )

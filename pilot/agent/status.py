@@ -28,6 +28,8 @@ class StatusServer:
     async def ready(self, _req: web.Request) -> web.Response:
         if self.secrets.current is None:
             return web.Response(status=503, text="no workload certificate yet\n")
+        if self.envoy.draining:
+            return web.Response(status=503, text="draining for termination\n")
         if not self.envoy.running or not self.envoy.admin_address:
             return web.Response(status=503, text="envoy is not running\n")
         try:

@@ -52,6 +52,7 @@ class EnvoySupervisor:
         self._stop = asyncio.Event()
         self._stop_signal = signal.SIGTERM
         self._watcher: asyncio.Task | None = None
+        self.draining = False  # Envoy is being drained before a stop: never restart it
 
     @property
     def running(self) -> bool:
@@ -66,6 +67,9 @@ class EnvoySupervisor:
         if self.running:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(sig)
+
+    def begin_drain(self) -> None:
+        self.draining = True
 
     async def _start(self) -> asyncio.subprocess.Process:
         self.admin_address = None
@@ -113,7 +117,7 @@ class EnvoySupervisor:
     async def run(self) -> int:
         """Until Envoy exits for good; returns the agent's exit status."""
         crashes = 0
-        while not self._stop.is_set():
+        while not self._stop.is_set() and not self.draining:
             try:
                 self.proc = await self._start()
             except OSError as e:
@@ -124,7 +128,7 @@ class EnvoySupervisor:
                     self.proc.send_signal(self._stop_signal)
             started = time.monotonic()
             code = await self._wait_exit(self.proc)
-            if self._stop.is_set():
+            if self._stop.is_set() or self.draining:
                 log.info("envoy exited", reason=describe(code))
                 return exit_status(code)
             if code == 0:

@@ -49,7 +49,8 @@ class PilotAgent:
         self.ports_path.unlink(missing_ok=True)
         args = [sys.executable, "-m", "pilot.agent", "proxy", self.proxy_type, "--portsFile", str(self.ports_path),
                 *self.args]
-        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **self.env}
+        # No termination drain unless a test asks for one: every teardown would otherwise wait 5s.
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TERMINATION_DRAIN_DURATION_SECONDS": "0", **self.env}
         self._log = open(self.log_path, "ab")  # noqa: SIM115, ASYNC230 - lives as long as the process; local disk
         self.proc = await asyncio.create_subprocess_exec(*args, stdout=self._log, stderr=self._log, env=env,
                                                          cwd=str(self.workdir))

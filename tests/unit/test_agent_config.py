@@ -69,6 +69,8 @@ def test_proxy_config_layers_flags_and_proxy_metadata():
     ({"PROXY_CONFIG": "- a"}, {}, "PROXY_CONFIG: must be a ProxyConfig object"),
     ({"PROXY_CONFIG": "proxyAdminPort: 70000"}, {}, "ProxyConfig.proxyAdminPort: must be a port number"),
     ({"PROXY_CONFIG": "drainDuration: soon"}, {}, "ProxyConfig.drainDuration: invalid duration"),
+    ({"PROXY_CONFIG": "terminationDrainDuration: -1s"}, {}, "ProxyConfig.terminationDrainDuration: must not be negative"),
+    ({"TERMINATION_DRAIN_DURATION_SECONDS": "5s"}, {}, "TERMINATION_DRAIN_DURATION_SECONDS='5s'"),
     ({"PROXY_CONFIG": "discoveryAddress: istiod"}, {}, "discoveryAddress 'istiod' must be HOST:PORT"),
     ({"PROXY_CONFIG": "binaryPath: /nonexistent/envoy"}, {}, "binaryPath '/nonexistent/envoy' is not an executable"),
     ({"SECRET_TTL": "forever"}, {}, "SECRET_TTL='forever'"),
@@ -80,6 +82,15 @@ def test_bad_configuration_is_refused_with_the_reason(env, overrides, message):
     with pytest.raises(ConfigError) as e:
         load(env, **overrides)
     assert message in str(e.value)
+
+
+def test_termination_drain_duration_from_proxy_config_else_the_env():
+    assert load()[0].termination_drain == 5.0  # istio-agent's default
+    assert load({"TERMINATION_DRAIN_DURATION_SECONDS": "9"})[0].termination_drain == 9.0
+    cfg, warnings = load({"TERMINATION_DRAIN_DURATION_SECONDS": "9",
+                          "PROXY_CONFIG": "terminationDrainDuration: 1500ms"})
+    assert cfg.termination_drain == 1.5 and warnings == []
+    assert load({"PROXY_CONFIG": "terminationDrainDuration: 0s"})[0].termination_drain == 0.0
 
 
 def test_node_metadata_as_istio_agent_sends_it():

@@ -223,14 +223,26 @@ async def test_on_demand_by_address(cp):
 
 
 async def test_refused_when_ambient_is_off(tmp_path):
+    """One request, then the refusal (a client writing more after the refusal would see its own
+    write fail instead of the server's status)."""
+    from envoy.service.discovery.v3 import discovery_pb2
+
+    from tests.support.ztunnel import ztunnel_node
     async with ControlPlane(tmp_path) as cp:
-        client = ZtunnelClient(cp.xds_port)
-        await client.connect()
-        await wait_for(lambda: client.error is not None, message="the stream is refused")
-        assert client.error.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert client.error.details() == "ztunnel requires PILOT_ENABLE_AMBIENT=true"
-        assert not client.responses
-        await client.close()
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{cp.xds_port}")
+        call = channel.stream_stream(
+            "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources",
+            request_serializer=discovery_pb2.DeltaDiscoveryRequest.SerializeToString,
+            response_deserializer=discovery_pb2.DeltaDiscoveryResponse.FromString)()
+        try:
+            await call.write(discovery_pb2.DeltaDiscoveryRequest(type_url=ADDRESS, node=ztunnel_node()))
+            with pytest.raises(grpc.RpcError) as err:
+                await call.read()
+            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert err.value.details() == "ztunnel requires PILOT_ENABLE_AMBIENT=true"
+        finally:
+            call.cancel()
+            await channel.close()
 
 
 async def test_state_of_the_world_is_refused_for_ztunnel_types(cp):

@@ -82,7 +82,10 @@ class ZtunnelClient:
                 req.resource_names_unsubscribe.append("*")
             for name, (version, _) in self.state[type_url].items():
                 req.initial_resource_versions[name] = version if versions else ""
-            await self._call.write(req)
+            try:
+                await self._call.write(req)
+            except (grpc.RpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
+                break  # the server already ended the stream (a refusal): _read records why
         self._reader = asyncio.get_running_loop().create_task(self._read())
 
     async def _read(self) -> None:

@@ -97,8 +97,8 @@ async def run(cfg: AgentConfig, warnings: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
 
-    ca = CAClient(cfg.ca_address, root_cert_path=ROOT_CERT_PATH, token_path=TOKEN_PATH,
-                  server_name=cfg.istiod_san, cluster_id=str(cfg.env.get("ISTIO_META_CLUSTER_ID") or "Kubernetes"))
+    ca = CAClient(cfg.ca_address, root_cert_path=ROOT_CERT_PATH, token_path=TOKEN_PATH, server_name=cfg.istiod_san,
+                  cluster_id=str(cfg.env.get("ISTIO_META_CLUSTER_ID") or "Kubernetes"))
     secrets = SecretManager(ca, cfg.spiffe_id, cfg.secret_ttl, grace_ratio=cfg.grace_ratio,
                             grace_jitter=cfg.grace_jitter)
     first = asyncio.ensure_future(secrets.start())

@@ -34,6 +34,7 @@ from typing import Literal
 from pilot.config.networking.common import MESH_GATEWAY, UNIX_PREFIX
 from pilot.config.networking.validation import host_matches  # istio host.Name.Matches
 from pilot.model.gateway_api.internal import PARENTS, SCOPE
+from pilot.model.labels import selects
 from pilot.model.store import Entry, Store
 from pilot.model.traffic import resolve_host
 
@@ -303,7 +304,7 @@ class GatewayIndex:
         hit = self._memo.get(key)
         if hit is None:
             hit = tuple(g for g in self.gateways
-                        if all(labels.get(k) == v for k, v in g.obj.spec.selector.items()))  # type: ignore[attr-defined]
+                        if selects(g.obj.spec.selector, labels))  # type: ignore[attr-defined]
             self._memo[key] = hit
         return hit
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pilot.model.labels import selects
 from pilot.model.protocol import Protocol, select_protocol
 from pilot.model.proxy import Proxy
 from pilot.model.security_policies import WorkloadPolicies
@@ -88,8 +89,7 @@ def plan_inbound(proxy: Proxy, services: tuple[MeshService, ...], slices_of, sid
     for svc in services:
         if svc.kind != "Service" or svc.namespace != proxy.namespace or not svc.selector:
             continue
-        labels = proxy.labels
-        if any(labels.get(k) != v for k, v in svc.selector):
+        if not selects(svc.selector, proxy.labels):
             continue
         for sp in svc.ports:
             target = sp.target_port

@@ -27,13 +27,12 @@ def spiffe_id(trust_domain: str, namespace: str, service_account: str) -> str:
     return f"spiffe://{trust_domain}/ns/{namespace}/sa/{service_account}"
 
 
-def client_mesh_tls(*, proxy_has_identity: bool, dr_tls_mode: str | None, auto_mtls: bool,
-                    eds_cluster: bool, destination_mtls_disabled: bool,
-                    sans: tuple[str, ...], dr_sans: tuple[str, ...] = ()) -> MeshTls | None:
-    """What one outbound cluster does. `dr_tls_mode`: the DestinationRule's tls.mode in force for
-    this cluster (port/subset merged), None when it sets none."""
-    if not proxy_has_identity:
-        return None
+def client_mesh_tls(*, dr_tls_mode: str | None, auto_mtls: bool, eds_cluster: bool,
+                    destination_mtls_disabled: bool, sans: tuple[str, ...],
+                    dr_sans: tuple[str, ...] = ()) -> MeshTls | None:
+    """What one outbound cluster does for a client with a mesh identity (callers skip the rest).
+    `dr_tls_mode`: the DestinationRule's tls.mode in force for this cluster (port/subset merged),
+    None when it sets none."""
     if dr_tls_mode == "ISTIO_MUTUAL":
         return MeshTls(False, dr_sans or sans)
     if dr_tls_mode is not None:

@@ -17,6 +17,7 @@ from pilot.model.gateway_api import EMPTY as NO_GATEWAY_API
 from pilot.model.gateway_api import GatewayApiResult, translate
 from pilot.model.gateways import GatewayIndex
 from pilot.model.inbound import InboundPlan, plan_inbound
+from pilot.model.labels import selects
 from pilot.model.mesh_settings import MeshSettings
 from pilot.model.mtls import spiffe_id
 from pilot.model.proxy import Proxy
@@ -203,7 +204,7 @@ class PushContext:
         if out is None:
             labels, ports = proxy.labels, {}
             for svc in self.services_in(proxy.namespace):
-                if svc.kind == "Service" and svc.selector and all(labels.get(k) == v for k, v in svc.selector):
+                if svc.kind == "Service" and svc.selector and selects(svc.selector, labels):
                     for p in svc.ports:
                         if isinstance(p.target_port, int) and p.target_port != p.port:
                             ports.setdefault(p.port, p.target_port)
@@ -228,7 +229,7 @@ class PushContext:
         if selector is None:
             return []
         return [we for we in self.workload_entries(svc)
-                if all(we.obj.spec.labels.get(k) == v for k, v in selector.match_labels.items())]  # type: ignore[attr-defined]
+                if selects(selector.match_labels, we.obj.spec.labels)]  # type: ignore[attr-defined]
 
     def service_slices(self, svc: MeshService) -> tuple[Entry, ...]:
         return self.slices.get((svc.namespace, svc.name), ())

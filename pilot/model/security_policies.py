@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from pilot.model.labels import selects
 from pilot.model.store import Entry, Store
 
 STRICT, PERMISSIVE, DISABLE, UNSET = "STRICT", "PERMISSIVE", "DISABLE", "UNSET"
@@ -52,10 +53,6 @@ class JwksSnapshot:
 def _age(e: Entry) -> tuple[str, str, str]:
     """istiod's order: creationTimestamp, then name, then namespace (file mode has no timestamps)."""
     return (e.obj.metadata.creation_timestamp, e.key.name, e.key.namespace)
-
-
-def _labels_match(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
-    return all(labels.get(k) == v for k, v in selector.items())
 
 
 def _match_labels(e: Entry) -> dict[str, str]:
@@ -137,18 +134,17 @@ class SecurityIndex:
 
     # --- mutual TLS ---------------------------------------------------------------------------
     def mtls_policy(self, namespace: str, labels: Mapping[str, str]) -> MtlsPolicy:
-        """The workload's effective PeerAuthentication, composed as istiod does."""
-        mesh = namespace_level = workload = None
-        for e in self.peer_authentications.get(self.root_namespace, ()):
-            if not _match_labels(e):
-                mesh = mesh or e
-        if namespace != self.root_namespace:
-            for e in self.peer_authentications.get(namespace, ()):
-                selector = _match_labels(e)
-                if not selector:
-                    namespace_level = namespace_level or e
-                elif _labels_match(selector, labels):
-                    workload = workload or e
+        """The workload's effective PeerAuthentication, composed as istiod does (once per
+        namespace and label set: inbound plans and auto mTLS ask per port and per cluster)."""
+        memo_key = ("mtls", namespace, frozenset(labels.items()))
+        found = self._memo.get(memo_key)
+        if found is None:
+            found = self._memo[memo_key] = self._mtls_policy(namespace, labels)
+        return found
+
+    def _mtls_policy(self, namespace: str, labels: Mapping[str, str]) -> MtlsPolicy:
+        mesh, namespace_level, workload = peer_authentication_levels(
+            self.peer_authentications, namespace, labels, self.root_namespace)
         mode = PERMISSIVE
         for e in (mesh, namespace_level, workload):
             if e is not None and e.obj.spec.mode != UNSET:  # type: ignore[attr-defined]
@@ -164,7 +160,7 @@ class SecurityIndex:
 
     # --- authorization and request authentication -----------------------------------------------
     def for_workload(self, namespace: str, labels: Mapping[str, str]) -> WorkloadPolicies:
-        memo_key = (namespace, frozenset(labels.items()))
+        memo_key = ("authz", namespace, frozenset(labels.items()))
         found = self._memo.get(memo_key)
         if found is None:
             found = self._select(namespace, labels)
@@ -227,10 +223,26 @@ def _selects(e: Entry, namespace: str, labels: Mapping[str, str]) -> bool:
     spec = e.obj.spec  # type: ignore[attr-defined]
     refs = spec.target_references
     if not refs:
-        return _labels_match(_match_labels(e), labels)
+        return selects(_match_labels(e), labels)
     gateway = labels.get(GATEWAY_NAME_LABEL)
     return gateway is not None and e.key.namespace == namespace and any(
         r.kind == "Gateway" and r.group == GATEWAY_API_GROUP and r.name == gateway for r in refs)
+
+
+def peer_authentication_levels(peer_authentications: Mapping[str, tuple[Entry, ...]], namespace: str,
+                               labels: Mapping[str, str], root_namespace: str
+                               ) -> tuple[Entry | None, Entry | None, Entry | None]:
+    """The PeerAuthentications in force for a workload at each level, the oldest at each: the
+    mesh's (root namespace, no selector), its namespace's (no selector) and the workload's (a
+    selector matching its labels). Sidecars and ztunnel compose them differently."""
+    mesh = min((e for e in peer_authentications.get(root_namespace, ()) if not _match_labels(e)),
+               key=_age, default=None)
+    if namespace == root_namespace:
+        return mesh, None, None
+    local = peer_authentications.get(namespace, ())
+    namespace_level = min((e for e in local if not _match_labels(e)), key=_age, default=None)
+    workload = min((e for e in local if (sel := _match_labels(e)) and selects(sel, labels)), key=_age, default=None)
+    return mesh, namespace_level, workload
 
 
 def _by_namespace(entries: list[Entry]) -> Mapping[str, tuple[Entry, ...]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pilot.config.core import EndpointSlice, Service
+from pilot.model.labels import selects
 from pilot.model.protocol import Protocol, select_protocol
 from pilot.model.store import Entry
 
@@ -145,7 +146,7 @@ def service_entry_endpoints(entry: Entry, port: ServicePort, workload_entries: t
         selector = spec.workload_selector.match_labels
         for we in workload_entries:
             labels = we.obj.spec.labels  # type: ignore[attr-defined]
-            if all(labels.get(k) == v for k, v in selector.items()):
+            if selects(selector, labels):
                 workloads.append(we.obj.spec)  # type: ignore[attr-defined]
     out: list[EndpointAddress] = []
     for w in workloads:

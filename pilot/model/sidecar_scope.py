@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from pilot.model.labels import selects
 from pilot.model.ports import PortPlan, plan_ports
 from pilot.model.services import MeshService
 from pilot.model.store import Entry
@@ -22,8 +23,7 @@ def select_sidecar(sidecars: Mapping[str, tuple[Entry, ...]], namespace: str, la
     local = sidecars.get(namespace, ())
     for e in local:
         selector = e.obj.spec.workload_selector  # type: ignore[attr-defined]
-        if selector is not None and selector.match_labels and all(
-                labels.get(k) == v for k, v in selector.match_labels.items()):
+        if selector is not None and selector.match_labels and selects(selector.match_labels, labels):
             return e
     for e in local:
         selector = e.obj.spec.workload_selector  # type: ignore[attr-defined]

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from pilot.model.labels import selects
 from pilot.model.store import Entry, Store
 
 MESH_GATEWAY = "mesh"
@@ -57,7 +58,7 @@ class TrafficIndex:
         if not self.source_selectors:
             return frozenset()
         return frozenset(i for i, sel in enumerate(self.source_selectors)
-                         if all(labels.get(k) == v for k, v in sel))
+                         if selects(sel, labels))
 
     @classmethod
     def build(cls, store: Store, domain: str, root_namespace: str,

@@ -35,6 +35,7 @@ from pilot.model.ambient.types import (
     Cidr,
     StringMatch,
 )
+from pilot.model.security_policies import peer_authentication_levels
 from pilot.model.store import Entry
 
 STATIC_STRICT_POLICY = "istio_converted_static_strict"  # '_' cannot appear in Kubernetes names
@@ -210,23 +211,6 @@ def _converted_name(e: Entry) -> str:
     return CONVERTED_PEER_AUTHENTICATION_PREFIX + e.key.name
 
 
-def _age(e: Entry) -> tuple[str, str]:
-    return (e.obj.metadata.creation_timestamp, e.key.name)
-
-
-def _oldest(entries) -> Entry | None:
-    return min(entries, key=_age, default=None)
-
-
-def _level_policies(peer_authentications: Mapping[str, tuple[Entry, ...]], namespace: str,
-                    root_namespace: str) -> tuple[Entry | None, Entry | None]:
-    """The mesh-level and namespace-level PeerAuthentications (no selector; oldest wins)."""
-    mesh = _oldest(e for e in peer_authentications.get(root_namespace, ()) if not _selector(e))
-    ns = None if namespace == root_namespace else _oldest(
-        e for e in peer_authentications.get(namespace, ()) if not _selector(e))
-    return mesh, ns
-
-
 def _selector(e: Entry) -> dict[str, str]:
     sel = e.obj.spec.selector  # type: ignore[attr-defined]
     return sel.match_labels if sel is not None else {}
@@ -237,11 +221,7 @@ def workload_peer_authentication_policies(peer_authentications: Mapping[str, tup
                                           root_namespace: str) -> tuple[str, ...]:
     """The "namespace/name" Authorization resources that enforce a workload's PeerAuthentication:
     the static STRICT policy, and/or the workload policy converted for its port exceptions."""
-    mesh, ns_level = _level_policies(peer_authentications, namespace, root_namespace)
-    workload = None
-    if namespace != root_namespace:
-        workload = _oldest(e for e in peer_authentications.get(namespace, ())
-                           if (sel := _selector(e)) and all(labels.get(k) == v for k, v in sel.items()))
+    mesh, ns_level, workload = peer_authentication_levels(peer_authentications, namespace, labels, root_namespace)
     strict = _mode(mesh) == "STRICT"
     if ns_level is not None and _mode(ns_level) != "UNSET":
         strict = _mode(ns_level) == "STRICT"
@@ -282,7 +262,7 @@ def convert_peer_authentication(entry: Entry, peer_authentications: Mapping[str,
     ns = entry.key.namespace
     if ns == root_namespace or not _selector(entry) or not spec.port_level_mtls:
         return None
-    mesh, ns_level = _level_policies(peer_authentications, ns, root_namespace)
+    mesh, ns_level, _ = peer_authentication_levels(peer_authentications, ns, {}, root_namespace)
     mode = spec.mode
     parts: list[tuple[AuthzMatch, ...]] = []
     groups: list[AuthzRule] = []

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from pilot.model.ambient.types import PortMap, ServiceInfo
 from pilot.model.ambient.waypoints import Waypoint, WaypointIndex
+from pilot.model.labels import selects
 from pilot.model.store import Entry
 
 
@@ -22,7 +23,7 @@ class ServiceSource:
     origin: str
 
     def selects(self, labels) -> bool:
-        return bool(self.selector) and all(labels.get(k) == v for k, v in self.selector)
+        return bool(self.selector) and selects(self.selector, labels)
 
 
 def kubernetes_service(entry: Entry, domain: str, network: str, waypoints: WaypointIndex) -> ServiceSource:

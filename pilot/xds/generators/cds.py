@@ -72,7 +72,7 @@ def _mesh_tls(ctx: PushContext, svc: MeshService, port: int, dr: Entry | None, s
     else:
         eds = True
     return client_mesh_tls(
-        proxy_has_identity=True, dr_tls_mode=tls.mode if tls is not None else None,
+        dr_tls_mode=tls.mode if tls is not None else None,
         auto_mtls=ctx.mesh.enable_auto_mtls, eds_cluster=eds,
         destination_mtls_disabled=ctx.destination_mtls_disabled(svc, port),
         sans=sans, dr_sans=tuple(tls.subject_alt_names) if tls is not None else ())

@@ -42,6 +42,9 @@ class InboundPlan:
     problems: tuple[str, ...] = ()  # ports that could not be served, and why
 
 
+NO_INBOUND = InboundPlan((), False)
+
+
 def _named_target(svc_port: ServicePort, slices: tuple[Entry, ...], ips: tuple[str, ...]) -> int | None:
     """A named targetPort is the port the proxy's own endpoint advertises under that name."""
     for entry in slices:
@@ -85,7 +88,7 @@ def plan_inbound(proxy: Proxy, services: tuple[MeshService, ...], slices_of, sid
                 _endpoint_for(listener.default_endpoint, p.number, ip), bind, mtls_mode(p.number), origin)
         return InboundPlan(tuple(ports[k] for k in sorted(ports)), mesh_tls, policies)
     if not mesh_tls:
-        return InboundPlan((), False)
+        return NO_INBOUND
     for svc in services:
         if svc.kind != "Service" or svc.namespace != proxy.namespace or not svc.selector:
             continue

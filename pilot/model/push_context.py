@@ -16,7 +16,7 @@ from pilot.model.ambient.index import AmbientInputs
 from pilot.model.gateway_api import EMPTY as NO_GATEWAY_API
 from pilot.model.gateway_api import GatewayApiResult, translate
 from pilot.model.gateways import GatewayIndex
-from pilot.model.inbound import InboundPlan, plan_inbound
+from pilot.model.inbound import NO_INBOUND, InboundPlan, plan_inbound
 from pilot.model.labels import selects
 from pilot.model.mesh_settings import MeshSettings
 from pilot.model.mtls import spiffe_id
@@ -184,15 +184,20 @@ class PushContext:
 
     def inbound_plan(self, proxy: Proxy) -> InboundPlan:
         """The ports the proxy's workload serves and their mTLS modes; shared by proxies whose
-        inputs match (replicas of one deployment in iptables mode)."""
-        key = ("inbound", proxy.namespace, frozenset(proxy.labels.items()), proxy.ip_addresses,
-               proxy.interception_mode, proxy.traits.mesh_tls)
+        inputs match (replicas of one deployment in iptables mode). A proxy without a mesh
+        identity and without a Sidecar `ingress` serves nothing inbound: it gets the one empty
+        plan at once (the common case of plaintext proxies costs no per-proxy work)."""
+        labels = proxy.labels
+        mesh_tls = proxy.traits.mesh_tls
+        sidecar = self.sidecar_for(proxy.namespace, labels)
+        if not mesh_tls and (sidecar is None or not sidecar.obj.spec.ingress):  # type: ignore[attr-defined]
+            return NO_INBOUND
+        key = ("inbound", proxy.namespace, frozenset(labels.items()), proxy.ip_addresses,
+               proxy.interception_mode, mesh_tls)
         plan = self._memo.get(key)
         if plan is None:
-            labels = proxy.labels
-            plan = plan_inbound(proxy, self.services_in(proxy.namespace), self.service_slices,
-                                self.sidecar_for(proxy.namespace, labels),
-                                lambda port: self.mtls_mode(proxy.namespace, labels, port), proxy.traits.mesh_tls,
+            plan = plan_inbound(proxy, self.services_in(proxy.namespace), self.service_slices, sidecar,
+                                lambda port: self.mtls_mode(proxy.namespace, labels, port), mesh_tls,
                                 self.security.for_workload(proxy.namespace, labels))
             self._memo[key] = plan = self._memo.setdefault(("plan", plan), plan)  # equal plans: one object
         return plan

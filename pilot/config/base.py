@@ -15,6 +15,15 @@ class Model(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True)
 
 
+class StrictModel(Model):
+    """What users write in the kinds we own the meaning of (Istio and Gateway API specs, MeshConfig
+    parts we apply): an unknown field is a rejection naming its path, as istiod's webhook and
+    `istioctl validate` refuse it, never a silent drop. Both the JSON (camelCase) and the proto
+    (snake_case) spelling are accepted, as istio's protobuf JSON decoding does."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
 class ObjectMeta(Model):
     name: str = Field(min_length=1, max_length=253)
     namespace: str = ""

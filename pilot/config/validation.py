@@ -64,11 +64,23 @@ def parse_object(doc: object, default_namespace: str = "default") -> K8sObject:
         raise InvalidObject(k.config_kind, namespace, name, format_validation_error(e)) from None
 
 
+def field_path(loc: tuple) -> str:
+    """pydantic's location as users write it: ('spec', 'http', 0, 'retrys') -> spec.http[0].retrys."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
 def format_validation_error(e: ValidationError, limit: int = 5) -> str:
     parts = []
     for err in e.errors()[:limit]:
-        loc = ".".join(str(p) for p in err["loc"])
-        parts.append(f"{loc}: {err['msg']}" if loc else err["msg"])
+        loc = field_path(err["loc"])
+        msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
+        parts.append(f"{loc}: {msg}" if loc else msg)
     more = len(e.errors()) - limit
     if more > 0:
         parts.append(f"... and {more} more")

@@ -184,11 +184,11 @@ def test_bad_documents_are_rejected_precisely_and_the_rest_loads(tmp_path: Path,
 
     r = _rejection(store, "bad-port")
     assert (r.source, r.kind, r.namespace) == (f"{mixed}#1", "Service", "default")
-    assert "spec.ports.0.port" in r.reason and "65535" in r.reason
+    assert "spec.ports[0].port" in r.reason and "65535" in r.reason
 
     r = _rejection(store, "no-addr")
     assert (r.source, r.kind, r.namespace) == (f"{mixed}#2", "EndpointSlice", "default")
-    assert "endpoints.0.addresses" in r.reason and "at least 1" in r.reason
+    assert "endpoints[0].addresses" in r.reason and "at least 1" in r.reason
 
     r = _rejection(store, "w")
     assert (r.source, r.kind) == (f"{mixed}#3", "Widget")
@@ -213,7 +213,7 @@ def test_missing_addresses_field_is_rejected(tmp_path: Path, store: Store) -> No
     write(tmp_path / "a.yaml", eps("no-addr", "a").replace('- addresses: ["10.1.0.1"]', "- conditions: {ready: true}"))
     FileSource(tmp_path, store).load()
     r = _rejection(store, "no-addr")
-    assert "endpoints.0.addresses" in r.reason and "required" in r.reason.lower()
+    assert "endpoints[0].addresses" in r.reason and "required" in r.reason.lower()
 
 
 def test_service_validation_reasons(tmp_path: Path, store: Store) -> None:

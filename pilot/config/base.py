@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo
 from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
 
 
 class Model(BaseModel):
@@ -22,6 +23,23 @@ class StrictModel(Model):
     (snake_case) spelling are accepted, as istio's protobuf JSON decoding does."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+UNSUPPORTED_MARK = "x-pilot-unsupported"
+
+
+def _refuse_unsupported(value: Any, info: ValidationInfo) -> Any:
+    # Validators do not run on defaults, so this runs only when the user wrote the field.
+    if value is None:
+        return None  # `field: null` is the same as leaving it out
+    name = to_camel(info.field_name) if info.field_name else "field"
+    raise PydanticCustomError("unsupported", "{field} is not supported", {"field": name})
+
+
+# A field istiod applies that this control plane does not generate yet: the object is accepted
+# only while the field is absent, and refused naming it when present. Marked, so the published
+# table of supported fields (and the CRD schemas) are derived from the models.
+Unsupported = Annotated[Any, AfterValidator(_refuse_unsupported), Field(json_schema_extra={UNSUPPORTED_MARK: True})]
 
 
 class ObjectMeta(Model):

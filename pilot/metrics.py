@@ -46,6 +46,10 @@ class Metrics:
         self.config_rejections = Gauge("pilot_config_rejected", "Config documents currently rejected.",
                                        registry=r)
         self.cache_events = Counter("pilot_xds_cache_reads", "xDS cache reads.", ["type"], registry=r)
+        self.sds_certificate_errors = Counter(
+            "pilot_sds_certificate_errors_total",
+            "Credential (SDS) requests refused or unservable: the proxy proved no identity or may not "
+            "read the Secret, or the Secret is not a usable certificate.", registry=r)
         # The CA (istiod's citadel_server_* names), served on 15012.
         self.csr_count = Counter("citadel_server_csr_count", "CSRs received.", registry=r)
         self.authentication_failure_count = Counter(
@@ -79,19 +83,23 @@ def _number(v: float) -> str:
     return repr(float(v))
 
 
+# istiod counters whose registered name itself ends in _total (prometheus_client folds it away).
+_NAMED_TOTAL = frozenset({"pilot_sds_certificate_errors"})
+
+
 def render(registry: CollectorRegistry) -> bytes:
     """Prometheus text exposition with istiod's names: counters keep their bare name
     (`pilot_xds_pushes`, not `pilot_xds_pushes_total`), as istiod's exporter writes them without
     the counter suffix, so existing dashboards and alerts keep working."""
     lines: list[str] = []
     for family in registry.collect():
-        name = family.name
+        name = family.name + ("_total" if family.name in _NAMED_TOTAL else "")
         lines.append(f"# HELP {name} {family.documentation}")
         lines.append(f"# TYPE {name} {family.type}")
         for s in family.samples:
             if s.name.endswith("_created"):
                 continue
-            sample = name if family.type == "counter" and s.name == f"{name}_total" else s.name
+            sample = name if family.type == "counter" and s.name == f"{family.name}_total" else s.name
             labels = ",".join(f'{k}="{_escape(str(v))}"' for k, v in s.labels.items())
             lines.append(f"{sample}{{{labels}}} {_number(s.value)}" if labels else f"{sample} {_number(s.value)}")
     return ("\n".join(lines) + "\n").encode()

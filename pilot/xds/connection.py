@@ -119,6 +119,7 @@ class Connection:
         self.inbox: asyncio.Queue = asyncio.Queue()
         self.pending_push: PushRequest | None = None
         self.closed = False
+        self.credentials_refused = False  # logged once per stream (see DiscoveryServer)
         self._nonce = 0
 
     def next_nonce(self) -> str:

@@ -309,11 +309,25 @@ class DiscoveryServer:
     async def respond(self, conn: Connection, w: WatchedResource, send) -> None:
         """Answer a request: always send, even if empty, so the proxy's subscription settles."""
         ctx = self.push_context
+        if w.type_url == typeurls.SECRET:
+            self._note_credential_refusal(conn, w)
         if w.type_url in GENERATORS:
             resources = self.generated.generate(ctx, w.type_url, conn.proxy, w.requested())
         else:
             resources = Generated(())
         await self._send(conn, w, ctx, resources, send, partial=False, force=frozenset(), push=None, always=True)
+
+    def _note_credential_refusal(self, conn: Connection, w: WatchedResource) -> None:
+        """A proxy that may get no credential asked for some: counted per request, logged once
+        per stream (a client repeating the request cannot flood the log)."""
+        why = sds.refusal(conn.proxy)
+        if why is None or not w.names:
+            return
+        self.metrics.sds_certificate_errors.inc()
+        if not conn.credentials_refused:
+            conn.credentials_refused = True
+            log.warning("credentials refused", proxy=conn.proxy.id[:256], peer=conn.peer, reason=why,
+                        names=sorted(w.names)[:5])
 
     async def _send(self, conn: Connection, w: WatchedResource, ctx: PushContext,
                     generated: Generated, send, *, partial: bool, force: frozenset[str],

@@ -18,10 +18,13 @@ from pathlib import Path
 import aiohttp
 
 from tests.e2e.mesh_config import endpoint_slice_yaml, service_yaml
+from tests.support.agent import PilotAgent
 from tests.support.backends import HttpBackend
 from tests.support.control_plane import ControlPlane
 from tests.support.envoy import Envoy
+from tests.support.verified_router import start_verified_router
 from tests.support.wait import wait_for
+from tests.unit.test_authn import Issuer
 
 GW_NS = "infra"
 GW_NAME = "web"
@@ -98,17 +101,25 @@ async def request(port: int, host: str, path: str = "/", *, method: str = "GET",
 class GatewayApiEnv:
     def __init__(self, tmp_path: Path, backends: dict[str, HttpBackend], namespace: str = "default") -> None:
         self.tmp_path = tmp_path
-        self.cp = ControlPlane(tmp_path)
+        self.issuer = Issuer("ES256")  # signs the service-account tokens verified routers present
+        self.cp = ControlPlane(tmp_path, secure_grpc=True, env={"JWT_RULE": self.issuer.rule()})
         self.envoy = Envoy()
+        self.agent: PilotAgent | None = None
         self.backends = backends
         self.cp.write("gatewayclass.yaml", GATEWAY_CLASS)
         for name, b in backends.items():
             self.cp.write(f"svc-{name}.yaml", service_yaml(name, SERVICE_PORT, namespace=namespace) + "---\n"
                           + endpoint_slice_yaml(name, b.port, namespace=namespace))
 
-    async def start(self, envoy: bool = True) -> GatewayApiEnv:
+    async def start(self, envoy: bool = True, verified: bool = False) -> GatewayApiEnv:
+        """`verified`: the gateway runs under pilot-agent on the secure port (it may get credentials),
+        as the deployment istiod creates for a Gateway runs, with its `NAME-istio` service account."""
         await self.cp.start()
-        if envoy:
+        if envoy and verified:
+            self.agent, self.envoy = await start_verified_router(
+                self.cp, self.tmp_path / "router", self.issuer, namespace=GW_NS,
+                service_account=f"{GW_NAME}-istio", pod=f"{GW_NAME}-1", labels={GW_LABEL: GW_NAME})
+        elif envoy:
             metadata = {"NAMESPACE": GW_NS, "LABELS": {GW_LABEL: GW_NAME}}
             await self.envoy.start(Envoy.bootstrap(ROUTER, self.cp.xds_port, metadata=metadata,
                                                    cluster=f"{GW_NAME}-istio.{GW_NS}"), self.tmp_path)
@@ -117,6 +128,8 @@ class GatewayApiEnv:
 
     async def stop(self) -> None:
         await self.envoy.stop()
+        if self.agent is not None:
+            await self.agent.stop()
         await self.cp.stop()
 
     async def until(self, check, message: str, timeout: float = 15):

@@ -3,8 +3,9 @@
 The gateway Envoy's node is `router~127.0.0.1~ingress-1.istio-system~...` with metadata
 LABELS {istio: ingressgateway}; Gateways select it by those labels and its listeners bind
 0.0.0.0:SERVER_PORT (free ports). Two HTTP backends stand behind Services `alpha` and `beta`.
-TLS credentials are Secrets in the gateway's namespace, served to Envoy over SDS on the ADS
-stream; the test PKI is made with `cryptography`.
+TLS credentials are Secrets in the gateway's namespace, served over SDS on the ADS stream only
+to a router that proved its identity on the secure port: those tests run the gateway under
+pilot-agent (`verified=True`), as real gateways run. The test PKI is made with `cryptography`.
 """
 
 from __future__ import annotations
@@ -30,18 +31,24 @@ from pilot.model.push_context import PushContext
 from pilot.model.store import Store
 from pilot.sources.files import FileSource
 from tests.e2e.mesh_config import endpoint_slice_yaml, fqdn, service_yaml
+from tests.e2e.test_ca_server import create, csr, key_pem
+from tests.e2e.test_ca_server import channel as secure_channel
+from tests.support.agent import PilotAgent
 from tests.support.backends import HttpBackend
 from tests.support.certs import Issued, issue, make_ca, serial_of_der, tls_secret_yaml
 from tests.support.control_plane import ControlPlane
 from tests.support.envoy import Envoy, envoy_validate
 from tests.support.ports import free_ports
 from tests.support.static_config import static_bootstrap
+from tests.support.verified_router import start_verified_router
 from tests.support.wait import wait_for
+from tests.unit.test_authn import Issuer
 
 pytestmark = pytest.mark.timeout(90)
 
 GW_NS = "istio-system"
 ROUTER = f"router~127.0.0.1~ingress-1.{GW_NS}~{GW_NS}.svc.cluster.local"
+GATEWAY_SA = "istio-ingressgateway-service-account"
 LABELS = {"istio": "ingressgateway"}
 SERVICE_PORT = 8000
 SECRET = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
@@ -68,16 +75,23 @@ def virtual_service_yaml(name: str, spec: str, namespace: str = "default") -> st
 class GatewayEnv:
     def __init__(self, tmp_path: Path, backends: dict[str, HttpBackend]) -> None:
         self.tmp_path = tmp_path
-        self.cp = ControlPlane(tmp_path)
+        self.issuer = Issuer("ES256")  # signs the service-account tokens verified routers present
+        self.cp = ControlPlane(tmp_path, secure_grpc=True, env={"JWT_RULE": self.issuer.rule()})
         self.envoy = Envoy()
+        self.agent: PilotAgent | None = None
         self.backends = backends
         for name, b in backends.items():
             self.cp.write(f"svc-{name}.yaml", service_yaml(name, SERVICE_PORT) + "---\n"
                           + endpoint_slice_yaml(name, b.port))
 
-    async def start(self, envoy: bool = True, delta: bool = False) -> GatewayEnv:
+    async def start(self, envoy: bool = True, delta: bool = False, verified: bool = False) -> GatewayEnv:
+        """`verified`: the gateway runs under pilot-agent on the secure port (it may get credentials)."""
         await self.cp.start()
-        if envoy:
+        if envoy and verified:
+            self.agent, self.envoy = await start_verified_router(
+                self.cp, self.tmp_path / "router", self.issuer, namespace=GW_NS, service_account=GATEWAY_SA,
+                pod="ingress-1", labels=LABELS, delta=delta)
+        elif envoy:
             metadata = {"NAMESPACE": GW_NS, "LABELS": LABELS}
             await self.envoy.start(Envoy.bootstrap(ROUTER, self.cp.xds_port, metadata=metadata, delta=delta,
                                                    cluster="istio-ingressgateway.istio-system"), self.tmp_path)
@@ -96,6 +110,8 @@ async def env(tmp_path):
         yield e
     finally:
         await e.envoy.stop()
+        if e.agent is not None:
+            await e.agent.stop()
         await e.cp.stop()
         for b in backends.values():
             await b.stop()
@@ -242,7 +258,7 @@ async def test_https_simple_with_credential_and_rotation(env: GatewayEnv, delta:
         http:
         - route: [{{destination: {{host: alpha}}}}]
         """))
-    await env.start(delta=delta)
+    await env.start(delta=delta, verified=True)
 
     async def served():
         return await tls_request(port, host, ca) == (200, "alpha", first.serial)
@@ -322,7 +338,7 @@ async def test_https_mutual_requires_a_client_certificate_from_the_ca(env: Gatew
         http:
         - route: [{{destination: {{host: beta}}}}]
         """))
-    await env.start()
+    await env.start(verified=True)
     client = issue(ca, ["client.example.com"], client=True)
     stranger_ca = make_ca("someone else")
     stranger = issue(stranger_ca, ["client.example.com"], client=True)
@@ -358,45 +374,65 @@ def _node(node_id: str, namespace: str, labels: dict | None = None) -> base_pb2.
     return base_pb2.Node(id=node_id, metadata=md)
 
 
-async def _ask_secret(port: int, node: base_pb2.Node, names: list[str]) -> discovery_pb2.DiscoveryResponse:
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+async def _ask_secret(channel: grpc.aio.Channel, node: base_pb2.Node, names: list[str]) -> list[secret_pb2.Secret]:
+    """The Secrets one SDS request over ADS is answered with."""
+    async with channel:
         call = channel.stream_stream(ADS, request_serializer=discovery_pb2.DiscoveryRequest.SerializeToString,
                                      response_deserializer=discovery_pb2.DiscoveryResponse.FromString)()
         await call.write(discovery_pb2.DiscoveryRequest(node=node, type_url=SECRET, resource_names=names))
         resp = await asyncio.wait_for(call.read(), 10)
         call.cancel()
-        return resp
+    assert resp.type_url == SECRET
+    out = []
+    for a in resp.resources:
+        s = secret_pb2.Secret()
+        a.Unpack(s)
+        out.append(s)
+    return out
 
 
-async def test_secret_never_reaches_sidecars_or_other_namespaces(env: GatewayEnv):
+async def _proven(env: GatewayEnv, namespace: str, sa: str) -> grpc.aio.Channel:
+    """A channel to the secure port authenticated by a workload certificate for ns/sa."""
+    key, pem = csr()
+    chain = await create(env.cp, pem, token=env.issuer.token(namespace=namespace, sa=sa))
+    return secure_channel(env.cp, env.cp.root_cert(), (key_pem(key), "".join(chain).encode()))
+
+
+async def test_credentials_only_for_proven_gateways_of_the_secrets_namespace(env: GatewayEnv):
     ca = make_ca()
     leaf = issue(ca, ["secure.example.com"])
     env.cp.write("secret.yaml", tls_secret_yaml("secure-cert", GW_NS, leaf, ca))
     await env.start(envoy=False)
-    port = env.cp.xds_port
     names = ["kubernetes://secure-cert", "kubernetes://secure-cert-cacert"]
+    router = _node(ROUTER, GW_NS, LABELS)
 
-    # The control: a router in the Secret's namespace gets both.
-    resp = await _ask_secret(port, _node(ROUTER, GW_NS, LABELS), names)
-    got = {}
-    for a in resp.resources:
-        s = secret_pb2.Secret()
-        a.Unpack(s)
-        got[s.name] = s
+    # Plaintext xDS: the node id says "router in the Secret's namespace", but anyone can write
+    # that. Nothing is served, not even the CA bundle; the refusal is logged and counted.
+    plain = grpc.aio.insecure_channel(f"127.0.0.1:{env.cp.xds_port}")
+    assert await _ask_secret(plain, router, names) == []
+    await env.until(lambda: "credentials refused" in env.cp.log_tail(200), "refusal logged")
+    metrics = await env.cp.metrics()
+    assert "pilot_sds_certificate_errors_total 1.0" in metrics, metrics
+
+    # The same node over the secure port, proven as a service account of that namespace: both.
+    got = {s.name: s for s in await _ask_secret(await _proven(env, GW_NS, GATEWAY_SA), router, names)}
     assert set(got) == set(names)
     assert got["kubernetes://secure-cert"].tls_certificate.certificate_chain.inline_bytes == leaf.cert_pem
     assert got["kubernetes://secure-cert-cacert"].validation_context.trusted_ca.inline_bytes == ca.cert_pem
 
-    # A sidecar in that very namespace: an (empty) answer, never the secret.
+    # A proven sidecar in that very namespace: an (empty) answer, never the secret.
     sidecar = f"sidecar~127.0.0.1~app-1.{GW_NS}~{GW_NS}.svc.cluster.local"
-    resp = await _ask_secret(port, _node(sidecar, GW_NS, LABELS), names)
-    assert resp.type_url == SECRET and len(resp.resources) == 0
+    assert await _ask_secret(await _proven(env, GW_NS, "app"), _node(sidecar, GW_NS, LABELS), names) == []
 
-    # A router in another namespace: nothing either, whichever way it names the Secret.
+    # A proven router of another namespace: nothing, whichever way it names the Secret.
     other = "router~127.0.0.1~ingress-1.default~default.svc.cluster.local"
-    resp = await _ask_secret(port, _node(other, "default", LABELS),
-                             names + [f"kubernetes://{GW_NS}/secure-cert"])
-    assert len(resp.resources) == 0
+    assert await _ask_secret(await _proven(env, "default", GATEWAY_SA), _node(other, "default", LABELS),
+                             names + [f"kubernetes://{GW_NS}/secure-cert"]) == []
+
+    # An identity of another namespace cannot pose as the Secret's namespace's router.
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await _ask_secret(await _proven(env, "default", GATEWAY_SA), router, names)
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
 
     # Nothing leaks through the debug view either.
     configz = await env.cp.debug("/debug/configz")
@@ -417,7 +453,8 @@ def _static_bootstrap(config_dir: Path) -> dict:
     ctx = PushContext.build(store, mesh.current, mesh.version, "cluster.local", "v1")
     t, ips, pod, ns, domain = parse_node_id(ROUTER)
     proxy = Proxy(ROUTER, t, ips, pod, ns, domain, "istio-ingressgateway.istio-system",
-                  {"NAMESPACE": GW_NS, "LABELS": LABELS})
+                  {"NAMESPACE": GW_NS, "LABELS": LABELS},
+                  identity=f"spiffe://cluster.local/ns/{GW_NS}/sa/{GATEWAY_SA}")  # proven: it may get credentials
     return static_bootstrap(ctx, proxy)
 
 
@@ -474,7 +511,8 @@ def test_generated_gateway_config_passes_envoy_validate(tmp_path: Path):
         """))
     config = _static_bootstrap(config_dir)
     listeners = {ld["name"]: ld for ld in config["static_resources"]["listeners"]}
-    assert set(listeners) == {"0.0.0.0_8080", "0.0.0.0_8443", "0.0.0.0_9443", "0.0.0.0_9000"}  # ISTIO_MUTUAL skipped
+    # A proven router serves its ISTIO_MUTUAL server too (with the mesh certificate from its agent).
+    assert set(listeners) == {"0.0.0.0_8080", "0.0.0.0_8443", "0.0.0.0_9443", "0.0.0.0_9444", "0.0.0.0_9000"}
     assert len(listeners["0.0.0.0_8443"]["filter_chains"]) == 2
     assert len(listeners["0.0.0.0_9443"]["filter_chains"]) == 2
     assert {s["name"] for s in config["static_resources"]["secrets"]} == {

@@ -86,7 +86,7 @@ async def test_https_listeners_with_certificates_here_and_across_namespaces(env:
         rules:
         - backendRefs: [{{name: alpha, port: {SERVICE_PORT}}}]
         """))
-    await env.start()
+    await env.start(verified=True)
 
     async def a_served():
         r = await request(port, "a.example.com", "/", tls=client_tls(ca))

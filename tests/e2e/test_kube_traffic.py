@@ -15,14 +15,18 @@ from tests.fakes.apiserver import FakeApiServer
 from tests.support.backends import HttpBackend, answered_by
 from tests.support.certs import b64, issue, make_ca
 from tests.support.control_plane import ControlPlane
+from tests.support.agent import PilotAgent
 from tests.support.envoy import Envoy
 from tests.support.node import sidecar_node_id
 from tests.support.ports import free_ports
+from tests.support.verified_router import start_verified_router
 from tests.support.wait import wait_for
+from tests.unit.test_authn import Issuer
 
 pytestmark = pytest.mark.timeout(90)
 NET = "networking.istio.io"
 ROUTER = "router~127.0.0.1~ingress-1.istio-system~istio-system.svc.cluster.local"
+ISSUER = Issuer("ES256")  # signs the service-account token a verified gateway presents
 
 
 def objects(port: int, v1: int, v2: int) -> list[dict]:
@@ -57,8 +61,9 @@ async def cluster(tmp_path):
     port, gw_port = free_ports(2)
     for obj in objects(port, backends["v1"].port, backends["v2"].port):
         fake.create(obj)
-    cp = ControlPlane(tmp_path, kubeconfig=fake.write_kubeconfig(tmp_path / "kc"), env={"ENABLE_LEADER_ELECTION": "false"})
-    envoys: list[Envoy] = []
+    cp = ControlPlane(tmp_path, kubeconfig=fake.write_kubeconfig(tmp_path / "kc"), secure_grpc=True,
+                      env={"ENABLE_LEADER_ELECTION": "false", "JWT_RULE": ISSUER.rule()})
+    envoys: list[Envoy | PilotAgent] = []
     try:
         await cp.start()
         yield fake, cp, envoys, backends, port, gw_port, tmp_path
@@ -75,13 +80,22 @@ async def get(port: int, host: str) -> tuple[int, str | None]:
     return await answered_by(f"http://127.0.0.1:{port}/", host)
 
 
-async def start_gateway(fake, cp, envoys, tmp, server: dict, subset: str) -> None:
+async def start_gateway(fake, cp, envoys, tmp, server: dict, subset: str, verified: bool = False) -> None:
     """A router Envoy labelled istio=ingressgateway, the Gateway `web` with `server`, and a
-    VirtualService sending shop.example.com to a subset of reviews."""
-    gateway = Envoy()
-    envoys.append(gateway)
-    await gateway.start(Envoy.bootstrap(ROUTER, cp.xds_port, metadata={
-        "NAMESPACE": "istio-system", "LABELS": {"istio": "ingressgateway"}}), tmp)
+    VirtualService sending shop.example.com to a subset of reviews. `verified`: the router runs
+    under pilot-agent on the secure port, so it may be given credentials."""
+    if verified:
+        root = await wait_for(lambda: (fake.get("configmaps", "istio-ca-root-cert", namespace="istio-system")
+                                       or {}).get("data", {}).get("root-cert.pem"), 20, message="root ConfigMap")
+        agent, gateway = await start_verified_router(
+            cp, tmp / "router", ISSUER, namespace="istio-system", service_account="istio-ingressgateway",
+            pod="ingress-1", labels={"istio": "ingressgateway"}, root_cert=root)
+        envoys.append(agent)
+    else:
+        gateway = Envoy()
+        envoys.append(gateway)
+        await gateway.start(Envoy.bootstrap(ROUTER, cp.xds_port, metadata={
+            "NAMESPACE": "istio-system", "LABELS": {"istio": "ingressgateway"}}), tmp)
     fake.create({"apiVersion": f"{NET}/v1", "kind": "Gateway", "metadata": {"name": "web", "namespace": "istio-system"},
                  "spec": {"selector": {"istio": "ingressgateway"},
                           "servers": [{"hosts": ["shop.example.com"], **server}]}})
@@ -140,7 +154,8 @@ async def test_gateway_credential_from_an_opaque_secret(cluster):
                  "metadata": {"name": "default-token", "namespace": "istio-system"},
                  "data": {"token": b64(b"secret-token")}})
     await start_gateway(fake, cp, envoys, tmp, {"port": {"number": gw_port, "name": "https", "protocol": "HTTPS"},
-                                                 "tls": {"mode": "SIMPLE", "credentialName": "shop-cert"}}, "v1")
+                                                 "tls": {"mode": "SIMPLE", "credentialName": "shop-cert"}}, "v1",
+                        verified=True)
 
     async def served():
         try:

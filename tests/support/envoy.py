@@ -95,6 +95,15 @@ class Envoy:
         self.stdio_path: Path | None = None
         self.admin_address: str | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._attached = False
+
+    @classmethod
+    def attached(cls, admin_address: str, log: Path | None = None) -> Envoy:
+        """A view of an Envoy another process runs (pilot-agent): the admin API only; stop()
+        leaves the process alone, its owner stops it."""
+        view = cls()
+        view.admin_address, view.log_path, view._attached = admin_address, log, True
+        return view
 
     # ----- bootstrap -------------------------------------------------------
 
@@ -221,7 +230,7 @@ class Envoy:
             await self._session.close()
             self._session = None
         proc = self.proc
-        if proc is None or proc.returncode is not None:
+        if self._attached or proc is None or proc.returncode is not None:
             return
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGTERM)
@@ -245,7 +254,7 @@ class Envoy:
 
     @property
     def running(self) -> bool:
-        return self.proc is not None and self.proc.returncode is None
+        return self._attached or (self.proc is not None and self.proc.returncode is None)
 
     @property
     def admin_url(self) -> str:

@@ -323,8 +323,9 @@ def test_generated_gateway_api_config_passes_envoy_validate(tmp_path):
     ctx = PushContext.build(store, mesh.current, mesh.version, "cluster.local", "v1")
     node = "router~127.0.0.1~web-1.infra~infra.svc.cluster.local"
     t, ips, pod, ns, domain = parse_node_id(node)
-    router = Proxy(node, t, ips, pod, ns, domain, "", {"NAMESPACE": "infra",
-                                                      "LABELS": {"gateway.networking.k8s.io/gateway-name": "web"}})
+    router = Proxy(node, t, ips, pod, ns, domain, "web.infra", {"NAMESPACE": "infra",
+                                                               "LABELS": {"gateway.networking.k8s.io/gateway-name": "web"}},
+                   identity="spiffe://cluster.local/ns/infra/sa/web-istio")  # proven: it may get credentials
     config = static_bootstrap(ctx, router)
     names = {ld["name"] for ld in config["static_resources"]["listeners"]}
     assert names == {"0.0.0.0_8080", "0.0.0.0_8443", "0.0.0.0_9443", "0.0.0.0_9000"}

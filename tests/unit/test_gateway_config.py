@@ -36,12 +36,19 @@ def b64(b: bytes) -> str:
     return base64.b64encode(b).decode()
 
 
-def router(namespace: str = GW_NS, labels: dict | None = None, ptype: str = "router", pod: str = "gw-1") -> Proxy:
+def router(namespace: str = GW_NS, labels: dict | None = None, ptype: str = "router", pod: str = "gw-1",
+           verified: bool = False) -> Proxy:
+    """`verified`: connected on the secure port, as its namespace's `gw` service account."""
     node_id = f"{ptype}~10.0.0.9~{pod}.{namespace}~{namespace}.svc.{DOMAIN}"
     t, ips, p, ns, domain = parse_node_id(node_id)
     return Proxy(node_id, t, ips, p, ns, domain, "gw", {"NAMESPACE": namespace,
                                                        "LABELS": labels if labels is not None else
-                                                       {"istio": "ingressgateway"}})
+                                                       {"istio": "ingressgateway"}},
+                 identity=f"spiffe://{DOMAIN}/ns/{namespace}/sa/gw" if verified else "")
+
+
+def verified_router(**kw) -> Proxy:
+    return router(verified=True, **kw)
 
 
 def gateway(name: str = "gw", servers: list[dict] | None = None, namespace: str = GW_NS,
@@ -224,9 +231,9 @@ def test_every_input_changes_the_output_and_nothing_else_does(world: World):
     assert gw_listeners()["0.0.0.0_8443"].version != l0["0.0.0.0_8443"].version
     # A Secret rotation changes the secret, never the listener.
     l2 = gw_listeners()
-    s0 = world_sds(world, p, {"kubernetes://cert"})["kubernetes://cert"]
+    s0 = world_sds(world, verified_router(), {"kubernetes://cert"})["kubernetes://cert"]
     world.apply(secret(cert=PEM_CERT + PEM_CERT))
-    assert world_sds(world, p, {"kubernetes://cert"})["kubernetes://cert"].version != s0.version
+    assert world_sds(world, verified_router(), {"kubernetes://cert"})["kubernetes://cert"].version != s0.version
     assert gw_listeners()["0.0.0.0_8443"] is l2["0.0.0.0_8443"]
 
 
@@ -247,24 +254,30 @@ def world_sds(w: World, p: Proxy, names: set[str]) -> dict:
     return {r.name: r for r in sds.generate(w.ctx(), p, frozenset(names), w.cache)}
 
 
-def test_sds_serves_gateways_in_the_secrets_namespace_only(world: World):
+def test_sds_serves_verified_gateways_in_the_secrets_namespace_only(world: World):
     world.apply(secret(ca=PEM_CERT))
-    got = world_sds(world, router(), {"kubernetes://cert", "kubernetes://cert-cacert", "kubernetes://missing"})
+    names = {"kubernetes://cert", "kubernetes://cert-cacert"}
+    # A node id anyone can write (plaintext xDS, no proven identity) gets nothing, CA bundle included.
+    assert world_sds(world, router(), names) == {}
+    assert sds.refusal(router()) is not None and "15012" in sds.refusal(router())
+    assert sds.refusal(verified_router()) is None
+    got = world_sds(world, verified_router(), names | {"kubernetes://missing"})
     assert set(got) == {"kubernetes://cert", "kubernetes://cert-cacert"}
     s = got["kubernetes://cert"].message(secret_pb2.Secret)
     assert s.tls_certificate.certificate_chain.inline_bytes == PEM_CERT
     assert s.tls_certificate.private_key.inline_bytes == PEM_KEY
     assert got["kubernetes://cert-cacert"].message(secret_pb2.Secret).validation_context.trusted_ca.inline_bytes \
         == PEM_CERT
-    assert world_sds(world, router(ptype="sidecar"), {"kubernetes://cert"}) == {}
-    assert world_sds(world, router(namespace="default"), {"kubernetes://cert", f"kubernetes://{GW_NS}/cert"}) == {}
-    assert set(world_sds(world, router(), {f"kubernetes://{GW_NS}/cert"})) == {f"kubernetes://{GW_NS}/cert"}
+    assert world_sds(world, verified_router(ptype="sidecar"), {"kubernetes://cert"}) == {}
+    assert world_sds(world, verified_router(namespace="default"),
+                     {"kubernetes://cert", f"kubernetes://{GW_NS}/cert"}) == {}
+    assert set(world_sds(world, verified_router(), {f"kubernetes://{GW_NS}/cert"})) == {f"kubernetes://{GW_NS}/cert"}
 
 
 def test_sds_prefers_a_separate_cacert_secret(world: World):
     other_ca = PEM_CERT.replace(b"MAo=", b"MAs=")
     world.apply(secret(ca=PEM_CERT), secret("cert-cacert", raw={"ca.crt": b64(other_ca)}))
-    got = world_sds(world, router(), {"kubernetes://cert-cacert"})
+    got = world_sds(world, verified_router(), {"kubernetes://cert-cacert"})
     assert got["kubernetes://cert-cacert"].message(secret_pb2.Secret).validation_context.trusted_ca.inline_bytes \
         == other_ca
 
@@ -281,7 +294,7 @@ def test_bad_secrets_give_no_resource_and_a_reason(world: World, data: dict, rea
     with pytest.raises(credentials.CredentialError, match=reason):
         credentials.certificate_and_key(data)
     world.apply(secret(raw=data))
-    assert world_sds(world, router(), {"kubernetes://cert"}) == {}
+    assert world_sds(world, verified_router(), {"kubernetes://cert"}) == {}
 
 
 def test_secret_changes_push_but_only_to_gateways(world: World):

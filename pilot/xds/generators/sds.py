@@ -1,10 +1,14 @@
 """SDS generator: gateway credentials (`kubernetes://NAME`, `kubernetes://NAME-cacert`) over ADS.
 
 As istiod's SecretGen for credentialName:
-- Only router proxies get secrets, and only Secrets in their own namespace (`NAME`, or
-  `NAMESPACE/NAME` naming that same namespace), or in another namespace when a Gateway API
-  Gateway of the router's namespace presents it under a ReferenceGrant. A sidecar, or a router
-  in another namespace, asking for a name gets no resource (the response is sent, empty).
+- Only a router whose identity was verified gets secrets: it connected on the secure port
+  (15012) with a client certificate or token, and the node's namespace is the one it proved
+  (pilot.security.ca_server admits nothing else). Plaintext xDS (15010) never serves a private
+  key, whatever the node id claims: anyone can write a node id.
+- Only Secrets in the router's own namespace (`NAME`, or `NAMESPACE/NAME` naming that same
+  namespace), or in another namespace when a Gateway API Gateway of the router's namespace
+  presents it under a ReferenceGrant. A sidecar, or a router in another namespace, asking for a
+  name gets no resource (the response is sent, empty).
 - `kubernetes://NAME` is the certificate chain and key of Secret NAME (tls.crt/tls.key or
   cert/key); `kubernetes://NAME-cacert` is the CA bundle (ca.crt or cacert) of a Secret named
   NAME-cacert if there is one, else of Secret NAME.
@@ -31,12 +35,22 @@ from pilot.xds.typeurls import SECRET
 log = plog.get("sds")
 
 
+def refusal(proxy: Proxy) -> str | None:
+    """Why `proxy` may be given no credential at all, or None. Reads only the proxy's traits
+    (the generation memo's key), so a memoized answer is never shared across this line."""
+    traits = proxy.traits
+    if traits.type != "router":
+        return "credentials are served only to gateways"
+    if not traits.mesh_tls:
+        return ("the proxy has not proved an identity: credentials are served only on the secure xDS port "
+                "(15012) to a client authenticated by certificate or token")
+    return None
+
+
 def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
              cache: XdsCache) -> list[CachedResource]:
-    if proxy.type != "router" or not requested:
-        if requested:
-            log.debug("secrets are only served to gateways", proxy_type=proxy.type, names=sorted(requested)[:10])
-        return []
+    if not requested or refusal(proxy) is not None:
+        return []  # DiscoveryServer logs and counts the refusal, once per stream
     out: list[CachedResource] = []
     for name in sorted(requested):
         res = _resource(ctx, proxy, name, cache)

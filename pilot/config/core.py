@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from pilot.config.base import K8sObject, Model, ObjectMeta
 
@@ -204,11 +204,17 @@ TLS_SECRET_KEYS = ("tls.crt", "tls.key", "ca.crt", "cert", "key", "cacert")
 
 
 class Secret(K8sObject):
-    """Gateway credentials. Secrets that cannot be one (no certificate keys) keep no data at all."""
+    """Gateway credentials. Secrets that cannot be one (no certificate keys) keep no data at all.
+
+    Nothing of a Secret's content can reach a log, a debug view or an error: the values are
+    SecretStr (shown as "**********" by repr and by every model_dump), and annotations are not
+    kept at all, because `kubectl apply` stores the whole object, keys included, in
+    `kubectl.kubernetes.io/last-applied-configuration` (managedFields and stringData are never
+    modelled). Only `reveal()` gives the values, to the credential parser."""
 
     kind: Literal["Secret"] = "Secret"
     type: str = "Opaque"
-    data: dict[str, str] = Field(default_factory=dict)
+    data: dict[str, SecretStr] = Field(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
@@ -218,4 +224,11 @@ class Secret(K8sObject):
             keep = {k: v for k, v in payload.items() if k in TLS_SECRET_KEYS} if isinstance(payload, dict) else {}
             data = {**data, "data": keep}
             data.pop("stringData", None)
+            meta = data.get("metadata")
+            if isinstance(meta, dict) and meta.get("annotations"):
+                data["metadata"] = {**meta, "annotations": {}}
         return data
+
+    def reveal(self) -> dict[str, str]:
+        """The base64 values, for the credential parser only: never log or show the result."""
+        return {k: v.get_secret_value() for k, v in self.data.items()}

@@ -122,7 +122,8 @@ class DebugHandlers:
             for e in sorted(store.list(kind), key=lambda e: e.key):
                 obj = e.obj.model_dump(mode="json", by_alias=True, exclude_defaults=True)
                 if kind == "Secret":  # gateway credentials: never show private keys
-                    obj["data"] = {k: f"<redacted: {len(v)} base64 chars>" for k, v in obj.get("data", {}).items()}
+                    obj["data"] = {k: f"<redacted: {len(v.get_secret_value())} base64 chars>"
+                                   for k, v in e.obj.data.items()}  # type: ignore[attr-defined]
                 if kind in GATEWAY_API_KINDS:  # the status this controller computes, not a stored one
                     obj.pop("status", None)
                     status = self.gateway_status.get(e.key) if self.gateway_status is not None else None

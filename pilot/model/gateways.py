@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
+from pilot.model.credentials import CertificateAndKey, CredentialError, ca_bundle, certificate_and_key
 from pilot.config.networking.common import MESH_GATEWAY, UNIX_PREFIX
 from pilot.config.networking.validation import host_matches  # istio host.Name.Matches
 from pilot.model.gateway_api.internal import PARENTS, SCOPE
@@ -351,3 +352,27 @@ class GatewayIndex:
 
     def secret(self, namespace: str, name: str) -> Entry | None:
         return self.secrets.get((namespace, name))
+
+    def certificate(self, entry: Entry) -> CertificateAndKey | CredentialError:
+        """The Secret's chain and key, checked; parsed once per push and dropped with this index
+        (so with the Secret): private keys are held no longer than they are served."""
+        key = ("certificate", entry.key)
+        hit = self._memo.get(key)
+        if hit is None or hit[0] is not entry:
+            try:
+                value: CertificateAndKey | CredentialError = certificate_and_key(entry.obj.reveal())  # type: ignore[attr-defined]
+            except CredentialError as e:
+                value = e
+            hit = self._memo[key] = (entry, value)
+        return hit[1]
+
+    def ca_certificates(self, entry: Entry) -> bytes | CredentialError:
+        key = ("ca", entry.key)
+        hit = self._memo.get(key)
+        if hit is None or hit[0] is not entry:
+            try:
+                value: bytes | CredentialError = ca_bundle(entry.obj.reveal())  # type: ignore[attr-defined]
+            except CredentialError as e:
+                value = e
+            hit = self._memo[key] = (entry, value)
+        return hit[1]

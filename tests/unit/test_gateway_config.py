@@ -18,7 +18,7 @@ from pilot.config.validation import parse_object
 from pilot.features import Features
 from pilot.model.events import push_request_for
 from pilot.model.proxy import Proxy, parse_node_id
-from pilot.networking import credentials
+from pilot.model import credentials
 from pilot.xds.connection import Connection
 from pilot.xds.discovery import GENERATORS, DiscoveryServer
 from pilot.xds.generated import GenerationMemo

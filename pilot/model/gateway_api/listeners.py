@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from pilot.model.credentials import CERT_KEYS
 from pilot.config.gateway_api import GROUP
 from pilot.model.gateway_api.conditions import condition, sorted_conditions
 from pilot.model.gateway_api.references import ReferenceGrants
@@ -30,7 +31,6 @@ from pilot.model.store import Entry
 HTTP_KINDS = ((GROUP, "HTTPRoute"), (GROUP, "GRPCRoute"))
 TLS_PASSTHROUGH_KINDS = ((GROUP, "TLSRoute"),)
 TCP_KINDS = ((GROUP, "TCPRoute"),)
-CERT_KEYS = (("tls.crt", "tls.key"), ("cert", "key"))
 _PORT_CLASS = {"HTTP": "http", "HTTPS": "tls", "TLS": "tls", "TCP": "tcp"}
 
 

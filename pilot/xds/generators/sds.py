@@ -13,7 +13,9 @@ As istiod's SecretGen for credentialName:
   cert/key); `kubernetes://NAME-cacert` is the CA bundle (ca.crt or cacert) of a Secret named
   NAME-cacert if there is one, else of Secret NAME.
 - A Secret that is not a usable credential (bad base64, no PEM, missing keys) gives no resource
-  and a logged reason, once per Secret revision; it never fails the push.
+  and a logged reason, once per Secret revision; it never fails the push. Parsed material lives
+  in the PushContext's gateway index (pilot.model.gateways), so no private key outlives the
+  push that served it or the Secret it came from.
 Secret changes are full pushes (model/events.py); the resource version is the content hash,
 so a rotated Secret reaches Envoy as a new version of the same name and Envoy swaps the
 certificate without touching the listener.
@@ -27,7 +29,7 @@ from pilot import logging as plog
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
 from pilot.model.store import Entry
-from pilot.networking import credentials
+from pilot.model.credentials import CredentialError
 from pilot.networking.gateway import CA_SUFFIX, SDS_PREFIX, tls_certificate_secret, validation_context_secret
 from pilot.xds.cache import CachedResource, XdsCache
 from pilot.xds.typeurls import SECRET
@@ -74,18 +76,21 @@ def _resource(ctx: PushContext, proxy: Proxy, name: str, cache: XdsCache) -> Cac
     index = ctx.gateways
     if secret_name.endswith(CA_SUFFIX):
         entry = index.secret(namespace, secret_name) or index.secret(namespace, secret_name[:-len(CA_SUFFIX)])
-        ca = _ca(entry) if entry is not None else None
-        if ca is None:
-            if entry is None:
-                log.info("gateway CA secret not found", name=name, namespace=namespace)
+        if entry is None:
+            log.info("gateway CA secret not found", name=name, namespace=namespace)
+            return None
+        ca = index.ca_certificates(entry)
+        if isinstance(ca, CredentialError):
+            _unusable(_origin(entry), entry.revision, "has no usable CA certificate", str(ca))
             return None
         return cache.resource(SECRET, name, validation_context_secret, name, ca, origins=(_origin(entry),))
     entry = index.secret(namespace, secret_name)
     if entry is None:
         log.info("gateway secret not found", name=name, namespace=namespace)
         return None
-    material = _certificate(entry)
-    if material is None:
+    material = index.certificate(entry)
+    if isinstance(material, CredentialError):
+        _unusable(_origin(entry), entry.revision, "is not a usable certificate", str(material))
         return None
     return cache.resource(SECRET, name, tls_certificate_secret, name, material.cert_chain, material.private_key,
                           origins=(_origin(entry),))
@@ -95,30 +100,6 @@ def _origin(e: Entry) -> str:
     return f"Secret/{e.key.namespace}/{e.key.name}"
 
 
-# Parsed once per Secret content (the data items are the key, so equal Entries from different
-# Stores, as in tests, cannot share a verdict), so a bad Secret is reported once, not on every
-# push to every gateway.
-def _certificate(entry: Entry) -> credentials.CertificateAndKey | None:
-    return _parse_certificate(_origin(entry), tuple(sorted(entry.obj.data.items())))  # type: ignore[attr-defined]
-
-
-def _ca(entry: Entry) -> bytes | None:
-    return _parse_ca(_origin(entry), tuple(sorted(entry.obj.data.items())))  # type: ignore[attr-defined]
-
-
-@lru_cache(maxsize=1024)
-def _parse_certificate(origin: str, items: tuple[tuple[str, str], ...]) -> credentials.CertificateAndKey | None:
-    try:
-        return credentials.certificate_and_key(dict(items))
-    except credentials.CredentialError as e:
-        log.warning("gateway secret is not a usable certificate; not served", secret=origin, reason=str(e))
-        return None
-
-
-@lru_cache(maxsize=1024)
-def _parse_ca(origin: str, items: tuple[tuple[str, str], ...]) -> bytes | None:
-    try:
-        return credentials.ca_bundle(dict(items))
-    except credentials.CredentialError as e:
-        log.warning("gateway secret has no usable CA certificate; not served", secret=origin, reason=str(e))
-        return None
+@lru_cache(maxsize=1024)  # holds names and reasons only: one warning per Secret revision
+def _unusable(origin: str, revision: int, what: str, reason: str) -> None:
+    log.warning(f"gateway secret {what}; not served", secret=origin, revision=revision, reason=reason)

@@ -38,6 +38,7 @@ from pilot.security.ca_reload import watch_plugged_in_ca
 from pilot.security.ca_server import SecureServer, istiod_dns_names
 from pilot.security.jwks import JwksResolver
 from pilot.security.node_auth import NodeAuthorizer
+from pilot.security.secret_access import SecretAccess
 from pilot.sources.files import FileSource
 from pilot.sources.kube.client import Kube, in_cluster, load_api_client
 from pilot.sources.kube.leader import LeaderElection
@@ -167,6 +168,8 @@ class ControlPlane:
         self.kube_source = KubeSource(self.kube, self.store, self.mesh.configmap_key,
                                       selectors_of=lambda: self.mesh.peek(self.store).discovery_selectors)
         self.kube_source.start()
+        # Credentials go to proven proxies whose service account RBAC lets read Secrets (istiod's rule).
+        self.discovery.credential_access = SecretAccess(self.kube).refusal
 
     async def _start_ca(self) -> None:
         """The CA, when something needs it: the secure port, or the istio-ca-root-cert writer.

@@ -424,6 +424,16 @@ async def test_required_rules_cover_every_request_the_code_makes_and_nothing_mor
     assert (await KubeJWTAuthenticator(kube).authenticate(Credentials(bearer_token="t"))).namespace == "default"
     calls += kube.calls
 
+    # Credentials: a SubjectAccessReview per gateway identity (cached).
+    from pilot.model.proxy import Proxy
+    from pilot.security.secret_access import SecretAccess
+
+    kube = RecordingKube(lambda *_: {"status": {"allowed": True}})
+    gateway = Proxy("router~10.0.0.1~gw-1.istio-system~istio-system.svc.cluster.local", "router", ("10.0.0.1",),
+                    "gw-1", "istio-system", "cluster.local", identity="spiffe://cluster.local/ns/istio-system/sa/gw")
+    assert await SecretAccess(kube).refusal(gateway) is None
+    calls += kube.calls
+
     # The Gateway API status writer: a status PUT for each kind that has a status.
     from pilot.config.kinds import BY_NAME
     from pilot.model.store import ConfigKey

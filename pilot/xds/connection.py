@@ -119,7 +119,9 @@ class Connection:
         self.inbox: asyncio.Queue = asyncio.Queue()
         self.pending_push: PushRequest | None = None
         self.closed = False
-        self.credentials_refused = False  # logged once per stream (see DiscoveryServer)
+        # Why this stream may be given no credential (None: it may); see DiscoveryServer.
+        self.credential_refusal: str | None = None
+        self.credentials_refused = False  # logged once per stream
         self._nonce = 0
 
     def next_nonce(self) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 from pilot import logging as plog
@@ -18,6 +18,7 @@ from pilot.metrics import Metrics
 from pilot.model.ambient.events import ambient_push_request
 from pilot.model.events import NAMESPACE_ENDPOINTS, SERVICE_ENDPOINTS, push_request_for
 from pilot.model.mesh import MeshHolder
+from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
 from pilot.model.push_request import PushRequest
 from pilot.model.security_policies import JwksSnapshot
@@ -69,6 +70,9 @@ class DiscoveryServer:
         # Keys fetched for RequestAuthentication jwksUris (pilot/security/jwks.py), read per push.
         self.jwks: Callable[[], JwksSnapshot | None] = lambda: None
         self.context_listeners: list[Callable[[PushContext], None]] = []  # told of every new full context
+        # Whether a proven proxy may read its namespace's Secrets (Kubernetes RBAC; see
+        # pilot/security/secret_access.py): the refusal, or None. Unset: only the proof counts.
+        self.credential_access: Callable[[Proxy], Awaitable[str | None]] | None = None
         self._shared_seq = 0  # responses built once for every proxy in the same state
         # Per push request: the hosts whose endpoints changed, and each subscription's names
         # among them (the same frozenset for every stream sharing a subscription).
@@ -292,7 +296,7 @@ class DiscoveryServer:
                         record.queue_max_s = max(record.queue_max_s, queued)
                     first = False
                 t0 = time.perf_counter()
-                requested = w.requested() if subset is None else subset
+                requested = self._requested(conn, w) if subset is None else subset
                 resources = self.generated.generate(ctx, type_url, conn.proxy, requested)
                 t1 = time.perf_counter()
                 force = changed_clusters if type_url == typeurls.ENDPOINT else frozenset()
@@ -308,19 +312,30 @@ class DiscoveryServer:
 
     async def respond(self, conn: Connection, w: WatchedResource, send) -> None:
         """Answer a request: always send, even if empty, so the proxy's subscription settles."""
-        ctx = self.push_context
         if w.type_url == typeurls.SECRET:
-            self._note_credential_refusal(conn, w)
+            await self._check_credentials(conn, w)
+        ctx = self.push_context
         if w.type_url in GENERATORS:
-            resources = self.generated.generate(ctx, w.type_url, conn.proxy, w.requested())
+            resources = self.generated.generate(ctx, w.type_url, conn.proxy, self._requested(conn, w))
         else:
             resources = Generated(())
         await self._send(conn, w, ctx, resources, send, partial=False, force=frozenset(), push=None, always=True)
 
-    def _note_credential_refusal(self, conn: Connection, w: WatchedResource) -> None:
-        """A proxy that may get no credential asked for some: counted per request, logged once
-        per stream (a client repeating the request cannot flood the log)."""
+    @staticmethod
+    def _requested(conn: Connection, w: WatchedResource) -> frozenset[str] | None:
+        """What the proxy may be given of what it asks: no credential to a refused proxy."""
+        if w.type_url == typeurls.SECRET and conn.credential_refusal is not None:
+            return frozenset()
+        return w.requested()
+
+    async def _check_credentials(self, conn: Connection, w: WatchedResource) -> None:
+        """Decide, on each SDS request, whether this stream may be given credentials (pushes
+        follow the last decision). A refused request is counted; logged once per stream (a
+        client repeating it cannot flood the log)."""
         why = sds.refusal(conn.proxy)
+        if why is None and self.credential_access is not None:
+            why = await self.credential_access(conn.proxy)
+        conn.credential_refusal = why
         if why is None or not w.names:
             return
         self.metrics.sds_certificate_errors.inc()

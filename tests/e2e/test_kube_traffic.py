@@ -53,6 +53,8 @@ def objects(port: int, v1: int, v2: int) -> list[dict]:
 @pytest.fixture
 async def cluster(tmp_path):
     fake = await FakeApiServer().start()
+    # RBAC as the gateway chart grants it: the gateway's service account may read its Secrets.
+    fake.access_reviewer = lambda spec: spec["user"] == "system:serviceaccount:istio-system:istio-ingressgateway"
     for plural, kind in (("virtualservices", "VirtualService"), ("destinationrules", "DestinationRule"),
                          ("gateways", "Gateway")):
         fake.register_crd(NET, "v1", plural, kind)

@@ -10,22 +10,16 @@ path takes one, and the bodies, /metrics and the whole log are searched for the 
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import textwrap
 
-import grpc
 import pytest
-from envoy.config.core.v3 import base_pb2
-from envoy.service.discovery.v3 import discovery_pb2
-from google.protobuf import struct_pb2
 
-from pilot.gen.istio.v1.auth import ca_pb2
-from tests.e2e.test_ca_server import CREATE, channel, csr, key_pem
 from tests.fakes.apiserver import FakeApiServer
 from tests.support.certs import Issued, b64, issue, make_ca
 from tests.support.control_plane import ControlPlane
+from tests.support.verified_router import ask_secrets_as
 from tests.support.wait import wait_for
 from tests.unit.test_authn import Issuer
 
@@ -33,8 +27,6 @@ pytestmark = pytest.mark.timeout(90)
 
 NS, SA = "istio-system", "istio-ingressgateway"
 ROUTER = f"router~127.0.0.1~ingress-1.{NS}~{NS}.svc.cluster.local"
-SECRET = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
-ADS = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
 
 
 def needles(leaf: Issued) -> dict[str, str]:
@@ -58,28 +50,12 @@ def secret_object(name: str, leaf: Issued) -> dict:
     return obj
 
 
-def node() -> base_pb2.Node:
-    md = struct_pb2.Struct()
-    md.update({"NAMESPACE": NS, "LABELS": {"istio": "ingressgateway"}})
-    return base_pb2.Node(id=ROUTER, metadata=md)
-
-
 async def hold_sds_stream(cp: ControlPlane, issuer: Issuer, root: str):
     """A proven gateway's ADS stream that was served the credential; returns (channel, call)."""
-    key, pem = csr()
-    async with channel(cp, root) as ca:
-        call = ca.unary_unary(CREATE, request_serializer=ca_pb2.IstioCertificateRequest.SerializeToString,
-                              response_deserializer=ca_pb2.IstioCertificateResponse.FromString)
-        chain = (await call(ca_pb2.IstioCertificateRequest(csr=pem), timeout=10, metadata=[
-            ("authorization", f"Bearer {issuer.token(namespace=NS, sa=SA)}")])).cert_chain
-    ch = channel(cp, root, (key_pem(key), "".join(chain).encode()))
-    call = ch.stream_stream(ADS, request_serializer=discovery_pb2.DiscoveryRequest.SerializeToString,
-                            response_deserializer=discovery_pb2.DiscoveryResponse.FromString)()
-    await call.write(discovery_pb2.DiscoveryRequest(node=node(), type_url=SECRET,
-                                                    resource_names=["kubernetes://cred"]))
-    resp = await asyncio.wait_for(call.read(), 10)
-    assert len(resp.resources) == 1, "the proven gateway must be served the key (else the scan proves nothing)"
-    return ch, call
+    got, channel, call = await ask_secrets_as(cp, root, issuer, namespace=NS, service_account=SA, node_id=ROUTER,
+                                              names=["kubernetes://cred"], labels={"istio": "ingressgateway"})
+    assert len(got) == 1, "the proven gateway must be served the key (else the scan proves nothing)"
+    return channel, call
 
 
 async def scan(cp: ControlPlane, forms: dict[str, str]) -> list[str]:
@@ -146,6 +122,7 @@ async def test_no_private_key_in_debug_or_logs_kubernetes_mode(tmp_path):
     issuer = Issuer("ES256")
     leaf = issue(make_ca(), ["a.example.com"])
     fake = await FakeApiServer().start()
+    fake.access_reviewer = lambda spec: spec["user"] == f"system:serviceaccount:{NS}:{SA}"
     fake.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
     fake.create(secret_object("cred", leaf))
     cp = ControlPlane(tmp_path, kubeconfig=fake.write_kubeconfig(tmp_path / "kc"), secure_grpc=True,
@@ -165,6 +142,16 @@ async def test_no_private_key_in_debug_or_logs_kubernetes_mode(tmp_path):
         ch, call = await hold_sds_stream(cp, issuer, root)
         try:
             assert await scan(cp, needles(leaf)) == []
+            # Kubernetes RBAC decides too: another service account of that namespace, proven
+            # and posing as the gateway, may not list Secrets there, so it gets nothing.
+            got, other_ch, other_call = await ask_secrets_as(
+                cp, root, issuer, namespace=NS, service_account="app", node_id=ROUTER.replace("ingress-1", "app-1"),
+                names=["kubernetes://cred"], labels={"istio": "ingressgateway"})
+            other_call.cancel()
+            await other_ch.close()
+            assert got == []
+            assert fake.counters["subjectaccessreviews"] == 2  # one per identity: the verdicts are cached
+            assert "system:serviceaccount:istio-system:app may not list secrets" in cp.log_tail(200)
         finally:
             call.cancel()
             await ch.close()

@@ -134,6 +134,9 @@ class FakeApiServer(ResourceRegistry, ObjectStore, WatchHub, Router, FaultInject
         self.default_watch_timeout = default_watch_timeout
         self.require_namespaces = require_namespaces
         self.token_reviewer: Callable[[str, list[str]], JSON | Awaitable[JSON]] | None = None
+        # SubjectAccessReview: spec -> allowed. None answers "not allowed", as a cluster whose
+        # RBAC grants the subject nothing.
+        self.access_reviewer: Callable[[JSON], bool] | None = None
 
         self._types: dict[tuple[str, str, str], ResourceType] = {}
         self._stores: dict[tuple[str, str], _Store] = {}
@@ -357,6 +360,8 @@ class FakeApiServer(ResourceRegistry, ObjectStore, WatchHub, Router, FaultInject
             if method != "POST" or route.name is not None:
                 raise FakeApiError(405, "MethodNotAllowed", "the server does not allow this method on the "
                                                             "requested resource")
+            if route.rtype is not None and route.rtype.plural == "subjectaccessreviews":
+                return self._access_review(await self._read_body(request))
             return await self._token_review(await self._read_body(request))
 
         rtype = route.rtype
@@ -440,6 +445,16 @@ class FakeApiServer(ResourceRegistry, ObjectStore, WatchHub, Router, FaultInject
         out = {"kind": "TokenReview", "apiVersion": "authentication.k8s.io/v1",
                "metadata": {"creationTimestamp": None}, "spec": spec, "status": status}
         return _json_response(out, 201)
+
+    def _access_review(self, body: Any) -> web.Response:
+        if not isinstance(body, dict) or not isinstance(body.get("spec"), dict):
+            raise FakeApiError(400, "BadRequest", "the body of the request was in an unknown format")
+        spec = body["spec"]
+        allowed = bool(self.access_reviewer(spec)) if self.access_reviewer is not None else False
+        self.counters["subjectaccessreviews"] += 1
+        return _json_response({"kind": "SubjectAccessReview", "apiVersion": "authorization.k8s.io/v1",
+                               "metadata": {"creationTimestamp": None}, "spec": spec,
+                               "status": {"allowed": allowed}}, 201)
 
     def _list(self, rtype: ResourceType, namespace: str | None, query: dict[str, str]) -> JSON:
         rv = query.get("resourceVersion", "")

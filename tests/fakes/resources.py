@@ -114,6 +114,8 @@ _BUILTINS: tuple[ResourceType, ...] = (
                  namespaced=False, status_subresource=True, short_names=("crd", "crds")),
     ResourceType("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", namespaced=False,
                  verbs=("create",), virtual=True),
+    ResourceType("authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview", namespaced=False,
+                 verbs=("create",), virtual=True),
 )
 
 

@@ -226,3 +226,33 @@ async def test_kube_mode_apiserver_refuses_invalid_config_through_the_webhook_an
             assert "denied the request" in body
             hook = Webhook(cp.https_port, new_root["ca-cert.pem"])
             assert (await hook.review(review(virtual_service("ok"))))["allowed"] is True
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+async def test_validate_latency_over_1000_reviews(tmp_path):
+    """`make bench`: p50/p99 of /validate, measured by the client over one kept-alive TLS
+    connection to the server process (half valid, half invalid VirtualServices). Prints JSON."""
+    import statistics
+    import time
+
+    async with ControlPlane(tmp_path, secure_grpc=True) as cp:
+        hook = Webhook(cp.https_port, cp.root_cert())
+        bodies = [json.dumps(review(virtual_service(f"vs-{i}", (60, 40) if i % 2 else (70, 50)))).encode()
+                  for i in range(1000)]
+        latencies = []
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=hook.ctx, limit=1)) as s:
+            for i, body in enumerate([bodies[0]] * 20 + bodies):  # 20 warm-up requests, not counted
+                start = time.perf_counter()
+                async with s.post(hook.url + "/validate", data=body, headers={"Content-Type": "application/json"},
+                                  server_hostname=SERVER_NAME) as r:
+                    answer = await r.json()
+                if i >= 20:
+                    latencies.append(time.perf_counter() - start)
+                    assert answer["response"]["allowed"] is bool((i - 20) % 2)
+        q = statistics.quantiles(latencies, n=100)
+        result = {"benchmark": "webhook_validate", "reviews": len(latencies),
+                  "p50_ms": round(q[49] * 1000, 2), "p99_ms": round(q[98] * 1000, 2),
+                  "max_ms": round(max(latencies) * 1000, 2)}
+        print(json.dumps(result))
+        assert result["p99_ms"] < 100, result

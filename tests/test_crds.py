@@ -6,6 +6,7 @@ models and keeps fields marked unsupported for the webhook to refuse by name."""
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import importlib
 import json
@@ -89,7 +90,8 @@ def schema_errors(value: Any, schema: dict, where: str = "") -> list[str]:
     t = schema.get("type")
     if t is None:
         return []
-    ok = {"object": isinstance(value, dict), "array": isinstance(value, list), "string": isinstance(value, str),
+    ok = {"object": isinstance(value, dict), "array": isinstance(value, list),
+          "string": isinstance(value, str),
           "integer": isinstance(value, int) and not isinstance(value, bool),
           "number": isinstance(value, (int, float)) and not isinstance(value, bool),
           "boolean": isinstance(value, bool)}[t]
@@ -114,7 +116,8 @@ def schema_errors(value: Any, schema: dict, where: str = "") -> list[str]:
                 errors += schema_errors(v, schema["additionalProperties"], f"{where}.{k}")
             elif not schema.get("x-kubernetes-preserve-unknown-fields"):
                 errors.append(f'unknown field "{(where + "." + k).lstrip(".")}"')
-        errors += [f"{where}.{r}: Required value" for r in schema.get("required") or [] if value.get(r) is None]
+        errors += [f"{where}.{r}: Required value" for r in schema.get("required") or []
+                   if value.get(r) is None]
     if t == "array":
         for i, item in enumerate(value):
             errors += schema_errors(item, schema["items"], f"{where}[{i}]")
@@ -155,7 +158,8 @@ def test_every_custom_kind_keeps_upstream_names_versions_and_flags():
     vs = _crd_of(next(k for k in KINDS if k.kind == "VirtualService"))
     assert vs["spec"]["names"]["shortNames"] == ["vs"]
     assert vs["spec"]["names"]["categories"] == ["istio-io", "networking-istio-io"]
-    assert [c["name"] for c in vs["spec"]["versions"][0]["additionalPrinterColumns"]] == ["Gateways", "Hosts", "Age"]
+    columns = vs["spec"]["versions"][0]["additionalPrinterColumns"]
+    assert [c["name"] for c in columns] == ["Gateways", "Hosts", "Age"]
     refgrant = _crd_of(next(k for k in KINDS if k.kind == "ReferenceGrant"))
     assert "subresources" not in refgrant["spec"]["versions"][0]  # upstream has no status subresource
 
@@ -165,7 +169,8 @@ def test_every_schema_is_structural():
     problems = []
     for kind in crd_schema.custom_kinds():
         for v in _crd_of(kind)["spec"]["versions"]:
-            problems += [f"{kind.kind} {v['name']}: {e}" for e in structural_errors(v["schema"]["openAPIV3Schema"])]
+            errors = structural_errors(v["schema"]["openAPIV3Schema"])
+            problems += [f"{kind.kind} {v['name']}: {e}" for e in errors]
     assert problems == []
 
 
@@ -181,8 +186,10 @@ def test_the_structural_checker_refuses_what_kubernetes_refuses():
         [".: additionalProperties must be a schema, not a boolean"]
     assert ".: keyword default not allowed" in structural_errors({"type": "object", "default": {}})
     assert ".a: keyword uniqueItems not allowed" in structural_errors(
-        {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}})
-    assert structural_errors({"type": "object", "properties": {"a": {"x-kubernetes-int-or-string": True}}}) == []
+        {"type": "object",
+         "properties": {"a": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}}})
+    int_or_string = {"type": "object", "properties": {"a": {"x-kubernetes-int-or-string": True}}}
+    assert structural_errors(int_or_string) == []
 
 
 # --- what the apiserver then accepts ------------------------------------------------------------
@@ -219,10 +226,8 @@ def _manifests() -> list[dict]:
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 collect(node.value)
             elif isinstance(node, ast.Dict):
-                try:
+                with contextlib.suppress(ValueError, SyntaxError, TypeError):  # not a constant
                     collect(ast.literal_eval(node))
-                except (ValueError, SyntaxError, TypeError):
-                    pass
         if "unit" not in path.parts:  # the unit modules hold the example tables
             continue
         module = importlib.import_module(".".join(path.relative_to(ROOT).with_suffix("").parts))
@@ -399,7 +404,8 @@ def test_strict_models_refuse_unknown_fields_and_unsupported_fields_are_kept_for
                 "spec": {"hosts": ["a"], **spec_fields}}
 
     assert schema_errors(doc(port={"number": 80, "target": "http"}), schema) == []
-    assert schema_errors(doc(port={"number": 80, "targte": 1}), schema) == ['unknown field "spec.port.targte"']
+    assert schema_errors(doc(port={"number": 80, "targte": 1}), schema) == \
+        ['unknown field "spec.port.targte"']
     assert schema_errors(doc(port={"number": 0}), schema) == [".spec.port.number: minimum 1"]
     assert schema_errors(doc(port={"number": "80"}), schema) == [".spec.port.number: must be of type integer"]
     assert schema_errors(doc(retrys=3), schema) == ['unknown field "spec.retrys"']

@@ -510,6 +510,7 @@ def test_the_webhook_configuration_routes_exactly_our_kinds_to_the_webhook_port(
 
     name = config_name(SYSTEM_NS)
     assert name == "istio-validator-istio-system"
+    assert config_name(SYSTEM_NS, "canary") == "istio-validator-canary-istio-system"
     config = objects[("ValidatingWebhookConfiguration", name)]
     assert config["metadata"]["labels"]["istio.io/rev"] == "default"
     [webhook] = config["webhooks"]

@@ -65,15 +65,18 @@ class Upstream:
 
 UPSTREAM: dict[str, Upstream] = {
     "virtualservices.networking.istio.io": Upstream(("vs",), (
-        _column("Gateways", ".spec.gateways", "The names of gateways and sidecars that should apply these routes"),
+        _column("Gateways", ".spec.gateways",
+                "The names of gateways and sidecars that should apply these routes"),
         _column("Hosts", ".spec.hosts", "The destination hosts to which traffic is being sent"), AGE)),
     "destinationrules.networking.istio.io": Upstream(("dr",), (
         _column("Host", ".spec.host", "The name of a service from the service registry"), AGE)),
     "serviceentries.networking.istio.io": Upstream(("se",), (
         _column("Hosts", ".spec.hosts", "The hosts associated with the ServiceEntry"),
         _column("Location", ".spec.location",
-                "Whether the service is external to the mesh or part of the mesh (MESH_EXTERNAL or MESH_INTERNAL)"),
-        _column("Resolution", ".spec.resolution", "Service resolution mode for the hosts (NONE, STATIC, or DNS)"),
+                "Whether the service is external to the mesh or part of the mesh "
+                "(MESH_EXTERNAL or MESH_INTERNAL)"),
+        _column("Resolution", ".spec.resolution",
+                "Service resolution mode for the hosts (NONE, STATIC, or DNS)"),
         AGE)),
     "workloadentries.networking.istio.io": Upstream(("we",), (
         _column("Address", ".spec.address", "Address associated with the network endpoint"), AGE)),
@@ -90,7 +93,8 @@ UPSTREAM: dict[str, Upstream] = {
         _column("Description", ".spec.description", priority=1)), channel="standard"),
     "gateways.gateway.networking.k8s.io": Upstream(("gtw",), (
         _column("Class", ".spec.gatewayClassName"), _column("Address", ".status.addresses[*].value"),
-        _column("Programmed", '.status.conditions[?(@.type=="Programmed")].status'), AGE), channel="standard"),
+        _column("Programmed", '.status.conditions[?(@.type=="Programmed")].status'), AGE),
+        channel="standard"),
     "httproutes.gateway.networking.k8s.io": Upstream((), (_column("Hostnames", ".spec.hostnames"), AGE),
                                                      channel="standard"),
     "grpcroutes.gateway.networking.k8s.io": Upstream((), (_column("Hostnames", ".spec.hostnames"), AGE),
@@ -102,7 +106,9 @@ UPSTREAM: dict[str, Upstream] = {
 }
 
 PRESERVE: dict[str, Any] = {"x-kubernetes-preserve-unknown-fields": True}
-_KEPT = ("minimum", "maximum", "minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
+_KEPT = ("minimum", "maximum", "minLength", "maxLength", "minItems", "maxItems", "minProperties",
+         "maxProperties")
+_SCALARS = ("string", "integer", "number", "boolean")
 
 
 class _Translator:
@@ -149,7 +155,7 @@ class _Translator:
                 out["items"] = self._union([self.node(i, seen) for i in s["prefixItems"]])
             else:
                 out["items"] = self.node(items, seen) if items else dict(PRESERVE)
-            if s.get("uniqueItems") and out["items"].get("type") in ("string", "integer", "number", "boolean"):
+            if s.get("uniqueItems") and out["items"].get("type") in _SCALARS:
                 out["x-kubernetes-list-type"] = "set"
         for k in _KEPT:
             if k in s:

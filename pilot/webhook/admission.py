@@ -99,7 +99,8 @@ def review_bytes(body: bytes, content_type: str) -> Answer:
     except (ValueError, UnicodeDecodeError) as e:
         return _text(400, f"could not decode body: {e}")
     if not isinstance(doc, dict):
-        return _text(400, f"could not decode body: an AdmissionReview is an object, not a {type(doc).__name__}")
+        return _text(400, "could not decode body: an AdmissionReview is an object, "
+                          f"not a {type(doc).__name__}")
     api_version = doc.get("apiVersion")
     if doc.get("kind") != "AdmissionReview" or api_version not in REVIEW_VERSIONS:
         return _text(400, f"could not decode body: want kind AdmissionReview of apiVersion "
@@ -129,8 +130,9 @@ def decide(request: dict) -> Verdict:
         return Verdict(True, reason="unsupported_operation")
     obj = request.get("object")
     if not isinstance(obj, dict):
-        return Verdict(False, f"cannot decode configuration: the request's object is "
-                              f"{'missing' if obj is None else 'a ' + type(obj).__name__}", "yaml_decode_error")
+        what = "missing" if obj is None else f"a {type(obj).__name__}"
+        return Verdict(False, f"cannot decode configuration: the request's object is {what}",
+                       "yaml_decode_error")
     kind = str(obj.get("kind") or "")
     api_version = str(obj.get("apiVersion") or "")
     group = api_version.rpartition("/")[0]
@@ -146,7 +148,8 @@ def decide(request: dict) -> Verdict:
     try:
         parse_object(obj, default_namespace=namespace or "default")
     except InvalidObject as e:
-        return Verdict(False, f"configuration is invalid: {e.reason}", "invalid_config", kind, namespace, name)
+        return Verdict(False, f"configuration is invalid: {e.reason}", "invalid_config", kind, namespace,
+                       name)
     for key in obj:
         if key not in TOP_LEVEL_FIELDS:
             return Verdict(False, f'unknown field "{key}" on {kind} resource {namespace}/{name}',

@@ -135,7 +135,8 @@ class CABundleWriter(LeaderWorker):
                 log.warning("no Gateway CRD: cannot check the webhook; assuming it is ready", name=self.name)
                 return True
             if NO_DRY_RUN in text:
-                log.warning("dry run not supported: cannot check the webhook; assuming it is ready", name=self.name)
+                log.warning("dry run not supported: cannot check the webhook; assuming it is ready",
+                            name=self.name)
                 return True
             log.info("not ready to fail closed: the probe was refused for another reason", error=e.reason)
             return False

@@ -77,7 +77,8 @@ class WebhookServer:
         v = answer.verdict
         if v is None:
             self.metrics.http_error.labels(str(answer.status)).inc()
-            log.info("not an AdmissionReview", status=answer.status, error=answer.body.decode(errors="replace"))
+            log.info("not an AdmissionReview", status=answer.status,
+                     error=answer.body.decode(errors="replace"))
             return
         self.reviews += 1
         labels = (v.group, v.version, v.resource)
@@ -96,7 +97,8 @@ class WebhookServer:
         return app
 
     # --- TLS --------------------------------------------------------------------------------
-    def _choose_context(self, sslobj: ssl.SSLObject, _server_name: str | None, listening: ssl.SSLContext) -> None:
+    def _choose_context(self, sslobj: ssl.SSLObject, _server_name: str | None,
+                        listening: ssl.SSLContext) -> None:
         current = self._current
         if current is not None and current is not listening:
             sslobj.context = current

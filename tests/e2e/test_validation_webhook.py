@@ -124,7 +124,8 @@ async def test_file_mode_webhook_answers_with_the_reasons_file_mode_gives(tmp_pa
         assert (await hook.post(b"[1]"))[0] == 400
         no_uid = review(good)
         del no_uid["request"]["uid"]
-        assert await hook.post(no_uid) == (400, "could not decode body: the AdmissionReview request has no uid")
+        assert await hook.post(no_uid) == (400,
+                                           "could not decode body: the AdmissionReview request has no uid")
         no_object = review(good)
         no_object["request"]["object"] = "nope"
         assert (await hook.review(no_object))["status"]["message"].startswith("cannot decode configuration")
@@ -132,8 +133,9 @@ async def test_file_mode_webhook_answers_with_the_reasons_file_mode_gives(tmp_pa
 
         # istiod's metric names.
         metrics = await cp.metrics()
-        assert 'galley_validation_passed{group="networking.istio.io",version="v1",resource="virtualservices"}' \
-            in metrics
+        passed = ('galley_validation_passed{group="networking.istio.io",version="v1",'
+                  'resource="virtualservices"}')
+        assert passed in metrics
         assert 'reason="invalid_config"' in metrics and "galley_validation_http_error{" in metrics
 
         # The certificate is issued for istiod's names only, by this CA only.
@@ -153,7 +155,8 @@ def webhook_config(fake: FakeApiServer) -> dict:
 
 def bundle_of(fake: FakeApiServer) -> tuple[str, str]:
     [wh] = webhook_config(fake)["webhooks"]
-    return (base64.b64decode(wh.get("clientConfig", {}).get("caBundle", "")).decode(), wh.get("failurePolicy", ""))
+    bundle = base64.b64decode(wh.get("clientConfig", {}).get("caBundle", "")).decode()
+    return bundle, wh.get("failurePolicy", "")
 
 
 async def test_kube_mode_apiserver_refuses_invalid_config_through_the_webhook_and_the_bundle_follows_the_ca(
@@ -178,10 +181,11 @@ async def test_kube_mode_apiserver_refuses_invalid_config_through_the_webhook_an
             # The leader writes the root, then sees its probe refused and fails closed.
             await wait_for(lambda: bundle_of(fake) == (old_pem, "Fail"), timeout=30,
                            message=f"caBundle written and failurePolicy Fail\n{cp.log_tail()}")
-            assert any(name == "validation.istio.io" and outcome.startswith("denied: configuration is invalid: "
-                                                                           '"internal.istio.io/webhook-always-reject"')
+            probe_refusal = 'denied: configuration is invalid: "internal.istio.io/webhook-always-reject"'
+            assert any(name == "validation.istio.io" and outcome.startswith(probe_refusal)
                        for name, _op, outcome in fake.admission_calls)
-            assert fake.get("gateways.networking.istio.io", "invalid-gateway", namespace="istio-system") is None
+            assert fake.get("gateways.networking.istio.io", "invalid-gateway",
+                            namespace="istio-system") is None  # a dry run
 
             api = k8s.CustomObjectsApi(api_client)
             bad = virtual_service("bad", (70, 50))
@@ -199,7 +203,8 @@ async def test_kube_mode_apiserver_refuses_invalid_config_through_the_webhook_an
             broken = copy.deepcopy(stored)
             broken["spec"]["http"][0]["route"][0]["weight"] = 10
             with pytest.raises(ApiException) as e:
-                await api.replace_namespaced_custom_object(NET, "v1", "default", "virtualservices", "good", broken)
+                await api.replace_namespaced_custom_object(NET, "v1", "default", "virtualservices", "good",
+                                                           broken)
             assert e.value.status == 400 and "denied the request" in e.value.body
 
             # Someone blanks the bundle: written back.
@@ -222,10 +227,19 @@ async def test_kube_mode_apiserver_refuses_invalid_config_through_the_webhook_an
                     return exc.body if exc.status == 400 else None
                 return None
 
-            body = await wait_for(refused_by_the_webhook, timeout=15, message="webhook reached after rotation")
+            body = await wait_for(refused_by_the_webhook, timeout=15,
+                                  message="webhook reached after rotation")
             assert "denied the request" in body
             hook = Webhook(cp.https_port, new_root["ca-cert.pem"])
             assert (await hook.review(review(virtual_service("ok"))))["allowed"] is True
+
+            # Failing closed: with the control plane gone, the apiserver refuses rather than admits.
+            await cp.stop()
+            with pytest.raises(ApiException) as e:
+                await api.create_namespaced_custom_object(NET, "v1", "default", "virtualservices",
+                                                          virtual_service("later"))
+            assert e.value.status == 500
+            assert 'failed calling webhook "validation.istio.io"' in json.loads(e.value.body)["message"]
 
 
 @pytest.mark.slow
@@ -244,8 +258,8 @@ async def test_validate_latency_over_1000_reviews(tmp_path):
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=hook.ctx, limit=1)) as s:
             for i, body in enumerate([bodies[0]] * 20 + bodies):  # 20 warm-up requests, not counted
                 start = time.perf_counter()
-                async with s.post(hook.url + "/validate", data=body, headers={"Content-Type": "application/json"},
-                                  server_hostname=SERVER_NAME) as r:
+                async with s.post(hook.url + "/validate", data=body, server_hostname=SERVER_NAME,
+                                  headers={"Content-Type": "application/json"}) as r:
                     answer = await r.json()
                 if i >= 20:
                     latencies.append(time.perf_counter() - start)

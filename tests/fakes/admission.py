@@ -64,8 +64,8 @@ class Admission:
                     self.admission_calls.append((name, operation, f"ignored: {exc}"))
                     continue
                 self.admission_calls.append((name, operation, f"failed: {exc}"))
-                raise FakeApiError(500, "InternalError",
-                                   f'Internal error occurred: failed calling webhook "{name}": {exc}') from None
+                message = f'Internal error occurred: failed calling webhook "{name}": {exc}'
+                raise FakeApiError(500, "InternalError", message) from None
             if response.get("allowed") is True:
                 self.admission_calls.append((name, operation, "allowed"))
                 continue

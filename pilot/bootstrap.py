@@ -144,6 +144,7 @@ class ControlPlane:
             await self.kube_source.wait_synced()
         await self._start_ca()  # after the sync: the mesh's trust domain may come from the ConfigMap
         await self._start_webhook()
+        self._write_ports()
         if self.kube_source is not None:
             self._start_leader_election()
         # The first context is built from what is loaded now; everything after goes through debounce.

@@ -175,9 +175,15 @@ async def test_kube_mode_apiserver_refuses_invalid_config_through_the_webhook_an
         kubeconfig = fake.write_kubeconfig(tmp_path / "kubeconfig")
         cp = ControlPlane(tmp_path, kubeconfig=kubeconfig,
                           env={"ROOT_CA_DIR": str(cacerts), "PILOT_LEADER_RETRY_PERIOD": "500ms"})
+
+        def istiod_endpoint() -> tuple[str, int] | None:
+            """The Service istiod:443 -> 15017 (deploy/service.yaml), as soon as the port listens."""
+            ports_file = cp.workdir / "ports.json"
+            ports = json.loads(ports_file.read_text()) if ports_file.exists() else {}
+            return ("127.0.0.1", ports["https"]) if "https" in ports else None
+
+        fake.webhook_services[("istio-system", "istiod", 443)] = istiod_endpoint
         async with cp, fake.api_client() as api_client:
-            # The Service istiod:443 -> 15017, as deploy/service.yaml maps it.
-            fake.webhook_services[("istio-system", "istiod", 443)] = ("127.0.0.1", cp.https_port)
             old_pem = old_root["ca-cert.pem"]
             # The leader writes the root, then sees its probe refused and fails closed.
             await wait_for(lambda: bundle_of(fake) == (old_pem, "Fail"), timeout=30,

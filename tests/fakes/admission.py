@@ -6,7 +6,8 @@ an admission.k8s.io/v1 AdmissionReview over HTTPS to the webhook, after the obje
 built (defaults, generated name) and before it is stored:
 
 * ``clientConfig.url`` is called as given; ``clientConfig.service`` is resolved through
-  ``webhook_services[(namespace, name, port)] = (host, port)`` (tests point it at 127.0.0.1)
+  ``webhook_services[(namespace, name, port)] = (host, port)`` (tests point it at 127.0.0.1; a
+  callable returning that, or None for "no endpoints", is asked on every call)
   and the certificate is verified for ``NAME.NAMESPACE.svc`` against ``clientConfig.caBundle``
   (the system roots without one), as the apiserver does;
 * a denial becomes the apiserver's error: ``admission webhook "NAME" denied the request: MSG``
@@ -24,6 +25,7 @@ from __future__ import annotations
 import base64
 import ssl
 import uuid
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -38,7 +40,7 @@ _CONFIGS = ("admissionregistration.k8s.io", "validatingwebhookconfigurations")
 class Admission:
     """Calls the validating webhooks of stored configurations (state set up in FakeApiServer)."""
 
-    webhook_services: dict[tuple[str, str, int], tuple[str, int]]
+    webhook_services: dict[tuple[str, str, int], tuple[str, int] | Callable[[], tuple[str, int] | None]]
     admission_calls: list[tuple[str, str, str]]
 
     def _matching_webhooks(self, rtype: ResourceType, operation: str) -> list[JSON]:
@@ -91,6 +93,8 @@ class Admission:
             ref = client.get("service") or {}
             ns, svc, port = ref.get("namespace", ""), ref.get("name", ""), int(ref.get("port") or 443)
             target = self.webhook_services.get((ns, svc, port))
+            if callable(target):  # resolved per call: a server whose port is known only later
+                target = target()
             if target is None:
                 raise ConnectionError(f"service {ns}/{svc}:{port} has no endpoints")
             server_hostname = f"{svc}.{ns}.svc"

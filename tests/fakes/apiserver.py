@@ -139,7 +139,7 @@ class FakeApiServer(ResourceRegistry, ObjectStore, WatchHub, Router, FaultInject
         self.require_namespaces = require_namespaces
         self.token_reviewer: Callable[[str, list[str]], JSON | Awaitable[JSON]] | None = None
         # Validating webhooks (admission.py): where a clientConfig.service is served.
-        self.webhook_services: dict[tuple[str, str, int], tuple[str, int]] = {}
+        self.webhook_services: dict[tuple[str, str, int], Any] = {}
         self.admission_calls: list[tuple[str, str, str]] = []
 
         self._types: dict[tuple[str, str, str], ResourceType] = {}

@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CONFIG_DIR ?= examples/mesh
 
-.PHONY: run test bench protos lint install backends envoy clean
+.PHONY: run test bench protos crds lint install backends envoy clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ bench: $(STAMP)
 
 protos: $(STAMP)
 	$(BIN)/python protos/generate.py
+
+## deploy/crds/ from the config models (structural schemas); tests/test_crds.py checks it is current.
+crds: $(STAMP)
+	$(BIN)/python -m pilot.config.crd_schema
 
 lint: $(STAMP)
 	$(BIN)/ruff check pilot tests benchmarks

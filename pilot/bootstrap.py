@@ -46,6 +46,8 @@ from pilot.sources.kube.source import KubeSource
 from pilot.sources.kube.status_writer import StatusWriter
 from pilot.sources.kube.writers import RootCertWriter
 from pilot.status.view import GatewayStatusView
+from pilot.webhook.ca_bundle import CABundleWriter
+from pilot.webhook.server import WebhookServer
 from pilot.xds.ads import AdsService
 from pilot.xds.discovery import DiscoveryServer
 
@@ -96,6 +98,8 @@ class ControlPlane:
         self.status_writer: StatusWriter | None = None
         self.ca: CertificateAuthority | None = None
         self.secure: SecureServer | None = None
+        self.webhook: WebhookServer | None = None
+        self.ca_bundle_writer: CABundleWriter | None = None
         try:
             self.jwt_rules = authn.parse_jwt_rules(features.jwt_rule)
         except authn.JwtRuleError as e:
@@ -140,6 +144,8 @@ class ControlPlane:
         if self.kube_source is not None:
             await self.kube_source.wait_synced()
         await self._start_ca()  # after the sync: the mesh's trust domain may come from the ConfigMap
+        await self._start_webhook()
+        self._write_ports()
         if self.kube_source is not None:
             self._start_leader_election()
         # The first context is built from what is loaded now; everything after goes through debounce.
@@ -213,8 +219,12 @@ class ControlPlane:
         m.cert_chain_expiry.set(self.ca.cert_chain_expiry.timestamp())
         if self.secure is not None:
             await self.secure.reissue()
+        if self.webhook is not None:
+            await self.webhook.reissue()
         if self.root_cert_writer is not None:
             self.root_cert_writer.set_root(self.ca.root_cert_pem)
+        if self.ca_bundle_writer is not None:
+            self.ca_bundle_writer.set_root(self.ca.root_cert_pem)
 
     def _debug_authenticators(self) -> authn.Authenticators | None:
         """Tokens that may read /debug off localhost: the CA's (TokenReview, JWT_RULE)."""
@@ -240,25 +250,46 @@ class ControlPlane:
         log.info("serving TLS xDS and the CA", port=self.ports["secure_grpc"],
                  authenticators=[a.name for a in chain.authenticators])
 
+    async def _start_webhook(self) -> None:
+        """The validation webhook on --httpsAddr, whenever there is a CA to certify it (Kubernetes
+        mode, or file mode with the secure port); empty --httpsAddr disables it."""
+        addr = split_addr(self.opts.https_addr)
+        if addr is None or self.ca is None:
+            if addr is not None:
+                log.info("no CA in this mode (--secureGRPCAddr is empty): not serving the webhook port")
+            return
+        ns = self.features.pod_namespace
+        self.webhook = WebhookServer(self.ca, istiod_dns_names(ns, self.opts.domain, self.features.revision),
+                                     registry=self.discovery.metrics.registry)
+        try:
+            self.ports["https"] = await self.webhook.start(*addr)
+        except OSError as e:
+            raise OSError(e.errno, f"--httpsAddr {self.opts.https_addr}: cannot listen ({e.strerror})") from None
+        log.info("serving the validation webhook", port=self.ports["https"])
+
+    def _leader_workers(self) -> list:
+        return [w for w in (self.root_cert_writer, self.ca_bundle_writer, self.status_writer) if w is not None]
+
     def _start_leader_election(self) -> None:
         if self.ca is not None:
             self.root_cert_writer = RootCertWriter(self.kube, self.store, self.ca.root_cert_pem,
                                                    namespace_selected=self._namespace_selected)
-        writer = self.root_cert_writer
+        if self.webhook is not None:
+            self.ca_bundle_writer = CABundleWriter(self.kube, self.features.pod_namespace, self.features.revision,
+                                                   self.ca.root_cert_pem)
         source = self.kube_source
         status = self.status_writer = StatusWriter(self.kube, source.latest, source.objects_of)
         self.gateway_status.listeners.append(status.offer)
         status.offer(self.gateway_status.desired)
+        workers = self._leader_workers()
 
         async def started() -> None:
-            if writer is not None:
-                await writer.start()
-            await status.start()
+            for w in workers:
+                await w.start()
 
         async def stopped() -> None:
-            if writer is not None:
-                await writer.stop()
-            await status.stop()
+            for w in workers:
+                await w.stop()
 
         if not self.features.enable_leader_election:
             self._tasks.append(asyncio.create_task(started(), name="always-leader"))
@@ -328,9 +359,8 @@ class ControlPlane:
         if self.leader is not None:
             await self.leader.release()
         else:
-            for w in (self.root_cert_writer, self.status_writer):
-                if w is not None:
-                    await w.stop()
+            for w in self._leader_workers():
+                await w.stop()
 
     async def stop(self) -> None:
         self.loaded = False
@@ -338,14 +368,15 @@ class ControlPlane:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for w in (self.root_cert_writer, self.status_writer):
-            if w is not None:
-                await w.stop()
+        for w in self._leader_workers():
+            await w.stop()
         if self.kube_source is not None:
             await self.kube_source.stop()
         servers = ([self.secure.stop(grace=1.0)] if self.secure is not None else []) + \
             ([self._grpc.stop(grace=1.0)] if self._grpc is not None else [])
         await asyncio.gather(*servers)
+        if self.webhook is not None:
+            await self.webhook.stop()
         await self.jwks.stop()
         await self.discovery.stop()
         for r in self._runners:

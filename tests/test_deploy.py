@@ -10,6 +10,7 @@ election and the root-cert writer make (recorded from a fake client).
 from __future__ import annotations
 
 import ast
+import asyncio
 import re
 import shutil
 import subprocess
@@ -105,7 +106,8 @@ def test_every_expected_object_is_rendered(objects):
                 ("PodDisruptionBudget", "istiod"), ("HorizontalPodAutoscaler", "istiod")}
     assert expected <= set(objects), f"missing: {sorted(expected - set(objects))}"
     for (kind, name), obj in objects.items():
-        if kind not in ("Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"):
+        if kind not in ("Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
+                        "ValidatingWebhookConfiguration"):
             assert obj["metadata"].get("namespace") == SYSTEM_NS, f"{kind}/{name} is not in {SYSTEM_NS}"
 
 
@@ -455,6 +457,26 @@ async def test_required_rules_cover_every_request_the_code_makes_and_nothing_mor
     assert await writer.reconcile_all() and writer.writes == len(STATUS_KINDS)
     calls += kube.calls
 
+    # The webhook's caBundle writer: watch and read its configuration, probe with a dry-run
+    # Gateway (denied: ready to fail closed), write the bundle back.
+    from pilot.webhook.ca_bundle import CABundleWriter
+
+    def webhooks(method, path, body):
+        if method == "POST":
+            raise ApiError(400, 'admission webhook "validation.istio.io" denied the request')
+        if method == "GET":
+            return {"metadata": {"name": "istio-validator-istio-system"}, "webhooks": [{"name": "w"}]}
+        return body
+
+    kube = RecordingKube(webhooks)
+    bundle_writer = CABundleWriter(kube, SYSTEM_NS, "default", "PEM")
+    assert await bundle_writer._reconcile() is False and bundle_writer.writes == 1
+    watch = asyncio.create_task(bundle_writer._watch())
+    while not any(q.get("watch") for _m, _p, q in kube.calls):
+        await asyncio.sleep(0)
+    watch.cancel()
+    calls += kube.calls
+
     used = {_rbac_of(*c) for c in calls}
     denied = sorted(u for u in used if not _allowed(*u))
     assert denied == [], f"requests the code makes that required_rules() does not grant: {denied}"
@@ -489,6 +511,28 @@ def test_rbac_module_rejects_wildcards_and_merges():
                          rbac.Rule("cluster", "", "pods", frozenset({"watch"})),
                          rbac.Rule("namespace", "", "pods", frozenset({"list"}))])
     assert merged == [rbac.Rule("cluster", "", "pods", frozenset({"list", "watch"}))]
+
+
+# --- the validation webhook -----------------------------------------------------------------------
+def test_the_webhook_configuration_routes_exactly_our_kinds_to_the_webhook_port(objects):
+    from pilot.webhook.admission import rules
+    from pilot.webhook.ca_bundle import config_name
+
+    name = config_name(SYSTEM_NS)
+    assert name == "istio-validator-istio-system"
+    assert config_name(SYSTEM_NS, "canary") == "istio-validator-canary-istio-system"
+    config = objects[("ValidatingWebhookConfiguration", name)]
+    assert config["metadata"]["labels"]["istio.io/rev"] == "default"
+    [webhook] = config["webhooks"]
+    assert webhook["rules"] == rules()
+    # Fail open until the leader has written the bundle and seen the probe refused.
+    assert webhook["failurePolicy"] == "Ignore" and "caBundle" not in webhook["clientConfig"]
+    assert webhook["sideEffects"] == "None" and webhook["admissionReviewVersions"] == ["v1"]
+    ref = webhook["clientConfig"]["service"]
+    assert (ref["namespace"], ref["path"]) == (SYSTEM_NS, "/validate")
+    service = objects[("Service", ref["name"])]
+    [port] = [p for p in service["spec"]["ports"] if p["port"] == ref.get("port", 443)]
+    assert port["targetPort"] == 15017
 
 
 # --- CRDs -----------------------------------------------------------------------------------------

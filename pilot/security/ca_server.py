@@ -98,10 +98,14 @@ def server_ssl_context(cert: ServerCertificate, roots_pem: str) -> ssl.SSLContex
 class ServerCertRotator:
     """istiod's own serving certificate from the CA, re-issued at half its lifetime."""
 
-    def __init__(self, ca: CertificateAuthority, dns_names: Sequence[str], ttl: float | None = None) -> None:
+    def __init__(self, ca: CertificateAuthority, dns_names: Sequence[str], ttl: float | None = None,
+                 make_context: Callable[[ServerCertificate, str], ssl.SSLContext] = server_ssl_context) -> None:
+        """`make_context(cert, roots_pem)`: how a certificate becomes a server context (the
+        webhook port speaks HTTP/1.1 without client certificates, 15012 h2 with them)."""
         self.ca = ca
         self.dns_names = list(dns_names)
         self.ttl = ttl
+        self.make_context = make_context
         self.current: ServerCertificate | None = None
         self.context: ssl.SSLContext | None = None
         self.refresh_at = 0.0  # unix time
@@ -111,7 +115,7 @@ class ServerCertRotator:
         """Synchronous (key generation and signing): call in a thread."""
         now = time.time()
         cert = self.ca.sign_server_cert(self.dns_names, self.ttl)
-        ctx = server_ssl_context(cert, self.ca.root_cert_pem)
+        ctx = self.make_context(cert, self.ca.root_cert_pem)
         lifetime = cert.not_after.timestamp() - now
         self.current, self.context = cert, ctx
         self.refresh_at = now + max(lifetime / 2, MIN_ROTATION_WAIT)

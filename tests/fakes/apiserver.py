@@ -33,6 +33,9 @@ informers and leader election:
   CustomResourceDefinition object) serves its group/version; an unknown
   resource answers 404 with a ``Status`` (reason NotFound), which is what "CRD
   not installed" looks like.
+* Validating admission webhooks (``admission``): CREATE/UPDATE of a resource that a stored
+  ValidatingWebhookConfiguration matches is sent to the webhook over verified HTTPS
+  (``webhook_services`` resolves a service reference) and refused as the apiserver refuses it.
 * Fault injection: ``drop_watches()``, ``expire_history()``, ``fail_next()``,
   ``fail_when()``, ``hang_when()``, ``go_away()``/``come_back()`` (same port),
   and a request log with counters.
@@ -64,6 +67,7 @@ from aiohttp import web
 
 # Every public name of this module from before its split is importable from here; the ones
 # only re-exported are marked `noqa: F401`.
+from .admission import Admission
 from .common import JSON, FakeApiError, _dumps, make_status, parse_bool
 from .faults import Fault, FaultInjection, RequestInfo, RequestLog, RequestRecord
 from .objects import ObjectStore, _Event
@@ -104,7 +108,7 @@ _SEED_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 # ---------------------------------------------------------------------- server
 
 
-class FakeApiServer(ResourceRegistry, ObjectStore, WatchHub, Router, FaultInjection, RequestLog):
+class FakeApiServer(ResourceRegistry, ObjectStore, WatchHub, Router, FaultInjection, RequestLog, Admission):
     """A fake kube-apiserver on 127.0.0.1 (plain HTTP).
 
     ``history_limit``: watch events retained for resumption (older RVs get 410).
@@ -137,6 +141,9 @@ class FakeApiServer(ResourceRegistry, ObjectStore, WatchHub, Router, FaultInject
         # SubjectAccessReview: spec -> allowed. None answers "not allowed", as a cluster whose
         # RBAC grants the subject nothing.
         self.access_reviewer: Callable[[JSON], bool] | None = None
+        # Validating webhooks (admission.py): where a clientConfig.service is served.
+        self.webhook_services: dict[tuple[str, str, int], Any] = {}
+        self.admission_calls: list[tuple[str, str, str]] = []
 
         self._types: dict[tuple[str, str, str], ResourceType] = {}
         self._stores: dict[tuple[str, str], _Store] = {}
@@ -396,6 +403,9 @@ class FakeApiServer(ResourceRegistry, ObjectStore, WatchHub, Router, FaultInject
                 return _json_response(self._list(rtype, route.namespace, query))
             if method == "POST":
                 body = await self._read_body(request)
+                if self._matching_webhooks(rtype, "CREATE"):
+                    preview = self._create(rtype, route.namespace, body, keep_status=False, dry_run=True)
+                    await self._admit(rtype, "CREATE", _present(preview, rtype), None, dry_run)
                 obj = self._create(rtype, route.namespace, body, keep_status=False, dry_run=dry_run)
                 return _json_response(_present(obj, rtype), 201)
             if method == "DELETE":
@@ -417,11 +427,21 @@ class FakeApiServer(ResourceRegistry, ObjectStore, WatchHub, Router, FaultInject
             return _json_response(_present(self._get(rtype, route.namespace, name), rtype))
         if method == "PUT":
             body = await self._read_body(request)
+            if self._matching_webhooks(rtype, "UPDATE"):
+                old = _present(self._get(rtype, route.namespace, name), rtype)
+                preview = self._update(rtype, route.namespace, name, body, mode="main", dry_run=True)
+                await self._admit(rtype, "UPDATE", _present(preview, rtype), old, dry_run)
             obj = self._update(rtype, route.namespace, name, body, mode="main", dry_run=dry_run)
             return _json_response(_present(obj, rtype))
         if method == "PATCH":
             body = await self._read_body(request)
             existed = (route.namespace or "", name) in self._store(rtype).objects
+            operation = "UPDATE" if existed else "CREATE"
+            if self._matching_webhooks(rtype, operation):
+                old = _present(self._get(rtype, route.namespace, name), rtype) if existed else None
+                preview = self._patch(rtype, route.namespace, name, body, request.headers.get("Content-Type", ""),
+                                      subresource=None, field_manager=query.get("fieldManager"), dry_run=True)
+                await self._admit(rtype, operation, _present(preview, rtype), old, dry_run)
             obj = self._patch(rtype, route.namespace, name, body, request.headers.get("Content-Type", ""),
                               subresource=None, field_manager=query.get("fieldManager"), dry_run=dry_run)
             return _json_response(_present(obj, rtype), 200 if existed else 201)  # 201: apply created it

@@ -58,6 +58,7 @@ class ControlPlane:
         args = [sys.executable, "-m", "pilot.cli", "discovery", *source,
                 "--meshConfig", str(mesh_path), "--grpcAddr", "127.0.0.1:0", "--httpAddr", "127.0.0.1:0",
                 "--monitoringAddr", "127.0.0.1:0", "--secureGRPCAddr", "127.0.0.1:0" if self.secure_grpc else "",
+                "--httpsAddr", "127.0.0.1:0",
                 "--portsFile", str(ports_file),
                 *self.extra_args]
         env = {**os.environ, **self.env, "PYTHONPATH": str(REPO_ROOT)}
@@ -109,6 +110,11 @@ class ControlPlane:
     @property
     def xds_port(self) -> int:
         return self.ports["grpc"]
+
+    @property
+    def https_port(self) -> int:
+        """The webhook port (served whenever there is a CA: Kubernetes mode, or secure_grpc)."""
+        return self.ports["https"]
 
     @property
     def secure_port(self) -> int:

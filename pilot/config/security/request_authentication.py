@@ -10,19 +10,19 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, model_validator
 
-from pilot.config.base import K8sObject, Model
+from pilot.config.base import K8sObject, StrictModel
 from pilot.config.networking.validation import Duration, _raise_if
 from pilot.config.security.common import PolicyTargetReference, Selector, selector_problems
 
 _STRICT_HEADER_NAME = re.compile(r"^[-a-zA-Z0-9]+$")
 
 
-class JWTHeader(Model):
+class JWTHeader(StrictModel):
     name: str = ""
     prefix: str = ""
 
 
-class ClaimToHeader(Model):
+class ClaimToHeader(StrictModel):
     header: str = ""
     claim: str = ""
 
@@ -54,7 +54,7 @@ def jwks_problem(text: str) -> str | None:
     return None
 
 
-class JWTRule(Model):
+class JWTRule(StrictModel):
     issuer: str = ""
     audiences: list[str] = Field(default_factory=list)
     jwks_uri: str = ""
@@ -97,7 +97,7 @@ class JWTRule(Model):
         return [f"jwtRules[{i}]: {e}" for e in errs]
 
 
-class RequestAuthenticationSpec(Model):
+class RequestAuthenticationSpec(StrictModel):
     selector: Selector | None = None
     target_ref: PolicyTargetReference | None = None
     target_refs: list[PolicyTargetReference] = Field(default_factory=list)

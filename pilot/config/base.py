@@ -42,6 +42,14 @@ def _refuse_unsupported(value: Any, info: ValidationInfo) -> Any:
 Unsupported = Annotated[Any, AfterValidator(_refuse_unsupported), Field(json_schema_extra={UNSUPPORTED_MARK: True})]
 
 
+def fails_closed(how: str, default: Any = None) -> Any:
+    """A field that is accepted but never applied as written: where the API itself prescribes the
+    refusal (Gateway API: a rule with a filter the implementation lacks answers 500 and the route's
+    status says why; a CUSTOM AuthorizationPolicy without its provider denies everything). `how`
+    says what happens instead, for the table of supported fields."""
+    return Field(default=default, json_schema_extra={UNSUPPORTED_MARK: how})
+
+
 class ObjectMeta(Model):
     name: str = Field(min_length=1, max_length=253)
     namespace: str = ""

@@ -7,7 +7,7 @@ from typing import Literal
 import yaml
 from pydantic import Field, ValidationError, field_validator
 
-from pilot.config.base import Model
+from pilot.config.base import Model, StrictModel
 from pilot.durations import parse_duration
 
 
@@ -28,13 +28,13 @@ class HttpRetryPolicy(Model):
         return v
 
 
-class LabelSelectorRequirement(Model):
+class LabelSelectorRequirement(StrictModel):
     key: str
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
     values: list[str] = Field(default_factory=list)
 
 
-class LabelSelector(Model):
+class LabelSelector(StrictModel):
     """A Kubernetes label selector (matchLabels AND matchExpressions)."""
 
     match_labels: dict[str, str] = Field(default_factory=dict)

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from pilot.config.base import K8sObject, Model
+from pilot.config.base import K8sObject, StrictModel, Unsupported
 from pilot.config.networking.validation import _fail, _raise_if, is_ip, validate_regex
 
 GROUP = "gateway.networking.k8s.io"
@@ -108,7 +108,7 @@ HeaderName = Annotated[str, AfterValidator(_header_name)]
 
 
 # --- references -------------------------------------------------------------------------------------
-class ParentReference(Model):
+class ParentReference(StrictModel):
     group: str = GROUP
     kind: str = "Gateway"
     namespace: str | None = None
@@ -124,7 +124,7 @@ class ParentReference(Model):
         return self.group == GROUP and self.kind == "Gateway"
 
 
-class BackendObjectReference(Model):
+class BackendObjectReference(StrictModel):
     group: str = ""
     kind: str = "Service"
     name: str = Field(min_length=1, max_length=253)
@@ -155,7 +155,7 @@ class BackendRef(BackendObjectReference):
         return self
 
 
-class SecretObjectReference(Model):
+class SecretObjectReference(StrictModel):
     group: str = ""
     kind: str = "Secret"
     name: str = Field(min_length=1, max_length=253)
@@ -163,12 +163,12 @@ class SecretObjectReference(Model):
 
 
 # --- filters ----------------------------------------------------------------------------------------
-class HTTPHeader(Model):
+class HTTPHeader(StrictModel):
     name: HeaderName
     value: str = Field(max_length=4096)
 
 
-class HeaderModifier(Model):
+class HeaderModifier(StrictModel):
     set: list[HTTPHeader] = Field(default_factory=list)
     add: list[HTTPHeader] = Field(default_factory=list)
     remove: list[HeaderName] = Field(default_factory=list)
@@ -183,7 +183,7 @@ class HeaderModifier(Model):
         return self
 
 
-class Fraction(Model):
+class Fraction(StrictModel):
     numerator: int = Field(ge=0)
     denominator: int = Field(default=100, gt=0)
 
@@ -194,7 +194,7 @@ class Fraction(Model):
         return self
 
 
-class RequestMirror(Model):
+class RequestMirror(StrictModel):
     backend_ref: BackendObjectReference
     percent: int | None = Field(default=None, ge=0, le=100)
     fraction: Fraction | None = None
@@ -215,21 +215,21 @@ class RequestMirror(Model):
         return None
 
 
-class LocalObjectReference(Model):
+class LocalObjectReference(StrictModel):
     group: str
     kind: str
     name: str
 
 
 FilterType = Literal["RequestHeaderModifier", "ResponseHeaderModifier", "RequestMirror", "RequestRedirect",
-                     "URLRewrite", "ExtensionRef", "CORS"]
+                     "URLRewrite", "ExtensionRef", "CORS", "ExternalAuth"]
 
 
-def check_filter_fields(f: Model, kind: str) -> None:
+def check_filter_fields(f: StrictModel, kind: str) -> None:
     """CEL: the field named by `type` must be set, and no other filter field."""
     fields = {"RequestHeaderModifier": "request_header_modifier", "ResponseHeaderModifier": "response_header_modifier",
               "RequestMirror": "request_mirror", "RequestRedirect": "request_redirect", "URLRewrite": "url_rewrite",
-              "ExtensionRef": "extension_ref", "CORS": "cors"}
+              "ExtensionRef": "extension_ref", "CORS": "cors", "ExternalAuth": "external_auth"}
     own = fields.get(kind)
     errs = []
     for k, attr in fields.items():
@@ -248,7 +248,7 @@ def validate_regex_value(value: str, where: str) -> None:
         _fail(err)
 
 
-class HeaderMatch(Model):
+class HeaderMatch(StrictModel):
     type: Literal["Exact", "RegularExpression"] = "Exact"
     name: HeaderName
     value: str = Field(min_length=1, max_length=4096)
@@ -271,8 +271,11 @@ def first_per_name(matches: list[HeaderMatch]) -> list[HeaderMatch]:
     return out
 
 
-class CommonRouteSpec(Model):
+class CommonRouteSpec(StrictModel):
     parent_refs: list[ParentReference] = Field(default_factory=list)
+    # Gateway API 1.6 (experimental): attach to the Gateways marked default. Nothing here marks a
+    # Gateway default, so a route asking for it would attach nowhere the user expects.
+    use_default_gateways: Unsupported = None
 
     @field_validator("parent_refs")
     @classmethod

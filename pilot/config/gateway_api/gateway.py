@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pilot.config.base import Model
+from pilot.config.base import StrictModel, Unsupported
 from pilot.config.gateway_api.common import (
     GatewayApiObject,
     Hostname,
@@ -19,17 +19,12 @@ from pilot.config.mesh import LabelSelector
 from pilot.config.networking.validation import _fail, _raise_if
 
 
-class ParametersReference(Model):
-    group: str
-    kind: str
-    name: str
-    namespace: str | None = None
-
-
-class GatewayClassSpec(Model):
+class GatewayClassSpec(StrictModel):
     controller_name: str = Field(min_length=1, max_length=253)
-    parameters_ref: ParametersReference | None = None
-    description: str | None = None
+    # istiod reads a ConfigMap here to customise the gateway Deployments it creates; this control
+    # plane deploys nothing, so the settings could not take effect.
+    parameters_ref: Unsupported = None
+    description: str | None = None  # free text for people; nothing to apply
 
 
 class GatewayClass(GatewayApiObject):
@@ -37,7 +32,7 @@ class GatewayClass(GatewayApiObject):
     spec: GatewayClassSpec
 
 
-class RouteGroupKind(Model):
+class RouteGroupKind(StrictModel):
     group: str = "gateway.networking.k8s.io"
     kind: str
 
@@ -45,7 +40,7 @@ class RouteGroupKind(Model):
         return (self.group, self.kind)
 
 
-class RouteNamespaces(Model):
+class RouteNamespaces(StrictModel):
     from_: Literal["All", "Same", "Selector"] = Field(default="Same", alias="from")
     selector: LabelSelector | None = None
 
@@ -56,26 +51,28 @@ class RouteNamespaces(Model):
         return self
 
 
-class AllowedRoutes(Model):
+class AllowedRoutes(StrictModel):
     namespaces: RouteNamespaces = Field(default_factory=RouteNamespaces)
     kinds: list[RouteGroupKind] = Field(default_factory=list)
 
 
-class GatewayTLSConfig(Model):
+class GatewayTLSConfig(StrictModel):
     mode: Literal["Terminate", "Passthrough"] = "Terminate"
     certificate_refs: list[SecretObjectReference] = Field(default_factory=list)
-    options: dict[str, str] = Field(default_factory=dict)
+    # istiod reads options such as gateway.istio.io/tls-terminate-mode (MUTUAL: require client
+    # certificates) and cipher suites; ignoring them would serve weaker TLS than asked.
+    options: Unsupported = None
 
     @model_validator(mode="after")
     def _refs(self) -> GatewayTLSConfig:
-        if self.mode == "Terminate" and not self.certificate_refs and not self.options:
+        if self.mode == "Terminate" and not self.certificate_refs:
             _fail("certificateRefs or options must be specified when mode is Terminate")
         if len(self.certificate_refs) > 64:
             _fail("at most 64 certificateRefs")
         return self
 
 
-class Listener(Model):
+class Listener(StrictModel):
     name: SectionName
     hostname: Hostname | None = None
     port: PortNumber
@@ -99,15 +96,22 @@ class Listener(Model):
         return self
 
 
-class GatewayAddress(Model):
+class GatewayAddress(StrictModel):
     type: str = "IPAddress"
     value: str = Field(min_length=1, max_length=253)
 
 
-class GatewaySpec(Model):
+class GatewaySpec(StrictModel):
     gateway_class_name: str = Field(min_length=1, max_length=253)
     listeners: list[Listener] = Field(min_length=1, max_length=64)
     addresses: list[GatewayAddress] = Field(default_factory=list)
+    # Gateway API 1.5/1.6 fields this control plane does not apply. `tls` holds the client
+    # certificate validation of the frontend (mTLS) and the Gateway's own certificate towards
+    # backends: dropping either would be less secure than written.
+    tls: Unsupported = None
+    infrastructure: Unsupported = None  # labels/annotations/parameters of deployed resources
+    allowed_listeners: Unsupported = None  # ListenerSets attaching to this Gateway
+    default_scope: Unsupported = None  # "All": routes that ask for default Gateways attach here
 
     @field_validator("listeners")
     @classmethod

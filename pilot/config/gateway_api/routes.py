@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from pilot.config.base import Model
+from pilot.config.base import StrictModel, Unsupported, fails_closed
 from pilot.config.gateway_api.common import (
     BackendRef,
     CommonRouteSpec,
@@ -26,7 +26,7 @@ from pilot.config.networking.validation import _fail, _raise_if
 
 
 # --- HTTPRoute --------------------------------------------------------------------------------------
-class PathMatch(Model):
+class PathMatch(StrictModel):
     type: Literal["Exact", "PathPrefix", "RegularExpression"] = "PathPrefix"
     value: str = Field(default="/", max_length=1024)
 
@@ -47,7 +47,7 @@ class PathMatch(Model):
         return self
 
 
-class QueryParamMatch(Model):
+class QueryParamMatch(StrictModel):
     type: Literal["Exact", "RegularExpression"] = "Exact"
     name: str = Field(min_length=1, max_length=256)
     value: str = Field(min_length=1, max_length=1024)
@@ -62,14 +62,14 @@ class QueryParamMatch(Model):
 Method = Literal["GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"]
 
 
-class HTTPRouteMatch(Model):
+class HTTPRouteMatch(StrictModel):
     path: PathMatch = Field(default_factory=PathMatch)
     headers: list[HeaderMatch] = Field(default_factory=list)
     query_params: list[QueryParamMatch] = Field(default_factory=list)
     method: Method | None = None
 
 
-class PathModifier(Model):
+class PathModifier(StrictModel):
     type: Literal["ReplaceFullPath", "ReplacePrefixMatch"]
     replace_full_path: str | None = None
     replace_prefix_match: str | None = None
@@ -94,7 +94,7 @@ class PathModifier(Model):
         return (self.replace_full_path if self.type == "ReplaceFullPath" else self.replace_prefix_match) or "/"
 
 
-class RequestRedirect(Model):
+class RequestRedirect(StrictModel):
     scheme: Literal["http", "https"] | None = None
     hostname: Hostname | None = None
     path: PathModifier | None = None
@@ -102,21 +102,38 @@ class RequestRedirect(Model):
     status_code: Literal[301, 302, 303, 307, 308] = 302
 
 
-class URLRewrite(Model):
+class URLRewrite(StrictModel):
     hostname: Hostname | None = None
     path: PathModifier | None = None
 
 
-class HTTPRouteFilter(Model):
+# Gateway API's answer for a filter an implementation lacks: the route is accepted, its status
+# says so, and the rule answers 500 (never serves the request unfiltered).
+FAILS_CLOSED = "the rule answers 500 and the route's status says why (Gateway API's rule for filters)"
+
+
+class CORSFilter(StrictModel):
+    allow_origins: list[str] = Field(default_factory=list)
+    allow_credentials: bool | None = None
+    allow_methods: list[str] = Field(default_factory=list)
+    allow_headers: list[str] = Field(default_factory=list)
+    expose_headers: list[str] = Field(default_factory=list)
+    max_age: int | None = None
+
+
+class HTTPRouteFilter(StrictModel):
     type: Literal["RequestHeaderModifier", "ResponseHeaderModifier", "RequestMirror", "RequestRedirect",
-                  "URLRewrite", "ExtensionRef", "CORS"]
+                  "URLRewrite", "ExtensionRef", "CORS", "ExternalAuth"]
     request_header_modifier: HeaderModifier | None = None
     response_header_modifier: HeaderModifier | None = None
     request_mirror: RequestMirror | None = None
     request_redirect: RequestRedirect | None = None
     url_rewrite: URLRewrite | None = Field(default=None, alias="urlRewrite")
-    extension_ref: LocalObjectReference | None = None
-    cors: dict | None = None
+    extension_ref: LocalObjectReference | None = fails_closed(FAILS_CLOSED)
+    cors: CORSFilter | None = fails_closed(FAILS_CLOSED)
+    # Authentication and authorisation by an external service: refused outright, as a request
+    # must never pass a filter meant to check it.
+    external_auth: Unsupported = None
 
     @model_validator(mode="after")
     def _fields(self) -> HTTPRouteFilter:
@@ -128,7 +145,7 @@ class HTTPBackendRef(BackendRef):
     filters: list[HTTPRouteFilter] = Field(default_factory=list)
 
 
-class HTTPRouteTimeouts(Model):
+class HTTPRouteTimeouts(StrictModel):
     request: GatewayDuration | None = None
     backend_request: GatewayDuration | None = None
 
@@ -151,12 +168,14 @@ def _filters_ok(filters: list[HTTPRouteFilter], matches: list[HTTPRouteMatch]) -
     return errs
 
 
-class HTTPRouteRule(Model):
+class HTTPRouteRule(StrictModel):
     name: str | None = None
     matches: list[HTTPRouteMatch] = Field(default_factory=lambda: [HTTPRouteMatch()])
     filters: list[HTTPRouteFilter] = Field(default_factory=list)
     backend_refs: list[HTTPBackendRef] = Field(default_factory=list)
     timeouts: HTTPRouteTimeouts | None = None
+    retry: Unsupported = None
+    session_persistence: Unsupported = None
 
     @model_validator(mode="after")
     def _cel(self) -> HTTPRouteRule:
@@ -178,7 +197,7 @@ class HTTPRoute(GatewayApiObject):
 
 
 # --- GRPCRoute --------------------------------------------------------------------------------------
-class GRPCMethodMatch(Model):
+class GRPCMethodMatch(StrictModel):
     type: Literal["Exact", "RegularExpression"] = "Exact"
     service: str | None = Field(default=None, max_length=1024)
     method: str | None = Field(default=None, max_length=1024)
@@ -199,17 +218,17 @@ class GRPCMethodMatch(Model):
         return self
 
 
-class GRPCRouteMatch(Model):
+class GRPCRouteMatch(StrictModel):
     method: GRPCMethodMatch | None = None
     headers: list[HeaderMatch] = Field(default_factory=list)
 
 
-class GRPCRouteFilter(Model):
+class GRPCRouteFilter(StrictModel):
     type: Literal["RequestHeaderModifier", "ResponseHeaderModifier", "RequestMirror", "ExtensionRef"]
     request_header_modifier: HeaderModifier | None = None
     response_header_modifier: HeaderModifier | None = None
     request_mirror: RequestMirror | None = None
-    extension_ref: LocalObjectReference | None = None
+    extension_ref: LocalObjectReference | None = fails_closed(FAILS_CLOSED)
 
     @model_validator(mode="after")
     def _fields(self) -> GRPCRouteFilter:
@@ -221,11 +240,12 @@ class GRPCBackendRef(BackendRef):
     filters: list[GRPCRouteFilter] = Field(default_factory=list)
 
 
-class GRPCRouteRule(Model):
+class GRPCRouteRule(StrictModel):
     name: str | None = None
     matches: list[GRPCRouteMatch] = Field(default_factory=list)
     filters: list[GRPCRouteFilter] = Field(default_factory=list)
     backend_refs: list[GRPCBackendRef] = Field(default_factory=list)
+    session_persistence: Unsupported = None
 
 
 class GRPCRouteSpec(CommonRouteSpec):
@@ -239,7 +259,7 @@ class GRPCRoute(GatewayApiObject):
 
 
 # --- TCPRoute and TLSRoute --------------------------------------------------------------------------
-class L4RouteRule(Model):
+class L4RouteRule(StrictModel):
     name: str | None = None
     backend_refs: list[BackendRef] = Field(default_factory=list, max_length=16)
 
@@ -264,19 +284,19 @@ class TLSRoute(GatewayApiObject):
 
 
 # --- ReferenceGrant ---------------------------------------------------------------------------------
-class ReferenceGrantFrom(Model):
+class ReferenceGrantFrom(StrictModel):
     group: str
     kind: str
     namespace: str
 
 
-class ReferenceGrantTo(Model):
+class ReferenceGrantTo(StrictModel):
     group: str
     kind: str
     name: str | None = None
 
 
-class ReferenceGrantSpec(Model):
+class ReferenceGrantSpec(StrictModel):
     from_: list[ReferenceGrantFrom] = Field(alias="from", min_length=1, max_length=16)
     to: list[ReferenceGrantTo] = Field(min_length=1, max_length=16)
 

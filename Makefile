@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CONFIG_DIR ?= examples/mesh
 
-.PHONY: run test bench protos lint install backends envoy clean
+.PHONY: run test bench protos docs lint install backends envoy clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ bench: $(STAMP)
 
 protos: $(STAMP)
 	$(BIN)/python protos/generate.py
+
+## The table of supported fields per kind, generated from the models (checked by a test).
+docs: $(STAMP)
+	$(BIN)/python -m pilot.config.fields_table --write docs/fields.md
 
 lint: $(STAMP)
 	$(BIN)/ruff check pilot tests benchmarks

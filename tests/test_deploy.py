@@ -431,7 +431,7 @@ async def test_required_rules_cover_every_request_the_code_makes_and_nothing_mor
 
     objs = {}
     # One valid spec per kind (the specs are strict: each kind gets only its own fields).
-    specs = {"GatewayClass": {"controllerName": "c"},
+    specs = {"GatewayClass": {"controllerName": "example.net/c"},
              "KubernetesGateway": {"gatewayClassName": "c",
                                    "listeners": [{"name": "l", "port": 80, "protocol": "HTTP"}]}}
     for kind_name in STATUS_KINDS:

@@ -98,6 +98,34 @@ def _duration(text: str) -> str:
 GatewayDuration = Annotated[str, AfterValidator(_duration)]
 
 
+_GROUP = re.compile(r"^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_KIND = re.compile(r"^[a-zA-Z]([-a-zA-Z0-9]*[a-zA-Z0-9])?$")
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_PRECISE_HOSTNAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# Visible ASCII, single spaces or tabs between words: no CR/LF (header injection) and no padding.
+_HEADER_VALUE = re.compile(r"^[!-~]+([\t ]?[!-~]+)*$")
+CONTROLLER_NAME_PATTERN = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9/\-._~%!$&'()*+,;=:]+$")
+
+
+def _matching(pattern: re.Pattern, what: str, max_len: int) -> AfterValidator:
+    def check(value: str) -> str:
+        if len(value) > max_len or not pattern.match(value):
+            _fail(f"{value!r} is not a valid {what} (matching {pattern.pattern})")
+        return value
+    return AfterValidator(check)
+
+
+# The CRDs' reference types (apis/v1/shared_types.go), as the apiserver enforces them.
+Group = Annotated[str, _matching(_GROUP, "group", 253)]
+Kind = Annotated[str, _matching(_KIND, "kind", 63)]
+Namespace = Annotated[str, _matching(_NAMESPACE, "namespace", 63)]
+ObjectName = Annotated[str, Field(min_length=1, max_length=253)]
+PreciseHostname = Annotated[str, _matching(_PRECISE_HOSTNAME, "precise hostname (no wildcard)", 253)]
+HeaderValue = Annotated[str, Field(min_length=1, max_length=4096), _matching(_HEADER_VALUE, "header value", 4096)]
+ControllerName = Annotated[str, _matching(CONTROLLER_NAME_PATTERN, "controller name (DOMAIN/PATH)", 253)]
+
+
 def _header_name(name: str) -> str:
     if not _HEADER_NAME.match(name) or len(name) > 256:
         _fail(f"{name!r} is not a valid HTTP header name")
@@ -109,10 +137,10 @@ HeaderName = Annotated[str, AfterValidator(_header_name)]
 
 # --- references -------------------------------------------------------------------------------------
 class ParentReference(StrictModel):
-    group: str = GROUP
-    kind: str = "Gateway"
-    namespace: str | None = None
-    name: str = Field(min_length=1, max_length=253)
+    group: Group = GROUP
+    kind: Kind = "Gateway"
+    namespace: Namespace | None = None
+    name: ObjectName
     section_name: SectionName | None = None
     port: PortNumber | None = None
 
@@ -125,10 +153,10 @@ class ParentReference(StrictModel):
 
 
 class BackendObjectReference(StrictModel):
-    group: str = ""
-    kind: str = "Service"
-    name: str = Field(min_length=1, max_length=253)
-    namespace: str | None = None
+    group: Group = ""
+    kind: Kind = "Service"
+    name: ObjectName
+    namespace: Namespace | None = None
     port: PortNumber | None = None
 
     def describe(self, namespace: str) -> str:
@@ -156,16 +184,16 @@ class BackendRef(BackendObjectReference):
 
 
 class SecretObjectReference(StrictModel):
-    group: str = ""
-    kind: str = "Secret"
-    name: str = Field(min_length=1, max_length=253)
-    namespace: str | None = None
+    group: Group = ""
+    kind: Kind = "Secret"
+    name: ObjectName
+    namespace: Namespace | None = None
 
 
 # --- filters ----------------------------------------------------------------------------------------
 class HTTPHeader(StrictModel):
     name: HeaderName
-    value: str = Field(max_length=4096)
+    value: HeaderValue
 
 
 class HeaderModifier(StrictModel):
@@ -216,9 +244,9 @@ class RequestMirror(StrictModel):
 
 
 class LocalObjectReference(StrictModel):
-    group: str
-    kind: str
-    name: str
+    group: Group
+    kind: Kind
+    name: ObjectName
 
 
 FilterType = Literal["RequestHeaderModifier", "ResponseHeaderModifier", "RequestMirror", "RequestRedirect",
@@ -258,6 +286,15 @@ class HeaderMatch(StrictModel):
         if self.type == "RegularExpression":
             validate_regex_value(self.value, "value")
         return self
+
+
+def unique_names(items: list, what: str) -> list:
+    """A list the CRD keys by `name` (x-kubernetes-list-type: map): the apiserver refuses a
+    name given twice."""
+    names = [i.name for i in items]
+    if dupes := sorted({n for n in names if names.count(n) > 1}):
+        _fail(f"{what}: duplicate name {', '.join(repr(d) for d in dupes)}")
+    return items
 
 
 def first_per_name(matches: list[HeaderMatch]) -> list[HeaderMatch]:

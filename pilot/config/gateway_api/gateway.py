@@ -3,24 +3,29 @@ lists listeners (port, protocol, hostname, TLS, which routes may attach)."""
 
 from __future__ import annotations
 
+import re
 from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from pilot.config.base import StrictModel, Unsupported
 from pilot.config.gateway_api.common import (
+    ControllerName,
     GatewayApiObject,
+    Group,
     Hostname,
+    Kind,
     PortNumber,
     SecretObjectReference,
     SectionName,
+    hostname_problem,
 )
 from pilot.config.mesh import LabelSelector
-from pilot.config.networking.validation import _fail, _raise_if
+from pilot.config.networking.validation import _fail, _raise_if, is_ip
 
 
 class GatewayClassSpec(StrictModel):
-    controller_name: str = Field(min_length=1, max_length=253)
+    controller_name: ControllerName
     # istiod reads a ConfigMap here to customise the gateway Deployments it creates; this control
     # plane deploys nothing, so the settings could not take effect.
     parameters_ref: Unsupported = None
@@ -33,8 +38,8 @@ class GatewayClass(GatewayApiObject):
 
 
 class RouteGroupKind(StrictModel):
-    group: str = "gateway.networking.k8s.io"
-    kind: str
+    group: Group = "gateway.networking.k8s.io"
+    kind: Kind
 
     def key(self) -> tuple[str, str]:
         return (self.group, self.kind)
@@ -96,15 +101,29 @@ class Listener(StrictModel):
         return self
 
 
+_ADDRESS_TYPE = re.compile(r"^Hostname|IPAddress|NamedAddress|[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+                           r"(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9/\-._~%!$&'()*+,;=:]+$")
+
+
 class GatewayAddress(StrictModel):
-    type: str = "IPAddress"
+    type: str = Field(default="IPAddress", min_length=1, max_length=253)
     value: str = Field(min_length=1, max_length=253)
+
+    @model_validator(mode="after")
+    def _valid(self) -> GatewayAddress:
+        if not _ADDRESS_TYPE.match(self.type):
+            _fail(f"type {self.type!r} is not Hostname, IPAddress, NamedAddress or DOMAIN/PATH")
+        if self.type == "IPAddress" and not is_ip(self.value):
+            _fail(f"value {self.value!r} is not an IPv4 or IPv6 address")
+        if self.type == "Hostname" and (err := hostname_problem(self.value)):
+            _fail(err)
+        return self
 
 
 class GatewaySpec(StrictModel):
     gateway_class_name: str = Field(min_length=1, max_length=253)
     listeners: list[Listener] = Field(min_length=1, max_length=64)
-    addresses: list[GatewayAddress] = Field(default_factory=list)
+    addresses: list[GatewayAddress] = Field(default_factory=list, max_length=16)
     # Gateway API 1.5/1.6 fields this control plane does not apply. `tls` holds the client
     # certificate validation of the frontend (mTLS) and the Gateway's own certificate towards
     # backends: dropping either would be less secure than written.
@@ -112,6 +131,15 @@ class GatewaySpec(StrictModel):
     infrastructure: Unsupported = None  # labels/annotations/parameters of deployed resources
     allowed_listeners: Unsupported = None  # ListenerSets attaching to this Gateway
     default_scope: Unsupported = None  # "All": routes that ask for default Gateways attach here
+
+    @field_validator("addresses")
+    @classmethod
+    def _unique_addresses(cls, addresses: list[GatewayAddress]) -> list[GatewayAddress]:
+        for kind in ("IPAddress", "Hostname"):
+            values = [a.value for a in addresses if a.type == kind]
+            if len(set(values)) != len(values):
+                _fail(f"{kind} values must be unique")
+        return addresses
 
     @field_validator("listeners")
     @classmethod

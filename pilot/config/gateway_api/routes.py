@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -12,20 +13,28 @@ from pilot.config.gateway_api.common import (
     CommonRouteSpec,
     GatewayApiObject,
     GatewayDuration,
+    Group,
     HeaderMatch,
     HeaderModifier,
-    Hostname,
     Hostnames,
+    Kind,
     LocalObjectReference,
+    Namespace,
+    ObjectName,
     PortNumber,
+    PreciseHostname,
     RequestMirror,
+    SectionName,
     check_filter_fields,
+    unique_names,
     validate_regex_value,
 )
 from pilot.config.networking.validation import _fail, _raise_if
 
-
 # --- HTTPRoute --------------------------------------------------------------------------------------
+_PATH_CHARS = re.compile(r"^(?:[-A-Za-z0-9/._~!$&'()*+,;=:@]|[%][0-9a-fA-F]{2})+$")
+
+
 class PathMatch(StrictModel):
     type: Literal["Exact", "PathPrefix", "RegularExpression"] = "PathPrefix"
     value: str = Field(default="/", max_length=1024)
@@ -43,6 +52,9 @@ class PathMatch(StrictModel):
                 errs.append(f"value must not contain {bad!r} when type one of ['Exact', 'PathPrefix']")
         if self.value.endswith(("/..", "/.")):
             errs.append("value must not end with '/..' or '/.' when type one of ['Exact', 'PathPrefix']")
+        if not _PATH_CHARS.match(self.value):
+            errs.append(f"value must only contain valid characters (matching {_PATH_CHARS.pattern}) for types "
+                        "['Exact', 'PathPrefix']")
         _raise_if(errs)
         return self
 
@@ -64,9 +76,15 @@ Method = Literal["GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "
 
 class HTTPRouteMatch(StrictModel):
     path: PathMatch = Field(default_factory=PathMatch)
-    headers: list[HeaderMatch] = Field(default_factory=list)
-    query_params: list[QueryParamMatch] = Field(default_factory=list)
+    headers: list[HeaderMatch] = Field(default_factory=list, max_length=16)
+    query_params: list[QueryParamMatch] = Field(default_factory=list, max_length=16)
     method: Method | None = None
+
+    @model_validator(mode="after")
+    def _unique(self) -> HTTPRouteMatch:
+        unique_names(self.headers, "headers")
+        unique_names(self.query_params, "queryParams")
+        return self
 
 
 class PathModifier(StrictModel):
@@ -96,14 +114,14 @@ class PathModifier(StrictModel):
 
 class RequestRedirect(StrictModel):
     scheme: Literal["http", "https"] | None = None
-    hostname: Hostname | None = None
+    hostname: PreciseHostname | None = None
     path: PathModifier | None = None
     port: PortNumber | None = None
     status_code: Literal[301, 302, 303, 307, 308] = 302
 
 
 class URLRewrite(StrictModel):
-    hostname: Hostname | None = None
+    hostname: PreciseHostname | None = None
     path: PathModifier | None = None
 
 
@@ -169,7 +187,7 @@ def _filters_ok(filters: list[HTTPRouteFilter], matches: list[HTTPRouteMatch]) -
 
 
 class HTTPRouteRule(StrictModel):
-    name: str | None = None
+    name: SectionName | None = None
     matches: list[HTTPRouteMatch] = Field(default_factory=lambda: [HTTPRouteMatch()])
     filters: list[HTTPRouteFilter] = Field(default_factory=list)
     backend_refs: list[HTTPBackendRef] = Field(default_factory=list)
@@ -182,13 +200,28 @@ class HTTPRouteRule(StrictModel):
         errs = _filters_ok(self.filters, self.matches)
         if len(self.matches) > 64:
             errs.append("at most 64 matches")
+        if self.backend_refs and any(f.type == "RequestRedirect" for f in self.filters):
+            errs.append("RequestRedirect filter must not be used together with backendRefs")
         _raise_if(errs)
         return self
+
+
+def _total_matches(rules: list) -> list:
+    if sum(len(r.matches) for r in rules) >= 128:
+        from pilot.config.networking.validation import _fail
+        _fail("While 16 rules and 64 matches per rule are allowed, the total number of matches across all "
+              "rules in a route must be less than 128")
+    return rules
 
 
 class HTTPRouteSpec(CommonRouteSpec):
     hostnames: Hostnames = Field(default_factory=list)
     rules: list[HTTPRouteRule] = Field(default_factory=lambda: [HTTPRouteRule()], max_length=16)
+
+    @model_validator(mode="after")
+    def _matches(self) -> HTTPRouteSpec:
+        _total_matches(self.rules)
+        return self
 
 
 class HTTPRoute(GatewayApiObject):
@@ -220,7 +253,12 @@ class GRPCMethodMatch(StrictModel):
 
 class GRPCRouteMatch(StrictModel):
     method: GRPCMethodMatch | None = None
-    headers: list[HeaderMatch] = Field(default_factory=list)
+    headers: list[HeaderMatch] = Field(default_factory=list, max_length=16)
+
+    @model_validator(mode="after")
+    def _unique(self) -> GRPCRouteMatch:
+        unique_names(self.headers, "headers")
+        return self
 
 
 class GRPCRouteFilter(StrictModel):
@@ -241,7 +279,7 @@ class GRPCBackendRef(BackendRef):
 
 
 class GRPCRouteRule(StrictModel):
-    name: str | None = None
+    name: SectionName | None = None
     matches: list[GRPCRouteMatch] = Field(default_factory=list)
     filters: list[GRPCRouteFilter] = Field(default_factory=list)
     backend_refs: list[GRPCBackendRef] = Field(default_factory=list)
@@ -260,7 +298,7 @@ class GRPCRoute(GatewayApiObject):
 
 # --- TCPRoute and TLSRoute --------------------------------------------------------------------------
 class L4RouteRule(StrictModel):
-    name: str | None = None
+    name: SectionName | None = None
     backend_refs: list[BackendRef] = Field(default_factory=list, max_length=16)
 
 
@@ -285,15 +323,15 @@ class TLSRoute(GatewayApiObject):
 
 # --- ReferenceGrant ---------------------------------------------------------------------------------
 class ReferenceGrantFrom(StrictModel):
-    group: str
-    kind: str
-    namespace: str
+    group: Group
+    kind: Kind
+    namespace: Namespace
 
 
 class ReferenceGrantTo(StrictModel):
-    group: str
-    kind: str
-    name: str | None = None
+    group: Group
+    kind: Kind
+    name: ObjectName | None = None
 
 
 class ReferenceGrantSpec(StrictModel):

@@ -87,6 +87,8 @@ class JWTRule(StrictModel):
             errs.append("location query must be non-empty string")
         if any(not c for c in self.from_cookies):
             errs.append("cookie name must be non-empty string")
+        if any(not c for c in self.space_delimited_claims or ()):
+            errs.append("spaceDelimitedClaims must be non-empty strings")
         for ch in self.output_claim_to_headers:
             if ch is None:
                 errs.append("outputClaimToHeaders must not be null")
@@ -107,7 +109,9 @@ class RequestAuthenticationSpec(StrictModel):
     def _valid(self) -> RequestAuthenticationSpec:
         errs = selector_problems(self.selector, self.target_ref, self.target_refs)
         for i, rule in enumerate(self.jwt_rules):
-            if rule is not None:
+            if rule is None:  # the CRD's schema: each rule is an object
+                errs.append(f"jwtRules[{i}]: must be an object, not null")
+            else:
                 errs += rule.problems(i)
         _raise_if(errs)
         return self

@@ -86,6 +86,11 @@ class MeshConfig(StrictModel):
     default_config: ProxyConfig = Field(default_factory=ProxyConfig)
     # Which namespaces' services, endpoints and pods the control plane discovers (none = all).
     discovery_selectors: tuple[LabelSelector, ...] = ()
+    # Other names of this mesh's trust domain (a migration): AuthorizationPolicy principals and
+    # trust domains naming any of them match all of them, as in istiod. (istiod also accepts
+    # servers of an alias trust domain on the client side; here a client verifies the server's
+    # identity in the trust domain only, which refuses more, never less.)
+    trust_domain_aliases: tuple[str, ...] = ()
     # --- istio 1.30 fields not applied here (mesh/v1alpha1/config.proto) ---
     proxy_listen_port: Unsupported = None
     proxy_inbound_listen_port: Unsupported = None
@@ -104,10 +109,6 @@ class MeshConfig(StrictModel):
     disable_envoy_listener_log: Unsupported = None
     inbound_traffic_policy: Unsupported = None
     config_sources: Unsupported = None
-    # Aliases widen who `principals` and `trustDomains` name; AuthorizationPolicies are generated
-    # with the trust domain alone until they are plumbed through (a DENY naming an alias's
-    # identity would not deny it: hence the warning).
-    trust_domain_aliases: Unsupported = None
     ca_certificates: Unsupported = None
     default_service_export_to: Unsupported = None
     default_virtual_service_export_to: Unsupported = None
@@ -142,6 +143,19 @@ class MeshConfig(StrictModel):
     @property
     def connect_timeout_seconds(self) -> float:
         return parse_duration(self.connect_timeout)
+
+    @field_validator("trust_domain_aliases")
+    @classmethod
+    def _aliases(cls, aliases: tuple[str, ...]) -> tuple[str, ...]:
+        for a in aliases:
+            if not a or "/" in a or any(c.isspace() for c in a):
+                raise ValueError(f"trustDomainAliases: {a!r} is not a trust domain")
+        return aliases
+
+    @property
+    def trust_domains(self) -> tuple[str, ...]:
+        """The trust domain, then its aliases (istiod's trust domain bundle)."""
+        return tuple(dict.fromkeys((self.trust_domain, *self.trust_domain_aliases)))
 
     @property
     def unsupported(self) -> tuple[str, ...]:

@@ -87,6 +87,18 @@ class K8sObject(Model):
                 and _meaningful(self.metadata.annotations) == _meaningful(other.metadata.annotations))
 
 
+class StrictObject(K8sObject):
+    """A kind whose meaning we own (Istio and Gateway API): besides the envelope (apiVersion, kind,
+    metadata) and `spec`, only `status` may appear at the top level; `specs:` or `sepc:` would
+    otherwise leave the object with an empty spec (a PeerAuthentication that enforces nothing).
+    kubectl's strict field validation refuses them too. `status` is accepted and ignored here
+    (never compared, never dumped); kinds whose status we write model their own."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    status: Any = Field(default=None, exclude=True)
+
+
 def _meaningful(annotations: dict[str, str]) -> dict[str, str]:
     """Annotations in Istio's domains can change proxy config; others (kubectl's
     last-applied-configuration, deployment tooling) change on every apply and must not push."""

@@ -229,6 +229,16 @@ def test_proto_field_names_and_top_level_status_are_accepted() -> None:
     assert parse_object(pa).spec.port_modes() == {80: "DISABLE"}
 
 
+def test_a_misspelt_spec_is_refused_not_read_as_an_empty_one() -> None:
+    """`specs:` would otherwise give a PeerAuthentication that enforces nothing."""
+    doc = peer_authn("x", mtls={"mode": "STRICT"})
+    doc["specs"] = doc.pop("spec")
+    assert rejected(doc) == "specs: unknown field"
+    route = {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {"name": "r"},
+             "sepc": {"rules": [{}]}}
+    assert "sepc: unknown field" in rejected(route)
+
+
 def test_the_file_source_loads_policies_and_rejects_bad_ones_precisely(tmp_path: Path) -> None:
     good = [authz("allow-get", "shop", rules=[{"to": [{"operation": {"methods": ["GET"]}}]}]),
             peer_authn("strict", "shop", mtls={"mode": "STRICT"}),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, field_validator, model_validator
 
 from pilot.config.base import K8sObject, StrictModel, Unsupported
 from pilot.config.networking.validation import _fail, _raise_if, is_ip, validate_regex
@@ -32,7 +32,10 @@ MAX_WEIGHT = 1_000_000
 class GatewayApiObject(K8sObject):
     """`status` is what controllers (we, or others for their parents) last wrote. It is kept so
     the status writer can compare against it, and ignored by `spec_equal`: a status write must
-    never look like a config change (no push)."""
+    never look like a config change (no push). Any other unknown top-level field is refused, as
+    for StrictObject."""
+
+    model_config = ConfigDict(extra="forbid")
 
     status: dict[str, Any] = Field(default_factory=dict)
 

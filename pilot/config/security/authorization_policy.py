@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from pilot.config.base import K8sObject, StrictModel, fails_closed
+from pilot.config.base import StrictModel, StrictObject, fails_closed
 from pilot.config.networking.validation import _raise_if
 from pilot.config.security.common import (
     PolicyTargetReference,
@@ -267,6 +267,6 @@ class AuthorizationPolicySpec(StrictModel):
         return ([self.target_ref] if self.target_ref is not None else []) + list(self.target_refs)
 
 
-class AuthorizationPolicy(K8sObject):
+class AuthorizationPolicy(StrictObject):
     kind: Literal["AuthorizationPolicy"] = "AuthorizationPolicy"
     spec: AuthorizationPolicySpec = AuthorizationPolicySpec()

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import model_validator
 
-from pilot.config.base import K8sObject, StrictModel
+from pilot.config.base import StrictModel, StrictObject
 from pilot.config.networking.validation import _raise_if
 from pilot.config.security.common import Selector
 
@@ -46,6 +46,6 @@ class PeerAuthenticationSpec(StrictModel):
         return {p: (m.mode if m is not None else "UNSET") for p, m in (self.port_level_mtls or {}).items()}
 
 
-class PeerAuthentication(K8sObject):
+class PeerAuthentication(StrictObject):
     kind: Literal["PeerAuthentication"] = "PeerAuthentication"
     spec: PeerAuthenticationSpec = PeerAuthenticationSpec()

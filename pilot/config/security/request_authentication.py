@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, model_validator
 
-from pilot.config.base import K8sObject, StrictModel
+from pilot.config.base import StrictModel, StrictObject
 from pilot.config.networking.validation import Duration, _raise_if
 from pilot.config.security.common import PolicyTargetReference, Selector, selector_problems
 
@@ -125,6 +125,6 @@ class RequestAuthenticationSpec(StrictModel):
         return [r for r in self.jwt_rules if r is not None]
 
 
-class RequestAuthentication(K8sObject):
+class RequestAuthentication(StrictObject):
     kind: Literal["RequestAuthentication"] = "RequestAuthentication"
     spec: RequestAuthenticationSpec = RequestAuthenticationSpec()

@@ -6,6 +6,7 @@ Each field of each kind the control plane reads, with its status:
   ignored with a warning, as istiod tolerates unknown mesh settings);
 - `fails closed`: accepted, never applied as written; what happens instead is said (a Gateway
   API filter we lack answers 500, a CUSTOM AuthorizationPolicy denies).
+A field's `description` (pydantic Field) is its note, e.g. who applies it.
 A field marked inherits to everything under it. Nothing is listed by hand: the marks live on the
 models, so the table cannot drift from what parsing does (tests/unit/test_fields_table.py checks
 the committed file is the generated one). Regenerate with `make docs`.
@@ -83,7 +84,7 @@ def _walk(model: type[BaseModel], prefix: str, status: str, note: str, rows: lis
     for name, info in model.model_fields.items():
         path = f"{prefix}.{_name(name, info)}" if prefix else _name(name, info)
         mark = _mark(info)
-        st, nt = status, note
+        st, nt = status, note or (info.description or "")
         if status == APPLIED and mark is True:
             st, nt = UNSUPPORTED, ""
         elif status == APPLIED and isinstance(mark, str):
@@ -102,7 +103,7 @@ def kind_rows(model: type[BaseModel], skip: set[str] = ENVELOPE) -> list[Row]:
         top = _name(name, info)
         mark = _mark(info)
         status = UNSUPPORTED if mark is True else FAILS_CLOSED if isinstance(mark, str) else APPLIED
-        note = mark if isinstance(mark, str) else ""
+        note = mark if isinstance(mark, str) else (info.description or "")
         rows.append(Row(top, status, note))
         for suffix, m in _models(info.annotation):
             _walk(m, top + suffix, status, note, rows, (model, m))

@@ -83,7 +83,9 @@ class MeshConfig(StrictModel):
     enable_auto_mtls: bool = True
     default_http_retry_policy: HttpRetryPolicy = Field(default_factory=HttpRetryPolicy)
     access_log_file: str = ""
-    default_config: ProxyConfig = Field(default_factory=ProxyConfig)
+    default_config: ProxyConfig = Field(
+        default_factory=ProxyConfig,
+        description="applied by pilot-agent (pilot/agent/config.py), which warns about fields it does not know")
     # Which namespaces' services, endpoints and pods the control plane discovers (none = all).
     discovery_selectors: tuple[LabelSelector, ...] = ()
     # Other names of this mesh's trust domain (a migration): AuthorizationPolicy principals and

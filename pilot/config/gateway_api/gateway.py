@@ -29,7 +29,7 @@ class GatewayClassSpec(StrictModel):
     # istiod reads a ConfigMap here to customise the gateway Deployments it creates; this control
     # plane deploys nothing, so the settings could not take effect.
     parameters_ref: Unsupported = None
-    description: str | None = None  # free text for people; nothing to apply
+    description: str | None = Field(default=None, description="free text for people; nothing to apply")
 
 
 class GatewayClass(GatewayApiObject):

@@ -85,7 +85,8 @@ class MeshConfig(StrictModel):
     access_log_file: str = ""
     default_config: ProxyConfig = Field(
         default_factory=ProxyConfig,
-        description="applied by pilot-agent (pilot/agent/config.py), which warns about fields it does not know")
+        description="applied by pilot-agent (pilot/agent/config.py), which warns about fields it does "
+                    "not know")
     # Which namespaces' services, endpoints and pods the control plane discovers (none = all).
     discovery_selectors: tuple[LabelSelector, ...] = ()
     # Other names of this mesh's trust domain (a migration): AuthorizationPolicy principals and

@@ -114,7 +114,8 @@ def listeners(result, name: str = "web") -> dict:
     (route("r", "rules: [{sessionPersistence: {type: Cookie}}]", kind="GRPCRoute"),
      "spec.rules[0].sessionPersistence: sessionPersistence is not supported"),
     (f"apiVersion: {API}/v1\nkind: GatewayClass\nmetadata: {{name: c}}\nspec: {{controllerName: x, "
-     "parametersRef: {group: '', kind: ConfigMap, name: p}}\n", "spec.parametersRef: parametersRef is not supported"),
+     "parametersRef: {group: '', kind: ConfigMap, name: p}}\n",
+     "spec.parametersRef: parametersRef is not supported"),
 ])
 def test_invalid_objects_are_rejected_with_the_reason(doc: str, reason: str):
     with pytest.raises(InvalidObject) as e:
@@ -125,8 +126,10 @@ def test_invalid_objects_are_rejected_with_the_reason(doc: str, reason: str):
 def test_status_written_by_controllers_is_accepted_and_cors_fails_closed_in_the_rule():
     """`status` is ours to write (kept, never strict); a CORS filter is accepted as Gateway API
     prescribes for a filter an implementation lacks: the rule fails, the status says why."""
-    doc = yaml.safe_load(route("r", "rules: [{filters: [{type: CORS, cors: {allowOrigins: ['*'], maxAge: 5}}]}]"))
-    doc["status"] = {"parents": [{"controllerName": "other.io/x", "parentRef": {"name": "gw"}, "conditions": []}]}
+    doc = yaml.safe_load(route("r", "rules: [{filters: [{type: CORS, cors: {allowOrigins: ['*'], "
+                                    "maxAge: 5}}]}]"))
+    doc["status"] = {"parents": [{"controllerName": "other.io/x", "parentRef": {"name": "gw"},
+                                  "conditions": []}]}
     obj = parse_object(doc)
     assert obj.status["parents"][0]["controllerName"] == "other.io/x"
     assert obj.spec.rules[0].filters[0].cors.allow_origins == ["*"]

@@ -33,8 +33,9 @@ notAMeshField: 1
 def test_unsupported_fields_are_listed_and_everything_else_still_applies() -> None:
     m = parse_mesh_config(MESH)
     assert m.unsupported == (
-        "accessLogEncoding", "accessLogFormat", "caCertificates", "defaultHttpRetryPolicy.retryRemoteLocalities",
-        "defaultProviders", "enableTracing", "extensionProviders", "localityLbSetting", "meshMTLS", "notAMeshField",
+        "accessLogEncoding", "accessLogFormat", "caCertificates",
+        "defaultHttpRetryPolicy.retryRemoteLocalities", "defaultProviders", "enableTracing",
+        "extensionProviders", "localityLbSetting", "meshMTLS", "notAMeshField",
         "outboundTrafficPolicy.egressProxy")
     # applied fields stay applied next to ignored ones
     assert m.trust_domain == "td.example" and m.outbound_traffic_policy.mode == "REGISTRY_ONLY"
@@ -67,7 +68,8 @@ def test_the_holder_warns_once_per_change_of_what_is_ignored() -> None:
         store.apply(configmap("trustDomain: x\n"))
         holder.refresh(store)
     warnings = [e for e in logs if e["log_level"] == "warning"]
-    assert [w["fields"] for w in warnings] == [["enableTracing"], ["enableTracing", "(ConfigMap key) meshNetworks"]]
+    assert [w["fields"] for w in warnings] == [["enableTracing"],
+                                               ["enableTracing", "(ConfigMap key) meshNetworks"]]
     assert holder.unsupported == () and holder.current.trust_domain == "x"
 
 

@@ -125,7 +125,8 @@ Kind = Annotated[str, _matching(_KIND, "kind", 63)]
 Namespace = Annotated[str, _matching(_NAMESPACE, "namespace", 63)]
 ObjectName = Annotated[str, Field(min_length=1, max_length=253)]
 PreciseHostname = Annotated[str, _matching(_PRECISE_HOSTNAME, "precise hostname (no wildcard)", 253)]
-HeaderValue = Annotated[str, Field(min_length=1, max_length=4096), _matching(_HEADER_VALUE, "header value", 4096)]
+HeaderValue = Annotated[str, Field(min_length=1, max_length=4096),
+                        _matching(_HEADER_VALUE, "header value", 4096)]
 ControllerName = Annotated[str, _matching(CONTROLLER_NAME_PATTERN, "controller name (DOMAIN/PATH)", 253)]
 
 

@@ -53,8 +53,8 @@ class PathMatch(StrictModel):
         if self.value.endswith(("/..", "/.")):
             errs.append("value must not end with '/..' or '/.' when type one of ['Exact', 'PathPrefix']")
         if not _PATH_CHARS.match(self.value):
-            errs.append(f"value must only contain valid characters (matching {_PATH_CHARS.pattern}) for types "
-                        "['Exact', 'PathPrefix']")
+            errs.append(f"value must only contain valid characters (matching {_PATH_CHARS.pattern}) "
+                        "for types ['Exact', 'PathPrefix']")
         _raise_if(errs)
         return self
 

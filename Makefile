@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CONFIG_DIR ?= examples/mesh
 
-.PHONY: run test bench protos crds lint install backends envoy clean
+.PHONY: run test bench protos crds docs lint install backends envoy clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,10 @@ protos: $(STAMP)
 ## deploy/crds/ from the config models (structural schemas); tests/test_crds.py checks it is current.
 crds: $(STAMP)
 	$(BIN)/python -m pilot.config.crd_schema
+
+## The table of supported fields per kind, generated from the models (checked by a test).
+docs: $(STAMP)
+	$(BIN)/python -m pilot.config.fields_table --write docs/fields.md
 
 lint: $(STAMP)
 	$(BIN)/ruff check pilot tests benchmarks

@@ -83,6 +83,9 @@ class ControlPlane:
         self.opts = opts
         self.features = features
         self.store = Store()
+        if features.unknown_env:
+            log.warning("environment variables no knob of this control plane reads are ignored",
+                        names=list(features.unknown_env))
         self.mesh = MeshHolder(load_mesh_file(opts.mesh_config), features.pod_namespace)
         self.discovery = DiscoveryServer(self.store, self.mesh, features, opts.domain)
         self.jwks = JwksResolver(self.store, self._jwks_changed, refresh_interval=features.jwt_pub_key_refresh_interval)

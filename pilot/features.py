@@ -181,6 +181,10 @@ class Features:
     token_audiences: tuple[str, ...] = ("istio-ca",)
     trusted_node_accounts: tuple[str, ...] = ("istio-system/ztunnel",)
     enable_ambient: bool = False
+    # PILOT_* variables set in the environment that no knob above declares: istiod has many this
+    # control plane does not implement. Tolerated (istiod ignores unknown ones too) but reported
+    # at start and in /debug/mesh, so a setting that has no effect is never silent.
+    unknown_env: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Features:
@@ -205,4 +209,12 @@ class Features:
             token_audiences=TOKEN_AUDIENCES.get(environ),
             trusted_node_accounts=CA_TRUSTED_NODE_ACCOUNTS.get(environ),
             enable_ambient=ENABLE_AMBIENT.get(environ),
+            unknown_env=unknown_knobs(os.environ if environ is None else environ),
         )
+
+
+UNKNOWN_PREFIX = "PILOT_"
+
+
+def unknown_knobs(environ: dict[str, str] | os._Environ) -> tuple[str, ...]:
+    return tuple(sorted(n for n in environ if n.startswith(UNKNOWN_PREFIX) and n not in KNOBS))

@@ -442,13 +442,15 @@ async def test_required_rules_cover_every_request_the_code_makes_and_nothing_mor
     from pilot.sources.kube.status_writer import STATUS_KINDS, StatusWriter
 
     objs = {}
+    # One valid spec per kind (the specs are strict: each kind gets only its own fields).
+    specs = {"GatewayClass": {"controllerName": "example.net/c"},
+             "KubernetesGateway": {"gatewayClassName": "c",
+                                   "listeners": [{"name": "l", "port": 80, "protocol": "HTTP"}]}}
     for kind_name in STATUS_KINDS:
         kind = BY_NAME[kind_name]
         obj = parse_object({"apiVersion": kind.api_version, "kind": kind.kind,
                             "metadata": {"name": "x", "namespace": "apps", "resourceVersion": "3"},
-                            "spec": {"controllerName": "c", "gatewayClassName": "c",
-                                     "listeners": [{"name": "l", "port": 80, "protocol": "HTTP"}],
-                                     "rules": [{}]}})
+                            "spec": specs.get(kind_name, {"rules": [{}]})})
         objs[ConfigKey.of(obj)] = obj
     kube = RecordingKube(lambda method, path, body: body)
     writer = StatusWriter(kube, objs.get, lambda _kind: [])

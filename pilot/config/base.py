@@ -42,6 +42,14 @@ def _refuse_unsupported(value: Any, info: ValidationInfo) -> Any:
 Unsupported = Annotated[Any, AfterValidator(_refuse_unsupported), Field(json_schema_extra={UNSUPPORTED_MARK: True})]
 
 
+def fails_closed(how: str, default: Any = None) -> Any:
+    """A field that is accepted but never applied as written: where the API itself prescribes the
+    refusal (Gateway API: a rule with a filter the implementation lacks answers 500 and the route's
+    status says why; a CUSTOM AuthorizationPolicy without its provider denies everything). `how`
+    says what happens instead, for the table of supported fields."""
+    return Field(default=default, json_schema_extra={UNSUPPORTED_MARK: how})
+
+
 class ObjectMeta(Model):
     name: str = Field(min_length=1, max_length=253)
     namespace: str = ""
@@ -77,6 +85,18 @@ class K8sObject(Model):
         ignore = {"metadata": {"resource_version", "uid", "generation", "annotations", "creation_timestamp"}}
         return (self.model_dump(exclude=ignore) == other.model_dump(exclude=ignore)
                 and _meaningful(self.metadata.annotations) == _meaningful(other.metadata.annotations))
+
+
+class StrictObject(K8sObject):
+    """A kind whose meaning we own (Istio and Gateway API): besides the envelope (apiVersion, kind,
+    metadata) and `spec`, only `status` may appear at the top level; `specs:` or `sepc:` would
+    otherwise leave the object with an empty spec (a PeerAuthentication that enforces nothing).
+    kubectl's strict field validation refuses them too. `status` is accepted and ignored here
+    (never compared, never dumped); kinds whose status we write model their own."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    status: Any = Field(default=None, exclude=True)
 
 
 def _meaningful(annotations: dict[str, str]) -> dict[str, str]:

@@ -59,7 +59,9 @@ class Kind:
         return f"{base}/{name}" if name else base
 
 
+# What istio 1.30's CRDs serve (manifests/charts/base/files/crd-all.gen.yaml).
 ISTIO_VERSIONS = ("v1", "v1beta1", "v1alpha3")
+GW = "gateway.networking.k8s.io"
 
 KINDS: tuple[Kind, ...] = (
     Kind("", ("v1",), "Service", "services", True, Service),
@@ -83,15 +85,19 @@ KINDS: tuple[Kind, ...] = (
          AuthorizationPolicy),
     Kind("security.istio.io", SECURITY_VERSIONS, "RequestAuthentication", "requestauthentications", True,
          RequestAuthentication),
-    # gateway.networking.k8s.io (standard channel; TCPRoute and TLSRoute are experimental). The
-    # Gateway is filed as `KubernetesGateway` (Kind.config_kind), apart from Istio's Gateway.
-    Kind("gateway.networking.k8s.io", ("v1", "v1beta1"), "GatewayClass", "gatewayclasses", False, GatewayClass),
-    Kind("gateway.networking.k8s.io", ("v1", "v1beta1"), "Gateway", "gateways", True, KubernetesGateway),
-    Kind("gateway.networking.k8s.io", ("v1", "v1beta1"), "HTTPRoute", "httproutes", True, HTTPRoute),
-    Kind("gateway.networking.k8s.io", ("v1", "v1alpha2"), "GRPCRoute", "grpcroutes", True, GRPCRoute),
-    Kind("gateway.networking.k8s.io", ("v1alpha2",), "TCPRoute", "tcproutes", True, TCPRoute),
-    Kind("gateway.networking.k8s.io", ("v1alpha2",), "TLSRoute", "tlsroutes", True, TLSRoute),
-    Kind("gateway.networking.k8s.io", ("v1beta1",), "ReferenceGrant", "referencegrants", True, ReferenceGrant),
+    # gateway.networking.k8s.io: every version Gateway API v1.5 and v1.6 serve (standard and
+    # experimental channels; the schemas agree for what is modelled), plus GRPCRoute v1alpha2 that
+    # older releases served. The first one listed is watched and written. The Gateway is filed as
+    # `KubernetesGateway` (Kind.config_kind), apart from Istio's Gateway.
+    Kind(GW, ("v1", "v1beta1"), "GatewayClass", "gatewayclasses", False, GatewayClass),
+    Kind(GW, ("v1", "v1beta1"), "Gateway", "gateways", True, KubernetesGateway),
+    Kind(GW, ("v1", "v1beta1"), "HTTPRoute", "httproutes", True, HTTPRoute),
+    Kind(GW, ("v1", "v1alpha2"), "GRPCRoute", "grpcroutes", True, GRPCRoute),
+    # v1alpha2 is what v1.5 (experimental) serves; v1.6 adds v1.
+    Kind(GW, ("v1alpha2", "v1"), "TCPRoute", "tcproutes", True, TCPRoute),
+    # v1.5 and v1.6 serve v1 in both channels, v1alpha2/v1alpha3 in experimental only.
+    Kind(GW, ("v1alpha2", "v1", "v1alpha3"), "TLSRoute", "tlsroutes", True, TLSRoute),
+    Kind(GW, ("v1beta1", "v1"), "ReferenceGrant", "referencegrants", True, ReferenceGrant),
 )
 
 # By Store name (Kind.config_kind): one wire kind may be served by two groups (Gateway).

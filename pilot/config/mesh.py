@@ -1,21 +1,29 @@
-"""MeshConfig: the mesh-wide settings, from the `istio` ConfigMap's `mesh` key or `--meshConfig`."""
+"""MeshConfig: the mesh-wide settings, from the `istio` ConfigMap's `mesh` key or `--meshConfig`.
+
+Every field of istio 1.30's MeshConfig is either modelled and applied, or declared `Unsupported`.
+Unlike a config object, a MeshConfig naming an unsupported (or unknown) field is not refused, as
+istiod tolerates them: the field is left out, its path is kept in `MeshConfig.unsupported`
+(logged once at warning, shown in /debug/mesh), and everything else applies.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator
 
-from pilot.config.base import Model
+from pilot.config.base import Model, StrictModel, Unsupported
 from pilot.durations import parse_duration
 
+TOLERATED = ("extra_forbidden", "unsupported")
 
-class OutboundTrafficPolicy(Model):
+
+class OutboundTrafficPolicy(StrictModel):
     mode: Literal["ALLOW_ANY", "REGISTRY_ONLY"] = "ALLOW_ANY"
 
 
-class HttpRetryPolicy(Model):
+class HttpRetryPolicy(StrictModel):
     attempts: int = Field(default=2, ge=0)
     per_try_timeout: str | None = None
     retry_on: str = "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes"
@@ -28,13 +36,13 @@ class HttpRetryPolicy(Model):
         return v
 
 
-class LabelSelectorRequirement(Model):
+class LabelSelectorRequirement(StrictModel):
     key: str
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
     values: list[str] = Field(default_factory=list)
 
 
-class LabelSelector(Model):
+class LabelSelector(StrictModel):
     """A Kubernetes label selector (matchLabels AND matchExpressions)."""
 
     match_labels: dict[str, str] = Field(default_factory=dict)
@@ -60,10 +68,14 @@ class LabelSelector(Model):
 
 
 class ProxyConfig(Model):
+    """`defaultConfig` is pilot-agent's (pilot/agent/config.py applies it and warns about what it
+    does not know); the control plane reads none of it, so it is kept lenient here."""
+
     discovery_address: str = "istiod.istio-system.svc:15012"
 
 
-class MeshConfig(Model):
+class MeshConfig(StrictModel):
+    # --- applied ---
     trust_domain: str = "cluster.local"
     root_namespace: str = "istio-system"
     connect_timeout: str = "10s"
@@ -71,9 +83,58 @@ class MeshConfig(Model):
     enable_auto_mtls: bool = True
     default_http_retry_policy: HttpRetryPolicy = Field(default_factory=HttpRetryPolicy)
     access_log_file: str = ""
-    default_config: ProxyConfig = Field(default_factory=ProxyConfig)
+    default_config: ProxyConfig = Field(
+        default_factory=ProxyConfig,
+        description="applied by pilot-agent (pilot/agent/config.py), which warns about fields it does "
+                    "not know")
     # Which namespaces' services, endpoints and pods the control plane discovers (none = all).
     discovery_selectors: tuple[LabelSelector, ...] = ()
+    # Other names of this mesh's trust domain (a migration): AuthorizationPolicy principals and
+    # trust domains naming any of them match all of them, as in istiod. (istiod also accepts
+    # servers of an alias trust domain on the client side; here a client verifies the server's
+    # identity in the trust domain only, which refuses more, never less.)
+    trust_domain_aliases: tuple[str, ...] = ()
+    # --- istio 1.30 fields not applied here (mesh/v1alpha1/config.proto) ---
+    proxy_listen_port: Unsupported = None
+    proxy_inbound_listen_port: Unsupported = None
+    proxy_http_port: Unsupported = None
+    hbone_idle_timeout: Unsupported = None
+    protocol_detection_timeout: Unsupported = None
+    tcp_keepalive: Unsupported = None
+    ingress_class: Unsupported = None
+    ingress_service: Unsupported = None
+    ingress_controller_mode: Unsupported = None
+    ingress_selector: Unsupported = None
+    enable_tracing: Unsupported = None
+    access_log_format: Unsupported = None
+    access_log_encoding: Unsupported = None
+    enable_envoy_access_log_service: Unsupported = None
+    disable_envoy_listener_log: Unsupported = None
+    inbound_traffic_policy: Unsupported = None
+    config_sources: Unsupported = None
+    ca_certificates: Unsupported = None
+    default_service_export_to: Unsupported = None
+    default_virtual_service_export_to: Unsupported = None
+    default_destination_rule_export_to: Unsupported = None
+    locality_lb_setting: Unsupported = None
+    dns_refresh_rate: Unsupported = None
+    h2_upgrade_policy: Unsupported = None
+    inbound_cluster_stat_name: Unsupported = None
+    outbound_cluster_stat_name: Unsupported = None
+    certificates: Unsupported = None
+    service_settings: Unsupported = None
+    service_scope_configs: Unsupported = None
+    enable_prometheus_merge: Unsupported = None
+    verify_certificate_at_client: Unsupported = None
+    ca: Unsupported = None
+    extension_providers: Unsupported = None
+    default_providers: Unsupported = None
+    path_normalization: Unsupported = None
+    mesh_mtls: Unsupported = Field(default=None, alias="meshMTLS")
+    tls_defaults: Unsupported = None
+
+    # Paths of the fields the text set that are not applied (see the module docstring).
+    _unsupported: tuple[str, ...] = PrivateAttr(default=())
 
     @field_validator("connect_timeout")
     @classmethod
@@ -85,6 +146,23 @@ class MeshConfig(Model):
     @property
     def connect_timeout_seconds(self) -> float:
         return parse_duration(self.connect_timeout)
+
+    @field_validator("trust_domain_aliases")
+    @classmethod
+    def _aliases(cls, aliases: tuple[str, ...]) -> tuple[str, ...]:
+        for a in aliases:
+            if not a or "/" in a or any(c.isspace() for c in a):
+                raise ValueError(f"trustDomainAliases: {a!r} is not a trust domain")
+        return aliases
+
+    @property
+    def trust_domains(self) -> tuple[str, ...]:
+        """The trust domain, then its aliases (istiod's trust domain bundle)."""
+        return tuple(dict.fromkeys((self.trust_domain, *self.trust_domain_aliases)))
+
+    @property
+    def unsupported(self) -> tuple[str, ...]:
+        return self._unsupported
 
 
 class MeshConfigError(ValueError):
@@ -104,10 +182,44 @@ def parse_mesh_config(text: str) -> MeshConfig:
     try:
         return MeshConfig.model_validate(data)
     except ValidationError as e:
-        raise MeshConfigError(f"invalid mesh config: {_first_errors(e)}") from None
+        errors = e.errors()
+    fatal = [err for err in errors if err["type"] not in TOLERATED]
+    if fatal:
+        raise MeshConfigError(f"invalid mesh config: {_describe(fatal)}")
+    # Only unknown or unsupported fields: leave them out, remember where they were.
+    for err in errors:
+        data = _without(data, err["loc"])
+    try:
+        mesh = MeshConfig.model_validate(data)
+    except ValidationError as e:  # cannot happen: what was refused is gone
+        raise MeshConfigError(f"invalid mesh config: {_describe(e.errors())}") from None
+    mesh._unsupported = tuple(sorted({_path(err["loc"]) for err in errors}))
+    return mesh
 
 
-def _first_errors(e: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()[:5]
-    )
+def _path(loc: tuple) -> str:
+    from pilot.config.validation import field_path  # validation imports kinds, which import us
+    return field_path(loc)
+
+
+def _describe(errors: list[Any], limit: int = 5) -> str:
+    parts = [f"{_path(err['loc'])}: {err['msg']}" for err in errors[:limit]]
+    if len(errors) > limit:
+        parts.append(f"... and {len(errors) - limit} more")
+    return "; ".join(parts)
+
+
+def _without(data: Any, loc: tuple) -> Any:
+    """A copy of `data` without the value at `loc` (dict keys and list indexes)."""
+    if not loc:
+        return data
+    head, rest = loc[0], loc[1:]
+    if isinstance(data, dict) and head in data:
+        if not rest:
+            return {k: v for k, v in data.items() if k != head}
+        return {**data, head: _without(data[head], rest)}
+    if isinstance(data, list) and isinstance(head, int) and 0 <= head < len(data):
+        if not rest:
+            return data  # a list item itself is never an unknown field
+        return [*data[:head], _without(data[head], rest), *data[head + 1:]]
+    return data

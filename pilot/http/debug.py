@@ -215,8 +215,12 @@ class DebugHandlers:
 
     async def mesh(self, _req: web.Request) -> web.Response:
         m = self.server.mesh
+        # `unsupported`: fields the MeshConfig in force sets that are not applied (ignored, as
+        # istiod tolerates them); `unknownEnv`: PILOT_* variables no knob declares.
         return _json({"source": m.source, "version": m.version,
-                      "mesh": m.current.model_dump(mode="json", by_alias=True)})
+                      "mesh": m.current.model_dump(mode="json", by_alias=True, exclude_none=True),
+                      "unsupported": list(m.unsupported),
+                      "unknownEnv": list(self.server.features.unknown_env)})
 
     async def cachez(self, _req: web.Request) -> web.Response:
         return _json(self.server.cache.stats())

@@ -1,19 +1,26 @@
 """Which MeshConfig is in force: the `istio` ConfigMap's `mesh` key when present, else the file.
 
 An invalid ConfigMap is rejected with its reason and the last good MeshConfig stays in force, so
-a typo in the mesh config never takes the whole mesh down.
+a typo in the mesh config never takes the whole mesh down. Fields that are not applied (unknown,
+or istio fields declared unsupported) are tolerated as istiod tolerates them: logged once at
+warning when the MeshConfig in force starts naming them, and listed by `unsupported`.
 """
 
 from __future__ import annotations
 
 import hashlib
 
+from pilot import logging as plog
 from pilot.config.mesh import MeshConfig, MeshConfigError, parse_mesh_config
 from pilot.config.validation import Rejection
 from pilot.model.store import ConfigKey, Store
 
 MESH_CONFIGMAP = "istio"
 MESH_KEY = "mesh"
+# Other keys istiod reads from the `istio` ConfigMap: multi-network gateways (not supported here).
+UNSUPPORTED_KEYS = ("meshNetworks",)
+
+log = plog.get("mesh")
 
 
 def mesh_version(mesh: MeshConfig) -> str:
@@ -27,6 +34,15 @@ class MeshHolder:
         self.current = file_mesh
         self.version = mesh_version(file_mesh)
         self.source = "file"
+        self.unsupported: tuple[str, ...] = ()
+        self._note_unsupported(file_mesh.unsupported)
+
+    def _note_unsupported(self, paths: tuple[str, ...]) -> None:
+        """One warning when the set of ignored fields changes (at start, and on an edit)."""
+        if paths and paths != self.unsupported:
+            log.warning("MeshConfig fields not supported by this control plane are ignored",
+                        source=self.source, fields=list(paths))
+        self.unsupported = paths
 
     @property
     def configmap_key(self) -> ConfigKey:
@@ -47,17 +63,22 @@ class MeshHolder:
         entry = store.get(self.configmap_key)
         if entry is None:
             mesh, source = self.file_mesh, "file"
+            unsupported = mesh.unsupported
             store.set_rejections("meshconfig", [])
         else:
+            data = entry.obj.data  # type: ignore[attr-defined]
             try:
-                mesh = parse_mesh_config(entry.obj.data.get(MESH_KEY, ""))  # type: ignore[attr-defined]
+                mesh = parse_mesh_config(data.get(MESH_KEY, ""))
                 source = f"configmap {self.system_namespace}/{MESH_CONFIGMAP}"
                 store.set_rejections("meshconfig", [])
             except MeshConfigError as e:
                 store.set_rejections("meshconfig", [Rejection(
                     entry.source, "ConfigMap", self.system_namespace, MESH_CONFIGMAP, str(e))])
                 return False
+            unsupported = mesh.unsupported + tuple(f"(ConfigMap key) {k}" for k in UNSUPPORTED_KEYS
+                                                   if str(data.get(k) or "").strip())
         version = mesh_version(mesh)
         changed = version != self.version
         self.current, self.version, self.source = mesh, version, source
+        self._note_unsupported(unsupported)
         return changed

@@ -5,7 +5,9 @@ ALLOW. Each rule of each policy becomes one RBAC policy named `ns[NS]-policy[NAM
 permissions are the rule's `to` entries (OR) and whose principals are its `from` entries (OR);
 inside one entry every attribute must match (AND), values of one attribute are ORed and
 `not*` values negated. `when` conditions join the permissions (destination.ip, destination.port,
-connection.sni, experimental.envoy.filters.*) or the principals (everything else).
+connection.sni, experimental.envoy.filters.*) or the principals (everything else, among them
+source.serviceAccount and source.trustDomain). Trust domains (`trustDomains`, `source.trustDomain`)
+naming the mesh's trust domain or one of its aliases match all of them, as principals do.
 
 Semantics users rely on:
 - Once any ALLOW policy selects a workload, requests no ALLOW rule matches are denied (an ALLOW
@@ -78,6 +80,17 @@ MATCH_ALL = rbac_pb2.Policy(permissions=[Permission(any=True)], principals=[Prin
 
 
 # --- trust domains --------------------------------------------------------------------------------
+def expand_trust_domains(values: Sequence[str], trust_domains: Sequence[str]) -> list[str]:
+    """istiod's ExpandTrustDomainAliases: a value that is one of the mesh's trust domains (its own
+    or an alias) stands for all of them; other values are kept as written."""
+    out: list[str] = []
+    for v in values:
+        for td in (trust_domains if v in trust_domains else (v,)):
+            if td not in out:
+                out.append(td)
+    return out
+
+
 def with_trust_domains(principals: Sequence[str], trust_domains: Sequence[str]) -> list[str]:
     """istiod's ReplaceTrustDomainAliases: a principal `TD/ns/NS/sa/SA` whose TD is the mesh's
     trust domain, one of its aliases or `cluster.local` (a stand-in for "ours") is expanded to
@@ -96,7 +109,8 @@ def with_trust_domains(principals: Sequence[str], trust_domains: Sequence[str]) 
 
 
 # --- one rule -------------------------------------------------------------------------------------
-def _when_clauses(when: Sequence[Any], permission: bool, trust_domains: Sequence[str]) -> list[Clause]:
+def _when_clauses(when: Sequence[Any], permission: bool, namespace: str, trust_domains: Sequence[str]
+                  ) -> list[Clause]:
     out: list[Clause] = []
     for c in when:
         if c is None:
@@ -111,7 +125,13 @@ def _when_clauses(when: Sequence[Any], permission: bool, trust_domains: Sequence
                 out.append((m.principal_principal, with_trust_domains(c.values, trust_domains),
                             with_trust_domains(c.not_values, trust_domains)))
                 continue
-            if key.startswith("request.headers"):
+            if key == "source.trustDomain":
+                out.append((m.trust_domain_principal, expand_trust_domains(c.values, trust_domains),
+                            expand_trust_domains(c.not_values, trust_domains)))
+                continue
+            if key == "source.serviceAccount":
+                gen = m.service_account_principal(namespace)
+            elif key.startswith("request.headers"):
                 gen = m.request_header_principal(key)
             elif key.startswith("request.auth.claims"):
                 gen = m.claim_principal(key)
@@ -127,6 +147,8 @@ def _source_clauses(src: Any, namespace: str, trust_domains: Sequence[str]) -> l
          with_trust_domains(src.not_principals or (), trust_domains)),
         (m.service_account_principal(namespace), src.service_accounts or (), src.not_service_accounts or ()),
         (m.request_principal_principal, src.request_principals or (), src.not_request_principals or ()),
+        (m.trust_domain_principal, expand_trust_domains(src.trust_domains or (), trust_domains),
+         expand_trust_domains(src.not_trust_domains or (), trust_domains)),
         (m.namespace_principal, src.namespaces or (), src.not_namespaces or ()),
         (m.remote_ip_principal, src.remote_ip_blocks or (), src.not_remote_ip_blocks or ()),
         (m.source_ip_principal, src.ip_blocks or (), src.not_ip_blocks or ()),
@@ -173,8 +195,8 @@ def _combine(clauses: list[Clause], for_tcp: bool, action: int, permission: bool
 def rule_policy(rule: Any, namespace: str, action: int, for_tcp: bool, trust_domains: Sequence[str]
                 ) -> rbac_pb2.Policy | None:
     """One AuthorizationPolicy rule as an RBAC policy; None when an ALLOW rule needs HTTP on TCP."""
-    base_principal = _when_clauses(rule.when, False, trust_domains)
-    base_permission = _when_clauses(rule.when, True, trust_domains)
+    base_principal = _when_clauses(rule.when, False, namespace, trust_domains)
+    base_permission = _when_clauses(rule.when, True, namespace, trust_domains)
     try:
         principals = [_combine(_source_clauses(f.source, namespace, trust_domains) + base_principal,
                                for_tcp, action, False) for f in rule.from_ or () if f is not None]

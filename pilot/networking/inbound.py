@@ -29,7 +29,7 @@ from pilot.model.services import EndpointAddress, Locality
 from pilot.networking import tls
 from pilot.networking.endpoints import cluster_load_assignment
 from pilot.networking.filters import access_logs, hcm_network_filter, router_filter, tcp_proxy_filter
-from pilot.networking.policy_filters import inbound_http_filters, inbound_network_filters
+from pilot.networking.policy_filters import TrustDomains, inbound_http_filters, inbound_network_filters
 from pilot.networking.protos import duration, pack
 from pilot.networking.tcp_routes import tls_inspector
 
@@ -112,7 +112,7 @@ def _http_chain_filter(port: InboundPort, secure: bool, settings: ListenerSettin
 
 
 def _chain(port: InboundPort, secure: bool, settings: ListenerSettings, policies: WorkloadPolicies,
-           trust_domain: str) -> listener_components_pb2.FilterChain:
+           trust_domain: TrustDomains) -> listener_components_pb2.FilterChain:
     # Authentication and authorization run in front of the app on every chain, TLS or not: a
     # plaintext caller simply has no peer identity to match.
     if port.protocol.is_http:
@@ -129,7 +129,7 @@ def _chain(port: InboundPort, secure: bool, settings: ListenerSettings, policies
 
 
 def port_chains(port: InboundPort, mesh_tls: bool, settings: ListenerSettings,
-                policies: WorkloadPolicies = WorkloadPolicies(), trust_domain: str = "cluster.local"
+                policies: WorkloadPolicies = WorkloadPolicies(), trust_domain: TrustDomains = "cluster.local"
                 ) -> list[listener_components_pb2.FilterChain]:
     """The chains serving one workload port. Without certificates only plaintext can be served."""
     mode = port.mtls if mesh_tls else "DISABLE"
@@ -144,7 +144,7 @@ def port_chains(port: InboundPort, mesh_tls: bool, settings: ListenerSettings,
 
 def bound_inbound_listener(port: InboundPort, mesh_tls: bool, settings: ListenerSettings,
                            policies: WorkloadPolicies = WorkloadPolicies(),
-                           trust_domain: str = "cluster.local") -> listener_pb2.Listener:
+                           trust_domain: TrustDomains = "cluster.local") -> listener_pb2.Listener:
     """NONE mode: `inbound_IP_PORT` bound on the workload's address."""
     listener = listener_pb2.Listener(
         name=inbound_listener_name(port.bind, port.port),
@@ -158,7 +158,7 @@ def bound_inbound_listener(port: InboundPort, mesh_tls: bool, settings: Listener
 
 def virtual_inbound_listener(ports: tuple[InboundPort, ...], mesh_tls: bool, settings: ListenerSettings,
                              policies: WorkloadPolicies = WorkloadPolicies(),
-                             trust_domain: str = "cluster.local") -> listener_pb2.Listener:
+                             trust_domain: TrustDomains = "cluster.local") -> listener_pb2.Listener:
     """iptables mode: every inbound connection arrives on 15006; chains match its original port."""
     listener = listener_pb2.Listener(
         name=VIRTUAL_INBOUND_LISTENER,

@@ -168,6 +168,18 @@ def namespace_principal(value: str, _for_tcp: bool) -> Principal:
     return _authenticated(regex(f".*/ns/{value.replace('*', '.*')}/.*"))
 
 
+def trust_domain_principal(value: str, _for_tcp: bool) -> Principal:
+    """The trust domain of the peer's SPIFFE URI SAN (istiod's srcTrustDomainGenerator): `*` any
+    SPIFFE identity, an exact value `spiffe://TD/` as a prefix (the `/` keeps `td` from matching
+    `td-other`), one leading or trailing `*` any characters within the trust domain only."""
+    if value == "*":
+        return _authenticated(string_pb2.StringMatcher(prefix=SPIFFE_PREFIX))
+    if "*" not in value:
+        return _authenticated(string_pb2.StringMatcher(prefix=f"{SPIFFE_PREFIX}{value}/"))
+    before, _, after = value.partition("*")
+    return _authenticated(regex(f"spiffe://{quote_meta(before)}[^/]*{quote_meta(after)}/.*"))
+
+
 def service_account_principal(policy_namespace: str) -> Callable[[str, bool], Principal]:
     """`sa` (in the policy's namespace) or `ns/sa`; extra SPIFFE path segments are tolerated."""
 

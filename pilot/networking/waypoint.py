@@ -45,7 +45,7 @@ from pilot.model.store import Entry
 from pilot.networking import tls
 from pilot.networking.filters import cors_filter, fault_filter, router_filter
 from pilot.networking.http_routes import RouteInputs, virtual_service_routes
-from pilot.networking.policy_filters import inbound_http_filters, inbound_network_filters
+from pilot.networking.policy_filters import TrustDomains, inbound_http_filters, inbound_network_filters
 from pilot.networking.protos import ads_config_source, duration, pack
 
 CONNECT_TERMINATE = "connect_terminate"
@@ -129,7 +129,7 @@ class RoutingInputs:
     retry: HttpRetryPolicy | None = None
 
 
-def main_internal_listener(services: tuple[ServiceChains, ...], trust_domain: str,
+def main_internal_listener(services: tuple[ServiceChains, ...], trust_domain: TrustDomains,
                            routing: RoutingInputs = RoutingInputs()) -> listener_pb2.Listener:
     chains = []
     for hostname, vips, ports, policies, vs in services:
@@ -156,8 +156,8 @@ def main_internal_listener(services: tuple[ServiceChains, ...], trust_domain: st
         filter_chains=chains)
 
 
-def _http_chain(cluster: str, port: int, policies: WorkloadPolicies, trust_domain: str, vs: Entry | None,
-                routing: RoutingInputs) -> listener_components_pb2.Filter:
+def _http_chain(cluster: str, port: int, policies: WorkloadPolicies, trust_domain: TrustDomains,
+                vs: Entry | None, routing: RoutingInputs) -> listener_components_pb2.Filter:
     """The service's own endpoints, or, when a VirtualService applies to the host, its HTTP rules
     (their destinations are the outbound clusters every router has), as istiod's waypoint does."""
     routes = []

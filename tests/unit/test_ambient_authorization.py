@@ -102,6 +102,24 @@ def test_http_attributes_drop_allow_rules_and_widen_deny_rules_with_a_status():
     assert not status["audit"].sent and status["audit"].message == "ztunnel does not support the AUDIT action"
 
 
+def test_trust_domains_ztunnel_cannot_check_never_widen_an_allow():
+    """ztunnel's Match has no trust domain: istiod 1.30 drops the field there, so
+    `{namespaces: [shop], trustDomains: [other]}` would allow all of `shop`. Here the ALLOW rule
+    is omitted (allows nothing at L4) and a DENY rule denies whatever the trust domain."""
+    index, out = build(
+        authz("from-other", "shop", rules=[{"from": [{"source": {"namespaces": ["shop"],
+                                                                 "trustDomains": ["other.domain"]}}]}]),
+        authz("deny-other", "shop", action="DENY",
+              rules=[{"from": [{"source": {"namespaces": ["x"], "notTrustDomains": ["td"]}}]}]))
+    assert list(out["shop/from-other"].groups) == []
+    [group] = out["shop/deny-other"].groups
+    [[m]] = [r.matches for r in group.rules]
+    assert strings(m.namespaces) == [("exact", "x")]
+    status = {s.name: s for s in index.statuses}
+    assert "found: trustDomains" in status["from-other"].message
+    assert "found: notTrustDomains" in status["deny-other"].message
+
+
 def test_peer_authentication_strict_and_port_exceptions():
     index, out = build(
         peer_authn("strict", "shop", mtls={"mode": "STRICT"}),

@@ -123,6 +123,11 @@ SOURCE_CASES = [
     ("requestPrincipals", ["https://iss.example/sub-1"],
      or_ids({"andIds": {"ids": [jwt_claim(["iss"], {"exact": "https://iss.example"}),
                                 jwt_claim(["sub"], {"exact": "sub-1"})]}})),
+    # istiod's srcTrustDomainGenerator: exact is a prefix ending in '/', wildcards stay inside the
+    # trust domain ([^/]*), `*` is any SPIFFE peer.
+    ("trustDomains", ["other.domain", "*.corp.example", "td-*", "*"],
+     or_ids(authn({"prefix": "spiffe://other.domain/"}), authn(rx(r"spiffe://[^/]*\.corp\.example/.*")),
+            authn(rx(r"spiffe://td-[^/]*/.*")), authn({"prefix": "spiffe://"}))),
 ]
 
 
@@ -210,6 +215,11 @@ WHEN_PRINCIPAL_CASES = [
     ("remote.ip", ["1.2.3.4"], or_ids({"remoteIp": cidr("1.2.3.4", 32)})),
     ("source.namespace", ["shop"], or_ids(authn(rx(".*/ns/shop/.*")))),
     ("source.principal", ["cluster.local/ns/a/sa/b"], or_ids(authn({"exact": f"spiffe://{TD}/ns/a/sa/b"}))),
+    ("source.serviceAccount", ["sleep", "other/bot"],
+     or_ids(authn(rx(r"spiffe://.+/ns/default/(.+/|)sa/sleep(/.+)?")),
+            authn(rx(r"spiffe://.+/ns/other/(.+/|)sa/bot(/.+)?")))),
+    ("source.trustDomain", ["other.domain", "*.corp"],
+     or_ids(authn({"prefix": "spiffe://other.domain/"}), authn(rx(r"spiffe://[^/]*\.corp/.*")))),
     ("request.auth.principal", ["iss/sub"],
      or_ids({"andIds": {"ids": [jwt_claim(["iss"], {"exact": "iss"}), jwt_claim(["sub"], {"exact": "sub"})]}})),
     ("request.auth.audiences", ["api", "web-*"],
@@ -323,6 +333,37 @@ def test_trust_domain_aliases_expand_local_principals_only() -> None:
     [rbac] = http_rbac(allow_from(principals=["cluster.local/ns/a/sa/b"]), trust_domain="new.td", aliases=("old.td",))
     assert only_policy(rbac)[1] == policy(with_principal(or_ids(
         authn({"exact": "spiffe://new.td/ns/a/sa/b"}), authn({"exact": "spiffe://old.td/ns/a/sa/b"}))))
+
+
+def test_namespaces_and_trust_domains_of_one_source_must_both_match() -> None:
+    """The user's report: `{namespaces: [foo], trustDomains: [other.domain]}` must not become
+    "anyone in namespace foo"."""
+    [rbac] = http_rbac(allow_from(namespaces=["foo"], trustDomains=["other.domain"]))
+    assert only_policy(rbac)[1] == policy(with_principal(
+        or_ids(authn({"prefix": "spiffe://other.domain/"})), or_ids(authn(rx(".*/ns/foo/.*")))))
+    [rbac] = http_rbac(allow_from(notTrustDomains=["other.domain"]))
+    other = or_ids(authn({"prefix": "spiffe://other.domain/"}))
+    assert only_policy(rbac)[1] == policy(with_principal({"notId": other}))
+
+
+def test_trust_domains_on_tcp_are_enforced() -> None:
+    """A trust domain comes from the peer certificate: the network filter checks it too."""
+    [tcp] = tcp_rbac(allow_from(trustDomains=["other.domain"]))
+    assert only_policy(tcp)[1] == policy(with_principal(or_ids(authn({"prefix": "spiffe://other.domain/"}))))
+
+
+def test_trust_domain_values_naming_the_mesh_expand_to_its_aliases() -> None:
+    """istiod's ExpandTrustDomainAliases: the mesh's trust domain or an alias stands for all of
+    them; another value (and `cluster.local`, unlike principals) is kept as written."""
+    [rbac] = http_rbac(allow_from(trustDomains=["old.td", "elsewhere"]), trust_domain="new.td",
+                       aliases=("old.td",))
+    assert only_policy(rbac)[1] == policy(with_principal(or_ids(
+        authn({"prefix": "spiffe://new.td/"}), authn({"prefix": "spiffe://old.td/"}),
+        authn({"prefix": "spiffe://elsewhere/"}))))
+    [rbac] = http_rbac(allow_when("source.trustDomain", ["new.td"]), trust_domain="new.td",
+                       aliases=("old.td",))
+    assert only_policy(rbac)[1] == policy(with_principal(or_ids(
+        authn({"prefix": "spiffe://new.td/"}), authn({"prefix": "spiffe://old.td/"}))))
 
 
 # --- TCP: HTTP-only attributes ------------------------------------------------------------------------------

@@ -82,11 +82,57 @@ def listeners(result, name: str = "web") -> dict:
     (route("r", "rules: [{backendRefs: [{name: alpha}]}]"), "port is required for a Service reference"),
     (route("r", "rules: [{backendRefs: [{name: alpha, port: 80, weight: 1000001}]}]"), "weight 1000001"),
     (route("r", "rules: [{filters: [{type: RequestMirror}]}]"), "must be specified for type RequestMirror"),
+    # strict: an unknown field is refused with its path, as the apiserver's schema would
+    (route("r", "rules: [{backendRefs: [{name: alpha, port: 80, wieght: 2}]}]"),
+     "spec.rules[0].backendRefs[0].wieght: unknown field"),
+    (route("r", "hostname: [a.example.com]"), "spec.hostname: unknown field"),
+    (gateway("- {name: a, port: 80, protocol: HTTP, allowedRoute: {namespaces: {from: All}}}\n"),
+     "spec.listeners[0].allowedRoute: unknown field"),
+    (gateway("- {name: a, port: 80, protocol: HTTP, allowedRoutes: {namespaces: {from: Selector, "
+             "selector: {matchLabel: {a: b}}}}}\n"),
+     "spec.listeners[0].allowedRoutes.namespaces.selector.matchLabel: unknown field"),
+    (route("r", "rules: [{filters: [{type: CORS, cors: {allowOrigin: ['*']}}]}]"),
+     "spec.rules[0].filters[0].cors.allowOrigin: unknown field"),
+    # Gateway API 1.5/1.6 fields not applied here: refused by name, never ignored
+    (gateway("- {name: a, port: 443, protocol: HTTPS, tls: {certificateRefs: [{name: c}], "
+             "options: {gateway.istio.io/tls-terminate-mode: MUTUAL}}}\n"),
+     "spec.listeners[0].tls.options: options is not supported"),
+    (gateway("- {name: a, port: 80, protocol: HTTP}\n",
+             extra="  tls: {frontend: {default: {validation: {caCertificateRefs: [{name: ca}]}}}}\n"),
+     "spec.tls: tls is not supported"),
+    (gateway("- {name: a, port: 80, protocol: HTTP}\n", extra="  infrastructure: {labels: {a: b}}\n"),
+     "spec.infrastructure: infrastructure is not supported"),
+    (gateway("- {name: a, port: 80, protocol: HTTP}\n",
+             extra="  allowedListeners: {namespaces: {from: All}}\n"),
+     "spec.allowedListeners: allowedListeners is not supported"),
+    (route("r", "rules: [{retry: {attempts: 3}}]"), "spec.rules[0].retry: retry is not supported"),
+    (route("r", "rules: [{sessionPersistence: {type: Cookie}}]"),
+     "spec.rules[0].sessionPersistence: sessionPersistence is not supported"),
+    (route("r", "useDefaultGateways: All"), "spec.useDefaultGateways: useDefaultGateways is not supported"),
+    (route("r", "rules: [{filters: [{type: ExternalAuth, externalAuth: {protocol: HTTP}}]}]"),
+     "spec.rules[0].filters[0].externalAuth: externalAuth is not supported"),
+    (route("r", "rules: [{sessionPersistence: {type: Cookie}}]", kind="GRPCRoute"),
+     "spec.rules[0].sessionPersistence: sessionPersistence is not supported"),
+    (f"apiVersion: {API}/v1\nkind: GatewayClass\nmetadata: {{name: c}}\nspec: {{controllerName: x, "
+     "parametersRef: {group: '', kind: ConfigMap, name: p}}\n",
+     "spec.parametersRef: parametersRef is not supported"),
 ])
 def test_invalid_objects_are_rejected_with_the_reason(doc: str, reason: str):
     with pytest.raises(InvalidObject) as e:
         parse_object(yaml.safe_load(doc))
     assert reason in e.value.reason, e.value.reason
+
+
+def test_status_written_by_controllers_is_accepted_and_cors_fails_closed_in_the_rule():
+    """`status` is ours to write (kept, never strict); a CORS filter is accepted as Gateway API
+    prescribes for a filter an implementation lacks: the rule fails, the status says why."""
+    doc = yaml.safe_load(route("r", "rules: [{filters: [{type: CORS, cors: {allowOrigins: ['*'], "
+                                    "maxAge: 5}}]}]"))
+    doc["status"] = {"parents": [{"controllerName": "other.io/x", "parentRef": {"name": "gw"},
+                                  "conditions": []}]}
+    obj = parse_object(doc)
+    assert obj.status["parents"][0]["controllerName"] == "other.io/x"
+    assert obj.spec.rules[0].filters[0].cors.allow_origins == ["*"]
 
 
 def test_both_gateway_kinds_live_side_by_side():

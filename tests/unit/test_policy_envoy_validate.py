@@ -26,6 +26,8 @@ def every_shape() -> list[dict]:
         authz("full", rules=[FULL_RULE, {}]),
         authz("sa", rules=[{"from": [{"source": {"serviceAccounts": ["sleep", "other/bot"],
                                                  "notServiceAccounts": ["evil"]}}]}]),
+        authz("td", rules=[{"from": [{"source": {"trustDomains": ["cluster.local", "*.corp", "td-*", "*"],
+                                                 "notTrustDomains": ["old.td"]}}]}]),
         authz("deny", ROOT_NS, action="DENY", rules=[FULL_RULE]),
         authz("audit", action="AUDIT", rules=[{"to": [{"operation": {"paths": ["/audit/*"]}}]}]),
         authz("dry", annotations={"istio.io/dry-run": "true"}, rules=[{"when": [

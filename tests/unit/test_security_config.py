@@ -36,6 +36,8 @@ FULL_RULE = {
              {"key": "source.ip", "values": ["10.0.0.0/8"], "notValues": ["10.9.9.9"]},
              {"key": "remote.ip", "values": ["1.1.1.1"]}, {"key": "source.namespace", "values": ["ns"]},
              {"key": "source.principal", "values": ["td/ns/a/sa/b"]},
+             {"key": "source.serviceAccount", "values": ["sleep", "ns/sleep"]},
+             {"key": "source.trustDomain", "values": ["td", "*.corp", "*"]},
              {"key": "request.auth.principal", "values": ["iss/sub"]},
              {"key": "request.auth.audiences", "values": ["aud"]},
              {"key": "request.auth.presenter", "values": ["azp"]},
@@ -54,7 +56,9 @@ def test_full_policies_are_accepted_in_both_versions(version: str) -> None:
             authz("audit", action="AUDIT", rules=[{"to": [{"operation": {"paths": ["/x"]}}]}]),
             authz("custom", action="CUSTOM", provider={"name": "ext"}, rules=[{"to": [{"operation": {"paths": ["/x"]}}]}]),
             authz("allow-nothing"),
-            authz("sa", rules=[{"from": [{"source": {"serviceAccounts": ["sleep", "other/sleep"]}}]}]),
+            authz("sa", rules=[{"from": [{"source": {
+                "serviceAccounts": ["sleep", "other/sleep"], "trustDomains": ["td", "*.corp"],
+                "notTrustDomains": ["x*"]}}]}]),
             authz("gw", targetRefs=[{"kind": "Gateway", "group": "gateway.networking.k8s.io", "name": "gw"}]),
             peer_authn("strict", mtls={"mode": "STRICT"}),
             peer_authn("ports", selector={"matchLabels": {"app": "web"}}, portLevelMtls={8080: {"mode": "DISABLE"}}),
@@ -160,6 +164,50 @@ REJECTIONS = [
     (request_authn("x", jwtRules=[{"issuer": "i", "outputClaimToHeaders": [{"header": "x y", "claim": "c"}]}]),
      "header name x y is not a valid header name"),
     (request_authn("x", jwtRules=[{"issuer": "i", "timeout": "0.5ms"}]), "must be greater than 1ms"),
+    # trust domains and the keys istiod 1.30 added (pkg/config/security CheckTrustDomainValues,
+    # CheckWildcardValues, CheckServiceAccount)
+    (authz("x", rules=rule(**{"from": [{"source": {"trustDomains": ["a/b"]}}]})),
+     "trust domain must not contain '/', found in TrustDomains"),
+    (authz("x", rules=rule(**{"from": [{"source": {"notTrustDomains": ["a*b"]}}]})),
+     "wildcard is only allowed at the start or end, found in NotTrustDomains"),
+    (authz("x", rules=rule(**{"from": [{"source": {"trustDomains": ["*a*"]}}]})),
+     "at most one wildcard is allowed"),
+    (authz("x", rules=rule(**{"from": [{"source": {"trustDomains": [""]}}]})),
+     "empty value not allowed, found in TrustDomains"),
+    (authz("x", rules=rule(**{"from": [{"source": {"serviceAccounts": ["a/b/c"]}}]})),
+     "expected format 'serviceAccount' or 'namespace/serviceAccount', found 'a/b/c' in ServiceAccounts"),
+    (authz("x", rules=rule(**{"from": [{"source": {"serviceAccounts": ["ns/*"]}}]})),
+     "wildcard not allowed, found in ServiceAccounts"),
+    (authz("x", rules=rule(when=[{"key": "source.trustDomain", "values": ["a*b"]}])),
+     "invalid `value` for `key` source.trustDomain: wildcard is only allowed at the start or end"),
+    (authz("x", rules=rule(when=[{"key": "source.serviceAccount", "notValues": ["/sa"]}])),
+     "invalid `notValue` for `key` source.serviceAccount: expected format"),
+    (authz("x", action="CUSTOM", provider={"name": "p"},
+           rules=rule(**{"from": [{"source": {"trustDomains": ["td"]}}]})),
+     "From.TrustDomains is currently not supported with CUSTOM action"),
+    (authz("x", action="CUSTOM", provider={"name": "p"},
+           rules=rule(when=[{"key": "source.trustDomain", "values": ["td"]}])),
+     "source.trustDomain is currently not supported with CUSTOM action"),
+    # strict: what the API does not have is refused with its path, never dropped
+    (authz("x", rules=rule(**{"from": [{"source": {"namespaces": ["foo"],
+                                                   "trustDomain": ["other.domain"]}}]})),
+     "spec.rules[0].from[0].source.trustDomain: unknown field"),
+    (authz("x", rules=rule(to=[{"operation": {"method": ["GET"]}}])),
+     "spec.rules[0].to[0].operation.method: unknown field"),
+    (authz("x", rules=rule(when=[{"key": "source.ip", "value": ["1.2.3.4"]}])),
+     "spec.rules[0].when[0].value: unknown field"),
+    (authz("x", selector={"matchLabel": {"app": "a"}}), "spec.selector.matchLabel: unknown field"),
+    (authz("x", rulez=[{}]), "spec.rulez: unknown field"),
+    (authz("x", provider={"name": "p", "port": 9}, action="CUSTOM", rules=[{}]),
+     "spec.provider.port: unknown field"),
+    (authz("x", targetRefs=[{"kind": "Service", "name": "a", "sectionName": "http"}]),
+     "spec.targetRefs[0].sectionName: unknown field"),
+    (peer_authn("x", mtls={"mode": "STRICT", "strict": True}), "spec.mtls.strict: unknown field"),
+    (peer_authn("x", portLevelMTLS={8080: {"mode": "STRICT"}}), "spec.portLevelMTLS: unknown field"),
+    (request_authn("x", jwtRules=[{"issuer": "i", "jwksURI": "https://k"}]),
+     "spec.jwtRules[0].jwksURI: unknown field"),
+    (request_authn("x", jwtRules=[{"issuer": "i", "fromHeaders": [{"name": "a", "prefx": "B"}]}]),
+     "spec.jwtRules[0].fromHeaders[0].prefx: unknown field"),
 ]
 
 
@@ -167,6 +215,28 @@ REJECTIONS = [
                          ids=[f"{d['kind']}-{r[:40]}" for d, r in REJECTIONS])
 def test_rejections_name_the_field_and_reason(doc: dict, reason: str) -> None:
     assert reason in rejected(doc)
+
+
+def test_proto_field_names_and_top_level_status_are_accepted() -> None:
+    """istiod decodes the proto (snake_case) names too, and Kubernetes objects carry `status`."""
+    doc = authz("x", rules=[{"from": [{"source": {"not_trust_domains": ["td"],
+                                                  "ip_blocks": ["10.0.0.0/8"]}}]}])
+    doc["status"] = {"conditions": [{"type": "Accepted", "status": "True"}]}
+    obj = parse_object(doc)
+    src = obj.spec.rules[0].from_[0].source
+    assert src.not_trust_domains == ["td"] and src.ip_blocks == ["10.0.0.0/8"]
+    pa = peer_authn("p", selector={"matchLabels": {"app": "a"}}, port_level_mtls={80: {"mode": "DISABLE"}})
+    assert parse_object(pa).spec.port_modes() == {80: "DISABLE"}
+
+
+def test_a_misspelt_spec_is_refused_not_read_as_an_empty_one() -> None:
+    """`specs:` would otherwise give a PeerAuthentication that enforces nothing."""
+    doc = peer_authn("x", mtls={"mode": "STRICT"})
+    doc["specs"] = doc.pop("spec")
+    assert rejected(doc) == "specs: unknown field"
+    route = {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {"name": "r"},
+             "sepc": {"rules": [{}]}}
+    assert "sepc: unknown field" in rejected(route)
 
 
 def test_the_file_source_loads_policies_and_rejects_bad_ones_precisely(tmp_path: Path) -> None:

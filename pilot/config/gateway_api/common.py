@@ -12,9 +12,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, field_validator, model_validator
 
-from pilot.config.base import K8sObject, Model
+from pilot.config.base import K8sObject, StrictModel, Unsupported
 from pilot.config.networking.validation import _fail, _raise_if, is_ip, validate_regex
 
 GROUP = "gateway.networking.k8s.io"
@@ -32,7 +32,10 @@ MAX_WEIGHT = 1_000_000
 class GatewayApiObject(K8sObject):
     """`status` is what controllers (we, or others for their parents) last wrote. It is kept so
     the status writer can compare against it, and ignored by `spec_equal`: a status write must
-    never look like a config change (no push)."""
+    never look like a config change (no push). Any other unknown top-level field is refused, as
+    for StrictObject."""
+
+    model_config = ConfigDict(extra="forbid")
 
     status: dict[str, Any] = Field(default_factory=dict)
 
@@ -98,6 +101,35 @@ def _duration(text: str) -> str:
 GatewayDuration = Annotated[str, AfterValidator(_duration)]
 
 
+_GROUP = re.compile(r"^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_KIND = re.compile(r"^[a-zA-Z]([-a-zA-Z0-9]*[a-zA-Z0-9])?$")
+_NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_PRECISE_HOSTNAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# Visible ASCII, single spaces or tabs between words: no CR/LF (header injection) and no padding.
+_HEADER_VALUE = re.compile(r"^[!-~]+([\t ]?[!-~]+)*$")
+CONTROLLER_NAME_PATTERN = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9/\-._~%!$&'()*+,;=:]+$")
+
+
+def _matching(pattern: re.Pattern, what: str, max_len: int) -> AfterValidator:
+    def check(value: str) -> str:
+        if len(value) > max_len or not pattern.match(value):
+            _fail(f"{value!r} is not a valid {what} (matching {pattern.pattern})")
+        return value
+    return AfterValidator(check)
+
+
+# The CRDs' reference types (apis/v1/shared_types.go), as the apiserver enforces them.
+Group = Annotated[str, _matching(_GROUP, "group", 253)]
+Kind = Annotated[str, _matching(_KIND, "kind", 63)]
+Namespace = Annotated[str, _matching(_NAMESPACE, "namespace", 63)]
+ObjectName = Annotated[str, Field(min_length=1, max_length=253)]
+PreciseHostname = Annotated[str, _matching(_PRECISE_HOSTNAME, "precise hostname (no wildcard)", 253)]
+HeaderValue = Annotated[str, Field(min_length=1, max_length=4096),
+                        _matching(_HEADER_VALUE, "header value", 4096)]
+ControllerName = Annotated[str, _matching(CONTROLLER_NAME_PATTERN, "controller name (DOMAIN/PATH)", 253)]
+
+
 def _header_name(name: str) -> str:
     if not _HEADER_NAME.match(name) or len(name) > 256:
         _fail(f"{name!r} is not a valid HTTP header name")
@@ -108,11 +140,11 @@ HeaderName = Annotated[str, AfterValidator(_header_name)]
 
 
 # --- references -------------------------------------------------------------------------------------
-class ParentReference(Model):
-    group: str = GROUP
-    kind: str = "Gateway"
-    namespace: str | None = None
-    name: str = Field(min_length=1, max_length=253)
+class ParentReference(StrictModel):
+    group: Group = GROUP
+    kind: Kind = "Gateway"
+    namespace: Namespace | None = None
+    name: ObjectName
     section_name: SectionName | None = None
     port: PortNumber | None = None
 
@@ -124,11 +156,11 @@ class ParentReference(Model):
         return self.group == GROUP and self.kind == "Gateway"
 
 
-class BackendObjectReference(Model):
-    group: str = ""
-    kind: str = "Service"
-    name: str = Field(min_length=1, max_length=253)
-    namespace: str | None = None
+class BackendObjectReference(StrictModel):
+    group: Group = ""
+    kind: Kind = "Service"
+    name: ObjectName
+    namespace: Namespace | None = None
     port: PortNumber | None = None
 
     def describe(self, namespace: str) -> str:
@@ -155,20 +187,20 @@ class BackendRef(BackendObjectReference):
         return self
 
 
-class SecretObjectReference(Model):
-    group: str = ""
-    kind: str = "Secret"
-    name: str = Field(min_length=1, max_length=253)
-    namespace: str | None = None
+class SecretObjectReference(StrictModel):
+    group: Group = ""
+    kind: Kind = "Secret"
+    name: ObjectName
+    namespace: Namespace | None = None
 
 
 # --- filters ----------------------------------------------------------------------------------------
-class HTTPHeader(Model):
+class HTTPHeader(StrictModel):
     name: HeaderName
-    value: str = Field(max_length=4096)
+    value: HeaderValue
 
 
-class HeaderModifier(Model):
+class HeaderModifier(StrictModel):
     set: list[HTTPHeader] = Field(default_factory=list)
     add: list[HTTPHeader] = Field(default_factory=list)
     remove: list[HeaderName] = Field(default_factory=list)
@@ -183,7 +215,7 @@ class HeaderModifier(Model):
         return self
 
 
-class Fraction(Model):
+class Fraction(StrictModel):
     numerator: int = Field(ge=0)
     denominator: int = Field(default=100, gt=0)
 
@@ -194,7 +226,7 @@ class Fraction(Model):
         return self
 
 
-class RequestMirror(Model):
+class RequestMirror(StrictModel):
     backend_ref: BackendObjectReference
     percent: int | None = Field(default=None, ge=0, le=100)
     fraction: Fraction | None = None
@@ -215,21 +247,21 @@ class RequestMirror(Model):
         return None
 
 
-class LocalObjectReference(Model):
-    group: str
-    kind: str
-    name: str
+class LocalObjectReference(StrictModel):
+    group: Group
+    kind: Kind
+    name: ObjectName
 
 
 FilterType = Literal["RequestHeaderModifier", "ResponseHeaderModifier", "RequestMirror", "RequestRedirect",
-                     "URLRewrite", "ExtensionRef", "CORS"]
+                     "URLRewrite", "ExtensionRef", "CORS", "ExternalAuth"]
 
 
-def check_filter_fields(f: Model, kind: str) -> None:
+def check_filter_fields(f: StrictModel, kind: str) -> None:
     """CEL: the field named by `type` must be set, and no other filter field."""
     fields = {"RequestHeaderModifier": "request_header_modifier", "ResponseHeaderModifier": "response_header_modifier",
               "RequestMirror": "request_mirror", "RequestRedirect": "request_redirect", "URLRewrite": "url_rewrite",
-              "ExtensionRef": "extension_ref", "CORS": "cors"}
+              "ExtensionRef": "extension_ref", "CORS": "cors", "ExternalAuth": "external_auth"}
     own = fields.get(kind)
     errs = []
     for k, attr in fields.items():
@@ -248,7 +280,7 @@ def validate_regex_value(value: str, where: str) -> None:
         _fail(err)
 
 
-class HeaderMatch(Model):
+class HeaderMatch(StrictModel):
     type: Literal["Exact", "RegularExpression"] = "Exact"
     name: HeaderName
     value: str = Field(min_length=1, max_length=4096)
@@ -258,6 +290,15 @@ class HeaderMatch(Model):
         if self.type == "RegularExpression":
             validate_regex_value(self.value, "value")
         return self
+
+
+def unique_names(items: list, what: str) -> list:
+    """A list the CRD keys by `name` (x-kubernetes-list-type: map): the apiserver refuses a
+    name given twice."""
+    names = [i.name for i in items]
+    if dupes := sorted({n for n in names if names.count(n) > 1}):
+        _fail(f"{what}: duplicate name {', '.join(repr(d) for d in dupes)}")
+    return items
 
 
 def first_per_name(matches: list[HeaderMatch]) -> list[HeaderMatch]:
@@ -271,8 +312,11 @@ def first_per_name(matches: list[HeaderMatch]) -> list[HeaderMatch]:
     return out
 
 
-class CommonRouteSpec(Model):
+class CommonRouteSpec(StrictModel):
     parent_refs: list[ParentReference] = Field(default_factory=list)
+    # Gateway API 1.6 (experimental): attach to the Gateways marked default. Nothing here marks a
+    # Gateway default, so a route asking for it would attach nowhere the user expects.
+    use_default_gateways: Unsupported = None
 
     @field_validator("parent_refs")
     @classmethod

@@ -3,33 +3,33 @@ lists listeners (port, protocol, hostname, TLS, which routes may attach)."""
 
 from __future__ import annotations
 
+import re
 from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pilot.config.base import Model
+from pilot.config.base import StrictModel, Unsupported
 from pilot.config.gateway_api.common import (
+    ControllerName,
     GatewayApiObject,
+    Group,
     Hostname,
+    Kind,
     PortNumber,
     SecretObjectReference,
     SectionName,
+    hostname_problem,
 )
 from pilot.config.mesh import LabelSelector
-from pilot.config.networking.validation import _fail, _raise_if
+from pilot.config.networking.validation import _fail, _raise_if, is_ip
 
 
-class ParametersReference(Model):
-    group: str
-    kind: str
-    name: str
-    namespace: str | None = None
-
-
-class GatewayClassSpec(Model):
-    controller_name: str = Field(min_length=1, max_length=253)
-    parameters_ref: ParametersReference | None = None
-    description: str | None = None
+class GatewayClassSpec(StrictModel):
+    controller_name: ControllerName
+    # istiod reads a ConfigMap here to customise the gateway Deployments it creates; this control
+    # plane deploys nothing, so the settings could not take effect.
+    parameters_ref: Unsupported = None
+    description: str | None = Field(default=None, description="free text for people; nothing to apply")
 
 
 class GatewayClass(GatewayApiObject):
@@ -37,15 +37,15 @@ class GatewayClass(GatewayApiObject):
     spec: GatewayClassSpec
 
 
-class RouteGroupKind(Model):
-    group: str = "gateway.networking.k8s.io"
-    kind: str
+class RouteGroupKind(StrictModel):
+    group: Group = "gateway.networking.k8s.io"
+    kind: Kind
 
     def key(self) -> tuple[str, str]:
         return (self.group, self.kind)
 
 
-class RouteNamespaces(Model):
+class RouteNamespaces(StrictModel):
     from_: Literal["All", "Same", "Selector"] = Field(default="Same", alias="from")
     selector: LabelSelector | None = None
 
@@ -56,26 +56,28 @@ class RouteNamespaces(Model):
         return self
 
 
-class AllowedRoutes(Model):
+class AllowedRoutes(StrictModel):
     namespaces: RouteNamespaces = Field(default_factory=RouteNamespaces)
     kinds: list[RouteGroupKind] = Field(default_factory=list)
 
 
-class GatewayTLSConfig(Model):
+class GatewayTLSConfig(StrictModel):
     mode: Literal["Terminate", "Passthrough"] = "Terminate"
     certificate_refs: list[SecretObjectReference] = Field(default_factory=list)
-    options: dict[str, str] = Field(default_factory=dict)
+    # istiod reads options such as gateway.istio.io/tls-terminate-mode (MUTUAL: require client
+    # certificates) and cipher suites; ignoring them would serve weaker TLS than asked.
+    options: Unsupported = None
 
     @model_validator(mode="after")
     def _refs(self) -> GatewayTLSConfig:
-        if self.mode == "Terminate" and not self.certificate_refs and not self.options:
+        if self.mode == "Terminate" and not self.certificate_refs:
             _fail("certificateRefs or options must be specified when mode is Terminate")
         if len(self.certificate_refs) > 64:
             _fail("at most 64 certificateRefs")
         return self
 
 
-class Listener(Model):
+class Listener(StrictModel):
     name: SectionName
     hostname: Hostname | None = None
     port: PortNumber
@@ -99,15 +101,45 @@ class Listener(Model):
         return self
 
 
-class GatewayAddress(Model):
-    type: str = "IPAddress"
+_ADDRESS_TYPE = re.compile(r"^Hostname|IPAddress|NamedAddress|[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+                           r"(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9/\-._~%!$&'()*+,;=:]+$")
+
+
+class GatewayAddress(StrictModel):
+    type: str = Field(default="IPAddress", min_length=1, max_length=253)
     value: str = Field(min_length=1, max_length=253)
 
+    @model_validator(mode="after")
+    def _valid(self) -> GatewayAddress:
+        if not _ADDRESS_TYPE.match(self.type):
+            _fail(f"type {self.type!r} is not Hostname, IPAddress, NamedAddress or DOMAIN/PATH")
+        if self.type == "IPAddress" and not is_ip(self.value):
+            _fail(f"value {self.value!r} is not an IPv4 or IPv6 address")
+        if self.type == "Hostname" and (err := hostname_problem(self.value)):
+            _fail(err)
+        return self
 
-class GatewaySpec(Model):
+
+class GatewaySpec(StrictModel):
     gateway_class_name: str = Field(min_length=1, max_length=253)
     listeners: list[Listener] = Field(min_length=1, max_length=64)
-    addresses: list[GatewayAddress] = Field(default_factory=list)
+    addresses: list[GatewayAddress] = Field(default_factory=list, max_length=16)
+    # Gateway API 1.5/1.6 fields this control plane does not apply. `tls` holds the client
+    # certificate validation of the frontend (mTLS) and the Gateway's own certificate towards
+    # backends: dropping either would be less secure than written.
+    tls: Unsupported = None
+    infrastructure: Unsupported = None  # labels/annotations/parameters of deployed resources
+    allowed_listeners: Unsupported = None  # ListenerSets attaching to this Gateway
+    default_scope: Unsupported = None  # "All": routes that ask for default Gateways attach here
+
+    @field_validator("addresses")
+    @classmethod
+    def _unique_addresses(cls, addresses: list[GatewayAddress]) -> list[GatewayAddress]:
+        for kind in ("IPAddress", "Hostname"):
+            values = [a.value for a in addresses if a.type == kind]
+            if len(set(values)) != len(values):
+                _fail(f"{kind} values must be unique")
+        return addresses
 
     @field_validator("listeners")
     @classmethod

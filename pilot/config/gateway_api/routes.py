@@ -2,31 +2,40 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import Field, model_validator
 
-from pilot.config.base import Model
+from pilot.config.base import StrictModel, Unsupported, fails_closed
 from pilot.config.gateway_api.common import (
     BackendRef,
     CommonRouteSpec,
     GatewayApiObject,
     GatewayDuration,
+    Group,
     HeaderMatch,
     HeaderModifier,
-    Hostname,
     Hostnames,
+    Kind,
     LocalObjectReference,
+    Namespace,
+    ObjectName,
     PortNumber,
+    PreciseHostname,
     RequestMirror,
+    SectionName,
     check_filter_fields,
+    unique_names,
     validate_regex_value,
 )
 from pilot.config.networking.validation import _fail, _raise_if
 
-
 # --- HTTPRoute --------------------------------------------------------------------------------------
-class PathMatch(Model):
+_PATH_CHARS = re.compile(r"^(?:[-A-Za-z0-9/._~!$&'()*+,;=:@]|[%][0-9a-fA-F]{2})+$")
+
+
+class PathMatch(StrictModel):
     type: Literal["Exact", "PathPrefix", "RegularExpression"] = "PathPrefix"
     value: str = Field(default="/", max_length=1024)
 
@@ -43,11 +52,14 @@ class PathMatch(Model):
                 errs.append(f"value must not contain {bad!r} when type one of ['Exact', 'PathPrefix']")
         if self.value.endswith(("/..", "/.")):
             errs.append("value must not end with '/..' or '/.' when type one of ['Exact', 'PathPrefix']")
+        if not _PATH_CHARS.match(self.value):
+            errs.append(f"value must only contain valid characters (matching {_PATH_CHARS.pattern}) "
+                        "for types ['Exact', 'PathPrefix']")
         _raise_if(errs)
         return self
 
 
-class QueryParamMatch(Model):
+class QueryParamMatch(StrictModel):
     type: Literal["Exact", "RegularExpression"] = "Exact"
     name: str = Field(min_length=1, max_length=256)
     value: str = Field(min_length=1, max_length=1024)
@@ -62,14 +74,20 @@ class QueryParamMatch(Model):
 Method = Literal["GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"]
 
 
-class HTTPRouteMatch(Model):
+class HTTPRouteMatch(StrictModel):
     path: PathMatch = Field(default_factory=PathMatch)
-    headers: list[HeaderMatch] = Field(default_factory=list)
-    query_params: list[QueryParamMatch] = Field(default_factory=list)
+    headers: list[HeaderMatch] = Field(default_factory=list, max_length=16)
+    query_params: list[QueryParamMatch] = Field(default_factory=list, max_length=16)
     method: Method | None = None
 
+    @model_validator(mode="after")
+    def _unique(self) -> HTTPRouteMatch:
+        unique_names(self.headers, "headers")
+        unique_names(self.query_params, "queryParams")
+        return self
 
-class PathModifier(Model):
+
+class PathModifier(StrictModel):
     type: Literal["ReplaceFullPath", "ReplacePrefixMatch"]
     replace_full_path: str | None = None
     replace_prefix_match: str | None = None
@@ -94,29 +112,46 @@ class PathModifier(Model):
         return (self.replace_full_path if self.type == "ReplaceFullPath" else self.replace_prefix_match) or "/"
 
 
-class RequestRedirect(Model):
+class RequestRedirect(StrictModel):
     scheme: Literal["http", "https"] | None = None
-    hostname: Hostname | None = None
+    hostname: PreciseHostname | None = None
     path: PathModifier | None = None
     port: PortNumber | None = None
     status_code: Literal[301, 302, 303, 307, 308] = 302
 
 
-class URLRewrite(Model):
-    hostname: Hostname | None = None
+class URLRewrite(StrictModel):
+    hostname: PreciseHostname | None = None
     path: PathModifier | None = None
 
 
-class HTTPRouteFilter(Model):
+# Gateway API's answer for a filter an implementation lacks: the route is accepted, its status
+# says so, and the rule answers 500 (never serves the request unfiltered).
+FAILS_CLOSED = "the rule answers 500 and the route's status says why (Gateway API's rule for filters)"
+
+
+class CORSFilter(StrictModel):
+    allow_origins: list[str] = Field(default_factory=list)
+    allow_credentials: bool | None = None
+    allow_methods: list[str] = Field(default_factory=list)
+    allow_headers: list[str] = Field(default_factory=list)
+    expose_headers: list[str] = Field(default_factory=list)
+    max_age: int | None = None
+
+
+class HTTPRouteFilter(StrictModel):
     type: Literal["RequestHeaderModifier", "ResponseHeaderModifier", "RequestMirror", "RequestRedirect",
-                  "URLRewrite", "ExtensionRef", "CORS"]
+                  "URLRewrite", "ExtensionRef", "CORS", "ExternalAuth"]
     request_header_modifier: HeaderModifier | None = None
     response_header_modifier: HeaderModifier | None = None
     request_mirror: RequestMirror | None = None
     request_redirect: RequestRedirect | None = None
     url_rewrite: URLRewrite | None = Field(default=None, alias="urlRewrite")
-    extension_ref: LocalObjectReference | None = None
-    cors: dict | None = None
+    extension_ref: LocalObjectReference | None = fails_closed(FAILS_CLOSED)
+    cors: CORSFilter | None = fails_closed(FAILS_CLOSED)
+    # Authentication and authorisation by an external service: refused outright, as a request
+    # must never pass a filter meant to check it.
+    external_auth: Unsupported = None
 
     @model_validator(mode="after")
     def _fields(self) -> HTTPRouteFilter:
@@ -128,7 +163,7 @@ class HTTPBackendRef(BackendRef):
     filters: list[HTTPRouteFilter] = Field(default_factory=list)
 
 
-class HTTPRouteTimeouts(Model):
+class HTTPRouteTimeouts(StrictModel):
     request: GatewayDuration | None = None
     backend_request: GatewayDuration | None = None
 
@@ -151,25 +186,42 @@ def _filters_ok(filters: list[HTTPRouteFilter], matches: list[HTTPRouteMatch]) -
     return errs
 
 
-class HTTPRouteRule(Model):
-    name: str | None = None
+class HTTPRouteRule(StrictModel):
+    name: SectionName | None = None
     matches: list[HTTPRouteMatch] = Field(default_factory=lambda: [HTTPRouteMatch()])
     filters: list[HTTPRouteFilter] = Field(default_factory=list)
     backend_refs: list[HTTPBackendRef] = Field(default_factory=list)
     timeouts: HTTPRouteTimeouts | None = None
+    retry: Unsupported = None
+    session_persistence: Unsupported = None
 
     @model_validator(mode="after")
     def _cel(self) -> HTTPRouteRule:
         errs = _filters_ok(self.filters, self.matches)
         if len(self.matches) > 64:
             errs.append("at most 64 matches")
+        if self.backend_refs and any(f.type == "RequestRedirect" for f in self.filters):
+            errs.append("RequestRedirect filter must not be used together with backendRefs")
         _raise_if(errs)
         return self
+
+
+def _total_matches(rules: list) -> list:
+    if sum(len(r.matches) for r in rules) >= 128:
+        from pilot.config.networking.validation import _fail
+        _fail("While 16 rules and 64 matches per rule are allowed, the total number of matches across all "
+              "rules in a route must be less than 128")
+    return rules
 
 
 class HTTPRouteSpec(CommonRouteSpec):
     hostnames: Hostnames = Field(default_factory=list)
     rules: list[HTTPRouteRule] = Field(default_factory=lambda: [HTTPRouteRule()], max_length=16)
+
+    @model_validator(mode="after")
+    def _matches(self) -> HTTPRouteSpec:
+        _total_matches(self.rules)
+        return self
 
 
 class HTTPRoute(GatewayApiObject):
@@ -178,7 +230,7 @@ class HTTPRoute(GatewayApiObject):
 
 
 # --- GRPCRoute --------------------------------------------------------------------------------------
-class GRPCMethodMatch(Model):
+class GRPCMethodMatch(StrictModel):
     type: Literal["Exact", "RegularExpression"] = "Exact"
     service: str | None = Field(default=None, max_length=1024)
     method: str | None = Field(default=None, max_length=1024)
@@ -199,17 +251,22 @@ class GRPCMethodMatch(Model):
         return self
 
 
-class GRPCRouteMatch(Model):
+class GRPCRouteMatch(StrictModel):
     method: GRPCMethodMatch | None = None
-    headers: list[HeaderMatch] = Field(default_factory=list)
+    headers: list[HeaderMatch] = Field(default_factory=list, max_length=16)
+
+    @model_validator(mode="after")
+    def _unique(self) -> GRPCRouteMatch:
+        unique_names(self.headers, "headers")
+        return self
 
 
-class GRPCRouteFilter(Model):
+class GRPCRouteFilter(StrictModel):
     type: Literal["RequestHeaderModifier", "ResponseHeaderModifier", "RequestMirror", "ExtensionRef"]
     request_header_modifier: HeaderModifier | None = None
     response_header_modifier: HeaderModifier | None = None
     request_mirror: RequestMirror | None = None
-    extension_ref: LocalObjectReference | None = None
+    extension_ref: LocalObjectReference | None = fails_closed(FAILS_CLOSED)
 
     @model_validator(mode="after")
     def _fields(self) -> GRPCRouteFilter:
@@ -221,11 +278,12 @@ class GRPCBackendRef(BackendRef):
     filters: list[GRPCRouteFilter] = Field(default_factory=list)
 
 
-class GRPCRouteRule(Model):
-    name: str | None = None
+class GRPCRouteRule(StrictModel):
+    name: SectionName | None = None
     matches: list[GRPCRouteMatch] = Field(default_factory=list)
     filters: list[GRPCRouteFilter] = Field(default_factory=list)
     backend_refs: list[GRPCBackendRef] = Field(default_factory=list)
+    session_persistence: Unsupported = None
 
 
 class GRPCRouteSpec(CommonRouteSpec):
@@ -239,8 +297,8 @@ class GRPCRoute(GatewayApiObject):
 
 
 # --- TCPRoute and TLSRoute --------------------------------------------------------------------------
-class L4RouteRule(Model):
-    name: str | None = None
+class L4RouteRule(StrictModel):
+    name: SectionName | None = None
     backend_refs: list[BackendRef] = Field(default_factory=list, max_length=16)
 
 
@@ -264,19 +322,19 @@ class TLSRoute(GatewayApiObject):
 
 
 # --- ReferenceGrant ---------------------------------------------------------------------------------
-class ReferenceGrantFrom(Model):
-    group: str
-    kind: str
-    namespace: str
+class ReferenceGrantFrom(StrictModel):
+    group: Group
+    kind: Kind
+    namespace: Namespace
 
 
-class ReferenceGrantTo(Model):
-    group: str
-    kind: str
-    name: str | None = None
+class ReferenceGrantTo(StrictModel):
+    group: Group
+    kind: Kind
+    name: ObjectName | None = None
 
 
-class ReferenceGrantSpec(Model):
+class ReferenceGrantSpec(StrictModel):
     from_: list[ReferenceGrantFrom] = Field(alias="from", min_length=1, max_length=16)
     to: list[ReferenceGrantTo] = Field(min_length=1, max_length=16)
 

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from pilot.config.base import K8sObject, Model
+from pilot.config.base import StrictModel, StrictObject, fails_closed
 from pilot.config.networking.validation import _raise_if
 from pilot.config.security.common import (
     PolicyTargetReference,
@@ -24,21 +24,24 @@ from pilot.config.security.common import (
     path_template_problems,
     port_problems,
     selector_problems,
+    service_account_problem,
+    trust_domain_problem,
+    wildcard_problem,
 )
 
 Action = Literal["ALLOW", "DENY", "AUDIT", "CUSTOM"]
 Values = list[str] | None  # None (absent) and [] differ only where istiod says so
 
-# `when` keys istiod generates config for (pilot/pkg/security/authz/model), and the keys it
-# rejects with a reason of their own.
-PLAIN_KEYS = ("source.ip", "remote.ip", "source.namespace", "source.principal", "request.auth.principal",
-              "request.auth.audiences", "request.auth.presenter", "destination.ip", "destination.port",
-              "connection.sni")
+# `when` keys istiod 1.30 generates config for (pilot/pkg/security/authz/model/model.go), and the
+# keys it rejects with a reason of their own (pkg/config/security ValidateAttribute).
+PLAIN_KEYS = ("source.ip", "remote.ip", "source.namespace", "source.serviceAccount", "source.trustDomain",
+              "source.principal", "request.auth.principal", "request.auth.audiences",
+              "request.auth.presenter", "destination.ip", "destination.port", "connection.sni")
 MAP_KEYS = ("request.headers", "request.auth.claims", "experimental.envoy.filters.")
 IP_KEYS = ("source.ip", "remote.ip", "destination.ip")
 
 
-class Source(Model):
+class Source(StrictModel):
     principals: Values = None
     not_principals: Values = None
     request_principals: Values = None
@@ -51,6 +54,9 @@ class Source(Model):
     not_remote_ip_blocks: Values = None
     service_accounts: Values = None
     not_service_accounts: Values = None
+    # The trust domain of the peer's SPIFFE identity (mTLS), like the `source.trustDomain` key.
+    trust_domains: Values = None
+    not_trust_domains: Values = None
 
     def is_empty(self) -> bool:
         return not any(getattr(self, f) for f in type(self).model_fields)
@@ -67,21 +73,24 @@ class Source(Model):
             errs += [f"{name}: {e}, found at rule {i}" for e in ip_problems(getattr(self, f))]
         for f, alias in (("principals", "Principals"), ("request_principals", "RequestPrincipals"),
                          ("namespaces", "Namespaces"), ("ip_blocks", "IpBlocks"),
-                         ("remote_ip_blocks", "RemoteIpBlocks"), ("service_accounts", "ServiceAccounts")):
+                         ("remote_ip_blocks", "RemoteIpBlocks")):
             errs += empty_value_problem(alias, getattr(self, f))
             errs += empty_value_problem("Not" + alias, getattr(self, "not_" + f))
-        for f, name in (("service_accounts", "serviceAccounts"), ("not_service_accounts", "notServiceAccounts")):
-            for sa in getattr(self, f) or ():
-                if sa and (sa.count("/") > 1 or "" in sa.split("/") or "*" in sa):
-                    errs.append(f"{name}: {sa!r} must be NAME or NAMESPACE/NAME, without wildcards")
+        for f, name in (("service_accounts", "ServiceAccounts"),
+                        ("not_service_accounts", "NotServiceAccounts")):
+            if err := service_account_problem(name, getattr(self, f)):
+                errs.append(err)
+        for f, name in (("trust_domains", "TrustDomains"), ("not_trust_domains", "NotTrustDomains")):
+            if err := trust_domain_problem(name, getattr(self, f)):
+                errs.append(err)
         return errs
 
 
-class From(Model):
+class From(StrictModel):
     source: Source | None = None
 
 
-class Operation(Model):
+class Operation(StrictModel):
     hosts: Values = None
     not_hosts: Values = None
     ports: Values = None
@@ -104,11 +113,11 @@ class Operation(Model):
         return errs
 
 
-class To(Model):
+class To(StrictModel):
     operation: Operation | None = None
 
 
-class Condition(Model):
+class Condition(StrictModel):
     key: str = ""
     values: list[str] = Field(default_factory=list)
     not_values: list[str] = Field(default_factory=list)
@@ -145,6 +154,10 @@ def attribute_problem(key: str, values: list[str]) -> str | None:
     if key == "destination.port":
         errs = port_problems(values)
         return "; ".join(errs) if errs else None
+    if key == "source.serviceAccount":
+        return service_account_problem(key, values)
+    if key == "source.trustDomain":
+        return wildcard_problem(key, values)
     if key in PLAIN_KEYS:
         return None
     if key == "destination.namespace":
@@ -156,7 +169,7 @@ def attribute_problem(key: str, values: list[str]) -> str | None:
     return f"unknown attribute: {key}"
 
 
-class Rule(Model):
+class Rule(StrictModel):
     from_: list[From | None] | None = Field(default=None, alias="from")
     to: list[To | None] | None = None
     when: list[Condition | None] = Field(default_factory=list)
@@ -200,25 +213,31 @@ class Rule(Model):
             for field, name in (("namespaces", "From.Namespaces"), ("not_namespaces", "From.NotNamespaces"),
                                 ("service_accounts", "From.ServiceAccounts"),
                                 ("not_service_accounts", "From.NotServiceAccounts"),
+                                ("trust_domains", "From.TrustDomains"),
+                                ("not_trust_domains", "From.NotTrustDomains"),
                                 ("principals", "From.Principals"), ("not_principals", "From.NotPrincipals"),
                                 ("request_principals", "From.RequestPrincipals"),
                                 ("not_request_principals", "From.NotRequestPrincipals")):
                 if getattr(src, field):
                     errs.append(f"{name} is currently not supported with CUSTOM action")
         for c in self.when:
-            if c is not None and (c.key in ("source.namespace", "source.serviceAccount", "source.principal")
+            if c is not None and (c.key in ("source.namespace", "source.serviceAccount", "source.trustDomain",
+                                                 "source.principal")
                                   or c.key.startswith("request.auth.")):
                 errs.append(f"{c.key} is currently not supported with CUSTOM action")
         return errs
 
 
-class AuthorizationPolicySpec(Model):
+class AuthorizationPolicySpec(StrictModel):
     selector: Selector | None = None
     target_ref: PolicyTargetReference | None = None
     target_refs: list[PolicyTargetReference] = Field(default_factory=list)
     rules: list[Rule | None] | None = None
     action: Action = "ALLOW"
-    provider: Provider | None = None
+    # CUSTOM needs a MeshConfig extension provider, and extensionProviders is not supported: as
+    # istiod does for a provider it cannot resolve, the workload denies every request.
+    provider: Provider | None = fails_closed("no extension providers: a CUSTOM policy denies every request "
+                                             "of the workloads it selects (istiod's default-deny-all)")
 
     @model_validator(mode="after")
     def _valid(self) -> AuthorizationPolicySpec:
@@ -248,6 +267,6 @@ class AuthorizationPolicySpec(Model):
         return ([self.target_ref] if self.target_ref is not None else []) + list(self.target_refs)
 
 
-class AuthorizationPolicy(K8sObject):
+class AuthorizationPolicy(StrictObject):
     kind: Literal["AuthorizationPolicy"] = "AuthorizationPolicy"
     spec: AuthorizationPolicySpec = AuthorizationPolicySpec()

@@ -7,7 +7,9 @@ from __future__ import annotations
 import ipaddress
 import re
 
-from pilot.config.base import Model
+from pydantic import ConfigDict
+
+from pilot.config.base import StrictModel
 from pilot.config.networking.common import WorkloadSelector
 
 GROUP = "security.istio.io"
@@ -18,7 +20,7 @@ ALLOWED_TARGET_KINDS = (("", "Service"), ("networking.istio.io", "ServiceEntry")
                         ("gateway.networking.k8s.io", "Gateway"), ("gateway.networking.k8s.io", "GatewayClass"))
 
 
-class PolicyTargetReference(Model):
+class PolicyTargetReference(StrictModel):
     group: str = ""
     kind: str = ""
     name: str = ""
@@ -38,7 +40,10 @@ class PolicyTargetReference(Model):
 
 
 class Selector(WorkloadSelector):
-    """`selector.matchLabels`; an empty selector selects like no selector (istiod only warns)."""
+    """`selector.matchLabels`; an empty selector selects like no selector (istiod only warns).
+    Strict: a misspelt key (`matchLabel`) would otherwise select every workload of the namespace."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 def selector_problems(selector: Selector | None, target_ref: PolicyTargetReference | None,
@@ -77,6 +82,52 @@ def empty_value_problem(field: str, values: list[str] | None) -> list[str]:
     return [f"empty value not allowed, found in {field}"] if any(v == "" for v in values or ()) else []
 
 
+def wildcard_problem(field: str, values: list[str] | None) -> str | None:
+    """istio security.CheckWildcardValues: exact, `prefix*`, `*suffix` or `*`, one `*` at most."""
+    for v in values or ():
+        if v == "":
+            return f"empty value not allowed, found in {field}"
+        stars = v.count("*")
+        if stars > 1:
+            return f"at most one wildcard is allowed, found in {field}: {v!r}"
+        if stars == 1 and v != "*" and not v.startswith("*") and not v.endswith("*"):
+            return f"wildcard is only allowed at the start or end, found in {field}: {v!r}"
+    return None
+
+
+def trust_domain_problem(field: str, values: list[str] | None) -> str | None:
+    """istio security.CheckTrustDomainValues: wildcard values without '/'."""
+    if err := wildcard_problem(field, values):
+        return err
+    for v in values or ():
+        if "/" in v:
+            return f"trust domain must not contain '/', found in {field}: {v!r}"
+    return None
+
+
+def service_account_problem(field: str, values: list[str] | None) -> str | None:
+    """istio security.CheckServiceAccount: `sa` or `ns/sa`, no wildcard, 16 values at most."""
+    values = values or []
+    if len(values) > 16:
+        return "may not have more than 16 values"
+    expected = "expected format 'serviceAccount' or 'namespace/serviceAccount'"
+    for v in values:
+        if v == "":
+            return f"empty value not allowed, found in {field}"
+        if "*" in v:
+            return f"wildcard not allowed, found in {field}"
+        if v.count("/") > 1:
+            return f"{expected}, found {v!r} in {field}"
+        if len(v) > 320:
+            return f"value cannot exceed 320 characters, found {v!r} in {field}"
+        ns, slash, sa = v.partition("/")
+        if slash and not ns:
+            return f"{expected}, found empty namespace {v!r} in {field}"
+        if slash and not sa:
+            return f"{expected}, found empty serviceAccount {v!r} in {field}"
+    return None
+
+
 MATCH_ONE_TEMPLATE = "{*}"
 MATCH_ANY_TEMPLATE = "{**}"
 # Named variables, empty braces and bare `*`/`**` segments: what Envoy's uri_template needs but
@@ -95,7 +146,7 @@ def path_template_problems(field: str, paths: list[str] | None) -> list[str]:
     return []
 
 
-class Provider(Model):
+class Provider(StrictModel):
     """`provider: {name}` of a CUSTOM AuthorizationPolicy: an extension provider of MeshConfig."""
 
     name: str = ""

@@ -7,18 +7,18 @@ from typing import Literal
 
 from pydantic import model_validator
 
-from pilot.config.base import K8sObject, Model
+from pilot.config.base import StrictModel, StrictObject
 from pilot.config.networking.validation import _raise_if
 from pilot.config.security.common import Selector
 
 MtlsMode = Literal["UNSET", "DISABLE", "PERMISSIVE", "STRICT"]
 
 
-class PeerAuthenticationMutualTLS(Model):
+class PeerAuthenticationMutualTLS(StrictModel):
     mode: MtlsMode = "UNSET"
 
 
-class PeerAuthenticationSpec(Model):
+class PeerAuthenticationSpec(StrictModel):
     selector: Selector | None = None
     mtls: PeerAuthenticationMutualTLS | None = None
     # Keys are workload (container) ports; YAML map keys arrive as strings and are read as ints.
@@ -46,6 +46,6 @@ class PeerAuthenticationSpec(Model):
         return {p: (m.mode if m is not None else "UNSET") for p, m in (self.port_level_mtls or {}).items()}
 
 
-class PeerAuthentication(K8sObject):
+class PeerAuthentication(StrictObject):
     kind: Literal["PeerAuthentication"] = "PeerAuthentication"
     spec: PeerAuthenticationSpec = PeerAuthenticationSpec()

@@ -10,19 +10,19 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, model_validator
 
-from pilot.config.base import K8sObject, Model
+from pilot.config.base import StrictModel, StrictObject
 from pilot.config.networking.validation import Duration, _raise_if
 from pilot.config.security.common import PolicyTargetReference, Selector, selector_problems
 
 _STRICT_HEADER_NAME = re.compile(r"^[-a-zA-Z0-9]+$")
 
 
-class JWTHeader(Model):
+class JWTHeader(StrictModel):
     name: str = ""
     prefix: str = ""
 
 
-class ClaimToHeader(Model):
+class ClaimToHeader(StrictModel):
     header: str = ""
     claim: str = ""
 
@@ -54,7 +54,7 @@ def jwks_problem(text: str) -> str | None:
     return None
 
 
-class JWTRule(Model):
+class JWTRule(StrictModel):
     issuer: str = ""
     audiences: list[str] = Field(default_factory=list)
     jwks_uri: str = ""
@@ -87,6 +87,8 @@ class JWTRule(Model):
             errs.append("location query must be non-empty string")
         if any(not c for c in self.from_cookies):
             errs.append("cookie name must be non-empty string")
+        if any(not c for c in self.space_delimited_claims or ()):
+            errs.append("spaceDelimitedClaims must be non-empty strings")
         for ch in self.output_claim_to_headers:
             if ch is None:
                 errs.append("outputClaimToHeaders must not be null")
@@ -97,7 +99,7 @@ class JWTRule(Model):
         return [f"jwtRules[{i}]: {e}" for e in errs]
 
 
-class RequestAuthenticationSpec(Model):
+class RequestAuthenticationSpec(StrictModel):
     selector: Selector | None = None
     target_ref: PolicyTargetReference | None = None
     target_refs: list[PolicyTargetReference] = Field(default_factory=list)
@@ -107,7 +109,9 @@ class RequestAuthenticationSpec(Model):
     def _valid(self) -> RequestAuthenticationSpec:
         errs = selector_problems(self.selector, self.target_ref, self.target_refs)
         for i, rule in enumerate(self.jwt_rules):
-            if rule is not None:
+            if rule is None:  # the CRD's schema: each rule is an object
+                errs.append(f"jwtRules[{i}]: must be an object, not null")
+            else:
                 errs += rule.problems(i)
         _raise_if(errs)
         return self
@@ -121,6 +125,6 @@ class RequestAuthenticationSpec(Model):
         return [r for r in self.jwt_rules if r is not None]
 
 
-class RequestAuthentication(K8sObject):
+class RequestAuthentication(StrictObject):
     kind: Literal["RequestAuthentication"] = "RequestAuthentication"
     spec: RequestAuthenticationSpec = RequestAuthenticationSpec()

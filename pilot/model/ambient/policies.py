@@ -104,10 +104,15 @@ def _rule(action: str, rule, namespace: str) -> tuple[AuthzRule | None, set[str]
     from_matches = []
     for frm in rule.from_ or ():
         src = frm.source
+        # Trust domains have no field in ztunnel's Match (istiod 1.30 drops them there, which
+        # widens an ALLOW): they are handled like the HTTP attributes, so an ALLOW rule naming
+        # them allows nothing at L4 and a DENY rule denies regardless of trust domain.
         http.update(f for f, attr in (("remoteIpBlocks", src.remote_ip_blocks),
                                       ("notRemoteIpBlocks", src.not_remote_ip_blocks),
                                       ("requestPrincipals", src.request_principals),
-                                      ("notRequestPrincipals", src.not_request_principals)) if attr)
+                                      ("notRequestPrincipals", src.not_request_principals),
+                                      ("trustDomains", src.trust_domains),
+                                      ("notTrustDomains", src.not_trust_domains)) if attr)
         from_matches.append(AuthzMatch(
             source_ips=_cidrs(src.ip_blocks), not_source_ips=_cidrs(src.not_ip_blocks),
             namespaces=_strings(src.namespaces), not_namespaces=_strings(src.not_namespaces),

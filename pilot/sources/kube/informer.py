@@ -178,7 +178,8 @@ class Informer:
         except InvalidObject as e:
             self._rejections[key] = Rejection(f"kube {self.kind.path(key.namespace, key.name)}", e.kind or self.kind.config_kind,
                                               key.namespace, key.name, e.reason)
-            log.warning("object rejected", kind=self.kind.kind, namespace=key.namespace, name=key.name, reason=e.reason)
+            log.warning("object rejected", source=self._rejections[key].source, kind=self.kind.kind,
+                        namespace=key.namespace, name=key.name, reason=e.reason)
             return None
         self._rejections.pop(key, None)
         return obj

@@ -90,12 +90,12 @@ def _inbound(ctx: PushContext, proxy: Proxy, settings, outbound_names: set[str],
             continue  # the address of an outbound listener, or of the app itself: Envoy would reject it
         out.append(cache.resource(LISTENER, inbound.inbound_listener_name(port.bind, port.port),
                                   inbound.bound_inbound_listener, port, plan.mesh_tls, settings,
-                                  plan.policies, ctx.mesh.trust_domain,
+                                  plan.policies, ctx.mesh.trust_domains,
                                   origins=(port.origin, *plan.policies.origins)))
     if proxy.interception_mode != "NONE" and (redirected or plan.mesh_tls):
         ports = tuple(redirected)
         out.append(cache.resource(LISTENER, inbound.VIRTUAL_INBOUND_LISTENER, inbound.virtual_inbound_listener,
-                                  ports, plan.mesh_tls, settings, plan.policies, ctx.mesh.trust_domain,
+                                  ports, plan.mesh_tls, settings, plan.policies, ctx.mesh.trust_domains,
                                   origins=(*dict.fromkeys(p.origin for p in ports), *plan.policies.origins)))
     return out
 

@@ -60,8 +60,8 @@ def listeners(ctx: PushContext, proxy: Proxy, waypoint: Waypoint, requested: fro
                                ctx.settings.routes.retry)
     out = [cache.resource(LISTENER, wp.CONNECT_TERMINATE, wp.connect_terminate_listener, waypoint.address.port,
                           origins=origins[:1]),
-           cache.resource(LISTENER, wp.MAIN_INTERNAL, wp.main_internal_listener, chains, ctx.mesh.trust_domain,
-                          routing, origins=origins)]
+           cache.resource(LISTENER, wp.MAIN_INTERNAL, wp.main_internal_listener, chains,
+                          ctx.mesh.trust_domains, routing, origins=origins)]
     return [r for r in out if requested is None or r.name in requested]
 
 

@@ -1,0 +1,46 @@
+"""The published table of supported fields is what the models say, and says what users rely on."""
+
+from __future__ import annotations
+
+from pilot.config import fields_table as ft
+
+
+def rows_of(title: str) -> dict[str, ft.Row]:
+    for t, _versions, _policy, rows in ft.tables():
+        if t == title:
+            return {r.path: r for r in rows}
+    raise AssertionError(f"no table for {title}")
+
+
+def test_the_committed_table_is_the_generated_one() -> None:
+    assert ft.DOC.read_text() == ft.render(), "docs/fields.md is stale: run `make docs`"
+
+
+def test_every_kind_and_meshconfig_has_a_table() -> None:
+    from pilot.config.kinds import KINDS
+    titles = [t for t, *_ in ft.tables()]
+    assert len(titles) == len(KINDS) + 1 and titles[-1] == "MeshConfig"
+
+
+def test_statuses_follow_the_marks_on_the_models() -> None:
+    ap = rows_of("AuthorizationPolicy")
+    assert ap["spec.rules[].from[].source.trustDomains"].status == ft.APPLIED
+    assert ap["spec.rules[].from[].source.notTrustDomains"].status == ft.APPLIED
+    assert ap["spec.provider"].status == ft.FAILS_CLOSED and "deny" in ap["spec.provider"].note
+    gw = rows_of("Gateway (KubernetesGateway)")
+    assert gw["spec.tls"].status == gw["spec.listeners[].tls.options"].status == ft.UNSUPPORTED
+    assert gw["spec.listeners[].tls.certificateRefs[].name"].status == ft.APPLIED
+    assert "status" not in gw  # ours to write, not configuration
+    route = rows_of("HTTPRoute")
+    # a mark is inherited by everything under it
+    assert route["spec.rules[].filters[].cors"].status == ft.FAILS_CLOSED
+    assert route["spec.rules[].filters[].cors.allowOrigins"].status == ft.FAILS_CLOSED
+    assert route["spec.rules[].retry"].status == ft.UNSUPPORTED
+    mesh = rows_of("MeshConfig")
+    assert mesh["extensionProviders"].status == mesh["meshMTLS"].status == ft.UNSUPPORTED
+    assert mesh["trustDomain"].status == ft.APPLIED
+
+
+def test_summary_counts_add_up() -> None:
+    for _t, _v, _p, rows in ft.tables():
+        assert sum(ft.summary(rows)) == len(rows)

@@ -302,7 +302,7 @@ class AdsService:
         limit = self.server.features.xds_max_resource_names
         if count > limit:
             raise Refused("too_many_resources", grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"a {shown(type_url)} request carries {count} {field}; at most {limit} are accepted "
+                          f"a {shown(type_url, 128)} request carries {count} {field}; at most {limit} are accepted "
                           "(PILOT_XDS_MAX_RESOURCE_NAMES)")
 
     # --- delta ------------------------------------------------------------------------------

@@ -322,11 +322,12 @@ class AdsService:
             # Resume: the proxy already holds these versions; send only what differs.
             w.sent = dict(req.initial_resource_versions)
             conn.watched[type_url] = w
-        if req.response_nonce:
+        if req.response_nonce and (req.response_nonce in w.pending or req.response_nonce == w.nonce_sent):
+            # Only nonces this stream was sent: anything else is stale or made up.
             if req.HasField("error_detail"):
                 self.server.record_nack(conn, w, req.response_nonce, "", req.error_detail.code,
                                         req.error_detail.message)
-            elif req.response_nonce in w.pending or req.response_nonce == w.nonce_sent:
+            else:
                 self.server.record_ack(conn, w, req.response_nonce, w.version_sent)
         if "*" in subscribe:
             w.wildcard = True

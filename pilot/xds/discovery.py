@@ -19,6 +19,7 @@ from pilot.model.ambient.events import ambient_push_request
 from pilot.model.events import NAMESPACE_ENDPOINTS, SERVICE_ENDPOINTS, push_request_for
 from pilot.model.mesh import MeshHolder
 from pilot.model.push_context import PushContext
+from pilot.model.proxy import shown
 from pilot.model.push_request import PushRequest
 from pilot.model.security_policies import JwksSnapshot
 from pilot.model.sidecar_scope import egress_names
@@ -34,6 +35,13 @@ from pilot.xds.pushstatus import PushHistory, PushRecord
 log = plog.get("ads")
 
 MAX_NACK_MESSAGE = 4096  # Envoy embeds text dumps; keep enough to read, not a hostile client's megabytes
+
+def _printable(text: str) -> str:
+    """A client's text for a log line: control characters escaped (newlines kept readable)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == "\n" else repr(c)[1:-1] for c in text)
+
 
 GENERATORS: dict[str, Generator] = {
     typeurls.CLUSTER: cds.generate,
@@ -426,6 +434,8 @@ class DiscoveryServer:
 
     def record_nack(self, conn: Connection, w: WatchedResource, nonce: str, version: str,
                     code: int, message: str) -> None:
+        if w.last_nack is not None and w.last_nack.nonce == nonce:
+            return  # the same rejection repeated: counted and logged once
         message = message[:MAX_NACK_MESSAGE]
         sent = w.pending.pop(nonce, ())
         started = w.push_started.pop(nonce, None)
@@ -446,5 +456,5 @@ class DiscoveryServer:
         for origin in origins:
             self.metrics.rejected_config.labels(short, origin).inc()
         log.warning("proxy rejected config", proxy=conn.proxy.id, type=short, nonce=nonce,
-                    accepted_version=version, error=message, resources=list(names_)[:10],
+                    accepted_version=shown(version), error=_printable(message), resources=list(names_)[:10],
                     config=list(origins)[:10])

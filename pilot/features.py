@@ -129,7 +129,8 @@ MAX_RECV_MSG_SIZE = _knob(
 # (or the event loop) with these.
 XDS_FIRST_REQUEST_TIMEOUT = _knob(
     "PILOT_XDS_FIRST_REQUEST_TIMEOUT", "10s", parse_duration,
-    "A stream that sends no first DiscoveryRequest within this long is closed with DEADLINE_EXCEEDED (0 disables).")
+    "A stream that sends no first DiscoveryRequest within this long is closed with DEADLINE_EXCEEDED "
+    "(0 disables).")
 XDS_MAX_RESOURCE_NAMES = _knob(
     "PILOT_XDS_MAX_RESOURCE_NAMES", "100000", _positive_int,
     "Most resource names (or delta initial_resource_versions) one request may carry; more ends the "

@@ -87,10 +87,12 @@ def parse_node_id(node_id: str) -> tuple[str, tuple[str, ...], str, str, str]:
     """`TYPE~IP~POD.NAMESPACE~NAMESPACE.svc.DOMAIN` -> (type, ips, pod, namespace, domain)."""
     parts = node_id.split("~")
     if len(parts) != 4:
-        raise InvalidNode(f"node id {shown(node_id)} must have 4 '~'-separated parts: TYPE~IP~POD.NAMESPACE~DOMAIN")
+        raise InvalidNode(f"node id {shown(node_id)} must have 4 '~'-separated parts: "
+                          "TYPE~IP~POD.NAMESPACE~DOMAIN")
     ptype, ips, pod_ns, domain = parts
     if ptype not in PROXY_TYPES:
-        raise InvalidNode(f"node id {shown(node_id)}: unknown proxy type {shown(ptype, 16)} (want one of {', '.join(PROXY_TYPES)})")
+        raise InvalidNode(f"node id {shown(node_id)}: unknown proxy type {shown(ptype, 16)} "
+                          f"(want one of {', '.join(PROXY_TYPES)})")
     addresses = tuple(a for a in ips.split(",") if a)
     for a in addresses:
         try:
@@ -113,5 +115,6 @@ def proxy_from_node(node) -> Proxy:
     metadata = json_format.MessageToDict(node.metadata) if node.HasField("metadata") else {}
     meta_ns = metadata.get("NAMESPACE")
     if meta_ns and meta_ns != namespace:
-        raise InvalidNode(f"node id namespace {shown(namespace)} disagrees with metadata NAMESPACE {shown(str(meta_ns))}")
+        raise InvalidNode(f"node id namespace {shown(namespace)} disagrees with metadata NAMESPACE "
+                          f"{shown(str(meta_ns))}")
     return Proxy(node.id, ptype, ips, pod, namespace, domain, node.cluster, metadata)

@@ -8,6 +8,7 @@ worker alone writes, so responses to requests and pushes never interleave.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import Awaitable, Callable
 
@@ -33,6 +34,7 @@ _WILDCARD_TYPES = {typeurls.CLUSTER, typeurls.LISTENER, *typeurls.AMBIENT_TYPES}
 # Longer than any TYPE~IP~POD.NAMESPACE~NAMESPACE.svc.DOMAIN Kubernetes names allow (a pod name
 # and a domain are at most 253 characters each, a namespace 63).
 MAX_NODE_ID_LENGTH = 1024
+INVALID = grpc.StatusCode.INVALID_ARGUMENT  # the usual refusal
 ABORT_WAIT = 1.0  # seconds a closing stream's handler waits for its status to be written
 
 # Secure xDS (15012) checks the authenticated caller against the proxy once its node is known:
@@ -53,7 +55,7 @@ class DeltaOnly(Refused):
     """A state-of-the-world request for a type only the delta protocol serves."""
 
     def __init__(self, message: str) -> None:
-        super().__init__("delta_only_type", grpc.StatusCode.INVALID_ARGUMENT, message)
+        super().__init__("delta_only_type", INVALID, message)
 
 
 class StreamGone(Exception):
@@ -182,21 +184,22 @@ class AdsService:
         except (StopAsyncIteration, asyncio.CancelledError):
             return None
         except Exception as e:  # a client that cannot even send a valid first message
-            raise Refused("bad_request", grpc.StatusCode.INVALID_ARGUMENT,
+            raise Refused("bad_request", INVALID,
                           f"bad request: {shown(str(e), 200)}") from None
 
     def _proxy_of(self, first) -> Proxy:
         if not first.HasField("node") or not first.node.id:
-            raise Refused("invalid_node", grpc.StatusCode.INVALID_ARGUMENT, "first request must carry a node with an id")
+            raise Refused("invalid_node", INVALID,
+                          "first request must carry a node with an id")
         node_id = first.node.id
         if len(node_id) > MAX_NODE_ID_LENGTH:
-            raise Refused("invalid_node", grpc.StatusCode.INVALID_ARGUMENT,
+            raise Refused("invalid_node", INVALID,
                           f"node id is {len(node_id)} characters; at most {MAX_NODE_ID_LENGTH} are accepted "
                           f"(starts {shown(node_id)})")
         try:
             return proxy_from_node(first.node)
         except InvalidNode as e:
-            raise Refused("invalid_node", grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+            raise Refused("invalid_node", INVALID, str(e)) from None
 
     async def _refuse(self, context, e: Refused, **where) -> None:
         """One log line and one count per refused stream, then the status to the client."""
@@ -208,10 +211,10 @@ class AdsService:
     async def _abort_quietly(context, code: grpc.StatusCode, message: str) -> None:
         """End the call with a status. Behind a response the proxy is not reading, the status
         waits in line (the proxy sees it once it reads again): the handler does not wait with it."""
-        try:
+        # AbortError: sent. TimeoutError: queued behind the unread response. Either way this
+        # stream's handler ends here.
+        with contextlib.suppress(grpc.aio.AbortError, TimeoutError):
             await asyncio.wait_for(context.abort(code, message), ABORT_WAIT)
-        except (grpc.aio.AbortError, TimeoutError):
-            pass  # sent, or queued behind the unread response; this stream's handler ends here
 
     def _writer(self, conn: Connection, context):
         """`send(body)` for this stream: one response at a time, within PILOT_XDS_SEND_TIMEOUT."""
@@ -255,7 +258,7 @@ class AdsService:
         """`req` is a SotwRequest (plaintext xDS) or a parsed message (secure xDS): the same fields."""
         type_url = req.type_url
         if not type_url:
-            raise Refused("bad_request", grpc.StatusCode.INVALID_ARGUMENT, "DiscoveryRequest without type_url")
+            raise Refused("bad_request", INVALID, "DiscoveryRequest without type_url")
         if type_url in typeurls.AMBIENT_TYPES:
             raise DeltaOnly(f"{type_url} is served over delta xDS only (DeltaAggregatedResources), as istiod does")
         w = conn.watched.get(type_url)
@@ -302,14 +305,14 @@ class AdsService:
         limit = self.server.features.xds_max_resource_names
         if count > limit:
             raise Refused("too_many_resources", grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"a {shown(type_url, 128)} request carries {count} {field}; at most {limit} are accepted "
-                          "(PILOT_XDS_MAX_RESOURCE_NAMES)")
+                          f"a {shown(type_url, 128)} request carries {count} {field}; "
+                          f"at most {limit} are accepted (PILOT_XDS_MAX_RESOURCE_NAMES)")
 
     # --- delta ------------------------------------------------------------------------------
     async def _on_delta(self, conn: Connection, req: discovery_pb2.DeltaDiscoveryRequest, send) -> None:
         type_url = req.type_url
         if not type_url:
-            raise Refused("bad_request", grpc.StatusCode.INVALID_ARGUMENT, "DeltaDiscoveryRequest without type_url")
+            raise Refused("bad_request", INVALID, "DeltaDiscoveryRequest without type_url")
         self._check_count(type_url, "resource_names_subscribe", len(req.resource_names_subscribe))
         self._check_count(type_url, "resource_names_unsubscribe", len(req.resource_names_unsubscribe))
         self._check_count(type_url, "initial_resource_versions", len(req.initial_resource_versions))

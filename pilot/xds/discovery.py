@@ -18,8 +18,8 @@ from pilot.metrics import Metrics
 from pilot.model.ambient.events import ambient_push_request
 from pilot.model.events import NAMESPACE_ENDPOINTS, SERVICE_ENDPOINTS, push_request_for
 from pilot.model.mesh import MeshHolder
-from pilot.model.push_context import PushContext
 from pilot.model.proxy import shown
+from pilot.model.push_context import PushContext
 from pilot.model.push_request import PushRequest
 from pilot.model.security_policies import JwksSnapshot
 from pilot.model.sidecar_scope import egress_names
@@ -342,7 +342,8 @@ class DiscoveryServer:
             resources = self.generated.generate(ctx, w.type_url, conn.proxy, w.requested())
         else:
             resources = Generated(())
-        body, _ = self._stage(conn, w, ctx, resources, partial=False, force=frozenset(), push=None, always=True)
+        body, _ = self._stage(conn, w, ctx, resources, partial=False, force=frozenset(), push=None,
+                              always=True)
         if body is not None:
             await self._write(conn, send, body)
 

@@ -37,8 +37,8 @@ def metric(text: str, name: str, labels: str = "") -> float:
 
 
 async def start(tmp_path, **env: str) -> ControlPlane:
-    cp = ControlPlane(tmp_path, env={"PILOT_XDS_MAX_RESOURCE_NAMES": "1000", "PILOT_XDS_FIRST_REQUEST_TIMEOUT": "1s",
-                                     **env})
+    cp = ControlPlane(tmp_path, env={"PILOT_XDS_MAX_RESOURCE_NAMES": "1000",
+                                     "PILOT_XDS_FIRST_REQUEST_TIMEOUT": "1s", **env})
     cp.write("svcs.yaml", services_yaml())
     return await cp.start()
 
@@ -52,9 +52,9 @@ async def cp(tmp_path):
         await plane.stop()
 
 
-def sotw_call(ch: grpc.aio.Channel, raw: bool = False):
-    return ch.stream_stream(SOTW, request_serializer=None if raw else discovery_pb2.DiscoveryRequest.SerializeToString,
-                            response_deserializer=None if raw else discovery_pb2.DiscoveryResponse.FromString)()
+def sotw_call(ch: grpc.aio.Channel):
+    return ch.stream_stream(SOTW, request_serializer=discovery_pb2.DiscoveryRequest.SerializeToString,
+                            response_deserializer=discovery_pb2.DiscoveryResponse.FromString)()
 
 
 async def refusal(call, timeout: float = 10.0) -> grpc.aio.AioRpcError:
@@ -83,7 +83,8 @@ async def test_too_many_names_or_initial_versions_end_the_stream_with_resource_e
         assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "1001 resource_names; at most 1000" in err.details()
 
-        delta = ch.stream_stream(DELTA, request_serializer=discovery_pb2.DeltaDiscoveryRequest.SerializeToString,
+        delta = ch.stream_stream(DELTA,
+                                 request_serializer=discovery_pb2.DeltaDiscoveryRequest.SerializeToString,
                                  response_deserializer=discovery_pb2.DeltaDiscoveryResponse.FromString)()
         req = discovery_pb2.DeltaDiscoveryRequest(type_url=EDS, node=node())
         for i in range(1001):
@@ -135,7 +136,8 @@ async def test_an_oversized_message_is_refused_by_grpc_and_the_server_carries_on
     async with grpc.aio.insecure_channel(f"127.0.0.1:{cp.xds_port}",
                                          options=[("grpc.max_send_message_length", 8 << 20)]) as ch:
         call = sotw_call(ch)
-        await call.write(discovery_pb2.DiscoveryRequest(type_url=CDS, node=node(), version_info="v" * (5 << 20)))
+        big = discovery_pb2.DiscoveryRequest(type_url=CDS, node=node(), version_info="v" * (5 << 20))
+        await call.write(big)
         err = await refusal(call)
         assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # ISTIO_GPRC_MAXRECVMSGSIZE, 4 MiB
     await healthy_client_is_served(cp)
@@ -196,7 +198,8 @@ async def test_without_a_send_timeout_a_non_reading_client_is_held_back_not_buff
             try:
                 async def stalled():
                     rows = await cp.debug("/debug/connections")
-                    return rows if rows and rows[0]["state"] == "writing" and rows[0]["writingForSeconds"] > 1 else None
+                    stuck = rows and rows[0]["state"] == "writing" and rows[0]["writingForSeconds"] > 1
+                    return rows if stuck else None
                 rows = await wait_for(stalled, 20, message="a write waiting on the client")
                 assert rows[0]["bytesQueued"] > 0
                 assert rows[0]["requestsQueued"] <= 16  # the inbox bound

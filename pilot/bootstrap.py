@@ -312,7 +312,8 @@ class ControlPlane:
         return any(s.matches(labels) for s in selectors)
 
     def _grpc_options(self) -> list[tuple[str, int]]:
-        options = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 16 << 20),
+        options = [("grpc.max_send_message_length", 64 << 20),
+                   ("grpc.max_receive_message_length", self.features.max_recv_msg_size),
                    ("grpc.keepalive_time_ms", 30_000), ("grpc.http2.max_pings_without_data", 0)]
         if self.opts.keepalive_max_server_connection_age:
             # gRPC adds +-10% jitter to the age; like istiod, streams then get 10 s to finish.

@@ -116,6 +116,26 @@ LEADER_RETRY_PERIOD = _knob("PILOT_LEADER_RETRY_PERIOD", "7.5s", parse_duration,
 DRAIN_DURATION = _knob(
     "PILOT_DRAIN_DURATION", "5s", parse_duration,
     "On SIGTERM, xDS streams are closed spread over this long so proxies reconnect gradually.")
+XDS_SEND_TIMEOUT = _knob(
+    "PILOT_XDS_SEND_TIMEOUT", "0s", parse_duration,
+    "Longest one xDS response may take to be written to a proxy; a proxy that does not read it "
+    "in time has its stream closed (it reconnects) and pilot_xds_write_timeout counts it. 0 waits "
+    "forever, as istiod's default; a stuck proxy then holds only its own stream, never another's push.")
+MAX_RECV_MSG_SIZE = _knob(
+    "ISTIO_GPRC_MAXRECVMSGSIZE", str(4 << 20), _positive_int,
+    "Largest gRPC message (bytes) accepted from a client; larger ones end the stream with "
+    "RESOURCE_EXHAUSTED (istiod's name, typo included).")
+# Not istiod knobs: istiod has no bound here; a hostile client must not be able to hold a stream
+# (or the event loop) with these.
+XDS_FIRST_REQUEST_TIMEOUT = _knob(
+    "PILOT_XDS_FIRST_REQUEST_TIMEOUT", "10s", parse_duration,
+    "A stream that sends no first DiscoveryRequest within this long is closed with DEADLINE_EXCEEDED "
+    "(0 disables).")
+XDS_MAX_RESOURCE_NAMES = _knob(
+    "PILOT_XDS_MAX_RESOURCE_NAMES", "100000", _positive_int,
+    "Most resource names (or delta initial_resource_versions) one request may carry; more ends the "
+    "stream with RESOURCE_EXHAUSTED.")
+
 ENABLE_AMBIENT = _knob("PILOT_ENABLE_AMBIENT", "false", _bool,
                        "Serve ztunnel (ambient mode): WDS and L4 authorization over delta xDS, waypoints. "
                        "Without it ztunnel connections are refused.")
@@ -185,6 +205,10 @@ class Features:
     # control plane does not implement. Tolerated (istiod ignores unknown ones too) but reported
     # at start and in /debug/mesh, so a setting that has no effect is never silent.
     unknown_env: tuple[str, ...] = ()
+    xds_send_timeout: float = 0.0
+    max_recv_msg_size: int = 4 << 20
+    xds_first_request_timeout: float = 10.0
+    xds_max_resource_names: int = 100_000
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Features:
@@ -210,6 +234,10 @@ class Features:
             trusted_node_accounts=CA_TRUSTED_NODE_ACCOUNTS.get(environ),
             enable_ambient=ENABLE_AMBIENT.get(environ),
             unknown_env=unknown_knobs(os.environ if environ is None else environ),
+            xds_send_timeout=XDS_SEND_TIMEOUT.get(environ),
+            max_recv_msg_size=MAX_RECV_MSG_SIZE.get(environ),
+            xds_first_request_timeout=XDS_FIRST_REQUEST_TIMEOUT.get(environ),
+            xds_max_resource_names=XDS_MAX_RESOURCE_NAMES.get(environ),
         )
 
 

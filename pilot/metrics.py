@@ -37,6 +37,14 @@ class Metrics:
         self.rejected_config = Gauge(
             "pilot_xds_rejected_config", "Proxies currently rejecting a resource built from this config object.",
             ["type", "config"], registry=r)
+        self.xds_write_timeouts = Counter(
+            "pilot_xds_write_timeout", "Pilot XDS response write timeouts (PILOT_XDS_SEND_TIMEOUT).",
+            registry=r)
+        # Not an istiod metric: istiod refuses none of these; one count per stream refused, by why.
+        self.xds_refused_streams = Counter(
+            "pilot_xds_refused_streams",
+            "xDS streams ended by the server for a hostile or broken client, by reason.",
+            ["reason"], registry=r)
         self.xds_clients = Gauge("pilot_xds", "Connected xDS clients.", ["version"], registry=r)
         self.config_events = Counter("pilot_k8s_cfg_events", "Config events by kind and operation.",
                                      ["type", "event"], registry=r)

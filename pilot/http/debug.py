@@ -111,9 +111,22 @@ class DebugHandlers:
         return _json({"totalClients": len(conns), "clients": [self._client(c) for c in conns]})
 
     async def connections(self, _req: web.Request) -> web.Response:
-        return _json([{"connectionId": c.id, "proxy": c.proxy.id, "address": c.peer,
-                       "connectedAt": _iso(c.connected_at), "delta": c.delta}
-                      for c in self.server.connections.values()])
+        return _json([self._connection(c) for c in self.server.connections.values()])
+
+    @staticmethod
+    def _connection(c: Connection) -> dict:
+        """Who is connected and how its stream is doing: a proxy that does not read shows a
+        growing `writingForSeconds` (until PILOT_XDS_SEND_TIMEOUT closes it)."""
+        writing = c.writing_for()
+        state = "writing" if c.writing else ("pushing" if c.pushing or c.pending_push is not None else "idle")
+        return {"connectionId": c.id, "proxy": c.proxy.id, "address": c.peer,
+                "connectedAt": _iso(c.connected_at), "delta": c.delta, "state": state,
+                "bytesQueued": c.bytes_queued, "writingForSeconds": round(writing, 3),
+                "lastWriteSeconds": round(c.last_write_s, 3),
+                "lastWriteAt": _iso(c.last_write_at),
+                "responsesSent": c.responses_sent, "bytesSent": c.bytes_sent,
+                "requestsQueued": c.requests_queued, "requestBytesQueued": c.request_bytes_queued,
+                "pushPending": c.pending_push is not None}
 
     async def configz(self, _req: web.Request) -> web.Response:
         store = self.server.store

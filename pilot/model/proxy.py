@@ -15,6 +15,14 @@ class InvalidNode(ValueError):
     pass
 
 
+def shown(text: str, limit: int = 64) -> str:
+    """What a client sent, safe to quote in an error or a log line: at most `limit` characters,
+    escaped (repr), marked when cut. A client's megabyte or control characters never echo back."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text)} characters)"
+
+
 @dataclass(frozen=True)
 class ProxyTraits:
     """The parts of a proxy that generated config depends on. Every cache key that can differ
@@ -79,20 +87,22 @@ def parse_node_id(node_id: str) -> tuple[str, tuple[str, ...], str, str, str]:
     """`TYPE~IP~POD.NAMESPACE~NAMESPACE.svc.DOMAIN` -> (type, ips, pod, namespace, domain)."""
     parts = node_id.split("~")
     if len(parts) != 4:
-        raise InvalidNode(f"node id {node_id!r} must have 4 '~'-separated parts: TYPE~IP~POD.NAMESPACE~DOMAIN")
+        raise InvalidNode(f"node id {shown(node_id)} must have 4 '~'-separated parts: "
+                          "TYPE~IP~POD.NAMESPACE~DOMAIN")
     ptype, ips, pod_ns, domain = parts
     if ptype not in PROXY_TYPES:
-        raise InvalidNode(f"node id {node_id!r}: unknown proxy type {ptype!r} (want one of {', '.join(PROXY_TYPES)})")
+        raise InvalidNode(f"node id {shown(node_id)}: unknown proxy type {shown(ptype, 16)} "
+                          f"(want one of {', '.join(PROXY_TYPES)})")
     addresses = tuple(a for a in ips.split(",") if a)
     for a in addresses:
         try:
             ipaddress.ip_address(a)
         except ValueError:
-            raise InvalidNode(f"node id {node_id!r}: {a!r} is not an IP address") from None
+            raise InvalidNode(f"node id {shown(node_id)}: {shown(a, 46)} is not an IP address") from None
     # Pod names may contain dots (DNS subdomains); namespaces cannot (DNS labels): split at the last.
     pod, dot, namespace = pod_ns.rpartition(".")
     if not dot or not pod or not namespace:
-        raise InvalidNode(f"node id {node_id!r}: third part must be POD.NAMESPACE")
+        raise InvalidNode(f"node id {shown(node_id)}: third part must be POD.NAMESPACE")
     dns_domain = domain
     if domain.startswith(namespace + ".svc."):
         dns_domain = domain[len(namespace) + len(".svc."):]
@@ -105,5 +115,6 @@ def proxy_from_node(node) -> Proxy:
     metadata = json_format.MessageToDict(node.metadata) if node.HasField("metadata") else {}
     meta_ns = metadata.get("NAMESPACE")
     if meta_ns and meta_ns != namespace:
-        raise InvalidNode(f"node id namespace {namespace!r} disagrees with metadata NAMESPACE {meta_ns!r}")
+        raise InvalidNode(f"node id namespace {shown(namespace)} disagrees with metadata NAMESPACE "
+                          f"{shown(str(meta_ns))}")
     return Proxy(node.id, ptype, ips, pod, namespace, domain, node.cluster, metadata)

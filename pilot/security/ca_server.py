@@ -394,7 +394,7 @@ class SecureServer:
             "StreamAggregatedResources": grpc.stream_stream_rpc_method_handler(
                 sotw, request_deserializer=discovery_pb2.DiscoveryRequest.FromString),
             "DeltaAggregatedResources": grpc.stream_stream_rpc_method_handler(
-                delta, request_deserializer=discovery_pb2.DeltaDiscoveryRequest.FromString),
+                delta, request_deserializer=self.ads.parse_delta),
         })
         return ca, ads
 

@@ -104,6 +104,13 @@ class WatchedResource:
         return frozenset(n for h in hosts for n in by_host.get(h, ()))
 
 
+# Requests read from a stream but not yet handled. Past either bound the stream is simply not
+# read until the worker catches up (HTTP/2 flow control then holds the client back), as istiod's
+# one-slot request channel does: a client that writes without reading cannot grow the server.
+MAX_QUEUED_REQUESTS = 16
+MAX_QUEUED_REQUEST_BYTES = 4 << 20
+
+
 class Connection:
     _seq = 0
 
@@ -118,11 +125,65 @@ class Connection:
         self.watched: dict[str, WatchedResource] = {}
         self.inbox: asyncio.Queue = asyncio.Queue()
         self.pending_push: PushRequest | None = None
+        self.pushing = False  # inside DiscoveryServer.push_connection
         self.closed = False
         # Why this stream may be given no credential (None: it may); see DiscoveryServer.
         self.credential_refusal: str | None = None
         self.credentials_refused = False  # logged once per stream
         self._nonce = 0
+        # Requests waiting for the worker (bounded: see MAX_QUEUED_REQUESTS).
+        self.requests_queued = 0
+        self.request_bytes_queued = 0
+        self._room = asyncio.Event()
+        self._room.set()
+        # The response being written, if any: at most one per stream at a time, since pushes for
+        # a stream that is still writing merge into `pending_push`.
+        self.bytes_queued = 0
+        self.write_started: float | None = None  # monotonic
+        self.last_write_s = 0.0
+        self.last_write_at = 0.0  # wall clock, when the last write completed
+        self.bytes_sent = 0
+        self.responses_sent = 0
+        self.close_reason = ""
+
+    # --- the request inbox ------------------------------------------------------------------
+    async def queue_request(self, req, size: int) -> None:
+        """Called by the stream's reader: waits while the inbox is full."""
+        while self.requests_queued and (self.requests_queued >= MAX_QUEUED_REQUESTS
+                                        or self.request_bytes_queued + size > MAX_QUEUED_REQUEST_BYTES):
+            self._room.clear()
+            await self._room.wait()
+        self.requests_queued += 1
+        self.request_bytes_queued += size
+        self.inbox.put_nowait((req, size))
+
+    def request_done(self, size: int) -> None:
+        self.requests_queued -= 1
+        self.request_bytes_queued -= size
+        self._room.set()
+
+    # --- writes -----------------------------------------------------------------------------
+    def write_begun(self, size: int) -> None:
+        self.bytes_queued = size
+        self.write_started = time.monotonic()
+
+    def write_ended(self, ok: bool) -> None:
+        if self.write_started is not None:
+            self.last_write_s = time.monotonic() - self.write_started
+        if ok:
+            self.bytes_sent += self.bytes_queued
+            self.responses_sent += 1
+            self.last_write_at = time.time()
+        self.bytes_queued = 0
+        self.write_started = None
+
+    @property
+    def writing(self) -> bool:
+        return self.write_started is not None
+
+    def writing_for(self) -> float:
+        """Seconds the current write has been waiting for the proxy to read (0 if none)."""
+        return 0.0 if self.write_started is None else time.monotonic() - self.write_started
 
     def next_nonce(self) -> str:
         self._nonce += 1

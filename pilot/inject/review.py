@@ -15,14 +15,11 @@ No input raises: an unexpected error is turned into a refusal naming it, and log
 from __future__ import annotations
 
 import base64
-import copy
 import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-
-import jsonpatch
 
 from pilot import features
 from pilot import logging as plog
@@ -30,6 +27,7 @@ from pilot.inject import annotations as anno
 from pilot.inject import selection
 from pilot.inject.config import InjectorConfig, InjectorConfigHolder
 from pilot.inject.metrics import InjectionMetrics
+from pilot.inject.patch import diff
 from pilot.inject.pod import InjectionError, Inputs, inject
 
 log = plog.get("inject")
@@ -290,7 +288,6 @@ def _review(ar: Any, ctx: InjectionContext, path: str) -> tuple[dict[str, Any], 
         return _response(ar, uid, {"allowed": True}), "skip"
     try:
         anno.validate(annotations)
-        original = copy.deepcopy(pod)
         injected = inject(
             pod,
             namespace,
@@ -305,9 +302,9 @@ def _review(ar: Any, ctx: InjectionContext, path: str) -> tuple[dict[str, Any], 
     except (anno.AnnotationError, InjectionError) as e:
         log.warning("pod injection failed", pod=where, error=str(e))
         return _response(ar, uid, _refuse(f"Pod injection failed: {e}")), "failure"
-    if namespace:
-        original["metadata"].setdefault("namespace", namespace)  # as inject() sees it: no patch op for it
-    patch = jsonpatch.make_patch(original, injected).patch
+    if namespace and not meta.get("namespace"):
+        pod["metadata"] = {**meta, "namespace": namespace}  # as inject() saw it: no patch op for it
+    patch = diff(pod, injected)
     body = json.dumps(patch, separators=(",", ":")).encode()
     log.info("injected", pod=where)
     return _response(

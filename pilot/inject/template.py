@@ -9,6 +9,7 @@ cannot inject YAML structure.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -110,10 +111,18 @@ def _resources_fn(annotations: Mapping[str, str], values: Mapping[str, Any]):
     return resources
 
 
+@functools.lru_cache(maxsize=512)
+def _parse(text: str) -> Any:
+    # Parsing the YAML costs several times the rendering; a Deployment's replicas render the same
+    # text, so they share one parse. Callers must not mutate what is returned.
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - the C/pure *safe* loader
+
+
 def render(
     template: jinja2.Template, name: str, pod: Mapping[str, Any], inputs: RenderInputs
 ) -> dict[str, Any]:
-    """Render one template for `pod`; returns the partial Pod (metadata/spec) it describes."""
+    """Render one template for `pod`; returns the partial Pod (metadata/spec) it describes, shared
+    with other renders of the same text: read it, do not change it."""
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
     annotations = dict(meta.get("annotations") or {})
@@ -162,7 +171,7 @@ def render(
     ) as e:  # a filter applied to the wrong kind of value
         raise TemplateError(f"template {name!r}: {type(e).__name__}: {e}") from None
     try:
-        doc = yaml.load(text, Loader=_Loader)  # noqa: S506 - the C/pure *safe* loader
+        doc = _parse(text)
     except yaml.YAMLError as e:
         raise TemplateError(f"template {name!r} rendered invalid YAML: {e}") from None
     if doc is None:

@@ -556,3 +556,28 @@ def test_patch_is_base64_json_patch():
     ops = json.loads(base64.b64decode(resp["response"]["patch"]))
     assert ops and all(op["op"] in ("add", "replace", "remove", "move", "copy") for op in ops)
     assert not any(op["path"].startswith("/metadata/managedFields") for op in ops)
+
+
+def test_context_from_the_environment_and_metrics():
+    from prometheus_client import generate_latest
+
+    from pilot.inject.metrics import InjectionMetrics
+
+    m = InjectionMetrics()
+    c = InjectionContext.from_env(
+        CONFIG, NS_LABELS.get, metrics=m, environ={"REVISION": "canary", "ENABLE_NATIVE_SIDECARS": "true"}
+    )
+    assert c.revision == "canary" and c.native_sidecars is True
+    assert InjectionContext.from_env(CONFIG, NS_LABELS.get, environ={}).native_sidecars is False  # auto
+    review(review_request(deployment_pod(namespace="rev-canary")), c)  # injected
+    review(review_request(deployment_pod(namespace="shop")), c)  # not this revision's
+    review_bytes(b"{", c)
+    text = generate_latest(m.registry).decode()
+    for line in (
+        "sidecar_injection_requests_total 3.0",
+        "sidecar_injection_success_total 1.0",
+        "sidecar_injection_skip_total 1.0",
+        "sidecar_injection_failure_total 1.0",
+        "sidecar_injection_time_seconds_count 3.0",
+    ):
+        assert line in text, text

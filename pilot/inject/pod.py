@@ -83,7 +83,7 @@ def _merge_lists(base: list, patch: list, name: str) -> list:
     return out
 
 
-def merge(base: Any, patch: Any, list_name: str = "") -> Any:
+def merge(base: Any, patch: Any) -> Any:
     """Strategic-merge-lite: `patch` over `base`."""
     if isinstance(base, dict) and isinstance(patch, dict):
         out = dict(base)
@@ -96,7 +96,7 @@ def merge(base: Any, patch: Any, list_name: str = "") -> Any:
             ):
                 out[k] = _merge_lists(out[k], v, k)
             elif k in out:
-                out[k] = merge(out[k], v, k)
+                out[k] = merge(out[k], v)
             elif v == [] and k in _NAMED_LISTS:
                 continue  # an empty merge list adds nothing (`initContainers: []` with interception NONE)
             else:

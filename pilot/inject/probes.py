@@ -80,9 +80,7 @@ def app_probers(pod: Mapping[str, Any], status_port: int) -> dict[str, Any]:
     return out
 
 
-def _converted(
-    handler: Mapping[str, Any], url: str, status_port: int, *, keep_grpc_type: bool = True
-) -> dict:
+def _converted(handler: Mapping[str, Any], url: str, status_port: int) -> dict:
     h = copy.deepcopy(dict(handler))
     if isinstance(h.get("httpGet"), dict):
         get = h["httpGet"]

@@ -569,7 +569,10 @@ def test_context_from_the_environment_and_metrics():
     )
     assert c.revision == "canary" and c.native_sidecars is True
     assert InjectionContext.from_env(CONFIG, NS_LABELS.get, environ={}).native_sidecars is False  # auto
-    review(review_request(deployment_pod(namespace="rev-canary")), c)  # injected
+    canary = deployment_pod(namespace="rev-canary")
+    e = env(container(apply(review(review_request(canary), c), canary), "istio-proxy", "initContainers"))
+    assert e["CA_ADDR"] == "istiod-canary.istio-system.svc:15012"  # the revision's istiod
+    assert json.loads(e["PROXY_CONFIG"])["discoveryAddress"] == "istiod-canary.istio-system.svc:15012"
     review(review_request(deployment_pod(namespace="shop")), c)  # not this revision's
     review_bytes(b"{", c)
     text = generate_latest(m.registry).decode()

@@ -9,6 +9,8 @@ a Pod into a JSONPatch adding istio-proxy, istio-init and their volumes, and an 
 - pod.py          merge + post-processing of one pod
 - review.py       AdmissionReview in, AdmissionReview out (no HTTP framework)
 - handler.py      aiohttp handler for POST /inject
+- patch.py        the RFC 6902 diff
+- store.py        wiring: Namespace labels and the ConfigMap from the Store
 - deploy.py       the deploy/ manifests generated from the above
 """
 

@@ -152,7 +152,7 @@ async def test_the_injected_istio_proxy_runs_as_the_kubelet_would_run_it(tmp_pat
                     "name": "web",
                     "image": "nginx",
                     "ports": [{"containerPort": app.port, "name": "http"}],
-                    "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}},
+                    "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, "timeoutSeconds": 10},
                 }
             ],
         )
@@ -200,9 +200,9 @@ async def test_the_injected_istio_proxy_runs_as_the_kubelet_would_run_it(tmp_pat
             # The app's readiness probe, rewritten to the agent, follows the app's health.
             app_probe = container(stored, "web")["readinessProbe"]["httpGet"]
             assert app_probe == {"path": "/app-health/web/readyz", "port": status_port}
-            assert (await agent.get("status", app_probe["path"]))[0] == 200
+            assert (await agent.get("status", app_probe["path"], timeout=15))[0] == 200
             app.healthy = False
-            assert (await agent.get("status", app_probe["path"]))[0] == 503
+            assert (await agent.get("status", app_probe["path"], timeout=15))[0] == 503
             app.healthy = True
 
             # Merged metrics where the rewritten annotations point: Envoy's and the app's.
@@ -211,7 +211,7 @@ async def test_the_injected_istio_proxy_runs_as_the_kubelet_would_run_it(tmp_pat
                 str(status_port),
                 "/stats/prometheus",
             )
-            status, text = await agent.get("status", ann["prometheus.io/path"])
+            status, text = await agent.get("status", ann["prometheus.io/path"], timeout=15)
             assert status == 200 and "envoy_server_live" in text and "app_orders_total 7" in text
     finally:
         await cp.stop()

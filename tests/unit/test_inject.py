@@ -584,3 +584,35 @@ def test_context_from_the_environment_and_metrics():
         "sidecar_injection_time_seconds_count 3.0",
     ):
         assert line in text, text
+
+
+def test_wired_to_the_store_namespaces_and_the_configmap():
+    from pilot.config.core import ConfigMap, Namespace
+    from pilot.inject import store as wiring
+    from pilot.model.store import Store
+
+    s = Store()
+    s.apply(
+        Namespace.model_validate(
+            {"apiVersion": "v1", "metadata": {"name": "shop", "labels": {"istio-injection": "enabled"}}}
+        )
+    )
+    holder = InjectorConfigHolder()
+    wiring.follow_configmap(s, holder)
+    c = ctx(config=holder, namespace_labels=wiring.namespace_labels(s))
+    assert not skipped(deployment_pod(namespace="shop"), c)
+    assert skipped(deployment_pod(namespace="other"), c)  # not in the Store: no namespace labels
+
+    def configmap(config: str) -> ConfigMap:
+        return ConfigMap.model_validate(
+            {
+                "apiVersion": "v1",
+                "metadata": {"name": "istio-sidecar-injector", "namespace": "istio-system"},
+                "data": {"config": config, "values": default_values_text()},
+            }
+        )
+
+    s.apply(configmap(default_config_text().replace("policy: enabled", "policy: disabled")))
+    assert skipped(deployment_pod(namespace="shop"), c)
+    s.apply(configmap("templates: {sidecar: '{{ oops'}"))  # rejected: the disabled policy stays
+    assert holder.last_error and skipped(deployment_pod(namespace="shop"), c)

@@ -43,8 +43,9 @@ NamespaceLabels = Callable[[str], Mapping[str, str] | None]
 @dataclass
 class InjectionContext:
     """What `review` needs besides the request. `namespace_labels(name)` returns a Namespace's
-    labels, None when unknown (then only the pod's own labels can select it, as with a namespace
-    without labels). `mesh` is the MeshConfig as users write it (camelCase), or a callable giving it."""
+    labels, None when unknown (then the apiserver's evaluation of the webhook selectors stands, as in
+    istiod, which never re-checks them). `mesh` is the MeshConfig as users write it (camelCase), or
+    a callable giving it."""
 
     config: InjectorConfigHolder | InjectorConfig
     namespace_labels: NamespaceLabels
@@ -267,7 +268,9 @@ def _review(ar: Any, ctx: InjectionContext, path: str) -> tuple[dict[str, Any], 
     where = f"{namespace}/{_pod_name(meta)}"
 
     ns_labels = ctx.namespace_labels(namespace) if namespace else None
-    if not selection.webhook_matches(ctx.revision, ns_labels or {}, labels):
+    # A Namespace we do not know (yet: the informer may lag the apiserver) is no reason to skip:
+    # the apiserver evaluated the same selectors before calling us, and istiod relies on that alone.
+    if ns_labels is not None and not selection.webhook_matches(ctx.revision, ns_labels, labels):
         log.debug("skipping: not selected by the webhook selectors", pod=where, revision=ctx.revision)
         return _response(ar, uid, {"allowed": True}), "skip"
     if selection.already_injected(pod):

@@ -376,7 +376,7 @@ def test_cluster_and_network_from_the_inject_path():
             "default",
             True,
         ),  # namespace unknown: object selector only
-        ("nowhere", {}, "default", False),
+        ("nowhere", {}, "default", True),
     ],
 )
 def test_webhook_selection_as_istiod(namespace, pod_labels, revision, injected):
@@ -601,7 +601,9 @@ def test_wired_to_the_store_namespaces_and_the_configmap():
     wiring.follow_configmap(s, holder)
     c = ctx(config=holder, namespace_labels=wiring.namespace_labels(s))
     assert not skipped(deployment_pod(namespace="shop"), c)
-    assert skipped(deployment_pod(namespace="other"), c)  # not in the Store: no namespace labels
+    assert skipped(deployment_pod(namespace="other", labels={"sidecar.istio.io/inject": "false"}), c)
+    s.apply(Namespace.model_validate({"apiVersion": "v1", "metadata": {"name": "other"}}))
+    assert skipped(deployment_pod(namespace="other"), c)  # known and not selected
 
     def configmap(config: str) -> ConfigMap:
         return ConfigMap.model_validate(

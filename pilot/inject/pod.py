@@ -396,9 +396,15 @@ def inject(pod: Mapping[str, Any], namespace: str, inputs: Inputs) -> dict[str, 
     sidecar = _find(mspec, PROXY_CONTAINER)
     if sidecar is not None and inputs.path_envs:
         _set_envs(sidecar, inputs.path_envs)
-    _prometheus_merge(merged, inputs.mesh, status_port, sidecar)
+    # Status port 0 turns the agent's status server off: nothing may be pointed at it.
+    if status_port != 0:
+        _prometheus_merge(merged, inputs.mesh, status_port, sidecar)
     rewrite_default = bool((values.get("sidecarInjectorWebhook") or {}).get("rewriteAppHTTPProbe", True))
-    if sidecar is not None and probes.should_rewrite(merged["metadata"]["annotations"], rewrite_default):
+    if (
+        status_port != 0
+        and sidecar is not None
+        and probes.should_rewrite(merged["metadata"]["annotations"], rewrite_default)
+    ):
         found = probes.app_probers(merged, status_port)
         if found:
             sidecar["env"] = probes.merge_probers_env(list(sidecar.get("env") or []), found)

@@ -289,6 +289,16 @@ def test_the_annotations_users_set_most():
     assert pc["holdApplicationUntilProxyStarts"] is True and pc["concurrency"] == 1
 
 
+def test_status_port_zero_leaves_probes_and_metrics_alone():
+    app = {"name": "web", "image": "nginx", "readinessProbe": {"httpGet": {"path": "/ready", "port": 8080}}}
+    pod = deployment_pod(containers=[app], annotations={"status.sidecar.istio.io/port": "0"})
+    _, out = inject(pod)
+    assert container(out, "web")["readinessProbe"] == app["readinessProbe"]
+    assert "readinessProbe" not in container(out, "istio-proxy")
+    assert "prometheus.io/port" not in out["metadata"]["annotations"]
+    assert json.loads(env(container(out, "istio-proxy"))["PROXY_CONFIG"])["statusPort"] == 0
+
+
 def test_interception_modes():
     _, none = inject(deployment_pod(annotations={"sidecar.istio.io/interceptionMode": "NONE"}))
     assert "initContainers" not in none["spec"]  # no iptables: no istio-init

@@ -5,6 +5,7 @@ way the apiserver does."""
 from __future__ import annotations
 
 import json
+import shutil
 import ssl
 from typing import Any, Self
 
@@ -34,7 +35,7 @@ class InjectorServer:
     def _write(self, leaf) -> tuple[str, str]:
         import tempfile
 
-        d = tempfile.mkdtemp(prefix="injector-tls-")
+        d = self._tmp = tempfile.mkdtemp(prefix="injector-tls-")
         cert, key = f"{d}/tls.crt", f"{d}/tls.key"
         with open(cert, "wb") as f:
             f.write(leaf.cert_pem)
@@ -60,6 +61,7 @@ class InjectorServer:
             await self._session.close()
         if self._runner is not None:
             await self._runner.cleanup()
+        shutil.rmtree(self._tmp, ignore_errors=True)
 
     async def post(self, path: str, body: bytes, content_type: str = "application/json") -> tuple[int, Any]:
         assert self._session is not None

@@ -114,7 +114,10 @@ def _overlay(pod: dict[str, Any], fragment: Mapping[str, Any], user: Mapping[str
             c.get("name") for c in (fragment.get("spec") or {}).get(field) or [] if isinstance(c, dict)
         }
         mine = {c.get("name"): c for c in (user.get("spec") or {}).get(field) or [] if isinstance(c, dict)}
-        for i, c in enumerate(spec.get(field) or []):
+        if not (injected & mine.keys()):
+            continue
+        spec[field] = list(spec[field])  # may be the (cached, shared) fragment's own list
+        for i, c in enumerate(spec[field]):
             name = c.get("name")
             if name in injected and name in mine:
                 override = {k: v for k, v in mine[name].items() if not (k == "image" and v == "auto")}

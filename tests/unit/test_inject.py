@@ -628,3 +628,23 @@ def test_wired_to_the_store_namespaces_and_the_configmap():
     assert skipped(deployment_pod(namespace="shop"), c)
     s.apply(configmap("templates: {sidecar: '{{ oops'}"))  # rejected: the disabled policy stays
     assert holder.last_error and skipped(deployment_pod(namespace="shop"), c)
+
+
+def test_renders_shared_between_pods_never_leak_one_pods_customisation_into_another():
+    custom = deployment_pod(
+        containers=[
+            {
+                "name": "web",
+                "image": "nginx",
+                "ports": [{"containerPort": 8080, "name": "http", "protocol": "TCP"}],
+            },
+            {"name": "istio-proxy", "image": "auto", "env": [{"name": "EXTRA", "value": "1"}]},
+        ]
+    )
+    plain = deployment_pod()
+    for _ in range(2):  # the second round hits the parse cache the first one filled
+        _, a = inject(custom)
+        _, b = inject(plain)
+        assert env(container(a, "istio-proxy"))["EXTRA"] == "1"
+        assert "EXTRA" not in env(container(b, "istio-proxy"))
+        assert b == inject(plain)[1]

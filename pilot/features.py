@@ -141,6 +141,20 @@ ENABLE_AMBIENT = _knob("PILOT_ENABLE_AMBIENT", "false", _bool,
                        "Without it ztunnel connections are refused.")
 
 
+def _native_sidecar_mode(text: str) -> str:
+    t = text.strip()
+    if t not in ("true", "false", "auto"):
+        raise ValueError("must be true, false or auto")
+    return t
+
+
+ENABLE_NATIVE_SIDECARS = _knob(
+    "ENABLE_NATIVE_SIDECARS", "auto", _native_sidecar_mode,
+    "Inject istio-proxy as a Kubernetes native sidecar (an init container with restartPolicy: Always): "
+    "true or false; auto, istiod's default, checks node kubelet versions there, and here behaves as false "
+    "(Nodes are not watched). The sidecar.istio.io/nativeSidecar annotation overrides it per pod.")
+
+
 def _csv(text: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in text.split(",") if p.strip())
 

@@ -103,11 +103,12 @@ def test_every_expected_object_is_rendered(objects):
     expected = {("Namespace", SYSTEM_NS), ("ServiceAccount", "istiod"), ("ClusterRole", "istiod-istio-system"),
                 ("ClusterRoleBinding", "istiod-istio-system"), ("Role", "istiod"), ("RoleBinding", "istiod"),
                 ("ConfigMap", "istio"), ("Deployment", "istiod"), ("Service", "istiod"),
-                ("PodDisruptionBudget", "istiod"), ("HorizontalPodAutoscaler", "istiod")}
+                ("PodDisruptionBudget", "istiod"), ("HorizontalPodAutoscaler", "istiod"),
+                ("ConfigMap", "istio-sidecar-injector"), ("MutatingWebhookConfiguration", "istio-sidecar-injector")}
     assert expected <= set(objects), f"missing: {sorted(expected - set(objects))}"
     for (kind, name), obj in objects.items():
         if kind not in ("Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
-                        "ValidatingWebhookConfiguration"):
+                        "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"):
             assert obj["metadata"].get("namespace") == SYSTEM_NS, f"{kind}/{name} is not in {SYSTEM_NS}"
 
 

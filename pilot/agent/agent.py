@@ -126,7 +126,8 @@ async def run(cfg: AgentConfig, warnings: list[str]) -> int:
     sds = SdsServer(secrets, SDS_SOCKET_PATH)
     await sds.start()
     status = StatusServer(secrets, supervisor, port=cfg.proxy.status_port,
-                          on_port=lambda p: ports.set("status", p))
+                          on_port=lambda p: ports.set("status", p), app_probers=cfg.app_probers,
+                          app_host=cfg.instance_ip, app_metrics=cfg.app_metrics)
     rotation = asyncio.create_task(secrets.rotate_forever(), name="certificate-rotation")
     try:
         try:

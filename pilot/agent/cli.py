@@ -41,8 +41,39 @@ def build_parser() -> argparse.ArgumentParser:
           help="Write the bound status and admin ports here as JSON (useful with port 0).")
     _flag(p, "log_output_level", "log-output-level", default="default:info", help="scope:level,... of the agent's log.")
     _flag(p, "log_as_json", "log-as-json", action="store_true", help="JSON log lines.")
+    w = sub.add_parser("wait", help="Wait until the proxy is ready (the holdApplicationUntilProxyStarts "
+                                    "postStart hook), as istio-agent's `pilot-agent wait`.")
+    _flag(w, "timeoutSeconds", "timeout-seconds", type=int, default=60, help="Give up after this long.")
+    _flag(w, "periodMillis", "period-millis", type=int, default=500, help="Time between checks.")
+    _flag(w, "requestTimeoutMillis", "request-timeout-millis", type=int, default=500,
+          help="Per-check timeout.")
+    _flag(w, "url", None, default="http://localhost:15020/healthz/ready", help="The readiness URL.")
     sub.add_parser("version", help="Print the version.")
     return parser
+
+
+def wait(url: str, timeout: float, period: float, request_timeout: float) -> int:
+    import time
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    last = "no answer"
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=request_timeout) as r:  # noqa: S310 - a local http URL
+                if r.status == 200:
+                    print("pilot-agent wait: proxy is ready")
+                    return 0
+                last = f"status {r.status}"
+        except urllib.error.HTTPError as e:
+            last = f"status {e.code}"
+        except (urllib.error.URLError, OSError) as e:
+            last = str(e)
+        if time.monotonic() + period > deadline:
+            print(f"pilot-agent wait: proxy not ready after {timeout:g}s: {last}", file=sys.stderr)
+            return 1
+        time.sleep(period)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     if ns.command == "version":
         print(f"pilot-agent version {__version__}")
         return 0
+    if ns.command == "wait":
+        return wait(ns.url, ns.timeoutSeconds, ns.periodMillis / 1000, ns.requestTimeoutMillis / 1000)
     try:
         plog.configure(plog.parse_level(ns.log_output_level), ns.log_as_json)
     except ValueError as e:

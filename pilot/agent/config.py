@@ -250,6 +250,8 @@ class AgentConfig:
     termination_drain: float  # seconds Envoy drains after SIGTERM before it is stopped
     env: Mapping[str, str]  # the process environment with ProxyConfig.proxyMetadata applied
     ports_file: str | None = None
+    app_probers: Mapping[str, Any] = field(default_factory=dict)  # ISTIO_KUBE_APP_PROBERS, parsed
+    app_metrics: Mapping[str, str] | None = None  # ISTIO_PROMETHEUS_ANNOTATIONS: the app's metrics port/path
 
     @property
     def spiffe_id(self) -> str:
@@ -303,6 +305,13 @@ def load(*, proxy_type: str, env: Mapping[str, str], overrides: Mapping[str, Any
     instance_ip = _get(INSTANCE_IP, env) or detect_instance_ip()
     if not is_ip(instance_ip):
         raise ConfigError(f"INSTANCE_IP {instance_ip!r} is not an IP address")
+    from pilot.agent import app_probes  # grpc and aiohttp: only once the config is otherwise good
+
+    try:
+        probers = app_probes.parse_probers(env.get(app_probes.KUBE_APP_PROBERS, ""))
+        app_metrics = app_probes.parse_prometheus(env.get(app_probes.PROMETHEUS_ANNOTATIONS, ""))
+    except app_probes.ProberConfigError as e:
+        raise ConfigError(str(e)) from None
     cfg = AgentConfig(
         proxy_type=proxy_type,
         pod_name=pod_name,
@@ -329,6 +338,8 @@ def load(*, proxy_type: str, env: Mapping[str, str], overrides: Mapping[str, Any
                            else float(max(0, _get(TERMINATION_DRAIN_DURATION_SECONDS, env)))),
         env=env,
         ports_file=overrides.get("portsFile"),
+        app_probers=probers,
+        app_metrics=app_metrics,
     )
     return cfg, warnings
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import aiohttp
 from aiohttp import web
 
+from pilot.agent import app_probes
 from pilot.agent.secrets import SecretManager
 from pilot.agent.supervisor import EnvoySupervisor
 
@@ -17,8 +18,13 @@ PROBE_TIMEOUT = 2.0
 
 class StatusServer:
     def __init__(self, secrets: SecretManager, envoy: EnvoySupervisor, *, host: str = "0.0.0.0",
-                 port: int = 15020, on_port: Callable[[int], None] | None = None) -> None:
+                 port: int = 15020, on_port: Callable[[int], None] | None = None,
+                 app_probers: dict[str, app_probes.Prober] | None = None, app_host: str = "127.0.0.1",
+                 app_metrics: dict[str, str] | None = None) -> None:
         self.secrets = secrets
+        self.app_probers = app_probers or {}
+        self.app_host = app_host  # the pod IP: apps often listen on it rather than on loopback
+        self.app_metrics = app_metrics
         self.envoy = envoy
         self.host, self.port = host, port
         self.on_port = on_port
@@ -43,10 +49,45 @@ class StatusServer:
             return web.Response(status=200, text="LIVE\n")
         return web.Response(status=503, text=f"envoy is not ready: {state or status}\n")
 
+    async def app_health(self, req: web.Request) -> web.Response:
+        prober = self.app_probers.get(req.path)
+        if prober is None:
+            return web.Response(status=404, text=f"no app prober for {req.path}\n")
+        status, text = await app_probes.run(prober, self.app_host, self._session)
+        return web.Response(status=status, text=text)
+
+    async def stats_prometheus(self, _req: web.Request) -> web.Response:
+        """Merged metrics: Envoy's, then the app's (ISTIO_PROMETHEUS_ANNOTATIONS), as istio-agent."""
+        parts = []
+        if self.envoy.admin_address:
+            try:
+                async with self._session.get(f"http://{self.envoy.admin_address}/stats/prometheus",
+                                             timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT * 2)) as r:
+                    if r.status == 200:
+                        parts.append(await r.text())
+            except (aiohttp.ClientError, TimeoutError):
+                pass
+        if self.app_metrics:
+            url = f"http://{self.app_host}:{self.app_metrics['port']}{self.app_metrics['path']}"
+            try:
+                timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT * 2)
+                async with self._session.get(url, timeout=timeout) as r:
+                    if r.status == 200:
+                        parts.append(await r.text())
+            except (aiohttp.ClientError, TimeoutError):
+                pass
+        if not parts:
+            return web.Response(status=503, text="no metrics available yet\n")
+        body = "".join(p if p.endswith("\n") else p + "\n" for p in parts)
+        return web.Response(text=body, content_type="text/plain", charset="utf-8")
+
     async def start(self) -> int:
         self._session = aiohttp.ClientSession()
         app = web.Application()
-        app.add_routes([web.get("/healthz/ready", self.ready)])
+        app.add_routes([web.get("/healthz/ready", self.ready),
+                        web.get("/stats/prometheus", self.stats_prometheus),
+                        web.get("/app-health/{container}/{kind}", self.app_health),
+                        web.post("/app-health/{container}/{kind}", self.app_health)])
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)

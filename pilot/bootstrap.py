@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -19,6 +20,11 @@ from pilot import logging as plog
 from pilot.cli import Options
 from pilot.config.mesh import MeshConfig, MeshConfigError, parse_mesh_config
 from pilot.http.server import build_app
+from pilot.inject.config import InjectorConfigHolder
+from pilot.inject.handler import add_routes as add_inject_routes
+from pilot.inject.metrics import InjectionMetrics
+from pilot.inject.review import InjectionContext
+from pilot.inject.store import follow_configmap, namespace_labels
 from pilot.model import push_request as push_reasons
 from pilot.model.mesh import MeshHolder
 from pilot.model.push_request import PushRequest
@@ -46,7 +52,7 @@ from pilot.sources.kube.source import KubeSource
 from pilot.sources.kube.status_writer import StatusWriter
 from pilot.sources.kube.writers import RootCertWriter
 from pilot.status.view import GatewayStatusView
-from pilot.webhook.ca_bundle import CABundleWriter
+from pilot.webhook.ca_bundle import MUTATING_PATH, CABundleWriter, injector_config_name
 from pilot.webhook.server import WebhookServer
 from pilot.xds.ads import AdsService
 from pilot.xds.discovery import DiscoveryServer
@@ -103,6 +109,7 @@ class ControlPlane:
         self.secure: SecureServer | None = None
         self.webhook: WebhookServer | None = None
         self.ca_bundle_writer: CABundleWriter | None = None
+        self.injector_bundle_writer: CABundleWriter | None = None
         try:
             self.jwt_rules = authn.parse_jwt_rules(features.jwt_rule)
         except authn.JwtRuleError as e:
@@ -226,8 +233,9 @@ class ControlPlane:
             await self.webhook.reissue()
         if self.root_cert_writer is not None:
             self.root_cert_writer.set_root(self.ca.root_cert_pem)
-        if self.ca_bundle_writer is not None:
-            self.ca_bundle_writer.set_root(self.ca.root_cert_pem)
+        for writer in (self.ca_bundle_writer, self.injector_bundle_writer):
+            if writer is not None:
+                writer.set_root(self.ca.root_cert_pem)
 
     def _debug_authenticators(self) -> authn.Authenticators | None:
         """Tokens that may read /debug off localhost: the CA's (TokenReview, JWT_RULE)."""
@@ -263,21 +271,36 @@ class ControlPlane:
             return
         ns = self.features.pod_namespace
         self.webhook = WebhookServer(self.ca, istiod_dns_names(ns, self.opts.domain, self.features.revision),
-                                     registry=self.discovery.metrics.registry)
+                                     registry=self.discovery.metrics.registry, mount=[self._injector()])
         try:
             self.ports["https"] = await self.webhook.start(*addr)
         except OSError as e:
             raise OSError(e.errno, f"--httpsAddr {self.opts.https_addr}: cannot listen ({e.strerror})") from None
         log.info("serving the validation webhook", port=self.ports["https"])
 
+    def _injector(self) -> Callable[[web.Application], None]:
+        """The sidecar injector (/inject on the webhook port): its template and values from the
+        `istio-sidecar-injector[-REV]` ConfigMap as it changes, Namespace labels from the Store."""
+        holder = InjectorConfigHolder()
+        follow_configmap(self.store, holder, namespace=self.features.pod_namespace, revision=self.features.revision)
+        ctx = InjectionContext.from_env(
+            holder, namespace_labels(self.store),
+            mesh=lambda: self.mesh.current.model_dump(mode="json", by_alias=True, exclude_none=True),
+            metrics=InjectionMetrics(self.discovery.metrics.registry))
+        return lambda app: add_inject_routes(app, ctx)
+
     def _leader_workers(self) -> list:
-        return [w for w in (self.root_cert_writer, self.ca_bundle_writer, self.status_writer) if w is not None]
+        return [w for w in (self.root_cert_writer, self.ca_bundle_writer, self.injector_bundle_writer,
+                            self.status_writer) if w is not None]
 
     def _start_leader_election(self) -> None:
         if self.ca is not None:
             self.root_cert_writer = RootCertWriter(self.kube, self.store, self.ca.root_cert_pem,
                                                    namespace_selected=self._namespace_selected)
         if self.webhook is not None:
+            self.injector_bundle_writer = CABundleWriter(
+                self.kube, self.features.pod_namespace, self.features.revision, self.ca.root_cert_pem,
+                path=MUTATING_PATH, name=injector_config_name(self.features.revision), failure_policy=False)
             self.ca_bundle_writer = CABundleWriter(self.kube, self.features.pod_namespace, self.features.revision,
                                                    self.ca.root_cert_pem)
         source = self.kube_source

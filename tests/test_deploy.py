@@ -480,6 +480,19 @@ async def test_required_rules_cover_every_request_the_code_makes_and_nothing_mor
     watch.cancel()
     calls += kube.calls
 
+    # The injector's configuration: the same writer, caBundle only.
+    from pilot.webhook.ca_bundle import MUTATING_PATH, injector_config_name
+
+    kube = RecordingKube(webhooks)
+    injector_writer = CABundleWriter(kube, SYSTEM_NS, "default", "PEM", path=MUTATING_PATH,
+                                     name=injector_config_name(), failure_policy=False)
+    assert await injector_writer._reconcile() is False and injector_writer.writes == 1
+    watch = asyncio.create_task(injector_writer._watch())
+    while not any(q.get("watch") for _m, _p, q in kube.calls):
+        await asyncio.sleep(0)
+    watch.cancel()
+    calls += kube.calls
+
     used = {_rbac_of(*c) for c in calls}
     denied = sorted(u for u in used if not _allowed(*u))
     assert denied == [], f"requests the code makes that required_rules() does not grant: {denied}"

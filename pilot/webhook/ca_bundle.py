@@ -11,6 +11,10 @@ CA, as istiod's validation controller (pkg/webhooks/validation/controller) does:
   root (a reloaded plugged-in CA) is written as soon as it is loaded.
 
 The configuration itself comes from the manifests: a missing one is waited for, never created.
+
+The same writer keeps the injector's MutatingWebhookConfiguration `istio-sidecar-injector[-REV]`
+pointing at our CA (`failure_policy=False`: its failurePolicy is the manifest's, as istiod's
+injector webhook patcher only writes caBundle).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from pilot.webhook.admission import ALWAYS_REJECT
 log = plog.get("validationController")
 
 PATH = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+MUTATING_PATH = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 GATEWAYS = "/apis/networking.istio.io/v1/namespaces/{namespace}/gateways"
 DENIED = "denied the request"
 NO_RESOURCE = "the server could not find the requested resource"
@@ -36,6 +41,8 @@ NO_DRY_RUN = "does not support dry run"
 # What this module calls: watch and GET the configuration, PUT the corrected copy; the dry-run
 # create of the probe Gateway in the control plane's namespace (nothing is stored).
 RBAC = (Rule("cluster", "admissionregistration.k8s.io", "validatingwebhookconfigurations",
+             frozenset({"get", "watch", "update"})),
+        Rule("cluster", "admissionregistration.k8s.io", "mutatingwebhookconfigurations",
              frozenset({"get", "watch", "update"})),
         Rule("namespace", "networking.istio.io", "gateways", frozenset({"create"})))
 WATCH_TIMEOUT_S = 300
@@ -47,15 +54,23 @@ def config_name(namespace: str, revision: str = "") -> str:
     return f"istio-validator{rev}-{namespace}"
 
 
+def injector_config_name(revision: str = "") -> str:
+    """istiod's injector webhook configuration: istio-sidecar-injector, or istio-sidecar-injector-canary."""
+    return "istio-sidecar-injector" + ("" if revision in ("", "default") else f"-{revision}")
+
+
 class CABundleWriter(LeaderWorker):
     task_name = "webhook-ca-bundle"
 
-    def __init__(self, kube: Kube, namespace: str, revision: str, root_pem: str) -> None:
+    def __init__(self, kube: Kube, namespace: str, revision: str, root_pem: str, *, path: str = PATH,
+                 name: str | None = None, failure_policy: bool = True) -> None:
         super().__init__()
         self.kube = kube
         self.namespace = namespace
         self.revision = revision
-        self.name = config_name(namespace, revision)
+        self.path = path
+        self.name = name or config_name(namespace, revision)
+        self.failure_policy = failure_policy  # also switch failurePolicy to Fail once probed
         self.root_pem = root_pem
         self.fail_closed_ready = False
         self.writes = 0
@@ -93,28 +108,30 @@ class CABundleWriter(LeaderWorker):
     async def _reconcile(self) -> bool:
         """One pass; True when it should run again soon (not yet ready to fail closed)."""
         try:
-            current = await self.kube.request("GET", f"{PATH}/{self.name}")
+            current = await self.kube.request("GET", f"{self.path}/{self.name}")
         except ApiError as e:
             if e.status == 404:
-                log.info("validating webhook configuration not found; waiting for it", name=self.name)
+                log.info("webhook configuration not found; waiting for it", name=self.name)
                 return False
             raise
         bundle = base64.b64encode(self.root_pem.encode()).decode()
-        if not self.fail_closed_ready:
+        if self.failure_policy and not self.fail_closed_ready:
             self.fail_closed_ready = await self._probe()
         policy = "Fail" if self.fail_closed_ready else "Ignore"
         webhooks = current.get("webhooks") or []
         dirty = False
         for wh in webhooks:
             client = wh.setdefault("clientConfig", {})
-            if client.get("caBundle") != bundle or wh.get("failurePolicy") != policy:
-                client["caBundle"], wh["failurePolicy"] = bundle, policy
-                dirty = True
+            if client.get("caBundle") != bundle:
+                client["caBundle"], dirty = bundle, True
+            if self.failure_policy and wh.get("failurePolicy") != policy:
+                wh["failurePolicy"], dirty = policy, True
         if dirty:
-            await self.kube.request("PUT", f"{PATH}/{self.name}", body=current)
+            await self.kube.request("PUT", f"{self.path}/{self.name}", body=current)
             self.writes += 1
-            log.info("updated the validating webhook configuration", name=self.name, failure_policy=policy)
-        return not self.fail_closed_ready
+            log.info("updated the webhook configuration", name=self.name,
+                     failure_policy=policy if self.failure_policy else "unchanged")
+        return self.failure_policy and not self.fail_closed_ready
 
     async def _probe(self) -> bool:
         """Does the apiserver send our kinds here and get them refused? A dry run: nothing is stored."""
@@ -154,7 +171,7 @@ class CABundleWriter(LeaderWorker):
                          "timeoutSeconds": str(WATCH_TIMEOUT_S), "allowWatchBookmarks": "true"}
                 if rv:
                     query["resourceVersion"] = rv
-                resp = await self.kube.open("GET", PATH, query=query, timeout=WATCH_TIMEOUT_S + 30)
+                resp = await self.kube.open("GET", self.path, query=query, timeout=WATCH_TIMEOUT_S + 30)
                 events = 0
                 try:
                     while line := await resp.content.readline():

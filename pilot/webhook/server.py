@@ -1,6 +1,7 @@
 """The webhook port (--httpsAddr, 15017): HTTPS with a serving certificate from the built-in CA
 for istiod's names (`istiod.NS.svc`, and `istiod-REV.NS.svc` with a REVISION), answering
-`POST /validate` (and `/validate/...`, and the pre-1.5 `/admitpilot`) with admission.py.
+`POST /validate` (and `/validate/...`, and the pre-1.5 `/admitpilot`) with admission.py, and
+`POST /inject` (pilot/inject) mounted beside it.
 
 The certificate is re-issued at half its lifetime and whenever the CA's chain changes; new
 handshakes get the new one at once (the listening context hands each connection the current
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from collections.abc import Callable, Sequence
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
@@ -54,8 +56,11 @@ class _Metrics:
 
 class WebhookServer:
     def __init__(self, ca: CertificateAuthority, dns_names: list[str],
-                 registry: CollectorRegistry | None = None) -> None:
+                 registry: CollectorRegistry | None = None,
+                 mount: Sequence[Callable[[web.Application], None]] = ()) -> None:
+        """`mount`: other webhooks served on this port (the injector's /inject)."""
         self.certs = ServerCertRotator(ca, dns_names, make_context=webhook_ssl_context)
+        self.mount = tuple(mount)
         self.metrics = _Metrics(registry)
         self.reviews = 0
         self._current: ssl.SSLContext | None = None
@@ -94,6 +99,8 @@ class WebhookServer:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY)
         app.add_routes([web.post(p, self._handle) for p in PATHS])
+        for mount in self.mount:
+            mount(app)
         return app
 
     # --- TLS --------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from pilot.config.validation import InvalidObject, parse_object
 from tests.fakes.apiserver import FakeApiServer
+from tests.support.admission import apply, deployment_pod, review_request
 from tests.support.control_plane import ControlPlane
 from tests.support.wait import wait_for
 
@@ -30,6 +31,7 @@ SERVER_NAME = "istiod.istio-system.svc"
 NET = "networking.istio.io"
 WEBHOOK_CONFIG = "istio-validator-istio-system"
 DEPLOY_WEBHOOK = Path(__file__).resolve().parents[2] / "deploy" / "webhook.yaml"
+DEPLOY_INJECTOR = Path(__file__).resolve().parents[2] / "deploy" / "mutatingwebhook.yaml"
 
 
 def virtual_service(name: str, weights: tuple[int, ...] = (100,), **meta) -> dict:
@@ -154,6 +156,12 @@ def webhook_config(fake: FakeApiServer) -> dict:
             or {"webhooks": [{}]})
 
 
+def injector_bundles(fake: FakeApiServer) -> set[str]:
+    config = fake.get("mutatingwebhookconfigurations.admissionregistration.k8s.io", "istio-sidecar-injector")
+    return {base64.b64decode(wh.get("clientConfig", {}).get("caBundle", "")).decode()
+            for wh in (config or {}).get("webhooks", [])}
+
+
 def bundle_of(fake: FakeApiServer) -> tuple[str, str]:
     [wh] = webhook_config(fake)["webhooks"]
     bundle = base64.b64decode(wh.get("clientConfig", {}).get("caBundle", "")).decode()
@@ -172,6 +180,9 @@ async def test_kube_mode_apiserver_refuses_invalid_config_through_the_webhook_an
             fake.register_crd(NET, "v1", plural, kind)
         fake.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "istio-system"}})
         fake.create(yaml.safe_load(DEPLOY_WEBHOOK.read_text()))  # as deploy/ ships it: fail open, no bundle
+        fake.create(yaml.safe_load(DEPLOY_INJECTOR.read_text()))  # the injector's, no bundle either
+        fake.create({"apiVersion": "v1", "kind": "Namespace",
+                     "metadata": {"name": "shop", "labels": {"istio-injection": "enabled"}}})
         kubeconfig = fake.write_kubeconfig(tmp_path / "kubeconfig")
         cp = ControlPlane(tmp_path, kubeconfig=kubeconfig,
                           env={"ROOT_CA_DIR": str(cacerts), "PILOT_LEADER_RETRY_PERIOD": "500ms"})
@@ -193,6 +204,15 @@ async def test_kube_mode_apiserver_refuses_invalid_config_through_the_webhook_an
                        for name, _op, outcome in fake.admission_calls)
             assert fake.get("gateways.networking.istio.io", "invalid-gateway",
                             namespace="istio-system") is None  # a dry run
+            # The injector's configuration gets the same root, on every one of its webhooks.
+            await wait_for(lambda: injector_bundles(fake) == {old_pem}, timeout=15,
+                           message=f"injector caBundle written\n{cp.log_tail()}")
+            # ... and /inject answers beside /validate on the same port and certificate.
+            pod = deployment_pod(namespace="shop")
+            status, text = await Webhook(cp.https_port, old_pem).post(review_request(pod), path="/inject")
+            assert status == 200, text
+            injected = apply(json.loads(text), pod)  # asserts allowed, with a JSONPatch
+            assert "istio-proxy" in [c["name"] for c in injected["spec"]["containers"]]
 
             api = k8s.CustomObjectsApi(api_client)
             bad = virtual_service("bad", (70, 50))
@@ -226,6 +246,8 @@ async def test_kube_mode_apiserver_refuses_invalid_config_through_the_webhook_an
             write_dir(cacerts, make_intermediate(new_root, cn="intermediate two"))
             await wait_for(lambda: bundle_of(fake)[0] == new_root["ca-cert.pem"], timeout=30,
                            message=f"caBundle follows the new root\n{cp.log_tail()}")
+            await wait_for(lambda: injector_bundles(fake) == {new_root["ca-cert.pem"]}, timeout=15,
+                           message=f"injector caBundle follows the new root\n{cp.log_tail()}")
 
             async def refused_by_the_webhook() -> str | None:
                 try:

@@ -18,6 +18,7 @@ from pilot import features as feat
 from pilot import logging as plog
 from pilot.cli import Options
 from pilot.config.mesh import MeshConfig, MeshConfigError, parse_mesh_config
+from pilot.http.debug_xds import http_view
 from pilot.http.server import build_app
 from pilot.model import push_request as push_reasons
 from pilot.model.mesh import MeshHolder
@@ -88,6 +89,8 @@ class ControlPlane:
         self.gateway_status = GatewayStatusView()
         self.discovery.context_listeners.append(self.gateway_status.update)
         self.ads = AdsService(self.discovery)
+        self.ads.debug.http_view = http_view(build_app(self.discovery, self.ready, None, features.pod_namespace,
+                                                       self.gateway_status), self.discovery)
         self.files = FileSource(opts.config_dir, self.store) if opts.config_dir else None
         self.kube: Kube | None = None
         self.kube_source: KubeSource | None = None

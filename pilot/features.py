@@ -155,6 +155,13 @@ CA_TRUSTED_NODE_ACCOUNTS = _knob(
     "CA_TRUSTED_NODE_ACCOUNTS", "istio-system/ztunnel", _node_accounts,
     "NAMESPACE/SERVICEACCOUNT list allowed to request certificates for other identities "
     "(ImpersonatedIdentity, as ztunnel does), comma-separated.")
+ENABLE_DEBUG_ENDPOINT_AUTH = _knob(
+    "ENABLE_DEBUG_ENDPOINT_AUTH", "true", _bool,
+    "Debug xDS types (istio.io/debug/*, what istioctl proxy-status asks) need an identity proved on the "
+    "secure port; identities outside the system namespace see only their own namespace's proxies.")
+DEBUG_ENDPOINT_AUTH_ALLOWED_NAMESPACES = _knob(
+    "DEBUG_ENDPOINT_AUTH_ALLOWED_NAMESPACES", "", _csv,
+    "Namespaces whose identities may read every proxy's debug info, as the system namespace can.")
 
 
 @dataclass(frozen=True)
@@ -181,6 +188,8 @@ class Features:
     token_audiences: tuple[str, ...] = ("istio-ca",)
     trusted_node_accounts: tuple[str, ...] = ("istio-system/ztunnel",)
     enable_ambient: bool = False
+    enable_debug_endpoint_auth: bool = True
+    debug_endpoint_auth_allowed_namespaces: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Features:
@@ -205,4 +214,6 @@ class Features:
             token_audiences=TOKEN_AUDIENCES.get(environ),
             trusted_node_accounts=CA_TRUSTED_NODE_ACCOUNTS.get(environ),
             enable_ambient=ENABLE_AMBIENT.get(environ),
+            enable_debug_endpoint_auth=ENABLE_DEBUG_ENDPOINT_AUTH.get(environ),
+            debug_endpoint_auth_allowed_namespaces=DEBUG_ENDPOINT_AUTH_ALLOWED_NAMESPACES.get(environ),
         )

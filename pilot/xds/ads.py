@@ -19,6 +19,7 @@ from pilot.model.proxy import InvalidNode, Proxy, proxy_from_node
 from pilot.xds import typeurls
 from pilot.xds.connection import Connection, WatchedResource
 from pilot.xds.discovery import DiscoveryServer
+from pilot.xds.generators import debug
 from pilot.xds.ratelimit import TokenBucket
 from pilot.xds.sotw_request import SotwRequest, names_digest
 
@@ -46,6 +47,7 @@ class AdsService:
         self.server = server
         self.new_streams = TokenBucket(server.features.max_requests_per_second)
         self.draining = False
+        self.debug = debug.DebugXds(server)  # istio.io/debug/* (istioctl): answered, never watched
 
     async def drain(self, duration: float) -> None:
         """Refuse new streams and end the open ones at random moments within `duration`."""
@@ -123,6 +125,8 @@ class AdsService:
             raise
         except DeltaOnly as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except debug.DebugRefused as e:
+            await context.abort(e.code, e.message)
         except Exception:
             # One broken stream must not take the server down; the proxy will reconnect.
             log.exception("stream failed", proxy=proxy.id, conn=conn.id)
@@ -148,6 +152,9 @@ class AdsService:
         type_url = req.type_url
         if not type_url:
             log.warning("request without type_url ignored", proxy=conn.proxy.id)
+            return
+        if debug.is_debug(type_url):  # as istiod: answered once, starts no watch, never ACKed
+            await send(await self.debug.respond(conn, type_url, list(req.resource_names[:MAX_NAMES]), delta=False))
             return
         if type_url in typeurls.AMBIENT_TYPES:
             raise DeltaOnly(f"{type_url} is served over delta xDS only (DeltaAggregatedResources), as istiod does")
@@ -203,6 +210,10 @@ class AdsService:
         type_url = req.type_url
         if not type_url:
             log.warning("delta request without type_url ignored", proxy=conn.proxy.id)
+            return
+        if debug.is_debug(type_url):
+            names = list(req.resource_names_subscribe[:MAX_NAMES])
+            await send(await self.debug.respond(conn, type_url, names, delta=True))
             return
         subscribe = set(req.resource_names_subscribe[:MAX_NAMES])
         unsubscribe = set(req.resource_names_unsubscribe[:MAX_NAMES])

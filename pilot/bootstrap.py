@@ -49,6 +49,7 @@ from pilot.sources.kube.writers import RootCertWriter
 from pilot.status.view import GatewayStatusView
 from pilot.xds.ads import AdsService
 from pilot.xds.discovery import DiscoveryServer
+from pilot.xds.state_metrics import StateCollector
 
 log = plog.get("bootstrap")
 
@@ -84,6 +85,7 @@ class ControlPlane:
         self.store = Store()
         self.mesh = MeshHolder(load_mesh_file(opts.mesh_config), features.pod_namespace)
         self.discovery = DiscoveryServer(self.store, self.mesh, features, opts.domain)
+        self.discovery.metrics.registry.register(StateCollector(self.discovery))  # pilot_services, ...
         self.jwks = JwksResolver(self.store, self._jwks_changed, refresh_interval=features.jwt_pub_key_refresh_interval)
         self.discovery.jwks = self.jwks.snapshot
         self.gateway_status = GatewayStatusView()

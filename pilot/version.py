@@ -39,9 +39,13 @@ def build_info() -> dict[str, str]:
     if revision != "unknown":
         dirty = _git("status", "--porcelain", "--untracked-files=no")
         status = "Modified" if dirty else "Clean"
-    return {"version": __version__, "revision": revision,
-            "golang_version": f"{platform.python_implementation()} {platform.python_version()}",
-            "status": status, "tag": _git("describe", "--tags", "--exact-match") or __version__}
+    return {
+        "version": __version__,
+        "revision": revision,
+        "golang_version": f"{platform.python_implementation()} {platform.python_version()}",
+        "status": status,
+        "tag": _git("describe", "--tags", "--exact-match") or __version__,
+    }
 
 
 def info_string() -> str:

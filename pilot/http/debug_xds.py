@@ -22,7 +22,9 @@ def http_view(app: web.Application, server: DiscoveryServer) -> HttpView:
         else:
             match = await app.router.resolve(request)
             if match.http_exception is not None:
-                return f"{match.http_exception.status} {match.http_exception.reason}: /debug/{name}\n".encode()
+                return (
+                    f"{match.http_exception.status} {match.http_exception.reason}: /debug/{name}\n".encode()
+                )
             response = await match.handler(request)
         return response.body if isinstance(response.body, bytes) else str(response.text or "").encode()
 

@@ -129,6 +129,7 @@ class AdsService:
             await context.abort(e.code, e.message)
         except Exception:
             # One broken stream must not take the server down; the proxy will reconnect.
+            self.server.metrics.xds_internal_errors.inc()
             log.exception("stream failed", proxy=proxy.id, conn=conn.id)
         finally:
             conn.closed = True
@@ -154,13 +155,15 @@ class AdsService:
             log.warning("request without type_url ignored", proxy=conn.proxy.id)
             return
         if debug.is_debug(type_url):  # as istiod: answered once, starts no watch, never ACKed
-            await send(await self.debug.respond(conn, type_url, list(req.resource_names[:MAX_NAMES]), delta=False))
+            names = list(req.resource_names[:MAX_NAMES])
+            await send(await self.debug.respond(conn, type_url, names, delta=False))
             return
         if type_url in typeurls.AMBIENT_TYPES:
             raise DeltaOnly(f"{type_url} is served over delta xDS only (DeltaAggregatedResources), as istiod does")
         w = conn.watched.get(type_url)
         if req.response_nonce and w is not None:
             if req.response_nonce != w.nonce_sent:
+                self.server.metrics.xds_expired_nonce.labels(typeurls.SHORT.get(type_url, "other")).inc()
                 return  # stale: the proxy has not seen our latest response yet; it will answer that
             if req.HasField("error_detail"):
                 self.server.record_nack(conn, w, req.response_nonce, req.version_info,

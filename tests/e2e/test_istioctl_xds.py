@@ -48,26 +48,48 @@ OTHER_NODE = "sidecar~10.0.0.9~db-1.other~other.svc.cluster.local"
 def istioctl_node(namespace: str = "istio-system", sa: str = "default") -> base_pb2.Node:
     """adsc's node for istioctl (pkg/adsc buildNode + istioctl/pkg/xds GetXdsResponse)."""
     md = struct_pb2.Struct()
-    md.update({"GENERATOR": "event", "SERVICE_ACCOUNT": sa, "NAMESPACE": namespace,
-               "ISTIO_VERSION": "65536.65536.65536"})
+    md.update(
+        {
+            "GENERATOR": "event",
+            "SERVICE_ACCOUNT": sa,
+            "NAMESPACE": namespace,
+            "ISTIO_VERSION": "65536.65536.65536",
+        }
+    )
     return base_pb2.Node(id=f"sidecar~10.1.2.3~test-1.{namespace}~{namespace}.svc.cluster.local", metadata=md)
 
 
 def secure_channel(cp: ControlPlane) -> grpc.aio.Channel:
-    return grpc.aio.secure_channel(f"127.0.0.1:{cp.secure_port}", grpc.ssl_channel_credentials(cp.root_cert().encode()),
-                                   options=[("grpc.ssl_target_name_override", "istiod.istio-system.svc")])
+    return grpc.aio.secure_channel(
+        f"127.0.0.1:{cp.secure_port}",
+        grpc.ssl_channel_credentials(cp.root_cert().encode()),
+        options=[("grpc.ssl_target_name_override", "istiod.istio-system.svc")],
+    )
 
 
-async def istioctl(channel: grpc.aio.Channel, type_url: str, names: list[str] | None = None, *,
-                   token: str | None = None, node: base_pb2.Node | None = None) -> discovery_pb2.DiscoveryResponse:
+async def istioctl(
+    channel: grpc.aio.Channel,
+    type_url: str,
+    names: list[str] | None = None,
+    *,
+    token: str | None = None,
+    node: base_pb2.Node | None = None,
+) -> discovery_pb2.DiscoveryResponse:
     """One request, one response, as istioctl's GetXdsResponse (adsc.Send sets a time nonce)."""
-    call = channel.stream_stream(SOTW, request_serializer=discovery_pb2.DiscoveryRequest.SerializeToString,
-                                 response_deserializer=discovery_pb2.DiscoveryResponse.FromString)(
-        metadata=[("authorization", f"Bearer {token}")] if token else None)
+    call = channel.stream_stream(
+        SOTW,
+        request_serializer=discovery_pb2.DiscoveryRequest.SerializeToString,
+        response_deserializer=discovery_pb2.DiscoveryResponse.FromString,
+    )(metadata=[("authorization", f"Bearer {token}")] if token else None)
     try:
-        await call.write(discovery_pb2.DiscoveryRequest(
-            node=node or istioctl_node(), type_url=type_url, resource_names=names or [],
-            response_nonce=time.strftime("%Y-%m-%d %H:%M:%S.000000000 +0000 UTC m=+0.01")))
+        await call.write(
+            discovery_pb2.DiscoveryRequest(
+                node=node or istioctl_node(),
+                type_url=type_url,
+                resource_names=names or [],
+                response_nonce=time.strftime("%Y-%m-%d %H:%M:%S.000000000 +0000 UTC m=+0.01"),
+            )
+        )
         return await asyncio.wait_for(call.read(), 10)
     finally:
         call.cancel()
@@ -86,14 +108,20 @@ class Held:
         md = struct_pb2.Struct()
         md.update({"NAMESPACE": node_id.split("~")[2].rpartition(".")[2]})
         self.node = base_pb2.Node(id=node_id, metadata=md)
-        self.call = channel.stream_stream(SOTW, request_serializer=discovery_pb2.DiscoveryRequest.SerializeToString,
-                                          response_deserializer=discovery_pb2.DiscoveryResponse.FromString)()
+        self.call = channel.stream_stream(
+            SOTW,
+            request_serializer=discovery_pb2.DiscoveryRequest.SerializeToString,
+            response_deserializer=discovery_pb2.DiscoveryResponse.FromString,
+        )()
 
     async def subscribe(self) -> None:
         await self.call.write(discovery_pb2.DiscoveryRequest(node=self.node, type_url=CDS))
         resp = await asyncio.wait_for(self.call.read(), 10)
-        await self.call.write(discovery_pb2.DiscoveryRequest(type_url=CDS, version_info=resp.version_info,
-                                                             response_nonce=resp.nonce))
+        await self.call.write(
+            discovery_pb2.DiscoveryRequest(
+                type_url=CDS, version_info=resp.version_info, response_nonce=resp.nonce
+            )
+        )
 
 
 def client_configs(resp: discovery_pb2.DiscoveryResponse) -> dict[str, csds_pb2.ClientConfig]:
@@ -110,10 +138,16 @@ def dump_sections(resources) -> dict[str, object]:
     """The ConfigDump sections by message name (as istioctl's configdump.Wrapper finds them)."""
     sections = {}
     for a in resources:
-        for cls in (config_dump_pb2.BootstrapConfigDump, config_dump_shared_pb2.ClustersConfigDump,
-                    config_dump_shared_pb2.ListenersConfigDump, config_dump_shared_pb2.RoutesConfigDump,
-                    config_dump_shared_pb2.ScopedRoutesConfigDump, config_dump_pb2.SecretsConfigDump,
-                    config_dump_shared_pb2.EcdsConfigDump, config_dump_shared_pb2.EndpointsConfigDump):
+        for cls in (
+            config_dump_pb2.BootstrapConfigDump,
+            config_dump_shared_pb2.ClustersConfigDump,
+            config_dump_shared_pb2.ListenersConfigDump,
+            config_dump_shared_pb2.RoutesConfigDump,
+            config_dump_shared_pb2.ScopedRoutesConfigDump,
+            config_dump_pb2.SecretsConfigDump,
+            config_dump_shared_pb2.EcdsConfigDump,
+            config_dump_shared_pb2.EndpointsConfigDump,
+        ):
             if a.Is(cls.DESCRIPTOR):
                 m = cls()
                 a.Unpack(m)
@@ -142,19 +176,30 @@ def envoy_dynamic(dump: dict) -> dict[str, set[str]]:
 
 
 def ours(sections) -> dict[str, set[str]]:
-    return {"clusters": {unpack(d.cluster, cluster_pb2.Cluster).name
-                         for d in sections["ClustersConfigDump"].dynamic_active_clusters},
-            "listeners": {unpack(d.active_state.listener, listener_pb2.Listener).name
-                          for d in sections["ListenersConfigDump"].dynamic_listeners},
-            "routes": {unpack(d.route_config, route_pb2.RouteConfiguration).name
-                       for d in sections["RoutesConfigDump"].dynamic_route_configs}}
+    return {
+        "clusters": {
+            unpack(d.cluster, cluster_pb2.Cluster).name
+            for d in sections["ClustersConfigDump"].dynamic_active_clusters
+        },
+        "listeners": {
+            unpack(d.active_state.listener, listener_pb2.Listener).name
+            for d in sections["ListenersConfigDump"].dynamic_listeners
+        },
+        "routes": {
+            unpack(d.route_config, route_pb2.RouteConfiguration).name
+            for d in sections["RoutesConfigDump"].dynamic_route_configs
+        },
+    }
 
 
 @pytest.fixture
 async def mesh(tmp_path):
     issuer = Issuer("ES256")
-    cp = ControlPlane(tmp_path, secure_grpc=True, env={"JWT_RULE": issuer.rule(), "CA_KEY_TYPE": "EC",
-                                                         "POD_NAME": "istiod-test-1"})
+    cp = ControlPlane(
+        tmp_path,
+        secure_grpc=True,
+        env={"JWT_RULE": issuer.rule(), "CA_KEY_TYPE": "EC", "POD_NAME": "istiod-test-1"},
+    )
     cp.write("svc.yaml", service_yaml("reviews", 9080) + "---\n" + endpoint_slice_yaml("reviews", 19080))
     envoy = Envoy()
     async with cp:
@@ -169,7 +214,9 @@ async def mesh(tmp_path):
 
 async def test_istioctl_proxy_status_and_diff_over_secure_xds(mesh):
     cp, envoy, issuer = mesh
-    admin = issuer.token(namespace="istio-system", sa="default")  # istioctl's token: default SA of istio-system
+    admin = issuer.token(
+        namespace="istio-system", sa="default"
+    )  # istioctl's token: default SA of istio-system
     async with secure_channel(cp) as ch, grpc.aio.insecure_channel(f"127.0.0.1:{cp.xds_port}") as plain:
         other = Held(plain, OTHER_NODE)
         await other.subscribe()
@@ -180,7 +227,12 @@ async def test_istioctl_proxy_status_and_diff_over_secure_xds(mesh):
         cp_id = json.loads(resp.control_plane.identifier)
         assert cp_id["Component"] == "istiod" and cp_id["ID"] == "istiod-test-1"
         assert cp_id["Info"] == version.build_info() and set(cp_id["Info"]) == {
-            "version", "revision", "golang_version", "status", "tag"}
+            "version",
+            "revision",
+            "golang_version",
+            "status",
+            "tag",
+        }
         configs = client_configs(resp)
         assert set(configs) == {ENVOY_NODE, OTHER_NODE}, "istioctl's own stream is not a proxy"
         envoy_cc = configs[ENVOY_NODE]
@@ -194,8 +246,15 @@ async def test_istioctl_proxy_status_and_diff_over_secure_xds(mesh):
         # istioctl proxy-status app-1.default: what we would send, diffable against Envoy's dump.
         resp = await istioctl(ch, CONFIG_DUMP, ["app-1.default"], token=admin)
         sections = dump_sections(resp.resources)
-        assert {"BootstrapConfigDump", "ClustersConfigDump", "ListenersConfigDump", "RoutesConfigDump",
-                "ScopedRoutesConfigDump", "SecretsConfigDump", "EcdsConfigDump"} <= set(sections)
+        assert {
+            "BootstrapConfigDump",
+            "ClustersConfigDump",
+            "ListenersConfigDump",
+            "RoutesConfigDump",
+            "ScopedRoutesConfigDump",
+            "SecretsConfigDump",
+            "EcdsConfigDump",
+        } <= set(sections)
         envoy_view = envoy_dynamic(await envoy.config_dump())
         assert ours(sections) == envoy_view
         assert f"outbound|9080||{fqdn('reviews')}" in envoy_view["clusters"]
@@ -214,9 +273,12 @@ async def test_istioctl_proxy_status_and_diff_over_secure_xds(mesh):
         tenant = issuer.token(namespace="default", sa="sleep")
         node = istioctl_node("default", "sleep")
         assert set(client_configs(await istioctl(ch, SYNCZ, token=tenant, node=node))) == {ENVOY_NODE}
-        assert dump_sections((await istioctl(ch, CONFIG_DUMP, ["app-1.default"], token=tenant,
-                                             node=node)).resources)
-        assert list((await istioctl(ch, CONFIG_DUMP, ["db-1.other"], token=tenant, node=node)).resources) == []
+        assert dump_sections(
+            (await istioctl(ch, CONFIG_DUMP, ["app-1.default"], token=tenant, node=node)).resources
+        )
+        assert (
+            list((await istioctl(ch, CONFIG_DUMP, ["db-1.other"], token=tenant, node=node)).resources) == []
+        )
         code, why = await refused(ch, DEBUG, ["syncz"], token=tenant, node=node)
         assert code == grpc.StatusCode.PERMISSION_DENIED, why
         page = await istioctl(ch, DEBUG, ["config_dump?proxyID=app-1.default"], token=tenant, node=node)
@@ -246,11 +308,45 @@ async def test_debug_types_on_plaintext_when_debug_auth_is_off(tmp_path):
         # `istio.io/debug` pages always need a proven identity (istiod's DebugGen).
         assert (await refused(plain, DEBUG, ["syncz"]))[0] == grpc.StatusCode.UNAUTHENTICATED
         # Delta clients get the same answer.
-        call = plain.stream_stream(DELTA, request_serializer=discovery_pb2.DeltaDiscoveryRequest.SerializeToString,
-                                   response_deserializer=discovery_pb2.DeltaDiscoveryResponse.FromString)()
+        call = plain.stream_stream(
+            DELTA,
+            request_serializer=discovery_pb2.DeltaDiscoveryRequest.SerializeToString,
+            response_deserializer=discovery_pb2.DeltaDiscoveryResponse.FromString,
+        )()
         await call.write(discovery_pb2.DeltaDiscoveryRequest(node=istioctl_node(), type_url=SYNCZ))
         resp = await asyncio.wait_for(call.read(), 10)
         assert [r.name for r in resp.resources] == [OTHER_NODE]
         assert json.loads(resp.control_plane.identifier)["Component"] == "istiod"
         call.cancel()
         other.call.cancel()
+
+
+async def test_http_config_dump_has_envoys_shape_and_version_has_istiods(mesh):
+    cp, envoy, _ = mesh
+    status, text = await cp.get("/debug/config_dump")
+    assert status == 400 and "proxyID is required" in text
+    status, text = await cp.get("/debug/config_dump?proxyID=nope.nowhere")
+    assert status == 404 and "Proxy not connected to this Pilot instance" in text
+
+    dump = await cp.debug("/debug/config_dump?proxyID=app-1.default")
+    types = [c["@type"].rpartition(".")[2] for c in dump["configs"]]
+    assert types == [
+        "BootstrapConfigDump",
+        "ClustersConfigDump",
+        "ListenersConfigDump",
+        "ScopedRoutesConfigDump",
+        "RoutesConfigDump",
+        "SecretsConfigDump",
+        "EcdsConfigDump",
+    ]
+    assert envoy_dynamic(dump) == envoy_dynamic(await envoy.config_dump())  # the same JSON shape as Envoy's
+    with_eds = await cp.debug(f"/debug/config_dump?proxyID={ENVOY_NODE}&include_eds")
+    eds = next(c for c in with_eds["configs"] if c["@type"].endswith("EndpointsConfigDump"))
+    assert {e["endpoint_config"]["cluster_name"] for e in eds["dynamic_endpoint_configs"]} >= {
+        f"outbound|9080||{fqdn('reviews')}"
+    }
+
+    info = json.loads((await cp.get("/version"))[1])
+    assert info == version.build_info()
+    assert set(info) == {"version", "revision", "golang_version", "status", "tag"}
+    assert info["status"] in ("Clean", "Modified") and len(info["revision"]) == 40

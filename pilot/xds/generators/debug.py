@@ -99,13 +99,19 @@ def client_config(conn: Connection) -> csds_pb2.ClientConfig:
     and, per subscribed type, whether it holds what it was last sent."""
     p = conn.proxy
     md = struct_pb2.Struct()
-    md.update({"CLUSTER_ID": str(p.metadata.get("CLUSTER_ID") or "Kubernetes"), "NAMESPACE": p.namespace,
-               "ISTIO_VERSION": p.istio_version or ""})
+    md.update(
+        {
+            "CLUSTER_ID": str(p.metadata.get("CLUSTER_ID") or "Kubernetes"),
+            "NAMESPACE": p.namespace,
+            "ISTIO_VERSION": p.istio_version or "",
+        }
+    )
     cc = csds_pb2.ClientConfig(node=base_pb2.Node(id=p.id, metadata=md))
     for type_url in sorted(conn.watched):
         w = conn.watched[type_url]
-        x = cc.generic_xds_configs.add(type_url=type_url, config_status=_status(w),
-                                       version_info=w.version_acked)
+        x = cc.generic_xds_configs.add(
+            type_url=type_url, config_status=_status(w), version_info=w.version_acked
+        )
         sent = _timestamp(w.last_sent_at)
         if sent is not None:
             x.last_updated.CopyFrom(sent)
@@ -139,7 +145,9 @@ def _redacted(any_bytes: bytes) -> any_pb2.Any:
     return a
 
 
-def config_dump(server: DiscoveryServer, conn: Connection, include_eds: bool = False) -> config_dump_pb2.ConfigDump:
+def config_dump(
+    server: DiscoveryServer, conn: Connection, include_eds: bool = False
+) -> config_dump_pb2.ConfigDump:
     """istiod's connectionConfigDump: what this control plane would send the proxy now, for
     the types it watches, in Envoy's /config_dump shape (EDS only when asked, as Envoy's own
     /config_dump leaves it out without include_eds)."""
@@ -154,26 +162,62 @@ def config_dump(server: DiscoveryServer, conn: Connection, include_eds: bool = F
         held[type_url] = [(r.name, r.any_bytes) for r in generated.resources]
 
     s = config_dump_shared_pb2
-    clusters = s.ClustersConfigDump(version_info=version_, dynamic_active_clusters=[
-        s.ClustersConfigDump.DynamicCluster(version_info=version_, cluster=any_pb2.Any.FromString(b))
-        for _, b in held.get(typeurls.CLUSTER, ())])
-    listeners = s.ListenersConfigDump(version_info=version_, dynamic_listeners=[
-        s.ListenersConfigDump.DynamicListener(name=name, active_state=s.ListenersConfigDump.DynamicListenerState(
-            version_info=version_, listener=any_pb2.Any.FromString(b)))
-        for name, b in held.get(typeurls.LISTENER, ())])
-    routes = s.RoutesConfigDump(dynamic_route_configs=[
-        s.RoutesConfigDump.DynamicRouteConfig(version_info=version_, route_config=any_pb2.Any.FromString(b))
-        for _, b in held.get(typeurls.ROUTE, ())])
-    secrets = config_dump_pb2.SecretsConfigDump(dynamic_active_secrets=[
-        config_dump_pb2.SecretsConfigDump.DynamicSecret(name=name, version_info=version_, secret=_redacted(b))
-        for name, b in held.get(typeurls.SECRET, ())])
+    clusters = s.ClustersConfigDump(
+        version_info=version_,
+        dynamic_active_clusters=[
+            s.ClustersConfigDump.DynamicCluster(version_info=version_, cluster=any_pb2.Any.FromString(b))
+            for _, b in held.get(typeurls.CLUSTER, ())
+        ],
+    )
+    listeners = s.ListenersConfigDump(
+        version_info=version_,
+        dynamic_listeners=[
+            s.ListenersConfigDump.DynamicListener(
+                name=name,
+                active_state=s.ListenersConfigDump.DynamicListenerState(
+                    version_info=version_, listener=any_pb2.Any.FromString(b)
+                ),
+            )
+            for name, b in held.get(typeurls.LISTENER, ())
+        ],
+    )
+    routes = s.RoutesConfigDump(
+        dynamic_route_configs=[
+            s.RoutesConfigDump.DynamicRouteConfig(
+                version_info=version_, route_config=any_pb2.Any.FromString(b)
+            )
+            for _, b in held.get(typeurls.ROUTE, ())
+        ]
+    )
+    secrets = config_dump_pb2.SecretsConfigDump(
+        dynamic_active_secrets=[
+            config_dump_pb2.SecretsConfigDump.DynamicSecret(
+                name=name, version_info=version_, secret=_redacted(b)
+            )
+            for name, b in held.get(typeurls.SECRET, ())
+        ]
+    )
     configs = [_pack(config_dump_pb2.BootstrapConfigDump()), _pack(clusters)]
     if include_eds:
-        configs.append(_pack(s.EndpointsConfigDump(dynamic_endpoint_configs=[
-            s.EndpointsConfigDump.DynamicEndpointConfig(version_info=version_, endpoint_config=any_pb2.Any.FromString(b))
-            for _, b in held.get(typeurls.ENDPOINT, ())])))
-    configs += [_pack(listeners), _pack(s.ScopedRoutesConfigDump()), _pack(routes), _pack(secrets),
-                _pack(s.EcdsConfigDump())]
+        configs.append(
+            _pack(
+                s.EndpointsConfigDump(
+                    dynamic_endpoint_configs=[
+                        s.EndpointsConfigDump.DynamicEndpointConfig(
+                            version_info=version_, endpoint_config=any_pb2.Any.FromString(b)
+                        )
+                        for _, b in held.get(typeurls.ENDPOINT, ())
+                    ]
+                )
+            )
+        )
+    configs += [
+        _pack(listeners),
+        _pack(s.ScopedRoutesConfigDump()),
+        _pack(routes),
+        _pack(secrets),
+        _pack(s.EcdsConfigDump()),
+    ]
     return config_dump_pb2.ConfigDump(configs=configs)
 
 
@@ -197,20 +241,30 @@ class DebugXds:
         return "" if ns == system or ns in f.debug_endpoint_auth_allowed_namespaces else ns
 
     def _refuse_unauthenticated(self, conn: Connection) -> None:
-        log.warning("debug request refused: connect over the secure port (15012) with a token or certificate",
-                    proxy=conn.proxy.id[:256], peer=conn.peer)
+        log.warning(
+            "debug request refused: connect over the secure port (15012) with a token or certificate",
+            proxy=conn.proxy.id[:256],
+            peer=conn.peer,
+        )
         raise DebugRefused(grpc.StatusCode.UNAUTHENTICATED, "authentication required")
 
-    async def resources(self, conn: Connection, type_url: str, names: list[str]) -> list[tuple[str, any_pb2.Any]]:
+    async def resources(
+        self, conn: Connection, type_url: str, names: list[str]
+    ) -> list[tuple[str, any_pb2.Any]]:
         caller = self._caller_namespace(conn)
         if type_url == DEBUG:
             return await self._page(conn, names, caller)
         if caller is None:
             self._refuse_unauthenticated(conn)
         if type_url == SYNCZ:
-            conns = sorted((c for c in list(self.server.connections.values())
-                            if not is_debug_client(c) and (not caller or c.proxy.namespace == caller)),
-                           key=lambda c: c.proxy.id)
+            conns = sorted(
+                (
+                    c
+                    for c in list(self.server.connections.values())
+                    if not is_debug_client(c) and (not caller or c.proxy.namespace == caller)
+                ),
+                key=lambda c: c.proxy.id,
+            )
             return [(c.proxy.id, _pack(client_config(c))) for c in conns]
         if type_url == CONFIG_DUMP:
             if len(names) != 1:
@@ -223,7 +277,9 @@ class DebugXds:
             return [("", a) for a in config_dump(self.server, target).configs]
         return []  # other istio.io/debug/* types: nothing known, answered empty as istiod does
 
-    async def _page(self, conn: Connection, names: list[str], caller: str | None) -> list[tuple[str, any_pb2.Any]]:
+    async def _page(
+        self, conn: Connection, names: list[str], caller: str | None
+    ) -> list[tuple[str, any_pb2.Any]]:
         """`istio.io/debug`: always needs a proven identity (istiod's DebugGen)."""
         if not conn.proxy.identity:
             self._refuse_unauthenticated(conn)
@@ -232,8 +288,10 @@ class DebugXds:
         name = names[0]
         page = name.partition("?")[0]
         if caller and page not in NAMESPACED_PAGES:
-            raise DebugRefused(grpc.StatusCode.PERMISSION_DENIED,
-                               f"the debug info is not available for current identity: {conn.proxy.identity!r}")
+            raise DebugRefused(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"the debug info is not available for current identity: {conn.proxy.identity!r}",
+            )
         if self.http_view is None:
             raise DebugRefused(grpc.StatusCode.UNAVAILABLE, "debug pages are not served by this server")
         body = await self.http_view(name, caller or "")
@@ -244,12 +302,25 @@ class DebugXds:
         resources = await self.resources(conn, type_url, names)
         nonce = conn.next_nonce()
         ctx_version = self.server.push_context.version
-        cp = base_pb2.ControlPlane(identifier=version.control_plane_identifier()) if type_url == SYNCZ else None
+        cp = (
+            base_pb2.ControlPlane(identifier=version.control_plane_identifier())
+            if type_url == SYNCZ
+            else None
+        )
         if delta:
             resp = discovery_pb2.DeltaDiscoveryResponse(
-                system_version_info=ctx_version, type_url=type_url, nonce=nonce, control_plane=cp,
-                resources=[discovery_pb2.Resource(name=n, resource=a) for n, a in resources])
+                system_version_info=ctx_version,
+                type_url=type_url,
+                nonce=nonce,
+                control_plane=cp,
+                resources=[discovery_pb2.Resource(name=n, resource=a) for n, a in resources],
+            )
         else:
-            resp = discovery_pb2.DiscoveryResponse(version_info=ctx_version, type_url=type_url, nonce=nonce,
-                                                   control_plane=cp, resources=[a for _, a in resources])
+            resp = discovery_pb2.DiscoveryResponse(
+                version_info=ctx_version,
+                type_url=type_url,
+                nonce=nonce,
+                control_plane=cp,
+                resources=[a for _, a in resources],
+            )
         return resp.SerializeToString()

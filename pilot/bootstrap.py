@@ -78,6 +78,11 @@ def load_mesh_file(path: str) -> MeshConfig:
         raise SystemExit(f"--meshConfig {path}: {e}") from None
 
 
+class StartupError(Exception):
+    """Start cannot go on; the message says what to change. Raised as an ordinary exception (not
+    SystemExit) so the start task ends normally and asyncio has nothing left to complain about."""
+
+
 class ControlPlane:
     def __init__(self, opts: Options, features: feat.Features) -> None:
         self.opts = opts
@@ -138,7 +143,7 @@ class ControlPlane:
         elif self.opts.kubeconfig or in_cluster():
             await self._start_kube()
         else:
-            raise SystemExit("no config source: pass --configDir DIR (file mode) or --kubeconfig PATH, "
+            raise StartupError("no config source: pass --configDir DIR (file mode) or --kubeconfig PATH, "
                              "or run in a cluster")
         await self._start_http()  # /ready answers 503 with the reason while informers sync
         self._write_ports()
@@ -283,7 +288,9 @@ class ControlPlane:
         return any(s.matches(labels) for s in selectors)
 
     def _grpc_options(self) -> list[tuple[str, int]]:
-        options = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 16 << 20),
+        # grpcio sets SO_REUSEPORT by default: a second server on the same --grpcAddr would then
+        # share the port (and its proxies) silently instead of failing to start.
+        options = [("grpc.so_reuseport", 0), ("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 16 << 20),
                    ("grpc.keepalive_time_ms", 30_000), ("grpc.http2.max_pings_without_data", 0)]
         if self.opts.keepalive_max_server_connection_age:
             # gRPC adds +-10% jitter to the age; like istiod, streams then get 10 s to finish.
@@ -369,7 +376,7 @@ class ControlPlane:
         if starting.done():
             try:
                 starting.result()
-            except (OSError, CAError) as e:
+            except (OSError, CAError, StartupError) as e:
                 waiter.cancel()
                 await self.stop()
                 raise SystemExit(f"cannot start: {e}") from None
@@ -383,7 +390,7 @@ class ControlPlane:
 
 
 def run(opts: Options) -> int:
-    plog.configure(plog.parse_level(opts.log_output_level), opts.log_as_json)
+    plog.configure(plog.parse_levels(opts.log_output_level), opts.log_as_json)
     # Pushes allocate many short-lived objects; the default gen-0 threshold (700) makes the
     # cyclic GC run thousands of times per large push for almost no garbage cycles.
     gc.set_threshold(50_000, 20, 20)

@@ -20,6 +20,7 @@ from pilot.cli import Options
 from pilot.config.mesh import MeshConfig, MeshConfigError, parse_mesh_config
 from pilot.http.debug_xds import http_view
 from pilot.http.server import build_app
+from pilot.loop_lag import lag_metrics, sample_lag
 from pilot.model import push_request as push_reasons
 from pilot.model.mesh import MeshHolder
 from pilot.model.push_request import PushRequest
@@ -96,8 +97,9 @@ class ControlPlane:
         self.gateway_status = GatewayStatusView()
         self.discovery.context_listeners.append(self.gateway_status.update)
         self.ads = AdsService(self.discovery)
-        self.ads.debug.http_view = http_view(build_app(self.discovery, self.ready, None, features.pod_namespace,
-                                                       self.gateway_status), self.discovery)
+        # `istio.io/debug` pages come from the same handlers as the HTTP port's.
+        pages = build_app(self.discovery, self.ready, None, features.pod_namespace, self.gateway_status)
+        self.ads.debug.http_view = http_view(pages, self.discovery)
         self.files = FileSource(opts.config_dir, self.store) if opts.config_dir else None
         self.kube: Kube | None = None
         self.kube_source: KubeSource | None = None
@@ -155,6 +157,8 @@ class ControlPlane:
         # The first context is built from what is loaded now; everything after goes through debounce.
         self.discovery.rebuild()
         self.discovery.start()
+        self._tasks.append(asyncio.create_task(sample_lag(*lag_metrics(self.discovery.metrics), self._stop),
+                                               name="loop-lag"))
         self.jwks.start()
         await self._start_grpc()
         await self._start_secure_grpc()

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import signal
 import textwrap
 from pathlib import Path
 
@@ -39,7 +41,7 @@ ISTIOD_DASHBOARD_QUERIES = [
     'sum by (pod) (rate(go_memstats_alloc_bytes_total{app="istiod"}[$__rate_interval]))',
     'sum by (pod) (rate(go_memstats_mallocs_total{app="istiod"}[$__rate_interval]))',
     'sum by (pod) (irate(container_cpu_usage_seconds_total{container="discovery",pod=~"istiod-.*"}'
-    '[$__rate_interval]))',
+    "[$__rate_interval]))",
     'sum by (pod) (go_goroutines{app="istiod"})',
     "sum by (type) (irate(pilot_xds_pushes[$__rate_interval]))",
     "sum by (type,event) (rate(pilot_k8s_reg_events[$__rate_interval]))",
@@ -215,6 +217,7 @@ async def test_dashboards_read_only_exported_metrics_and_state_gauges_follow_sta
         missing = {q: sorted(metric_names(q) - names) for q in ours if metric_names(q) - names}
         assert missing == {}
         for needed in (
+            "pilot_event_loop_lag_seconds_bucket",
             "pilot_xds_rejected_config",
             "pilot_proxy_convergence_time_bucket",
             "citadel_server_csr_count",
@@ -273,6 +276,19 @@ async def test_dashboards_read_only_exported_metrics_and_state_gauges_follow_sta
         assert sample(text, 'pilot_k8s_reg_events{type="Services",event="delete"}') == 1.0
         assert sample(text, 'pilot_k8s_cfg_events{type="VirtualService",event="add"}') == 1.0
         client.call.cancel()
+
+        # Event-loop lag: a process stopped for a second wakes its timers a second late.
+        os.kill(cp.proc.pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(1.0)  # the stimulus (how long the loop cannot run), not a synchronisation
+        finally:
+            os.kill(cp.proc.pid, signal.SIGCONT)
+        text = await wait_for(
+            lambda: _when(cp, lambda t: (sample(t, "pilot_event_loop_lag_max_seconds") or 0) >= 0.8),
+            10, message="loop lag recorded")
+        late = sample(text, "pilot_event_loop_lag_seconds_count") - sample(
+            text, 'pilot_event_loop_lag_seconds_bucket{le="0.5"}')
+        assert late >= 1
 
 
 async def _when(cp: ControlPlane, ok) -> str | None:

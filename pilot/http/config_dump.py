@@ -15,6 +15,7 @@ from envoy.config.listener.v3 import listener_pb2  # noqa: F401
 from envoy.config.route.v3 import route_pb2  # noqa: F401
 from google.protobuf import json_format
 
+from pilot.http.auth import CALLER_NAMESPACE
 from pilot.xds.discovery import DiscoveryServer
 from pilot.xds.generators import debug
 
@@ -31,8 +32,10 @@ async def config_dump(server: DiscoveryServer, req: web.Request, caller_namespac
     proxy_id = req.query.get("proxyID", "")
     if not proxy_id:
         return _text(400, "proxyID is required: /debug/config_dump?proxyID=POD.NAMESPACE (or a full node id)")
-    conn = debug.find_connection(server, proxy_id)
-    if conn is None or (caller_namespace and conn.proxy.namespace != caller_namespace):
+    # A caller the debug authentication restricted to its namespace (pilot/http/auth.py).
+    caller_namespace = caller_namespace or req.get(CALLER_NAMESPACE, "")
+    conn = debug.find_connection(server, proxy_id, caller_namespace)
+    if conn is None:
         return _text(404, NOT_CONNECTED)
     dump = debug.config_dump(server, conn, include_eds="include_eds" in req.query)
     body = json_format.MessageToDict(dump, preserving_proto_field_name=True)

@@ -123,13 +123,16 @@ def client_config(conn: Connection) -> csds_pb2.ClientConfig:
     return cc
 
 
-def find_connection(server: DiscoveryServer, proxy_id: str) -> Connection | None:
+def find_connection(server: DiscoveryServer, proxy_id: str, namespace: str = "") -> Connection | None:
     """istiod's getProxyConnection: the first proxy whose connection id contains `proxy_id`
-    (the full node id, `POD.NAMESPACE`, or a connection id). Debug clients are never matched."""
+    (the full node id, `POD.NAMESPACE`, or a connection id), among the proxies of `namespace`
+    when one is given (a caller restricted to its namespace). Debug clients are never matched."""
     if not proxy_id:
         return None
     for conn in list(server.connections.values()):
-        if not is_debug_client(conn) and proxy_id in conn.id:
+        if is_debug_client(conn) or (namespace and conn.proxy.namespace != namespace):
+            continue
+        if proxy_id in conn.id:
             return conn
     return None
 
@@ -270,8 +273,8 @@ class DebugXds:
             if len(names) != 1:
                 log.info("config_dump debug request must name one proxy", names=len(names))
                 return []
-            target = find_connection(self.server, names[0])
-            if target is None or (caller and target.proxy.namespace != caller):
+            target = find_connection(self.server, names[0], caller)
+            if target is None:
                 log.info("config_dump debug request: proxy not connected here", proxy=names[0][:256])
                 return []
             return [("", a) for a in config_dump(self.server, target).configs]

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import json
 import re
 import sys
 from dataclasses import dataclass
 
-from pilot import __version__
 from pilot.durations import parse_duration
 from pilot.logging import parse_levels
 
@@ -121,8 +121,29 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(d, "log_as_json", "log-as-json", dest="log_as_json", action="store_true", help="JSON log lines.")
     _flag(d, "portsFile", "ports-file", dest="ports_file", default=None, metavar="PATH",
           help="Write the bound ports as JSON here once listening (useful with port 0).")
-    sub.add_parser("version", help="Print the version.")
+    v = sub.add_parser("version", help="Prints out build version information.")
+    v.add_argument("-s", "--short", action="store_true", help="Only the version number.")
+    v.add_argument("-o", "--output", choices=("yaml", "json"), default=None, help="One of 'yaml' or 'json'.")
     return parser
+
+
+def version_text(short: bool = False, output: str | None = None) -> str:
+    """What istiod's `pilot-discovery version` prints (pkg/version's cobra command)."""
+    from pilot.version import build_info
+
+    b = build_info()
+    if output == "json":
+        return json.dumps({"clientVersion": b}, indent=2)
+    if output == "yaml":
+        import yaml
+
+        return yaml.safe_dump({"clientVersion": b}, sort_keys=False).rstrip()
+    if short:
+        return f"client version: {b['version']}"
+    go = {"Version": b["version"], "GitRevision": b["revision"], "GolangVersion": b["golang_version"],
+          "BuildStatus": b["status"], "GitTag": b["tag"]}
+    fields = ", ".join(f"{k}:{json.dumps(v)}" for k, v in go.items())
+    return "client version: version.BuildInfo{" + fields + "}"
 
 
 def parse(argv: list[str]) -> tuple[str, Options | None]:
@@ -134,9 +155,11 @@ def parse(argv: list[str]) -> tuple[str, Options | None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    command, opts = parse(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    command, opts = parse(argv)
     if command == "version":
-        print(f"pilot-discovery version {__version__}")
+        ns = build_parser().parse_args(argv)
+        print(version_text(ns.short, ns.output))
         return 0
     from pilot.bootstrap import run
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 
 import pytest
@@ -103,3 +104,15 @@ def test_debug_clients_are_not_proxies():
         and debug.is_debug(debug.SYNCZ)
         and not debug.is_debug("istio.io/debugz")
     )
+
+
+def test_version_command_prints_istiods_shapes(capsys):
+    from pilot.cli import main
+    from pilot.version import build_info
+
+    assert main(["version", "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"clientVersion": build_info()}
+    assert main(["version", "--short"]) == 0
+    assert capsys.readouterr().out == f"client version: {build_info()['version']}\n"
+    assert main(["version"]) == 0
+    assert capsys.readouterr().out.startswith('client version: version.BuildInfo{Version:"')

@@ -154,8 +154,9 @@ class AdsService:
         if not type_url:
             log.warning("request without type_url ignored", proxy=conn.proxy.id)
             return
-        # istiod's "ADS:TYPE: REQ" line; envelope fields only, so the names stay unparsed.
-        log.debug("request", proxy=conn.proxy.id, type=type_url, nonce=req.response_nonce, version=req.version_info)
+        if plog.enabled("ads"):  # istiod's "ADS:TYPE: REQ" line; envelope fields only (names stay unparsed)
+            log.debug("request", proxy=conn.proxy.id, type=type_url, nonce=req.response_nonce,
+                      version=req.version_info)
         if debug.is_debug(type_url):  # as istiod: answered once, starts no watch, never ACKed
             names = list(req.resource_names[:MAX_NAMES])
             await send(await self.debug.respond(conn, type_url, names, delta=False))

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pilot-agent version {__version__}")
         return 0
     try:
-        plog.configure(plog.parse_level(ns.log_output_level), ns.log_as_json)
+        plog.configure(plog.parse_levels(ns.log_output_level), ns.log_as_json)
     except ValueError as e:
         print(f"pilot-agent: --log_output_level: {e}", file=sys.stderr)
         return 2

@@ -19,12 +19,14 @@ from pilot import features as feat
 from pilot import logging as plog
 from pilot.cli import Options
 from pilot.config.mesh import MeshConfig, MeshConfigError, parse_mesh_config
+from pilot.http.debug_xds import http_view
 from pilot.http.server import build_app
 from pilot.inject.config import InjectorConfigHolder
 from pilot.inject.handler import add_routes as add_inject_routes
 from pilot.inject.metrics import InjectionMetrics
 from pilot.inject.review import InjectionContext
 from pilot.inject.store import follow_configmap, namespace_labels
+from pilot.loop_lag import lag_metrics, sample_lag
 from pilot.model import push_request as push_reasons
 from pilot.model.mesh import MeshHolder
 from pilot.model.push_request import PushRequest
@@ -56,6 +58,7 @@ from pilot.webhook.ca_bundle import MUTATING_PATH, CABundleWriter, injector_conf
 from pilot.webhook.server import WebhookServer
 from pilot.xds.ads import AdsService
 from pilot.xds.discovery import DiscoveryServer
+from pilot.xds.state_metrics import StateCollector
 
 log = plog.get("bootstrap")
 
@@ -84,6 +87,11 @@ def load_mesh_file(path: str) -> MeshConfig:
         raise SystemExit(f"--meshConfig {path}: {e}") from None
 
 
+class StartupError(Exception):
+    """Start cannot go on; the message says what to change. Raised as an ordinary exception (not
+    SystemExit) so the start task ends normally and asyncio has nothing left to complain about."""
+
+
 class ControlPlane:
     def __init__(self, opts: Options, features: feat.Features) -> None:
         self.opts = opts
@@ -94,11 +102,15 @@ class ControlPlane:
                         names=list(features.unknown_env))
         self.mesh = MeshHolder(load_mesh_file(opts.mesh_config), features.pod_namespace)
         self.discovery = DiscoveryServer(self.store, self.mesh, features, opts.domain)
+        self.discovery.metrics.registry.register(StateCollector(self.discovery))  # pilot_services, ...
         self.jwks = JwksResolver(self.store, self._jwks_changed, refresh_interval=features.jwt_pub_key_refresh_interval)
         self.discovery.jwks = self.jwks.snapshot
         self.gateway_status = GatewayStatusView()
         self.discovery.context_listeners.append(self.gateway_status.update)
         self.ads = AdsService(self.discovery)
+        # `istio.io/debug` pages come from the same handlers as the HTTP port's.
+        pages = build_app(self.discovery, self.ready, None, features.pod_namespace, self.gateway_status)
+        self.ads.debug.http_view = http_view(pages, self.discovery)
         self.files = FileSource(opts.config_dir, self.store) if opts.config_dir else None
         self.kube: Kube | None = None
         self.kube_source: KubeSource | None = None
@@ -147,7 +159,7 @@ class ControlPlane:
         elif self.opts.kubeconfig or in_cluster():
             await self._start_kube()
         else:
-            raise SystemExit("no config source: pass --configDir DIR (file mode) or --kubeconfig PATH, "
+            raise StartupError("no config source: pass --configDir DIR (file mode) or --kubeconfig PATH, "
                              "or run in a cluster")
         await self._start_http()  # /ready answers 503 with the reason while informers sync
         self._write_ports()
@@ -161,6 +173,8 @@ class ControlPlane:
         # The first context is built from what is loaded now; everything after goes through debounce.
         self.discovery.rebuild()
         self.discovery.start()
+        self._tasks.append(asyncio.create_task(sample_lag(*lag_metrics(self.discovery.metrics), self._stop),
+                                               name="loop-lag"))
         self.jwks.start()
         await self._start_grpc()
         await self._start_secure_grpc()
@@ -335,7 +349,9 @@ class ControlPlane:
         return any(s.matches(labels) for s in selectors)
 
     def _grpc_options(self) -> list[tuple[str, int]]:
-        options = [("grpc.max_send_message_length", 64 << 20),
+        # grpcio sets SO_REUSEPORT by default: a second server on the same --grpcAddr would then
+        # share the port (and its proxies) silently instead of failing to start.
+        options = [("grpc.so_reuseport", 0), ("grpc.max_send_message_length", 64 << 20),
                    ("grpc.max_receive_message_length", self.features.max_recv_msg_size),
                    ("grpc.keepalive_time_ms", 30_000), ("grpc.http2.max_pings_without_data", 0)]
         if self.opts.keepalive_max_server_connection_age:
@@ -422,7 +438,7 @@ class ControlPlane:
         if starting.done():
             try:
                 starting.result()
-            except (OSError, CAError) as e:
+            except (OSError, CAError, StartupError) as e:
                 waiter.cancel()
                 await self.stop()
                 raise SystemExit(f"cannot start: {e}") from None
@@ -436,7 +452,7 @@ class ControlPlane:
 
 
 def run(opts: Options) -> int:
-    plog.configure(plog.parse_level(opts.log_output_level), opts.log_as_json)
+    plog.configure(plog.parse_levels(opts.log_output_level), opts.log_as_json)
     # Pushes allocate many short-lived objects; the default gen-0 threshold (700) makes the
     # cyclic GC run thousands of times per large push for almost no garbage cycles.
     gc.set_threshold(50_000, 20, 20)

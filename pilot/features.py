@@ -189,6 +189,13 @@ CA_TRUSTED_NODE_ACCOUNTS = _knob(
     "CA_TRUSTED_NODE_ACCOUNTS", "istio-system/ztunnel", _node_accounts,
     "NAMESPACE/SERVICEACCOUNT list allowed to request certificates for other identities "
     "(ImpersonatedIdentity, as ztunnel does), comma-separated.")
+ENABLE_DEBUG_ENDPOINT_AUTH = _knob(
+    "ENABLE_DEBUG_ENDPOINT_AUTH", "true", _bool,
+    "Debug xDS types (istio.io/debug/*, what istioctl proxy-status asks) need an identity proved on the "
+    "secure port; identities outside the system namespace see only their own namespace's proxies.")
+DEBUG_ENDPOINT_AUTH_ALLOWED_NAMESPACES = _knob(
+    "DEBUG_ENDPOINT_AUTH_ALLOWED_NAMESPACES", "", _csv,
+    "Namespaces whose identities may read every proxy's debug info, as the system namespace can.")
 
 
 @dataclass(frozen=True)
@@ -223,6 +230,8 @@ class Features:
     max_recv_msg_size: int = 4 << 20
     xds_first_request_timeout: float = 10.0
     xds_max_resource_names: int = 100_000
+    enable_debug_endpoint_auth: bool = True
+    debug_endpoint_auth_allowed_namespaces: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Features:
@@ -252,6 +261,8 @@ class Features:
             max_recv_msg_size=MAX_RECV_MSG_SIZE.get(environ),
             xds_first_request_timeout=XDS_FIRST_REQUEST_TIMEOUT.get(environ),
             xds_max_resource_names=XDS_MAX_RESOURCE_NAMES.get(environ),
+            enable_debug_endpoint_auth=ENABLE_DEBUG_ENDPOINT_AUTH.get(environ),
+            debug_endpoint_auth_allowed_namespaces=DEBUG_ENDPOINT_AUTH_ALLOWED_NAMESPACES.get(environ),
         )
 
 

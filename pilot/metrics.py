@@ -5,7 +5,17 @@ from __future__ import annotations
 
 import math
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    GC_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
+
+from pilot import version
 
 _PUSH_BUCKETS = (0.01, 0.1, 0.5, 1, 3, 5, 10, 20, 30)
 _CONVERGENCE_BUCKETS = (0.1, 0.5, 1, 3, 5, 10, 20, 30)
@@ -14,6 +24,24 @@ _CONVERGENCE_BUCKETS = (0.1, 0.5, 1, 3, 5, 10, 20, 30)
 class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
+        # prometheus-client's defaults (process_*, python_*), as istiod exports Go's process_*/go_*.
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        r.register(GC_COLLECTOR)
+        build = version.build_info()
+        Gauge("istio_build", "Istio component build info", ["component", "tag"], registry=r).labels(
+            "pilot", build["tag"]).set(1)
+        Gauge("pilot_info", "Pilot version and build information.", ["version"], registry=r).labels(
+            version.info_string()).set(1)
+        self.xds_internal_errors = Counter("pilot_total_xds_internal_errors",
+                                           "Total number of internal XDS errors in pilot.", registry=r)
+        self.xds_expired_nonce = Counter(
+            "pilot_xds_expired_nonce", "Total number of XDS requests with an expired nonce.", ["type"], registry=r)
+        self.xds_send_time = Histogram("pilot_xds_send_time",
+                                       "Total time in seconds Pilot takes to send generated configuration.",
+                                       buckets=(.01, .1, 1, 3, 5, 10, 20, 30), registry=r)
+        self.registry_events = Counter("pilot_k8s_reg_events", "Events from k8s registry.", ["type", "event"],
+                                       registry=r)
         self.xds_pushes = Counter("pilot_xds_pushes", "Pushes sent, by type (cds, eds, lds, rds).",
                                   ["type"], registry=r)
         self.xds_push_time = Histogram("pilot_xds_push_time", "Seconds to generate and send one type to one proxy.",
@@ -66,7 +94,7 @@ class Metrics:
         self.success_cert_issuance_count = Counter(
             "citadel_server_success_cert_issuance_count", "Certificates issued.", registry=r)
         self.csr_sign_error_count = Counter(
-            "citadel_server_csr_sign_error_count", "CSRs refused or failed while signing, by error type.",
+            "citadel_server_csr_sign_err_count", "CSRs refused or failed while signing, by error type.",
             ["type"], registry=r)
         self.csr_sign_seconds = Histogram(  # not an istiod metric
             "citadel_server_csr_sign_seconds", "Seconds to sign one CSR (in a worker thread).",
@@ -92,7 +120,11 @@ def _number(v: float) -> str:
 
 
 # istiod counters whose registered name itself ends in _total (prometheus_client folds it away).
-_NAMED_TOTAL = frozenset({"pilot_sds_certificate_errors"})
+# prometheus-client's own counters keep the standard `_total` too (process_cpu_seconds_total...).
+_NAMED_TOTAL = frozenset({"pilot_sds_certificate_errors", "process_cpu_seconds",
+                          "python_gc_objects_collected", "python_gc_objects_uncollectable", "python_gc_collections",
+                          "sidecar_injection_requests", "sidecar_injection_success", "sidecar_injection_failure",
+                          "sidecar_injection_skip"})
 
 
 def render(registry: CollectorRegistry) -> bytes:

@@ -78,11 +78,48 @@ def _short_proxy(proxy_id: str) -> str:
 
 
 # --- proxy-config ---------------------------------------------------------------------------
+# Where each kind sits in Envoy's /config_dump shape (the control plane's dump has it too):
+# section message, repeated field, the resource's field in an entry, and how the resource is named.
+_SECTIONS = {"clusters": ("ClustersConfigDump", "dynamic_active_clusters", ("cluster",), "name"),
+             "listeners": ("ListenersConfigDump", "dynamic_listeners", ("active_state", "listener"), "name"),
+             "routes": ("RoutesConfigDump", "dynamic_route_configs", ("route_config",), "name"),
+             "endpoints": ("EndpointsConfigDump", "dynamic_endpoint_configs", ("endpoint_config",),
+                           "cluster_name"),
+             "secrets": ("SecretsConfigDump", "dynamic_active_secrets", ("secret",), "name")}
+
+
+def _camel(value):
+    """snake_case proto JSON (Envoy's dump) -> the camelCase the tables read. Map keys that are
+    not proto field names (dots, dashes, capitals) stay as they are."""
+    if isinstance(value, list):
+        return [_camel(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out = {}
+    for k, v in value.items():
+        if "_" in k and k.replace("_", "").isalnum() and k.islower():
+            head, *rest = k.split("_")
+            k = head + "".join(p[:1].upper() + p[1:] for p in rest)
+        out[k] = _camel(v)
+    return out
+
+
 def resources_of(dump: dict, kind: str) -> list[dict]:
-    for cfg in dump["configs"]:
-        if cfg["type"] == TYPES[kind]:
-            return cfg["resources"]
-    return []
+    """[{name, resource}] of one kind from a /config_dump (Envoy's admin.v3.ConfigDump JSON)."""
+    section, field, path, name_field = _SECTIONS[kind]
+    out = []
+    for cfg in dump.get("configs", []):
+        if cfg.get("@type", "").rpartition(".")[2] != section:
+            continue
+        for entry in cfg.get(field, []):
+            res = entry
+            for step in path:
+                res = res.get(step, {})
+            if not res:
+                continue
+            res = {k: v for k, v in res.items() if k != "@type"}
+            out.append({"name": res.get(name_field) or entry.get("name", ""), "resource": _camel(res)})
+    return out
 
 
 def clusters_table(resources: list[dict]) -> str:
@@ -152,7 +189,8 @@ TABLES = {"clusters": clusters_table, "listeners": listeners_table, "routes": ro
 
 
 def proxy_config(addr: str, kind: str, proxy: str, output: str) -> str:
-    dump = fetch(addr, "/debug/config_dump?" + urllib.parse.urlencode({"proxyID": proxy}))
+    query = {"proxyID": proxy, **({"include_eds": "true"} if kind == "endpoints" else {})}
+    dump = fetch(addr, "/debug/config_dump?" + urllib.parse.urlencode(query))
     resources = resources_of(dump, kind)
     if output == "json":
         return json.dumps([r["resource"] for r in resources], indent=2)

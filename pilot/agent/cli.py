@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.command == "wait":
         return wait(ns.url, ns.timeoutSeconds, ns.periodMillis / 1000, ns.requestTimeoutMillis / 1000)
     try:
-        plog.configure(plog.parse_level(ns.log_output_level), ns.log_as_json)
+        plog.configure(plog.parse_levels(ns.log_output_level), ns.log_as_json)
     except ValueError as e:
         print(f"pilot-agent: --log_output_level: {e}", file=sys.stderr)
         return 2

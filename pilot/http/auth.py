@@ -20,6 +20,9 @@ log = plog.get("debug-auth")
 
 # Views scoped to one proxy by ?proxyID=: allowed for callers in that proxy's namespace.
 PER_PROXY = ("/debug/config_dump", "/debug/explain")
+# Set on a request admitted only for proxies of this namespace: a handler that finds proxies by a
+# part of their id (config_dump, as istiod) must look among that namespace's proxies only.
+CALLER_NAMESPACE = "debug_caller_namespace"
 
 
 def is_local(request: web.Request) -> bool:
@@ -62,6 +65,7 @@ def debug_auth(authenticators: Authenticators | None, system_namespace: str):
             return await handler(request)
         proxy_id = request.query.get("proxyID", "")
         if request.path in PER_PROXY and proxy_id and proxy_namespace(proxy_id) == caller.namespace:
+            request[CALLER_NAMESPACE] = caller.namespace
             return await handler(request)
         log.info("debug request refused", path=request.path, caller=caller.account, proxy=proxy_id)
         return _deny(403, f"{caller.account} may read only the per-proxy views ({', '.join(PER_PROXY)}) "

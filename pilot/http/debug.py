@@ -6,13 +6,9 @@ import json
 import time
 
 from aiohttp import web
-from envoy.config.cluster.v3 import cluster_pb2
-from envoy.config.endpoint.v3 import endpoint_pb2
-from envoy.config.listener.v3 import listener_pb2
-from envoy.config.route.v3 import route_pb2
-from google.protobuf import json_format
 
 from pilot.config.gateway_api import GATEWAY_API_KINDS
+from pilot.http import config_dump
 from pilot.http.ambient_debug import AmbientDebug
 from pilot.model.events import SERVICE_ENDPOINTS
 from pilot.model.gateways import config_origins
@@ -23,8 +19,6 @@ from pilot.xds import typeurls
 from pilot.xds.connection import Connection, WatchedResource
 from pilot.xds.discovery import GENERATORS, DiscoveryServer
 
-_MESSAGES = {typeurls.CLUSTER: cluster_pb2.Cluster, typeurls.ENDPOINT: endpoint_pb2.ClusterLoadAssignment,
-             typeurls.LISTENER: listener_pb2.Listener, typeurls.ROUTE: route_pb2.RouteConfiguration}
 _SYNC_FIELDS = {typeurls.CLUSTER: "cluster", typeurls.LISTENER: "listener", typeurls.ROUTE: "route",
                 typeurls.ENDPOINT: "endpoint"}
 
@@ -192,22 +186,7 @@ class DebugHandlers:
         return None
 
     async def config_dump(self, req: web.Request) -> web.Response:
-        proxy_id = req.query.get("proxyID", "")
-        conn = self._find(proxy_id)
-        if conn is None:
-            return _json({"error": f"proxy {proxy_id!r} is not connected"}, status=404)
-        ctx = self.server.push_context
-        configs = []
-        for type_url, msg_cls in _MESSAGES.items():
-            w = conn.watched.get(type_url)
-            requested = w.requested() if w else None
-            if type_url == typeurls.ENDPOINT and w is None:
-                continue
-            resources = GENERATORS[type_url](ctx, conn.proxy, requested, self.server.cache)
-            configs.append({"type": type_url, "resources": [
-                {"name": r.name, "version": r.version,
-                 "resource": json_format.MessageToDict(r.message(msg_cls))} for r in resources]})
-        return _json({"proxy": conn.proxy.id, "version": ctx.version, "configs": configs})
+        return await config_dump.config_dump(self.server, req)
 
     async def push_status(self, _req: web.Request) -> web.Response:
         s = self.server

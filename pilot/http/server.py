@@ -5,9 +5,9 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from pilot import __version__
 from pilot.http.auth import debug_auth
 from pilot.http.debug import DebugHandlers
+from pilot.http.version import version_handler
 from pilot.metrics import render
 from pilot.security.authn import Authenticators
 from pilot.status.view import GatewayStatusView
@@ -24,9 +24,6 @@ def build_app(server: DiscoveryServer, ready, authenticators: Authenticators | N
     async def ready_handler(_req: web.Request) -> web.Response:
         ok, reason = ready()
         return web.Response(text=(reason or "ok") + "\n", status=200 if ok else 503)
-
-    async def version_handler(_req: web.Request) -> web.Response:
-        return web.json_response({"version": __version__})
 
     async def metrics_handler(_req: web.Request) -> web.Response:
         server.metrics.config_rejections.set(len(server.store.rejections()))

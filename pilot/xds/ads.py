@@ -20,6 +20,7 @@ from pilot.model.proxy import InvalidNode, Proxy, proxy_from_node, shown
 from pilot.xds import delta_request, typeurls
 from pilot.xds.connection import Connection, WatchedResource
 from pilot.xds.discovery import DiscoveryServer
+from pilot.xds.generators import debug
 from pilot.xds.ratelimit import TokenBucket
 from pilot.xds.sotw_request import SotwRequest, names_digest
 
@@ -75,6 +76,7 @@ class AdsService:
         self.draining = False
         # Counts repeated fields before parsing (the secure port's handler uses it too).
         self.parse_delta = delta_request.parser(server.features.xds_max_resource_names)
+        self.debug = debug.DebugXds(server)  # istio.io/debug/* (istioctl): answered, never watched
 
     async def drain(self, duration: float) -> None:
         """Refuse new streams and end the open ones at random moments within `duration`."""
@@ -163,8 +165,12 @@ class AdsService:
             await self._refuse(context, e, proxy=proxy.id, conn=conn.id)
         except StreamGone:
             pass  # the client cancelled or the connection dropped while we were writing
+        except debug.DebugRefused as e:
+            conn.close_reason = e.message
+            await self._abort_quietly(context, e.code, e.message)
         except Exception:
             # One broken stream must not take the server down; the proxy will reconnect.
+            self.server.metrics.xds_internal_errors.inc()
             log.exception("stream failed", proxy=proxy.id, conn=conn.id)
         finally:
             conn.closed = True
@@ -263,11 +269,19 @@ class AdsService:
         type_url = req.type_url
         if not type_url:
             raise Refused("bad_request", INVALID, "DiscoveryRequest without type_url")
+        if plog.enabled("ads"):  # istiod's "ADS:TYPE: REQ" line; envelope fields only (names stay unparsed)
+            log.debug("request", proxy=conn.proxy.id, type=type_url, nonce=req.response_nonce,
+                      version=req.version_info)
+        if debug.is_debug(type_url):  # as istiod: answered once, starts no watch, never ACKed
+            names = list(self._names(conn, req))
+            await send(await self.debug.respond(conn, type_url, names, delta=False))
+            return
         if type_url in typeurls.AMBIENT_TYPES:
             raise DeltaOnly(f"{type_url} is served over delta xDS only (DeltaAggregatedResources), as istiod does")
         w = conn.watched.get(type_url)
         if req.response_nonce and w is not None:
             if req.response_nonce != w.nonce_sent:
+                self.server.metrics.xds_expired_nonce.labels(typeurls.SHORT.get(type_url, "other")).inc()
                 return  # stale: the proxy has not seen our latest response yet; it will answer that
             if req.HasField("error_detail"):
                 self.server.record_nack(conn, w, req.response_nonce, req.version_info,
@@ -329,6 +343,9 @@ class AdsService:
         self._check_count(type_url, "resource_names_subscribe", len(req.resource_names_subscribe))
         self._check_count(type_url, "resource_names_unsubscribe", len(req.resource_names_unsubscribe))
         self._check_count(type_url, "initial_resource_versions", len(req.initial_resource_versions))
+        if debug.is_debug(type_url):
+            await send(await self.debug.respond(conn, type_url, list(req.resource_names_subscribe), delta=True))
+            return
         subscribe = set(req.resource_names_subscribe)
         unsubscribe = set(req.resource_names_unsubscribe)
         w = conn.watched.get(type_url)

@@ -34,6 +34,11 @@ from pilot.xds.pushstatus import PushHistory, PushRecord
 
 log = plog.get("ads")
 
+# Kinds istiod's service registry watches, by the type label of its pilot_k8s_reg_events; config
+# kinds count in pilot_k8s_cfg_events.
+REGISTRY_EVENT_TYPES = {"Service": "Services", "EndpointSlice": "EndpointSlice", "Pod": "Pods",
+                        "Node": "Nodes", "Namespace": "Namespaces"}
+
 MAX_NACK_MESSAGE = 4096  # Envoy embeds text dumps; keep enough to read, not a hostile client's megabytes
 
 def _printable(text: str) -> str:
@@ -124,7 +129,11 @@ class DiscoveryServer:
     # --- config changes -> pushes -----------------------------------------------------------
     def on_store_events(self, events: list[Event]) -> None:
         for ev in events:
-            self.metrics.config_events.labels(ev.key.kind, ev.op).inc()
+            registry_type = REGISTRY_EVENT_TYPES.get(ev.key.kind)
+            if registry_type is not None:
+                self.metrics.registry_events.labels(registry_type, ev.op).inc()
+            else:
+                self.metrics.config_events.labels(ev.key.kind, ev.op).inc()
         req = push_request_for(events, self.mesh.configmap_key)
         if self.features.enable_ambient:
             ambient = ambient_push_request(events)
@@ -306,8 +315,10 @@ class DiscoveryServer:
         self._busy.discard(conn.id)
         if not self._busy:
             self._idle.set()
+        t0 = time.perf_counter()
         try:
             await send(body)
+            self.metrics.xds_send_time.observe(time.perf_counter() - t0)
         finally:
             if (conn.pushing or conn.pending_push is not None) and not conn.closed:
                 self._busy.add(conn.id)  # server work again: the rest of this push, or the next

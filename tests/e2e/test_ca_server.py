@@ -182,9 +182,9 @@ async def test_signs_only_the_callers_identity_and_refuses_bad_requests(tmp_path
         assert "citadel_server_csr_count 19.0" in metrics
         assert "citadel_server_success_cert_issuance_count 4.0" in metrics
         assert "citadel_server_authentication_failure_count 6.0" in metrics
-        assert 'citadel_server_csr_sign_error_count{type="CSR_ERROR"} 2.0' in metrics
-        assert 'citadel_server_csr_sign_error_count{type="TTL_ERROR"} 1.0' in metrics
-        assert 'citadel_server_csr_sign_error_count{type="PERMISSION_DENIED"} 6.0' in metrics
+        assert 'citadel_server_csr_sign_err_count{type="CSR_ERROR"} 2.0' in metrics
+        assert 'citadel_server_csr_sign_err_count{type="TTL_ERROR"} 1.0' in metrics
+        assert 'citadel_server_csr_sign_err_count{type="PERMISSION_DENIED"} 6.0' in metrics
         assert "citadel_server_csr_sign_seconds_count 4.0" in metrics
         assert "citadel_server_root_cert_expiry_timestamp" in metrics
 

@@ -3,16 +3,24 @@ istiod's scoping (the system namespace reads everything, others only their own p
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 
 import aiohttp
+import grpc
 import psutil
 import pytest
+from envoy.config.core.v3 import base_pb2
+from envoy.service.discovery.v3 import discovery_pb2
+from google.protobuf import struct_pb2
 
 from tests.support.control_plane import ControlPlane
 from tests.unit.test_authn import Issuer
 
 pytestmark = pytest.mark.timeout(60)
+
+SOTW = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
+CDS = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 
 
 def external_address() -> str | None:
@@ -67,3 +75,19 @@ async def test_remote_debug_needs_a_token_and_is_scoped_by_namespace(plane):
     other = "sidecar~10.0.0.2~app-1.payments~payments.svc.cluster.local"
     assert (await status(addr, port, f"/debug/config_dump?proxyID={other}", tenant))[0] == 403
     assert (await status(addr, port, "/ready"))[0] == 200  # health is not debug
+
+    # config_dump finds proxies by a part of their id (istiod's rule); a tenant must not reach a
+    # proxy of another namespace whose id merely contains a name of its own namespace.
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{cp.xds_port}") as ch:
+        call = ch.stream_stream(SOTW, request_serializer=discovery_pb2.DiscoveryRequest.SerializeToString,
+                                response_deserializer=discovery_pb2.DiscoveryResponse.FromString)()
+        md = struct_pb2.Struct()
+        md.update({"NAMESPACE": "default-prod"})
+        await call.write(discovery_pb2.DiscoveryRequest(type_url=CDS, node=base_pb2.Node(
+            id="sidecar~10.0.0.3~web-1.default-prod~default-prod.svc.cluster.local", metadata=md)))
+        await asyncio.wait_for(call.read(), 10)
+        code, body = await status(addr, port, "/debug/config_dump?proxyID=default", tenant)
+        assert code == 404 and "Proxy not connected" in body, body
+        code, body = await status(addr, port, "/debug/config_dump?proxyID=default", admin)
+        assert code == 200 and "ClustersConfigDump" in body  # the system namespace finds it
+        call.cancel()

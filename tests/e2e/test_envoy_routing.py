@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from pilot.pilotctl import resources_of
 from tests.e2e.mesh_config import (
     NAMESPACE,
     endpoint_slice_yaml,
@@ -111,8 +112,7 @@ async def test_services_sharing_a_port_are_routed_by_host(mesh: Mesh):
         assert row[f"{t}_sent"] == row[f"{t}_acked"], row
         assert row[f"{t}_nack"] is None, row
     dump = await mesh.cp.debug(f"/debug/config_dump?proxyID={mesh.node_id}")
-    clusters = next(c for c in dump["configs"] if c["type"].endswith("Cluster"))
-    names = {r["name"] for r in clusters["resources"]}
+    names = {r["name"] for r in resources_of(dump, "clusters")}
     assert {f"outbound|{mesh.port}||{fqdn('alpha')}", f"outbound|{mesh.port}||{fqdn('beta')}",
             "PassthroughCluster", "BlackHoleCluster"} <= names
     # ...which are the clusters Envoy actually has.
@@ -153,7 +153,7 @@ async def test_deleting_a_service_removes_its_route_only(mesh: Mesh):
     assert answered != "a" and status != 200, (status, answered)
     assert (await mesh.call(fqdn("beta"))) == (200, "b")
     dump = await mesh.cp.debug(f"/debug/config_dump?proxyID={mesh.node_id}")
-    clusters = {r["name"] for c in dump["configs"] if c["type"].endswith("Cluster") for r in c["resources"]}
+    clusters = {r["name"] for r in resources_of(dump, "clusters")}
     assert f"outbound|{mesh.port}||{fqdn('alpha')}" not in clusters
 
 

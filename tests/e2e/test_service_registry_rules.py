@@ -10,6 +10,7 @@ import textwrap
 import aiohttp
 import pytest
 
+from pilot.pilotctl import resources_of
 from tests.e2e.mesh_config import fqdn
 from tests.e2e.traffic_mesh import NODE, REVIEWS, Mesh, destination_rule, mesh  # noqa: F401 - fixture
 from tests.support.backends import HttpBackend
@@ -83,7 +84,7 @@ async def test_sidecar_egress_scopes_what_a_proxy_sees_and_pushes(mesh: Mesh):
 
     async def clusters() -> set[str]:
         dump = await mesh.cp.debug(f"/debug/config_dump?proxyID={NODE}")
-        return {r["name"] for c in dump["configs"] if c["type"].endswith("Cluster") for r in c["resources"]}
+        return {r["name"] for r in resources_of(dump, "clusters")}
 
     assert mirror_cluster in await clusters()
     mesh.cp.write("sidecar.yaml", textwrap.dedent(f"""\

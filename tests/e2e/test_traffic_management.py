@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from pilot.pilotctl import resources_of
 from tests.e2e.traffic_mesh import NODE, REVIEWS, Mesh, destination_rule, mesh  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.timeout(90)
@@ -217,7 +218,7 @@ async def test_outlier_detection_ejects_a_failing_endpoint(mesh: Mesh):
     async def applied():
         nonlocal dump
         dump = await mesh.cp.debug(f"/debug/config_dump?proxyID={NODE}")
-        clusters = next(c for c in dump["configs"] if c["type"].endswith("Cluster"))["resources"]
+        clusters = resources_of(dump, "clusters")
         base = next(r for r in clusters if r["name"] == f"outbound|{mesh.port}||{REVIEWS}")
         return "outlierDetection" in base["resource"]
 

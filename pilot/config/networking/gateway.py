@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pilot.config.base import K8sObject, Model
+from pilot.config.base import K8sObject, StrictModel, Unsupported
 from pilot.config.networking.common import UNIX_PREFIX
 from pilot.config.networking.validation import (
     _HTTP_PROTOCOLS,
@@ -25,7 +25,7 @@ from pilot.config.networking.validation import (
 
 
 # --- Gateway ----------------------------------------------------------------------------------------
-class ServerTLSSettings(Model):
+class ServerTLSSettings(StrictModel):
     mode: Literal["PASSTHROUGH", "SIMPLE", "MUTUAL", "AUTO_PASSTHROUGH", "ISTIO_MUTUAL",
                   "OPTIONAL_MUTUAL"] = "PASSTHROUGH"
     credential_name: OptStr = None
@@ -37,6 +37,14 @@ class ServerTLSSettings(Model):
     min_protocol_version: Literal["TLS_AUTO", "TLSV1_0", "TLSV1_1", "TLSV1_2", "TLSV1_3"] | None = None
     max_protocol_version: Literal["TLS_AUTO", "TLSV1_0", "TLSV1_1", "TLSV1_2", "TLSV1_3"] | None = None
     cipher_suites: list[str] = Field(default_factory=list)
+    # Not generated: refused when set, so a listener is never served with weaker checks or other
+    # certificates than written.
+    ca_crl: Unsupported = None
+    credential_names: Unsupported = None
+    ca_cert_credential_name: Unsupported = None
+    tls_certificates: Unsupported = None
+    verify_certificate_spki: Unsupported = None
+    verify_certificate_hash: Unsupported = None
 
     @model_validator(mode="after")
     def _valid(self) -> ServerTLSSettings:
@@ -58,19 +66,20 @@ class ServerTLSSettings(Model):
         return self
 
 
-class GatewayPort(Model):
+class GatewayPort(StrictModel):
     number: int = 0
     protocol: str = ""
     name: str = ""
     target_port: int | None = None
 
 
-class Server(Model):
+class Server(StrictModel):
     port: GatewayPort | None = Field(default=None, validate_default=True)
     hosts: list[str] = Field(default_factory=list, validate_default=True)
     tls: ServerTLSSettings | None = None
     name: str = ""
     bind: str | None = None
+    default_endpoint: Unsupported = None  # a Sidecar-style forward target for the gateway: not generated
 
     @field_validator("port")
     @classmethod
@@ -125,7 +134,7 @@ class Server(Model):
         return self
 
 
-class GatewaySpec(Model):
+class GatewaySpec(StrictModel):
     selector: dict[str, str] = Field(default_factory=dict)
     servers: list[Server] = Field(default_factory=list, validate_default=True)
 

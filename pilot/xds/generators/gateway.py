@@ -70,7 +70,7 @@ def _sni_clusters(ctx: PushContext, proxy: Proxy, ref) -> tuple[tuple[str, str],
     for svc in ctx.services:
         if not any(h.namespace in ("*", svc.namespace) and host_matches(h.host, svc.hostname) for h in ref.hosts):
             continue
-        dr = ctx.traffic.destination_rule(svc.hostname, proxy.namespace, svc.namespace)
+        dr = ctx.traffic.destination_rule(svc.hostname, proxy.namespace, svc.namespace, proxy.labels)
         subsets = [s.name for s in dr.obj.spec.subsets] if dr else []  # type: ignore[attr-defined]
         for port in svc.ports:
             if port.protocol.value == "UDP":
@@ -99,20 +99,20 @@ def route_configs(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | No
         vss = tuple(dict.fromkeys(s.virtual_service for s in sources))
         hosts = gateway.referenced_hosts(vss, ctx.domain)
         services = tuple(ctx.by_host[h] for h in sorted(hosts) if h in ctx.by_host)
-        hashes = _hash_policies(ctx, proxy.namespace, hosts)
+        hashes = _hash_policies(ctx, proxy.namespace, hosts, proxy.labels)
         origins = tuple(dict.fromkeys([ref.origin for ref in rv.servers] + [o for v in vss for o in config_origins(v)]))
         out.append(cache.resource(ROUTE, name, gateway.gateway_route_config, name, rv.port, tuple(sources),
                                   ctx.settings.routes.retry, services, ctx.domain, hashes, origins=origins))
     return out
 
 
-def _hash_policies(ctx: PushContext, namespace: str, hosts: set[str]) -> tuple:
+def _hash_policies(ctx: PushContext, namespace: str, hosts: set[str], labels) -> tuple:
     """(host, hash key) for the destinations whose DestinationRule, as this gateway sees it,
     asks for consistent hashing (the key must be on the route for RING_HASH/MAGLEV to work)."""
     out = []
     for host in sorted(hosts):
         svc = ctx.by_host.get(host)
-        dr = ctx.traffic.destination_rule(host, namespace, svc.namespace if svc else namespace)
+        dr = ctx.traffic.destination_rule(host, namespace, svc.namespace if svc else namespace, labels)
         policy = dr.obj.spec.traffic_policy if dr is not None else None  # type: ignore[attr-defined]
         lb = policy.load_balancer if policy is not None else None
         if lb is not None and lb.consistent_hash is not None:

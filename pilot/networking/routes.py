@@ -90,7 +90,8 @@ def outbound_route_config(port: int, services: tuple[MeshService, ...], proxy_na
         if vs is not None:
             inputs = RouteInputs(vs.key.namespace, domain, port, by_host, settings.retry,
                                  proxy_namespace, dict(client_labels),
-                                 gateway_semantics=vs.obj.metadata.annotations.get(SEMANTICS) == "gateway")
+                                 gateway_semantics=vs.obj.metadata.annotations.get(SEMANTICS) == "gateway",
+                                 sidecar=True)
             vs_routes = virtual_service_routes(vs.obj.spec.http, inputs)  # type: ignore[attr-defined]
         rc.virtual_hosts.append(service_virtual_host(svc, port, domains, settings, vs_routes))
     if hash_policies:

@@ -10,7 +10,7 @@ from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 from pilot.model.mesh_settings import ListenerSettings
 from pilot.model.services import MeshService
 from pilot.model.store import Entry
-from pilot.model.traffic import resolve_host
+from pilot.model.traffic import MESH_GATEWAY, resolve_host
 from pilot.networking import names
 from pilot.networking.filters import TCP_PROXY_FILTER, access_logs
 from pilot.networking.protos import pack
@@ -36,8 +36,14 @@ def _tcp_proxy(stat_prefix: str, route, port: int, vs: Entry, domain: str,
     return listener_components_pb2.Filter(name=TCP_PROXY_FILTER, typed_config=pack(tp))
 
 
+def _applies(m, port: int) -> bool:
+    """A match for this port on sidecars (a match naming gateways without `mesh` is for those
+    gateways only)."""
+    return (m.port is None or m.port == port) and not (m.gateways and MESH_GATEWAY not in m.gateways)
+
+
 def _port_matches(matches, port: int) -> bool:
-    return not matches or any(m.port is None or m.port == port for m in matches)
+    return not matches or any(_applies(m, port) for m in matches)
 
 
 def tcp_filter_for(svc: MeshService, port: int, vs: Entry | None, domain: str,
@@ -59,7 +65,7 @@ def sni_chains(svc: MeshService, port: int, vs: Entry | None, domain: str,
         return []
     chains = []
     for rule in vs.obj.spec.tls:  # type: ignore[attr-defined]
-        matches = [m for m in rule.match if m.port is None or m.port == port]
+        matches = [m for m in rule.match if _applies(m, port)]
         if not matches or not rule.route:
             continue
         sni = sorted({h for m in matches for h in m.sni_hosts})

@@ -316,8 +316,8 @@ def _mirror_fraction(percentage, percent: int | None) -> percent_pb2.FractionalP
     if percentage is not None:
         return _percent(percentage) if percentage.value > 0 else None
     if percent is not None:
-        return percent_pb2.FractionalPercent(numerator=percent, denominator=percent_pb2.FractionalPercent.HUNDRED) \
-            if percent > 0 else None
+        hundred = percent_pb2.FractionalPercent.HUNDRED
+        return percent_pb2.FractionalPercent(numerator=percent, denominator=hundred) if percent > 0 else None
     return percent_pb2.FractionalPercent(numerator=100, denominator=percent_pb2.FractionalPercent.HUNDRED)
 
 

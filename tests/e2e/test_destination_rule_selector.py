@@ -81,14 +81,16 @@ async def test_workload_selector_reaches_only_the_selected_sidecar(tmp_path):
             states = {p: await cds_state(e) for p, e in envoys.items()}
             return states if all(v == value for _, v in states.values()) else None
 
-        await wait_for(lambda: everyone(7), 20, message=f"the rule without a selector everywhere\n{cp.log_tail(10)}")
+        await wait_for(lambda: everyone(7), 20,
+                       message=f"the rule without a selector everywhere\n{cp.log_tail(10)}")
 
         cp.write("selected.yaml", SELECTED)
 
         async def selected_applied():
             return (await cds_state(envoys["productpage-1"]))[1] == 1
 
-        await wait_for(selected_applied, 20, message=f"selected sidecar got the selector rule\n{cp.log_tail(10)}")
+        await wait_for(selected_applied, 20,
+                       message=f"selected sidecar got the selector rule\n{cp.log_tail(10)}")
         version = (await cds_state(envoys["productpage-1"]))[0]
         # The others are not pushed a changed cluster: theirs still says 7. Read after a push of
         # their own to be sure they are current: touch the selector-less rule for everyone.
@@ -99,7 +101,8 @@ async def test_workload_selector_reaches_only_the_selected_sidecar(tmp_path):
             return states if states["productpage-1"][1] == 1 and states["details-1"][1] == 8 \
                 and states["productpage-9"][1] == 8 else None
 
-        states = await wait_for(settled, 20, message=f"the rule without a selector moved to 8\n{cp.log_tail(10)}")
+        states = await wait_for(settled, 20,
+                                message=f"the rule without a selector moved to 8\n{cp.log_tail(10)}")
         assert states["productpage-1"][1] == 1, json.dumps(states)
         assert states["details-1"][1] == 8 and states["productpage-9"][1] == 8, json.dumps(states)
         assert version  # the selected sidecar's cluster carried a version once changed

@@ -35,7 +35,8 @@ def dr(spec: dict, name: str = "reviews", namespace: str = "default") -> dict:
 def vs(http: dict) -> dict:
     return {"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
             "metadata": {"name": "reviews", "namespace": "default"},
-            "spec": {"hosts": ["reviews"], "http": [{"route": [{"destination": {"host": "reviews"}}], **http}]}}
+            "spec": {"hosts": ["reviews"],
+                     "http": [{"route": [{"destination": {"host": "reviews"}}], **http}]}}
 
 
 @pytest.fixture
@@ -91,14 +92,16 @@ LB = {"trafficPolicy": {"loadBalancer": {"simple": "ROUND_ROBIN"}}}
      lambda c: http_options(c).common_http_protocol_options.max_connection_duration.seconds == 1800),
     ("trafficPolicy.connectionPool.tcp.idleTimeout", "90s",
      lambda c: http_options(c).common_http_protocol_options.idle_timeout.seconds == 90),
-    ("trafficPolicy.connectionPool.http", {"idleTimeout": "20s", "maxRequestsPerConnection": 7, "maxRetries": 4},
+    ("trafficPolicy.connectionPool.http",
+     {"idleTimeout": "20s", "maxRequestsPerConnection": 7, "maxRetries": 4},
      lambda c: (http_options(c).common_http_protocol_options.idle_timeout.seconds,
                 http_options(c).common_http_protocol_options.max_requests_per_connection.value,
                 c.circuit_breakers.thresholds[0].max_retries.value) == (20, 7, 4)),
     ("trafficPolicy.connectionPool.http", {"h2UpgradePolicy": "UPGRADE"},
      lambda c: http_options(c).explicit_http_config.HasField("http2_protocol_options")),
     ("trafficPolicy.connectionPool.http", {"h2UpgradePolicy": "UPGRADE", "maxConcurrentStreams": 50},
-     lambda c: http_options(c).explicit_http_config.http2_protocol_options.max_concurrent_streams.value == 50),
+     lambda c: http_options(c).explicit_http_config.http2_protocol_options.max_concurrent_streams.value
+     == 50),
     ("trafficPolicy.connectionPool.http", {"useClientProtocol": True},
      lambda c: http_options(c).use_downstream_protocol_config.HasField("http2_protocol_options")
      and http_options(c).use_downstream_protocol_config.HasField("http_protocol_options")),
@@ -131,7 +134,8 @@ def test_max_concurrent_streams_needs_an_http2_upstream(world: World) -> None:
     ("trafficPolicy.loadBalancer.simple", "LEAST_REQUEST",
      lambda c: c.lb_policy == cluster_pb2.Cluster.LEAST_REQUEST),
     ("trafficPolicy.loadBalancer.simple", "PASSTHROUGH",
-     lambda c: c.type == cluster_pb2.Cluster.ORIGINAL_DST and c.lb_policy == cluster_pb2.Cluster.CLUSTER_PROVIDED
+     lambda c: c.type == cluster_pb2.Cluster.ORIGINAL_DST
+     and c.lb_policy == cluster_pb2.Cluster.CLUSTER_PROVIDED
      and not c.HasField("eds_cluster_config")),
 ])
 def test_load_balancer_fields(world: World, path: str, value: Any, check) -> None:
@@ -142,14 +146,16 @@ def test_load_balancer_fields(world: World, path: str, value: Any, check) -> Non
 
 def test_warmup_on_least_request(world: World) -> None:
     p = proxy()
-    world.apply(dr({"trafficPolicy": {"loadBalancer": {"simple": "LEAST_REQUEST", "warmup": {"duration": "10s"}}}}))
+    world.apply(dr({"trafficPolicy": {"loadBalancer": {"simple": "LEAST_REQUEST",
+                                                       "warmup": {"duration": "10s"}}}}))
     c = cluster(world.cds(p)[CLUSTER])
     assert c.least_request_lb_config.slow_start_config.slow_start_window.seconds == 10
 
 
 @pytest.mark.parametrize("hash_lb, check", [
     ({"httpHeaderName": "x-user", "ringHash": {"minimumRingSize": 2048}},
-     lambda c: c.lb_policy == cluster_pb2.Cluster.RING_HASH and c.ring_hash_lb_config.minimum_ring_size.value == 2048),
+     lambda c: c.lb_policy == cluster_pb2.Cluster.RING_HASH
+     and c.ring_hash_lb_config.minimum_ring_size.value == 2048),
     ({"httpHeaderName": "x-user", "maglev": {"tableSize": 65537}},
      lambda c: c.lb_policy == cluster_pb2.Cluster.MAGLEV and c.maglev_lb_config.table_size.value == 65537),
 ])
@@ -163,8 +169,8 @@ def test_consistent_hash_algorithm(world: World, hash_lb: dict, check) -> None:
 def test_ca_crl(world: World) -> None:
     p = proxy()
     tls = {"mode": "SIMPLE", "caCertificates": "/etc/certs/ca.pem"}
-    _, after = with_field(world, dr({"trafficPolicy": {"tls": tls}}), "trafficPolicy.tls.caCrl", "/etc/certs/crl.pem",
-                          lambda: world.cds(p)[CLUSTER])
+    _, after = with_field(world, dr({"trafficPolicy": {"tls": tls}}), "trafficPolicy.tls.caCrl",
+                          "/etc/certs/crl.pem", lambda: world.cds(p)[CLUSTER])
     ctx = tls_pb2.UpstreamTlsContext()
     assert cluster(after).transport_socket.typed_config.Unpack(ctx)
     assert ctx.common_tls_context.validation_context.crl.filename == "/etc/certs/crl.pem"
@@ -181,7 +187,8 @@ def test_workload_selector_applies_only_to_the_selected_proxies(world: World) ->
     world.apply(dr({"trafficPolicy": {"connectionPool": {"tcp": {"maxConnections": 5}}}}, name="everyone"))
     assert max_connections(world, selected) == max_connections(world, other) == 5
     world.apply(dr({"workloadSelector": {"matchLabels": {"app": "productpage"}}, "exportTo": ["."],
-                    "trafficPolicy": {"connectionPool": {"tcp": {"maxConnections": 1}}}}, name="productpage-only"))
+                    "trafficPolicy": {"connectionPool": {"tcp": {"maxConnections": 1}}}},
+                   name="productpage-only"))
     # One context for both: the selector is evaluated per proxy, not per namespace.
     ctx = world.ctx()
     assert max_connections_in(world, selected, ctx) == 1
@@ -195,7 +202,8 @@ def max_connections_in(world: World, p: Proxy, ctx) -> int:
 def test_workload_selector_never_applies_in_another_namespace(world: World) -> None:
     """istiod: a selector rule exists only for proxies of its own namespace, even if they match."""
     world.apply(dr({"workloadSelector": {"matchLabels": {"app": "productpage"}},
-                    "trafficPolicy": {"connectionPool": {"tcp": {"maxConnections": 1}}}}, namespace="default"))
+                    "trafficPolicy": {"connectionPool": {"tcp": {"maxConnections": 1}}}},
+                   namespace="default"))
     elsewhere = proxy("other")
     elsewhere.metadata["LABELS"] = {"app": "productpage"}
     assert not cluster(world.cds(elsewhere)[CLUSTER]).circuit_breakers.thresholds
@@ -242,8 +250,8 @@ RATINGS = "outbound|9080||ratings.default.svc.cluster.local"
 @pytest.mark.parametrize("path, value, check", [
     ("http.0.mirrors", [{"destination": {"host": "ratings"}, "percentage": {"value": 25}},
                         {"destination": {"host": "reviews", "subset": "v2"}}],
-     lambda r: [(m.cluster, m.runtime_fraction.default_value.numerator, m.runtime_fraction.default_value.denominator)
-                for m in r.route.request_mirror_policies]
+     lambda r: [(m.cluster, m.runtime_fraction.default_value.numerator,
+                 m.runtime_fraction.default_value.denominator) for m in r.route.request_mirror_policies]
      == [(RATINGS, 250_000, 2), (f"outbound|9080|v2|{REVIEWS}", 100, 0)]),
     ("http.0.mirror", {"host": "ratings"},
      lambda r: [m.cluster for m in r.route.request_mirror_policies] == [RATINGS]),
@@ -284,7 +292,8 @@ def test_cors_deprecated_origins_and_unmatched_preflights(world: World) -> None:
     cors = cors_pb2.CorsPolicy()
     assert first_route(after).typed_per_filter_config["envoy.filters.http.cors"].Unpack(cors)
     assert [m.exact for m in cors.allow_origin_string_match] == ["https://a.example"]
-    assert cors.forward_not_matching_preflights.value is False and cors.HasField("forward_not_matching_preflights")
+    assert cors.HasField("forward_not_matching_preflights")
+    assert cors.forward_not_matching_preflights.value is False
 
 
 def test_match_for_another_gateway_does_not_apply_to_sidecars(world: World) -> None:

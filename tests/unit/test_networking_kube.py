@@ -20,8 +20,8 @@ KINDS = ("VirtualService", "DestinationRule")
 
 
 def _obj(kind: str, name: str, spec: dict) -> dict:
-    return {"apiVersion": "networking.istio.io/v1", "kind": kind, "metadata": {"name": name, "namespace": "shop"},
-            "spec": spec}
+    return {"apiVersion": "networking.istio.io/v1", "kind": kind,
+            "metadata": {"name": name, "namespace": "shop"}, "spec": spec}
 
 
 async def test_strict_networking_fields_through_the_informer() -> None:
@@ -29,7 +29,8 @@ async def test_strict_networking_fields_through_the_informer() -> None:
         for kind in KINDS:
             fake.register_crd("networking.istio.io", "v1", BY_NAME[kind].plural, kind)
         fake.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}})
-        good = _obj("DestinationRule", "good", {"host": "web", "trafficPolicy": {"tls": {"mode": "ISTIO_MUTUAL"}}})
+        good = _obj("DestinationRule", "good",
+                    {"host": "web", "trafficPolicy": {"tls": {"mode": "ISTIO_MUTUAL"}}})
         good["status"] = {"observedGeneration": 1, "conditions": [{"type": "Reconciled", "status": "True"}]}
         good["metadata"]["managedFields"] = [{"manager": "kubectl", "operation": "Update"}]
         fake.create(good)
@@ -47,9 +48,8 @@ async def test_strict_networking_fields_through_the_informer() -> None:
                 assert [e.key.name for e in store.list("DestinationRule")] == ["good"]
                 assert store.list("VirtualService") == []
                 reasons = {r.name: (r.kind, r.source, r.reason) for r in store.rejections()}
-                assert reasons["typo"] == ("VirtualService",
-                                           "kube /apis/networking.istio.io/v1/namespaces/shop/virtualservices/typo",
-                                           "spec.http[0].retrys: unknown field")
+                path = "/apis/networking.istio.io/v1/namespaces/shop/virtualservices/typo"
+                assert reasons["typo"] == ("VirtualService", f"kube {path}", "spec.http[0].retrys: unknown field")
                 assert reasons["locality"][2] == ("spec.trafficPolicy.loadBalancer.localityLbSetting: "
                                                   "localityLbSetting is not supported")
             finally:
@@ -61,4 +61,5 @@ async def test_strict_networking_fields_through_the_informer() -> None:
     assert sorted((w["kind"], w["name"]) for w in warnings) == [("DestinationRule", "locality"),
                                                                 ("VirtualService", "typo")]
     typo = next(w for w in warnings if w["name"] == "typo")
-    assert typo["source"].endswith("/virtualservices/typo") and typo["reason"] == "spec.http[0].retrys: unknown field"
+    assert typo["source"].endswith("/virtualservices/typo")
+    assert typo["reason"] == "spec.http[0].retrys: unknown field"

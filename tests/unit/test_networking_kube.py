@@ -49,7 +49,8 @@ async def test_strict_networking_fields_through_the_informer() -> None:
                 assert store.list("VirtualService") == []
                 reasons = {r.name: (r.kind, r.source, r.reason) for r in store.rejections()}
                 path = "/apis/networking.istio.io/v1/namespaces/shop/virtualservices/typo"
-                assert reasons["typo"] == ("VirtualService", f"kube {path}", "spec.http[0].retrys: unknown field")
+                assert reasons["typo"] == ("VirtualService", f"kube {path}",
+                                           "spec.http[0].retrys: unknown field")
                 assert reasons["locality"][2] == ("spec.trafficPolicy.loadBalancer.localityLbSetting: "
                                                   "localityLbSetting is not supported")
             finally:

@@ -177,8 +177,8 @@ class Informer:
             obj = parse_object(item, default_namespace="default")
         except InvalidObject as e:
             source = f"kube {self.kind.path(key.namespace, key.name)}"
-            self._rejections[key] = Rejection(source, e.kind or self.kind.config_kind, key.namespace, key.name,
-                                              e.reason)
+            kind = e.kind or self.kind.config_kind
+            self._rejections[key] = Rejection(source, kind, key.namespace, key.name, e.reason)
             # One line per refusal, as the file source writes it: where, what, and why (the reason
             # names the field path).
             log.warning("object rejected", source=source, kind=self.kind.kind, namespace=key.namespace,

@@ -116,14 +116,17 @@ class TrafficIndex:
         consumer = self.consumer_routes.get((host, client_namespace)) if self.consumer_routes else None
         if consumer is not None:
             return consumer
-        entries = self.virtual_services.get(host)
-        if entries:
-            return entries[0]
+        # A VirtualService's exportTo limits the client namespaces it applies to (for routers:
+        # pilot.model.gateways); one that is not exported to the client does not exist for it.
+        visible = [e for e in self.virtual_services.get(host, ()) if _exported_to(e, client_namespace)]
+        if visible:
+            return visible[0]
         best = None
         for pattern, entries in self.virtual_services.items():
             if pattern.startswith("*") and host_matches(pattern, host):
-                if best is None or len(pattern) > len(best[0]):
-                    best = (pattern, entries[0])
+                exported = [e for e in entries if _exported_to(e, client_namespace)]
+                if exported and (best is None or len(pattern) > len(best[0])):
+                    best = (pattern, exported[0])
         return best[1] if best else None
 
     def destination_rule(self, host: str, client_namespace: str, service_namespace: str,

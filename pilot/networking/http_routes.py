@@ -12,6 +12,7 @@ not `/foobar`), and a destination whose cluster does not exist (an invalid backe
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -256,8 +257,10 @@ def _action(rule, inputs: RouteInputs, route: rc.Route, match) -> None:
     if rule.direct_response is not None:
         d = rule.direct_response
         action = rc.DirectResponseAction(status=d.status)
-        if d.body is not None and (d.body.string or d.body.bytes):
-            action.body.inline_string = d.body.string or d.body.bytes
+        if d.body is not None and d.body.string:
+            action.body.inline_string = d.body.string
+        elif d.body is not None and d.body.bytes:
+            action.body.inline_bytes = base64.b64decode(d.body.bytes)  # protobuf JSON writes bytes as base64
         route.direct_response.CopyFrom(action)
         return
     action = route.route
@@ -329,7 +332,10 @@ def http_rule_routes(rule, index: int, inputs: RouteInputs) -> list[rc.Route]:
         return []  # every match is for another port, or another client
     out = []
     for match in matches:
-        route = rc.Route(name=rule.name or f"rule-{index}", match=route_match(match, inputs.gateway_semantics))
+        name = rule.name or f"rule-{index}"
+        if match is not None and match.name:  # istiod: RULE.MATCH
+            name = f"{name}.{match.name}"
+        route = rc.Route(name=name, match=route_match(match, inputs.gateway_semantics))
         if match is not None and match.stat_prefix:
             route.stat_prefix = match.stat_prefix
         _action(rule, inputs, route, match)

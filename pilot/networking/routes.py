@@ -100,19 +100,20 @@ def outbound_route_config(port: int, services: tuple[MeshService, ...], proxy_na
     return rc
 
 
-# (header name, cookie name, cookie ttl seconds, use source IP, query parameter name)
-HashKey = tuple[str, str, float, bool, str]
+# (header name, cookie name, cookie ttl seconds, use source IP, query parameter name, cookie path)
+HashKey = tuple[str, str, float, bool, str, str]
 
 
 def hash_key(consistent_hash) -> HashKey:
     cookie = consistent_hash.http_cookie
     ttl = parse_duration(cookie.ttl) if cookie is not None and cookie.ttl else 0.0
     return (consistent_hash.http_header_name or "", cookie.name if cookie is not None else "", ttl,
-            bool(consistent_hash.use_source_ip), consistent_hash.http_query_parameter_name or "")
+            bool(consistent_hash.use_source_ip), consistent_hash.http_query_parameter_name or "",
+            (cookie.path or "") if cookie is not None else "")
 
 
 def _hash_policy(key: HashKey) -> route_components_pb2.RouteAction.HashPolicy:
-    header, cookie, ttl, source_ip, query = key
+    header, cookie, ttl, source_ip, query, path = key
     hp = route_components_pb2.RouteAction.HashPolicy()
     if header:
         hp.header.header_name = header
@@ -120,6 +121,8 @@ def _hash_policy(key: HashKey) -> route_components_pb2.RouteAction.HashPolicy:
         hp.cookie.name = cookie
         if ttl:
             hp.cookie.ttl.CopyFrom(duration(ttl))
+        if path:
+            hp.cookie.path = path
     elif source_ip:
         hp.connection_properties.source_ip = True
     elif query:

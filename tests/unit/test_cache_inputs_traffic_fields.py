@@ -302,3 +302,45 @@ def test_match_for_another_gateway_does_not_apply_to_sidecars(world: World) -> N
     doc["spec"]["http"].append({"route": [{"destination": {"host": "ratings"}}]})
     world.apply(doc)
     assert [r.route.cluster for r in routes_of(world, proxy())] == [RATINGS]
+
+
+# --- fields that were read only in part ---------------------------------------------------------------
+def test_virtual_service_export_to_limits_the_sidecars_it_applies_to(world: World) -> None:
+    """exportTo: ["."] keeps a VirtualService to its own namespace: a client elsewhere keeps the
+    service's default route."""
+    doc = vs({"route": [{"destination": {"host": "ratings"}}]})
+    doc["spec"]["exportTo"] = ["."]
+    world.apply(doc)
+    assert [r.route.cluster for r in routes_of(world, proxy())] == [RATINGS]
+    elsewhere = world.rds(proxy("other"), {"9080"})["9080"].message(route_pb2.RouteConfiguration)
+    vh = next(vh for vh in elsewhere.virtual_hosts if vh.name == f"{REVIEWS}:9080")
+    assert [r.route.cluster for r in vh.routes] == [CLUSTER]
+
+
+def test_direct_response_bytes_are_decoded(world: World) -> None:
+    world.apply(vs({"route": [], "directResponse": {"status": 200, "body": {"bytes": "aGVsbG8="}}}))
+    body = routes_of(world, proxy())[0].direct_response.body
+    assert body.inline_bytes == b"hello"
+
+
+def test_match_name_is_part_of_the_route_name(world: World) -> None:
+    world.apply(vs({"name": "api", "match": [{"name": "v1", "uri": {"prefix": "/v1"}}]}))
+    assert routes_of(world, proxy())[0].name == "api.v1"
+
+
+def test_cookie_path_reaches_the_hash_policy(world: World) -> None:
+    p = proxy()
+    cookie = {"consistentHash": {"httpCookie": {"name": "user", "ttl": "10s"}}}
+    _, after = with_field(world, dr({"trafficPolicy": {"loadBalancer": cookie}}),
+                          "trafficPolicy.loadBalancer.consistentHash.httpCookie.path", "/shop", rds(world, p))
+    assert first_route(after).route.hash_policy[0].cookie.path == "/shop"
+
+
+def test_istio_mutual_sni_from_the_destination_rule(world: World) -> None:
+    p = proxy()
+    p.identity = "spiffe://cluster.local/ns/default/sa/app"
+    _, after = with_field(world, dr({"trafficPolicy": {"tls": {"mode": "ISTIO_MUTUAL"}}}),
+                          "trafficPolicy.tls.sni", "reviews.custom", lambda: world.cds(p)[CLUSTER])
+    ctx = tls_pb2.UpstreamTlsContext()
+    assert cluster(after).transport_socket.typed_config.Unpack(ctx)
+    assert ctx.sni == "reviews.custom"

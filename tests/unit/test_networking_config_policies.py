@@ -248,3 +248,11 @@ def test_gateway_name_must_be_a_dns_label():
     doc = copy.deepcopy(GATEWAY)
     doc["metadata"]["name"] = "my.gateway"
     assert "metadata.name: invalid gateway name 'my.gateway'" in reject(doc)
+
+
+def test_service_entry_export_to_fewer_namespaces_is_refused() -> None:
+    """The registry shows ServiceEntries everywhere: a narrower exportTo would be ignored, hence refused."""
+    for export in (["."], ["prod"], ["~"]):
+        reason = reject(edit(SERVICE_ENTRY, lambda s, e=export: s.update(exportTo=e)))
+        assert "spec.exportTo" in reason and "not supported" in reason, reason
+    assert parse(edit(SERVICE_ENTRY, lambda s: s.update(exportTo=["*"])))

@@ -193,4 +193,9 @@ class ServiceEntry(K8sObject):
     def _export_to(self) -> ServiceEntry:
         _raise_if([f"spec.{e}" for e in validate_export_to(self.metadata.namespace, self.spec.export_to,
                                                             service_entry=True)])
+        # The registry shows every ServiceEntry to every namespace: a narrower exportTo would be
+        # silently wider, so it is refused until visibility is generated per namespace.
+        if self.spec.export_to and "*" not in self.spec.export_to:
+            _fail("spec.exportTo: exporting a ServiceEntry to fewer than all namespaces is not supported "
+                  "(only \"*\" or none)")
         return self

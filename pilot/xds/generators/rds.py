@@ -55,7 +55,7 @@ def _hash_policies(ctx: PushContext, namespace: str, labels) -> tuple:
     """(host, hash key) for every service whose DestinationRule, as this client sees it, asks
     for consistent hashing."""
     out = []
-    for host, entries in ctx.traffic.destination_rules.items():
+    for host in ctx.traffic.destination_rules:
         svc = ctx.by_host.get(host)
         dr = ctx.traffic.destination_rule(host, namespace, svc.namespace if svc else namespace, labels)
         policy = dr.obj.spec.traffic_policy if dr is not None else None

@@ -51,8 +51,8 @@ class TrafficIndex:
     destination_rules: Mapping[str, tuple[Entry, ...]] = field(default_factory=dict)
     conflicts: tuple[str, ...] = ()
     root_namespace: str = "istio-system"
-    # Every distinct `sourceLabels` selector of mesh VirtualService matches, in a fixed order: a
-    # proxy's routes depend on its labels only through which of these it matches.
+    # Every distinct `sourceLabels` selector of VirtualService matches, in a fixed order: a proxy's
+    # routes depend on its labels only through which of these it matches.
     source_selectors: tuple[tuple[tuple[str, str], ...], ...] = ()
     # GAMMA consumer routes: (host, client namespace) -> the VirtualService they became
     consumer_routes: Mapping[tuple[str, str], Entry] = field(default_factory=dict)
@@ -104,8 +104,10 @@ class TrafficIndex:
             for loser in entries[1:]:
                 conflicts.append(f"VirtualService {loser.key.namespace}/{loser.key.name}: host {host} is already "
                                  f"claimed by {entries[0].key.namespace}/{entries[0].key.name}; ignored for sidecars")
+        # Gateway-bound VirtualServices too: a router's routes depend on its labels the same way.
+        bound = [*(e for entries in vs.values() for e in entries), *store.list("VirtualService")]
         selectors = sorted({tuple(sorted(m.source_labels.items()))
-                            for entries in vs.values() for e in entries
+                            for e in bound
                             for rule in e.obj.spec.http for m in rule.match if m.source_labels})  # type: ignore[attr-defined]
         return cls(MappingProxyType({h: tuple(v) for h, v in vs.items()}),
                    MappingProxyType({h: tuple(sorted(v, key=_age)) for h, v in dr.items()}),

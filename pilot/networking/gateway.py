@@ -343,10 +343,12 @@ def _domains(host: str, port: int) -> list[str]:
 
 def gateway_route_config(name: str, port: int, sources: tuple[VhostSource, ...], retry: HttpRetryPolicy,
                          services: tuple[MeshService, ...], domain: str,
-                         hash_policies: tuple[tuple[str, HashKey], ...] = ()) -> route_pb2.RouteConfiguration:
+                         hash_policies: tuple[tuple[str, HashKey], ...] = (), client_namespace: str = "",
+                         client_labels: tuple[tuple[str, str], ...] = ()) -> route_pb2.RouteConfiguration:
     """One virtual host per (VirtualService x server) host, `HOST:PORT`. Two VirtualServices
     for one host: the older one's routes first (istiod merges them). No host at all: istiod's
-    `blackhole:PORT`, which answers 404 like Envoy does for an unknown host."""
+    `blackhole:PORT`, which answers 404 like Envoy does for an unknown host. `client_namespace`
+    and `client_labels` are the router's: matches on sourceNamespace/sourceLabels test them."""
     by_host = {s.hostname: s for s in services}
     vhosts: dict[str, route_components_pb2.VirtualHost] = {}
     contributed: set = set()
@@ -357,6 +359,7 @@ def gateway_route_config(name: str, port: int, sources: tuple[VhostSource, ...],
             continue
         gateway_api = vs.obj.metadata.annotations.get(SEMANTICS) == "gateway"
         routes = virtual_service_routes(rules, RouteInputs(vs.key.namespace, domain, port, by_host, retry,
+                                                           client_namespace, dict(client_labels),
                                                            gateway_semantics=gateway_api))
         for host in src.hosts:
             if (host, vs.key) in contributed:

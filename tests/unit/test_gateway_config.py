@@ -296,3 +296,17 @@ def test_secret_changes_push_but_only_to_gateways(world: World):
     both = req.merge(push_request_for([world.store.apply(parse_object(virtual_service(dest="b")))],
                                       world.mesh.configmap_key))
     assert server._affects(Connection(router(ptype="sidecar"), "", False), both)
+
+
+def test_source_matches_test_the_router_itself(world: World):
+    """istiod evaluates sourceLabels/sourceNamespace against the gateway proxy: a match for other
+    routers (or another namespace) is left out, not applied on every router."""
+    world.apply(gateway(selector={}), virtual_service("a", ["a.example.com"], http=[
+        {"match": [{"sourceLabels": {"tier": "edge"}}], "route": [{"destination": {"host": "b"}}]},
+        {"match": [{"sourceNamespace": "elsewhere"}], "route": [{"destination": {"host": "b"}}]},
+        {"route": [{"destination": {"host": "a"}}]}]))
+    def clusters(p: Proxy) -> list[str]:
+        rc = route(world, "http.8080", p)
+        return [r.route.cluster.split("|")[3].split(".")[0] for r in rc.virtual_hosts[0].routes]
+    assert clusters(router(labels={"istio": "ingressgateway", "tier": "edge"})) == ["b", "a"]
+    assert clusters(router(labels={"istio": "ingressgateway"}, pod="gw-2")) == ["a"]

@@ -14,6 +14,7 @@ from pilot.networking import names
 from pilot.networking.http_routes import RouteInputs, virtual_service_routes
 from pilot.networking.protos import duration
 from pilot.networking.retries import retry_policy
+from pilot.networking.traffic_policy import effective_policy
 
 
 def service_domains(svc: MeshService, port: int, proxy_namespace: str) -> list[str]:
@@ -73,8 +74,8 @@ def outbound_route_config(port: int, services: tuple[MeshService, ...], proxy_na
                           hash_policies: tuple[tuple[str, HashKey], ...] = (),
                           client_labels: tuple[tuple[str, str], ...] = ()) -> route_pb2.RouteConfiguration:
     """`services` are the HTTP services on this port, in a stable order, and `virtual_services`
-    the VirtualService applying to each (or None). `hash_policies` are the (host, key) pairs of
-    destinations whose DestinationRule asks for consistent hashing: their routes carry the hash
+    the VirtualService applying to each (or None). `hash_policies` are the (cluster, key) pairs
+    of destinations whose DestinationRule asks for consistent hashing: their routes carry the hash
     policy. A domain claimed twice (two Services with one cluster IP) goes to the first: Envoy
     rejects duplicate domains. `client_labels` are the labels of the client that `sourceLabels`
     matches test (only those the VirtualServices ask about: the rest must not split the cache)."""
@@ -130,8 +131,21 @@ def _hash_policy(key: HashKey) -> route_components_pb2.RouteAction.HashPolicy:
     return hp
 
 
-def _apply_hash_policies(rc: route_pb2.RouteConfiguration, by_host: dict[str, HashKey]) -> None:
-    """Consistent hashing needs the key on the route: the cluster's RING_HASH alone hashes nothing."""
+def consistent_hash_keys(spec, host: str, ports: tuple[int, ...]) -> list[tuple[str, HashKey]]:
+    """(cluster name, hash key) for every cluster of `host` whose DestinationRule policy, with the
+    subset's and the port's settings merged in as for the cluster itself, hashes consistently."""
+    out = []
+    for subset in ("", *(s.name for s in spec.subsets)):
+        for port in ports:
+            lb = effective_policy(spec, subset, port)["load_balancer"]
+            if lb is not None and lb.consistent_hash is not None:
+                out.append((names.outbound_cluster_name(port, host, subset), hash_key(lb.consistent_hash)))
+    return out
+
+
+def _apply_hash_policies(rc: route_pb2.RouteConfiguration, by_cluster: dict[str, HashKey]) -> None:
+    """Consistent hashing needs the key on the route: the cluster's RING_HASH alone hashes nothing.
+    A route splitting over several clusters takes the first one's key."""
     for vh in rc.virtual_hosts:
         for route in vh.routes:
             if not route.HasField("route"):
@@ -139,7 +153,7 @@ def _apply_hash_policies(rc: route_pb2.RouteConfiguration, by_host: dict[str, Ha
             action = route.route
             cluster = action.cluster or (action.weighted_clusters.clusters[0].name
                                          if action.weighted_clusters.clusters else "")
-            key = by_host.get(cluster.rpartition("|")[2])
+            key = by_cluster.get(cluster)
             if key is not None:
                 action.hash_policy.append(_hash_policy(key))
 

@@ -344,3 +344,21 @@ def test_istio_mutual_sni_from_the_destination_rule(world: World) -> None:
     ctx = tls_pb2.UpstreamTlsContext()
     assert cluster(after).transport_socket.typed_config.Unpack(ctx)
     assert ctx.sni == "reviews.custom"
+
+
+def test_port_and_subset_consistent_hash_reach_the_routes(world: World) -> None:
+    """A port-level or subset-level consistentHash makes that cluster RING_HASH, and the routes to
+    that cluster carry the key (the cluster alone hashes nothing)."""
+    p = proxy()
+    world.apply(dr({"subsets": [{"name": "v1", "labels": {"version": "v1"}, "trafficPolicy": {
+        "loadBalancer": {"consistentHash": {"httpHeaderName": "x-subset"}}}}],
+        "trafficPolicy": {"portLevelSettings": [{"port": {"number": 9080}, "loadBalancer": {
+            "consistentHash": {"httpHeaderName": "x-port"}}}]}}))
+    world.apply(vs({"route": [{"destination": {"host": "reviews", "subset": "v1"}}]}))
+    doc = vs({"match": [{"uri": {"prefix": "/all"}}]})
+    doc["spec"]["http"].append({"route": [{"destination": {"host": "reviews", "subset": "v1"}}]})
+    world.apply(doc)
+    first, second = routes_of(world, p)
+    assert [h.header.header_name for h in first.route.hash_policy] == ["x-port"]
+    assert [h.header.header_name for h in second.route.hash_policy] == ["x-subset"]
+    assert cluster(world.cds(p)[CLUSTER]).lb_policy == cluster_pb2.Cluster.RING_HASH

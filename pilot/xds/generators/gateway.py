@@ -107,20 +107,20 @@ def route_configs(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | No
                  for m in rule.match for k in m.source_labels}
         labels = tuple(sorted((k, v) for k, v in proxy.labels.items() if k in asked))
         out.append(cache.resource(ROUTE, name, gateway.gateway_route_config, name, rv.port, tuple(sources),
-                                  ctx.settings.routes.retry, services, ctx.domain, hashes, proxy.namespace, labels,
-                                  origins=origins))
+                                  ctx.settings.routes.retry, services, ctx.domain, hashes, proxy.namespace,
+                                  labels, origins=origins))
     return out
 
 
 def _hash_policies(ctx: PushContext, namespace: str, hosts: set[str], labels) -> tuple:
-    """(host, hash key) for the destinations whose DestinationRule, as this gateway sees it,
+    """(cluster, hash key) for the destinations whose DestinationRule, as this gateway sees it,
     asks for consistent hashing (the key must be on the route for RING_HASH/MAGLEV to work)."""
     out = []
     for host in sorted(hosts):
         svc = ctx.by_host.get(host)
-        dr = ctx.traffic.destination_rule(host, namespace, svc.namespace if svc else namespace, labels)
-        policy = dr.obj.spec.traffic_policy if dr is not None else None  # type: ignore[attr-defined]
-        lb = policy.load_balancer if policy is not None else None
-        if lb is not None and lb.consistent_hash is not None:
-            out.append((host, routes.hash_key(lb.consistent_hash)))
+        if svc is None:
+            continue
+        dr = ctx.traffic.destination_rule(host, namespace, svc.namespace, labels)
+        if dr is not None:
+            out.extend(routes.consistent_hash_keys(dr.obj.spec, host, tuple(p.port for p in svc.ports)))
     return tuple(out)

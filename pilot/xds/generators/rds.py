@@ -52,14 +52,14 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
 
 
 def _hash_policies(ctx: PushContext, namespace: str, labels) -> tuple:
-    """(host, hash key) for every service whose DestinationRule, as this client sees it, asks
-    for consistent hashing."""
+    """(cluster, hash key) for every cluster whose DestinationRule, as this client sees it, asks
+    for consistent hashing (the subset's and the port's policy merged in, as for the cluster)."""
     out = []
-    for host in ctx.traffic.destination_rules:
+    for host in ctx.traffic.destination_rules:  # (a wildcard host's rule adds no hash policy yet)
         svc = ctx.by_host.get(host)
-        dr = ctx.traffic.destination_rule(host, namespace, svc.namespace if svc else namespace, labels)
-        policy = dr.obj.spec.traffic_policy if dr is not None else None
-        lb = policy.load_balancer if policy is not None else None
-        if lb is not None and lb.consistent_hash is not None:
-            out.append((host, routes.hash_key(lb.consistent_hash)))
+        if svc is None:
+            continue
+        dr = ctx.traffic.destination_rule(host, namespace, svc.namespace, labels)
+        if dr is not None:
+            out.extend(routes.consistent_hash_keys(dr.obj.spec, svc.hostname, tuple(p.port for p in svc.ports)))
     return tuple(sorted(out))

@@ -61,5 +61,5 @@ def _hash_policies(ctx: PushContext, namespace: str, labels) -> tuple:
             continue
         dr = ctx.traffic.destination_rule(host, namespace, svc.namespace, labels)
         if dr is not None:
-            out.extend(routes.consistent_hash_keys(dr.obj.spec, svc.hostname, tuple(p.port for p in svc.ports)))
+            out.extend(routes.consistent_hash_keys(dr.obj.spec, host, tuple(p.port for p in svc.ports)))
     return tuple(sorted(out))

@@ -20,15 +20,15 @@ _FIELDS = ("load_balancer", "connection_pool", "outlier_detection", "tls")
 
 
 def effective_policy(spec, subset: str, port: int) -> dict:
-    """The four policy parts in force for (subset, port): {field: value or None}."""
+    """The policy parts in force for (subset, port): {field: value or None}."""
     layers = [spec.traffic_policy]
     if subset:
         layers.append(next((s.traffic_policy for s in spec.subsets if s.name == subset), None))
-    out: dict = {f: None for f in _FIELDS}
+    out: dict = {f: None for f in (*_FIELDS, "retry_budget")}
     for layer in layers:
         if layer is None:
             continue
-        for f in _FIELDS:
+        for f in (*_FIELDS, "retry_budget"):  # (port-level settings have no retry budget)
             if getattr(layer, f) is not None:
                 out[f] = getattr(layer, f)
         for pls in layer.port_level_settings:
@@ -188,6 +188,16 @@ def apply_connection_pool(c: cluster_pb2.Cluster, pool, http2: bool) -> None:
     c.circuit_breakers.thresholds.append(thresholds)
 
 
+def apply_retry_budget(c: cluster_pb2.Cluster, budget) -> None:
+    """istiod's applyRetryBudget, with its defaults (20% of active requests, at least 3 retries),
+    on the cluster's default-priority thresholds (the connection pool's, when it set some)."""
+    if not c.circuit_breakers.thresholds:
+        c.circuit_breakers.thresholds.add(priority=base_pb2.DEFAULT)
+    rb = c.circuit_breakers.thresholds[0].retry_budget
+    rb.budget_percent.value = budget.percent if budget.percent is not None else 20.0
+    rb.min_retry_concurrency.value = budget.min_retry_concurrency or 3
+
+
 def apply_outlier_detection(c: cluster_pb2.Cluster, od) -> None:
     out = outlier_detection_pb2.OutlierDetection()
     errors = od.consecutive_5xx_errors if od.consecutive_5xx_errors is not None else od.consecutive_errors
@@ -249,6 +259,8 @@ def apply_policy(c: cluster_pb2.Cluster, policy: dict, hostname: str, http2: boo
         apply_connection_pool(c, policy["connection_pool"], http2)
     if policy["load_balancer"] is not None:
         apply_load_balancer(c, policy["load_balancer"])
+    if policy.get("retry_budget") is not None:
+        apply_retry_budget(c, policy["retry_budget"])
     if policy["outlier_detection"] is not None:
         apply_outlier_detection(c, policy["outlier_detection"])
     if policy["tls"] is not None:

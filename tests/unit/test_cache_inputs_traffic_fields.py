@@ -362,3 +362,22 @@ def test_port_and_subset_consistent_hash_reach_the_routes(world: World) -> None:
     assert [h.header.header_name for h in first.route.hash_policy] == ["x-port"]
     assert [h.header.header_name for h in second.route.hash_policy] == ["x-subset"]
     assert cluster(world.cds(p)[CLUSTER]).lb_policy == cluster_pb2.Cluster.RING_HASH
+
+
+@pytest.mark.parametrize("budget, expect", [({}, (20.0, 3)),
+                                            ({"percent": 35.5, "minRetryConcurrency": 7}, (35.5, 7))])
+def test_retry_budget(world: World, budget: dict, expect: tuple) -> None:
+    p = proxy()
+    _, after = with_field(world, dr(POOL), "trafficPolicy.retryBudget", budget, lambda: world.cds(p)[CLUSTER])
+    thresholds = cluster(after).circuit_breakers.thresholds
+    assert len(thresholds) == 1 and thresholds[0].max_connections.value == 10  # one set: the pool's
+    rb = thresholds[0].retry_budget
+    assert (rb.budget_percent.value, rb.min_retry_concurrency.value) == expect
+
+
+def test_retry_budget_of_a_subset_without_a_pool(world: World) -> None:
+    p = proxy()
+    world.apply(dr({"subsets": [{"name": "v1", "labels": {"version": "v1"},
+                                 "trafficPolicy": {"retryBudget": {"percent": 50}}}]}))
+    c = cluster(world.cds(p)[f"outbound|9080|v1|{REVIEWS}"])
+    assert c.circuit_breakers.thresholds[0].retry_budget.budget_percent.value == 50

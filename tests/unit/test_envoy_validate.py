@@ -158,6 +158,7 @@ TRAFFIC_FIELDS = (
                                    "maxConnectionDuration": "1h", "idleTimeout": "5m"},
                            "http": {"maxConcurrentStreams": 100, "maxRequestsPerConnection": 10}}}}),
     _rule("DestinationRule", "mixed", {"host": "mixed", "trafficPolicy": {
+        "retryBudget": {"percent": 25, "minRetryConcurrency": 5},
         "loadBalancer": {"warmupDurationSecs": "20s"},
         "connectionPool": {"http": {"useClientProtocol": True, "idleTimeout": "30s"}}}}),
     _rule("DestinationRule", "same-ip", {"host": "same-ip", "trafficPolicy": {

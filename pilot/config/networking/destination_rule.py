@@ -240,6 +240,11 @@ class PortTrafficPolicy(StrictModel):
         return self
 
 
+class RetryBudget(StrictModel):
+    percent: float | None = Field(default=None, ge=0, le=100)  # istiod's default: 20
+    min_retry_concurrency: int | None = Field(default=None, ge=0)  # istiod's default: 3
+
+
 _TRAFFIC_POLICY_KEYS = {"loadBalancer", "load_balancer", "connectionPool", "connection_pool", "outlierDetection",
                         "outlier_detection", "tls", "portLevelSettings", "port_level_settings", "tunnel",
                         "proxyProtocol", "proxy_protocol", "retryBudget", "retry_budget"}
@@ -253,7 +258,7 @@ class TrafficPolicy(StrictModel):
     port_level_settings: list[PortTrafficPolicy] = Field(default_factory=list)
     tunnel: Unsupported = None  # HTTP CONNECT tunnelling to an egress proxy
     proxy_protocol: Unsupported = None
-    retry_budget: Unsupported = None
+    retry_budget: RetryBudget | None = None  # Envoy's circuit-breaker retry budget
 
     @model_validator(mode="before")
     @classmethod

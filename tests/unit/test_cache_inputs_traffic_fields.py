@@ -381,3 +381,24 @@ def test_retry_budget_of_a_subset_without_a_pool(world: World) -> None:
                                  "trafficPolicy": {"retryBudget": {"percent": 50}}}]}))
     c = cluster(world.cds(p)[f"outbound|9080|v1|{REVIEWS}"])
     assert c.circuit_breakers.thresholds[0].retry_budget.budget_percent.value == 50
+
+
+def test_tcp_idle_timeout_and_max_duration_reach_the_tcp_proxy() -> None:
+    """For a TCP service the pool's idleTimeout / maxConnectionDuration are the tcp_proxy's (istiod
+    reads them from the rule's top-level connectionPool.tcp); the cluster options alone do nothing."""
+    from envoy.config.listener.v3 import listener_pb2
+    from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
+
+    w = World()
+    w.apply(service("database", cluster_ip="10.96.0.30", ports=[{"name": "tcp-db", "port": 9300}]))
+    host = "database.default.svc.cluster.local"
+    base = {"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule",
+            "metadata": {"name": "database", "namespace": "default"},
+            "spec": {"host": host, "trafficPolicy": {"connectionPool": {"tcp": {"maxConnections": 5}}}}}
+    p = proxy()
+    _, after = with_field(w, base, "trafficPolicy.connectionPool.tcp",
+                          {"maxConnections": 5, "idleTimeout": "90s", "maxConnectionDuration": "2h"},
+                          lambda: w.lds(p)["127.0.0.1_9300"])
+    tp = tcp_proxy_pb2.TcpProxy()
+    assert after.message(listener_pb2.Listener).filter_chains[-1].filters[0].typed_config.Unpack(tp)
+    assert (tp.idle_timeout.seconds, tp.max_downstream_connection_duration.seconds) == (90, 7200)

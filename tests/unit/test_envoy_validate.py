@@ -164,7 +164,11 @@ TRAFFIC_FIELDS = (
     _rule("DestinationRule", "same-ip", {"host": "same-ip", "trafficPolicy": {
         "loadBalancer": {"consistentHash": {"httpHeaderName": "x-user", "ringHash": {"minimumRingSize": 1024}}},
         "connectionPool": {"http": {"h2UpgradePolicy": "UPGRADE", "maxConcurrentStreams": 10}}}}),
-    _rule("DestinationRule", "tcp-a", {"host": "tcp-a", "trafficPolicy": {"loadBalancer": {"simple": "PASSTHROUGH"}}}),
+    _rule("DestinationRule", "tcp-a", {"host": "tcp-a", "trafficPolicy": {
+        "loadBalancer": {"simple": "PASSTHROUGH"},
+        "connectionPool": {"tcp": {"idleTimeout": "0s", "maxConnectionDuration": "1h"}}}}),
+    _rule("DestinationRule", "on-15001", {"host": "on-15001", "trafficPolicy": {"connectionPool": {"tcp": {
+        "idleTimeout": "10m"}}}}),
     _rule("DestinationRule", "unnamed", {"host": "unnamed.other.svc.cluster.local", "trafficPolicy": {
         "loadBalancer": {"consistentHash": {"useSourceIp": True, "maglev": {"tableSize": 65537}}}}}),
     _rule("DestinationRule", "grpc-selected", {"host": "grpc", "exportTo": ["."],

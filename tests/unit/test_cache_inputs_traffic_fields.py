@@ -402,3 +402,32 @@ def test_tcp_idle_timeout_and_max_duration_reach_the_tcp_proxy() -> None:
     tp = tcp_proxy_pb2.TcpProxy()
     assert after.message(listener_pb2.Listener).filter_chains[-1].filters[0].typed_config.Unpack(tp)
     assert (tp.idle_timeout.seconds, tp.max_downstream_connection_duration.seconds) == (90, 7200)
+
+
+# --- Sidecar inbound connection pools ------------------------------------------------------------------
+def sidecar_doc(spec: dict) -> dict:
+    return {"apiVersion": "networking.istio.io/v1", "kind": "Sidecar",
+            "metadata": {"name": "default", "namespace": "default"}, "spec": spec}
+
+
+INGRESS = [{"port": {"number": 9080, "protocol": "HTTP", "name": "http"},
+            "defaultEndpoint": "127.0.0.1:8080"},
+           {"port": {"number": 9090, "protocol": "TCP", "name": "tcp"},
+            "defaultEndpoint": "127.0.0.1:8090"}]
+
+
+def test_sidecar_inbound_connection_pools(world: World) -> None:
+    p = proxy()
+    base = sidecar_doc({"ingress": INGRESS})
+    _, after = with_field(world, base, "inboundConnectionPool", {"tcp": {"maxConnections": 11}},
+                          lambda: world.cds(p)["inbound|9090||"])
+    assert cluster(after).circuit_breakers.thresholds[0].max_connections.value == 11
+    # A listener's own pool wins for its port; the others keep the Sidecar-wide one.
+    per_port = copy.deepcopy(INGRESS)
+    per_port[0]["connectionPool"] = {"http": {"http1MaxPendingRequests": 3, "idleTimeout": "15s"}}
+    world.apply(sidecar_doc({"ingress": per_port, "inboundConnectionPool": {"tcp": {"maxConnections": 11}}}))
+    http, tcp = cluster(world.cds(p)["inbound|9080||"]), cluster(world.cds(p)["inbound|9090||"])
+    assert http.circuit_breakers.thresholds[0].max_pending_requests.value == 3
+    assert not http.circuit_breakers.thresholds[0].HasField("max_connections")
+    assert http_options(http).common_http_protocol_options.idle_timeout.seconds == 15
+    assert tcp.circuit_breakers.thresholds[0].max_connections.value == 11

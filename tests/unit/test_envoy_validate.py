@@ -184,6 +184,13 @@ TRAFFIC_FIELDS = (
         "corsPolicy": {"allowOrigin": ["https://a.example"], "unmatchedPreflights": "FORWARD"},
         "fault": {"delay": {"fixedDelay": "1s", "percent": 5}},
     }, {"route": [{"destination": {"host": "grpc"}}], "mirror": {"host": "mixed"}, "mirrorPercent": 50}]}),
+    _rule("Sidecar", "default", {
+        "ingress": [{"port": {"number": 18081, "protocol": "HTTP", "name": "http"},
+                     "defaultEndpoint": "127.0.0.1:8081",
+                     "connectionPool": {"http": {"http2MaxRequests": 10, "idleTimeout": "30s"}}},
+                    {"port": {"number": 18082, "protocol": "TCP", "name": "tcp"},
+                     "defaultEndpoint": "127.0.0.1:8082"}],
+        "inboundConnectionPool": {"tcp": {"maxConnections": 50, "tcpKeepalive": {"time": "30s"}}}}),
 )
 
 
@@ -196,4 +203,5 @@ def test_traffic_rule_fields_pass_envoy_validate(interception: str, tmp_path: Pa
     assert "tcp_keepalive" in grpc["upstream_connection_options"]
     assert clusters["outbound|7000||tcp-a.default.svc.cluster.local"]["type"] == "ORIGINAL_DST"
     assert clusters["outbound|8080||unnamed.other.svc.cluster.local"]["lb_policy"] == "MAGLEV"
+    assert "circuit_breakers" in clusters["inbound|18082||"]
     assert_valid(config, tmp_path)

@@ -9,6 +9,7 @@ from pydantic import Field, field_validator, model_validator
 
 from pilot.config.base import K8sObject, StrictModel, Unsupported
 from pilot.config.networking.common import UNIX_PREFIX, NetworkingWorkloadSelector
+from pilot.config.networking.destination_rule import ConnectionPoolSettings
 from pilot.config.networking.validation import (
     _fail,
     _raise_if,
@@ -45,9 +46,8 @@ class IstioIngressListener(StrictModel):
     bind: str | None = None
     capture_mode: CaptureMode | None = None
     default_endpoint: str = ""
-    # Not generated: the inbound listener would serve plaintext, and without the pool limits.
-    tls: Unsupported = None
-    connection_pool: Unsupported = None
+    tls: Unsupported = None  # not generated: the inbound listener would serve plaintext
+    connection_pool: ConnectionPoolSettings | None = None  # this port's inbound cluster (over the Sidecar's)
 
     @field_validator("port")
     @classmethod
@@ -134,7 +134,7 @@ class SidecarSpec(StrictModel):
     ingress: list[IstioIngressListener] = Field(default_factory=list)
     egress: list[IstioEgressListener] = Field(default_factory=list)
     outbound_traffic_policy: OutboundTrafficPolicy | None = None
-    inbound_connection_pool: Unsupported = None  # inbound cluster limits: not generated
+    inbound_connection_pool: ConnectionPoolSettings | None = None  # every inbound cluster's limits
 
     @field_validator("ingress")
     @classmethod

@@ -243,6 +243,8 @@ def _action(rule, inputs: RouteInputs, route: rc.Route, match) -> None:
             action.host_redirect = r.authority
         if r.port:
             action.port_redirect = r.port
+        elif r.derive_port == "FROM_REQUEST_PORT":
+            action.port_redirect = inputs.port  # (FROM_PROTOCOL_DEFAULT is Envoy's own behaviour)
         if r.scheme:
             action.scheme_redirect = r.scheme
         if isinstance(rule, GatewayApiRule):

@@ -101,8 +101,9 @@ def outbound_route_config(port: int, services: tuple[MeshService, ...], proxy_na
     return rc
 
 
-# (header name, cookie name, cookie ttl seconds, use source IP, query parameter name, cookie path)
-HashKey = tuple[str, str, float, bool, str, str]
+# (header name, cookie name, cookie ttl seconds, use source IP, query parameter name, cookie path,
+#  cookie attributes as (name, value) pairs)
+HashKey = tuple[str, str, float, bool, str, str, tuple[tuple[str, str], ...]]
 
 
 def hash_key(consistent_hash) -> HashKey:
@@ -110,11 +111,12 @@ def hash_key(consistent_hash) -> HashKey:
     ttl = parse_duration(cookie.ttl) if cookie is not None and cookie.ttl else 0.0
     return (consistent_hash.http_header_name or "", cookie.name if cookie is not None else "", ttl,
             bool(consistent_hash.use_source_ip), consistent_hash.http_query_parameter_name or "",
-            (cookie.path or "") if cookie is not None else "")
+            (cookie.path or "") if cookie is not None else "",
+            tuple((a.name, a.value) for a in cookie.attributes) if cookie is not None else ())
 
 
 def _hash_policy(key: HashKey) -> route_components_pb2.RouteAction.HashPolicy:
-    header, cookie, ttl, source_ip, query, path = key
+    header, cookie, ttl, source_ip, query, path, attributes = key
     hp = route_components_pb2.RouteAction.HashPolicy()
     if header:
         hp.header.header_name = header
@@ -124,6 +126,8 @@ def _hash_policy(key: HashKey) -> route_components_pb2.RouteAction.HashPolicy:
             hp.cookie.ttl.CopyFrom(duration(ttl))
         if path:
             hp.cookie.path = path
+        for name, value in attributes:
+            hp.cookie.attributes.add(name=name, value=value)
     elif source_ip:
         hp.connection_properties.source_ip = True
     elif query:

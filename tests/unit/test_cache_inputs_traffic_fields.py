@@ -431,3 +431,20 @@ def test_sidecar_inbound_connection_pools(world: World) -> None:
     assert not http.circuit_breakers.thresholds[0].HasField("max_connections")
     assert http_options(http).common_http_protocol_options.idle_timeout.seconds == 15
     assert tcp.circuit_breakers.thresholds[0].max_connections.value == 11
+
+
+def test_cookie_attributes_reach_the_hash_policy(world: World) -> None:
+    p = proxy()
+    cookie = {"consistentHash": {"httpCookie": {"name": "user", "ttl": "10s"}}}
+    _, after = with_field(world, dr({"trafficPolicy": {"loadBalancer": cookie}}),
+                          "trafficPolicy.loadBalancer.consistentHash.httpCookie.attributes",
+                          [{"name": "SameSite", "value": "Strict"}, {"name": "Secure"}], rds(world, p))
+    attrs = first_route(after).route.hash_policy[0].cookie.attributes
+    assert [(a.name, a.value) for a in attrs] == [("SameSite", "Strict"), ("Secure", "")]
+
+
+def test_redirect_port_from_the_request(world: World) -> None:
+    p = proxy()
+    _, after = with_field(world, vs({"route": [], "redirect": {"scheme": "https"}}),
+                          "http.0.redirect.derivePort", "FROM_REQUEST_PORT", rds(world, p))
+    assert first_route(after).redirect.port_redirect == 9080

@@ -183,7 +183,13 @@ TRAFFIC_FIELDS = (
                     "retryIgnorePreviousHosts": False},
         "corsPolicy": {"allowOrigin": ["https://a.example"], "unmatchedPreflights": "FORWARD"},
         "fault": {"delay": {"fixedDelay": "1s", "percent": 5}},
-    }, {"route": [{"destination": {"host": "grpc"}}], "mirror": {"host": "mixed"}, "mirrorPercent": 50}]}),
+    }, {"match": [{"uri": {"prefix": "/old"}}],
+        "redirect": {"scheme": "https", "derivePort": "FROM_REQUEST_PORT"}},
+        {"route": [{"destination": {"host": "grpc"}}], "mirror": {"host": "mixed"}, "mirrorPercent": 50}]}),
+    _rule("DestinationRule", "http-15001", {"host": "http-15001.other.svc.cluster.local", "trafficPolicy": {
+        "loadBalancer": {"consistentHash": {"httpCookie": {
+            "name": "u", "ttl": "60s", "path": "/",
+            "attributes": [{"name": "SameSite", "value": "Lax"}, {"name": "HttpOnly"}]}}}}}),
     _rule("Sidecar", "default", {
         "ingress": [{"port": {"number": 18081, "protocol": "HTTP", "name": "http"},
                      "defaultEndpoint": "127.0.0.1:8081",

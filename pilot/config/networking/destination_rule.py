@@ -24,11 +24,23 @@ from pilot.config.networking.validation import (
 
 
 # --- DestinationRule ----------------------------------------------------------------------------------
+class CookieAttribute(StrictModel):
+    name: str = Field(default="", validate_default=True)
+    value: str = ""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not name:
+            _fail("cookie attribute name is required")
+        return name
+
+
 class HTTPCookie(StrictModel):
     name: str = Field(default="", validate_default=True)
     path: str | None = None
     ttl: DurationOrZero | None = None
-    attributes: Unsupported = None
+    attributes: list[CookieAttribute] = Field(default_factory=list)  # set on a cookie Envoy generates
 
     @field_validator("name")
     @classmethod

@@ -154,7 +154,8 @@ class HTTPRedirect(StrictModel):
     port: Port | None = None
     scheme: OptStr = None
     redirect_code: int = 301
-    derive_port: Unsupported = None  # FROM_REQUEST_PORT needs a per-request port: not generated
+    # FROM_REQUEST_PORT: the port the route serves (istiod: routes are built per request port).
+    derive_port: Literal["FROM_PROTOCOL_DEFAULT", "FROM_REQUEST_PORT"] | None = None
 
     @field_validator("redirect_code")
     @classmethod
@@ -172,7 +173,10 @@ class HTTPRedirect(StrictModel):
 
     @model_validator(mode="after")
     def _something(self) -> HTTPRedirect:
-        if self.uri is None and self.authority is None and self.port is None and self.scheme is None:
+        if self.port is not None and self.derive_port is not None:
+            _fail("only one of port or derivePort may be set")
+        if self.uri is None and self.authority is None and self.port is None and self.scheme is None \
+                and self.derive_port is None:
             _fail("redirect must specify URI, authority, scheme, or port")
         return self
 

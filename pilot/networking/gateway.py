@@ -94,6 +94,8 @@ class TlsPlan:
     max_version: str = ""
     cipher_suites: tuple[str, ...] = ()
     alpn: tuple[str, ...] = ()
+    verify_spki: tuple[str, ...] = ()  # client certificate pins (MUTUAL, OPTIONAL_MUTUAL)
+    verify_hash: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +121,8 @@ def _tls_plan(ref: ServerRef, alpn: tuple[str, ...]) -> TlsPlan:
     t = ref.server.tls
     credential = "" if t.mode == "ISTIO_MUTUAL" else credential_resource_name(t.credential_name)
     return TlsPlan(t.mode, credential, tuple(t.subject_alt_names),
-                   t.min_protocol_version or "", t.max_protocol_version or "", tuple(t.cipher_suites), alpn)
+                   t.min_protocol_version or "", t.max_protocol_version or "", tuple(t.cipher_suites), alpn,
+                   tuple(t.verify_certificate_spki), tuple(t.verify_certificate_hash))
 
 
 def _rules_for_gateway(rules, gateway: str, namespace: str, port: int) -> list:
@@ -286,6 +289,8 @@ def downstream_tls_context(tls: TlsPlan) -> tls_pb2.DownstreamTlsContext:
             default.match_typed_subject_alt_names.add(
                 san_type=common_pb2.SubjectAltNameMatcher.URI if "://" in san else common_pb2.SubjectAltNameMatcher.DNS,
                 matcher=string_pb2.StringMatcher(exact=san))
+        default.verify_certificate_spki.extend(tls.verify_spki)
+        default.verify_certificate_hash.extend(tls.verify_hash)
         ctx.common_tls_context.combined_validation_context.CopyFrom(tls_pb2.CommonTlsContext.CombinedCertificateValidationContext(
             default_validation_context=default,
             validation_context_sds_secret_config=sds_secret_config(tls.credential + CA_SUFFIX)))

@@ -43,12 +43,17 @@ class ServerTLSSettings(StrictModel):
     credential_names: Unsupported = None
     ca_cert_credential_name: Unsupported = None
     tls_certificates: Unsupported = None
-    verify_certificate_spki: Unsupported = None
-    verify_certificate_hash: Unsupported = None
+    # Pins on the client certificate: only where one is asked for (MUTUAL, OPTIONAL_MUTUAL).
+    verify_certificate_spki: list[str] = Field(default_factory=list)
+    verify_certificate_hash: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _valid(self) -> ServerTLSSettings:
         errs = []
+        if (self.verify_certificate_spki or self.verify_certificate_hash) \
+                and self.mode not in ("MUTUAL", "OPTIONAL_MUTUAL"):
+            errs.append(f"verifyCertificateSpki/verifyCertificateHash are not supported with mode {self.mode} "
+                        "(only MUTUAL and OPTIONAL_MUTUAL check a client certificate here)")
         if self.mode == "ISTIO_MUTUAL":
             for field, what in (("server_certificate", "server certificate"), ("private_key", "private key"),
                                 ("ca_certificates", "CA bundle"), ("credential_name", "credentialName")):

@@ -321,7 +321,8 @@ def test_mutual_tls_pins_client_certificates(world: World):
     tls = tls_pb2.DownstreamTlsContext()
     listeners(world)["0.0.0.0_8443"].filter_chains[0].transport_socket.typed_config.Unpack(tls)
     default = tls.common_tls_context.combined_validation_context.default_validation_context
-    assert list(default.verify_certificate_spki) == [spki] and list(default.verify_certificate_hash) == [digest]
+    assert list(default.verify_certificate_spki) == [spki]
+    assert list(default.verify_certificate_hash) == [digest]
     # Without a client certificate to check, a pin would be ignored: refused instead.
     simple = https_server()
     simple["tls"]["verifyCertificateSpki"] = [spki]

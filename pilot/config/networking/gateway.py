@@ -52,8 +52,8 @@ class ServerTLSSettings(StrictModel):
         errs = []
         if (self.verify_certificate_spki or self.verify_certificate_hash) \
                 and self.mode not in ("MUTUAL", "OPTIONAL_MUTUAL"):
-            errs.append(f"verifyCertificateSpki/verifyCertificateHash are not supported with mode {self.mode} "
-                        "(only MUTUAL and OPTIONAL_MUTUAL check a client certificate here)")
+            errs.append(f"verifyCertificateSpki/verifyCertificateHash are not supported with mode "
+                        f"{self.mode} (only MUTUAL and OPTIONAL_MUTUAL check a client certificate here)")
         if self.mode == "ISTIO_MUTUAL":
             for field, what in (("server_certificate", "server certificate"), ("private_key", "private key"),
                                 ("ca_certificates", "CA bundle"), ("credential_name", "credentialName")):

@@ -108,7 +108,9 @@ class TrafficIndex:
         bound = [*(e for entries in vs.values() for e in entries), *store.list("VirtualService")]
         selectors = sorted({tuple(sorted(m.source_labels.items()))
                             for e in bound
-                            for rule in e.obj.spec.http for m in rule.match if m.source_labels})  # type: ignore[attr-defined]
+                            for rule in (*e.obj.spec.http, *e.obj.spec.tcp,  # type: ignore[attr-defined]
+                                         *e.obj.spec.tls)  # type: ignore[attr-defined]
+                            for m in rule.match if m.source_labels})
         return cls(MappingProxyType({h: tuple(v) for h, v in vs.items()}),
                    MappingProxyType({h: tuple(sorted(v, key=_age)) for h, v in dr.items()}),
                    tuple(sorted(conflicts)), root_namespace, tuple(selectors), MappingProxyType(consumers),

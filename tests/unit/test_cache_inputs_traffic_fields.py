@@ -448,3 +448,40 @@ def test_redirect_port_from_the_request(world: World) -> None:
     _, after = with_field(world, vs({"route": [], "redirect": {"scheme": "https"}}),
                           "http.0.redirect.derivePort", "FROM_REQUEST_PORT", rds(world, p))
     assert first_route(after).redirect.port_redirect == 9080
+
+
+def test_tcp_source_matches_pick_the_rule_per_client() -> None:
+    """A tcp rule for clients with some labels (or in some namespace) goes to those clients only;
+    the others keep the next rule. Through the memo, as a push serves them."""
+    from envoy.config.listener.v3 import listener_pb2
+    from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
+
+    from pilot.xds.generated import GenerationMemo
+    from pilot.xds.generators import lds
+    from pilot.xds.typeurls import LISTENER
+
+    w = World()
+    w.apply(service("database", cluster_ip="10.96.0.30", ports=[{"name": "tcp-db", "port": 9300}]),
+            service("replica", cluster_ip="10.96.0.31", ports=[{"name": "tcp-db", "port": 9301}]),
+            service("audit", cluster_ip="10.96.0.32", ports=[{"name": "tcp-db", "port": 9302}]),
+            {"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+             "metadata": {"name": "database", "namespace": "default"},
+             "spec": {"hosts": ["database"], "tcp": [
+                 {"match": [{"sourceLabels": {"app": "reports"}}],
+                  "route": [{"destination": {"host": "replica"}}]},
+                 {"match": [{"sourceNamespace": "other"}], "route": [{"destination": {"host": "audit"}}]},
+                 {"route": [{"destination": {"host": "database"}}]}]}})
+    memo = GenerationMemo({LISTENER: lds.generate}, w.cache)
+    ctx = w.ctx()
+
+    def target(p: Proxy) -> str:
+        out = {r.name: r for r in memo.generate(ctx, LISTENER, p, None).resources}
+        tp = tcp_proxy_pb2.TcpProxy()
+        listener = out["127.0.0.1_9300"].message(listener_pb2.Listener)
+        assert listener.filter_chains[-1].filters[0].typed_config.Unpack(tp)
+        return tp.cluster.split("|")[3].split(".")[0]
+
+    elsewhere = proxy("other", pod_name="app-3", ip="10.0.0.3")
+    assert target(labelled({"app": "reports"})) == "replica"
+    assert target(labelled({"app": "web"}, "app-2", "10.0.0.2")) == "database"
+    assert target(elsewhere) == "audit"

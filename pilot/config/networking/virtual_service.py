@@ -441,24 +441,25 @@ class HTTPRoute(StrictModel):
 
 
 class L4MatchAttributes(StrictModel):
-    """TCP/TLS rules are chosen per listener port (and gateway); the client-side conditions are
-    not generated, and ignoring them would route every client, so they are refused when set."""
+    """TCP/TLS rules are chosen per listener port, gateway and, for sidecars, client (its
+    namespace and labels). The address conditions are not generated, and ignoring them would
+    route every connection, so they are refused when set."""
 
     port: Port | None = None
     gateways: GatewayNames = Field(default_factory=list)
+    source_labels: Labels = Field(default_factory=dict)
+    source_namespace: Annotated[str | None, AfterValidator(_source_namespace)] = None
     destination_subnets: Unsupported = None
     source_subnet: Unsupported = None
-    source_labels: Unsupported = None
-    source_namespace: Unsupported = None
 
 
 class TLSMatchAttributes(StrictModel):
     sni_hosts: list[str] = Field(default_factory=list)
     port: Port | None = None
     gateways: GatewayNames = Field(default_factory=list)
+    source_labels: Labels = Field(default_factory=dict)
+    source_namespace: Annotated[str | None, AfterValidator(_source_namespace)] = None
     destination_subnets: Unsupported = None
-    source_labels: Unsupported = None
-    source_namespace: Unsupported = None
 
     @model_validator(mode="after")
     def _some(self) -> TLSMatchAttributes:
@@ -542,6 +543,15 @@ class VirtualServiceSpec(StrictModel):
                         errs.append(f"hosts: duplicate hosts in virtual service: {a} & {b}")
         if not self.http and not self.tcp and not self.tls:
             errs.append("http, tcp or tls must be provided in virtual service")
+        # Routers choose tcp/tls rules without looking at the client: a source condition there
+        # would be ignored (applied to every client), so it is refused where a gateway is bound.
+        for kind, rules in (("tcp", self.tcp), ("tls", self.tls)):
+            for i, rule in enumerate(rules):
+                for j, m in enumerate(rule.match):
+                    bound = m.gateways or self.gateways or [MESH_GATEWAY]
+                    if (m.source_labels or m.source_namespace) and any(g != MESH_GATEWAY for g in bound):
+                        errs.append(f"{kind}[{i}].match[{j}]: sourceLabels/sourceNamespace are not supported "
+                                    "on gateways (only for sidecars, the mesh gateway)")
         if not to_gateway:
             for i, rule in enumerate(self.http):
                 for j, m in enumerate(rule.match):

@@ -8,7 +8,7 @@ from pilot.durations import parse_duration
 from pilot.model.ports import PortPlan
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
-from pilot.networking import inbound, listeners, names
+from pilot.networking import inbound, listeners, names, tcp_routes
 from pilot.xds.cache import CachedResource, XdsCache
 from pilot.xds.generators import gateway, waypoint
 from pilot.xds.typeurls import LISTENER
@@ -47,6 +47,14 @@ def _tcp_limits(ctx: PushContext, plan: PortPlan, proxy: Proxy) -> tuple[tuple, 
     return (tuple(out) if any(v != (None, None) for v in out) else ()), tuple(origins)
 
 
+def _client(proxy: Proxy, vss: tuple) -> tcp_routes.Client:
+    """What of the proxy the tcp/tls matches of these VirtualServices test (nothing, usually:
+    then proxies of every namespace share the listener)."""
+    namespace, keys = tcp_routes.source_conditions(vss)
+    return (proxy.namespace if namespace else "",
+            tuple(sorted((k, v) for k, v in proxy.labels.items() if k in keys)))
+
+
 def _vs_origins(vss: tuple) -> tuple[str, ...]:
     return tuple(f"VirtualService/{v.key.namespace}/{v.key.name}" for v in dict.fromkeys(v for v in vss if v))
 
@@ -79,9 +87,10 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         bind = view.binds.get(plan.port) or (listeners.LOCALHOST if mode == "NONE" else None)
         vss = _tcp_virtual_services(ctx, plan, proxy.namespace)
         limits, dr_origins = _tcp_limits(ctx, plan, proxy) if not plan.http else ((), ())
+        client = _client(proxy, vss)
         if bind is not None:
             out.append(cache.resource(LISTENER, names.listener_name(bind, plan.port), listeners.bound_outbound_listener,
-                                      plan, settings, vss, ctx.domain, bind, limits,
+                                      plan, settings, vss, ctx.domain, bind, limits, client,
                                       origins=_origins(plan, view.by_port) + _sidecar_origin(sidecar)
                                       + _vs_origins(vss) + dr_origins))
         elif plan.port != names.VIRTUAL_OUTBOUND_PORT:
@@ -89,7 +98,7 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
             # for a second listener there. Traffic to such a port takes the fallback.)
             out.append(cache.resource(LISTENER, names.listener_name(listeners.WILDCARD, plan.port),
                                       listeners.unbound_outbound_listener, plan, settings, vss, ctx.domain,
-                                      limits,
+                                      limits, client,
                                       origins=_origins(plan, view.by_port) + _sidecar_origin(sidecar)
                                       + _vs_origins(vss) + dr_origins))
     out.extend(_inbound(ctx, proxy, settings, {r.name for r in out}, cache))

@@ -1,9 +1,13 @@
 """The networking.istio.io kinds (VirtualService, DestinationRule, ServiceEntry, WorkloadEntry,
 Sidecar, Gateway) with istiod's validation-webhook rules.
 
-Field names are the Istio API's proto field names in snake_case; the `Model` base gives them the
-API's JSON (camelCase) names, except where protoc's JSON naming differs from `to_camel`
-(`consecutive5xxErrors`) or the name is a Python keyword (`from`), which carry explicit aliases.
+Field names are the Istio API's proto field names in snake_case; the `StrictModel` base gives them
+the API's JSON (camelCase) names and accepts the proto names too, as istio's protobuf JSON decoding
+does, except where protoc's JSON naming differs from `to_camel` (`consecutive5xxErrors`), which
+carries an explicit alias. Parsing is strict: an unknown field anywhere in a spec is a rejection
+naming its path. Every field of istio 1.30's API is either modelled, and then generated, or
+declared `Unsupported` (refused by name when set); tests/unit/test_networking_api_coverage.py
+checks that against the istio/api field list.
 
 Validation follows istiod's `pkg/config/validation` (ValidateVirtualService, ValidateDestinationRule,
 ...): what istiod rejects is rejected here with a reason naming the field; what istiod only warns

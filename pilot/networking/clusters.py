@@ -14,7 +14,7 @@ from pilot.model.store import Entry
 from pilot.networking import names, tls
 from pilot.networking.endpoints import cluster_load_assignment
 from pilot.networking.protos import ads_config_source, duration, pack
-from pilot.networking.traffic_policy import apply_policy, effective_policy
+from pilot.networking.traffic_policy import apply_policy, apply_proxy_protocol, effective_policy
 
 _HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
@@ -60,6 +60,8 @@ def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSetti
             sni = dr_tls.sni  # istiod: a DestinationRule's sni wins for ISTIO_MUTUAL too
     if mesh_tls is not None:
         apply_mesh_tls(c, mesh_tls, sni, port.protocol.is_http2)
+    if destination_rule is not None and policy["proxy_protocol"] is not None:
+        apply_proxy_protocol(c, policy["proxy_protocol"])  # around whichever TLS the cluster got
     return c
 
 

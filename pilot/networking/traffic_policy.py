@@ -5,7 +5,9 @@ the top-level one field by field, and port-level settings override both for thei
 from __future__ import annotations
 
 from envoy.config.cluster.v3 import circuit_breaker_pb2, cluster_pb2, outlier_detection_pb2
-from envoy.config.core.v3 import base_pb2, protocol_pb2
+from envoy.config.core.v3 import base_pb2, protocol_pb2, proxy_protocol_pb2
+from envoy.extensions.transport_sockets.proxy_protocol.v3 import upstream_proxy_protocol_pb2
+from envoy.extensions.transport_sockets.raw_buffer.v3 import raw_buffer_pb2
 from envoy.extensions.transport_sockets.tls.v3 import common_pb2, tls_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 from envoy.type.matcher.v3 import string_pb2
@@ -17,6 +19,7 @@ from pilot.networking.protos import duration, pack
 
 HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 _FIELDS = ("load_balancer", "connection_pool", "outlier_detection", "tls")
+_POLICY_ONLY = ("retry_budget", "proxy_protocol")  # not in port-level settings
 
 
 def effective_policy(spec, subset: str, port: int) -> dict:
@@ -24,11 +27,11 @@ def effective_policy(spec, subset: str, port: int) -> dict:
     layers = [spec.traffic_policy]
     if subset:
         layers.append(next((s.traffic_policy for s in spec.subsets if s.name == subset), None))
-    out: dict = {f: None for f in (*_FIELDS, "retry_budget")}
+    out: dict = {f: None for f in (*_FIELDS, *_POLICY_ONLY)}
     for layer in layers:
         if layer is None:
             continue
-        for f in (*_FIELDS, "retry_budget"):  # (port-level settings have no retry budget)
+        for f in (*_FIELDS, *_POLICY_ONLY):
             if getattr(layer, f) is not None:
                 out[f] = getattr(layer, f)
         for pls in layer.port_level_settings:
@@ -250,6 +253,30 @@ def apply_tls(c: cluster_pb2.Cluster, tls, hostname: str) -> str | None:
     c.transport_socket.name = "envoy.transport_sockets.tls"
     c.transport_socket.typed_config.CopyFrom(pack(ctx))
     return None
+
+
+PROXY_PROTOCOL_SOCKET = "envoy.transport_sockets.upstream_proxy_protocol"
+
+
+def apply_proxy_protocol(c: cluster_pb2.Cluster, proxy_protocol) -> None:
+    """istiod's applyUpstreamProxyProtocol: wrap the cluster's transport socket(s) (mTLS, TLS, or
+    plain) so each upstream connection starts with a PROXY protocol header. Call after TLS."""
+    version = (proxy_protocol_pb2.ProxyProtocolConfig.V2 if proxy_protocol.version == "V2"
+               else proxy_protocol_pb2.ProxyProtocolConfig.V1)
+
+    def wrap(inner: base_pb2.TransportSocket) -> base_pb2.TransportSocket:
+        transport = upstream_proxy_protocol_pb2.ProxyProtocolUpstreamTransport(
+            config=proxy_protocol_pb2.ProxyProtocolConfig(version=version), transport_socket=inner)
+        return base_pb2.TransportSocket(name=PROXY_PROTOCOL_SOCKET, typed_config=pack(transport))
+
+    if not c.HasField("transport_socket") and not c.transport_socket_matches:
+        c.transport_socket.CopyFrom(wrap(base_pb2.TransportSocket(
+            name="envoy.transport_sockets.raw_buffer", typed_config=pack(raw_buffer_pb2.RawBuffer()))))
+        return
+    if c.HasField("transport_socket"):
+        c.transport_socket.CopyFrom(wrap(c.transport_socket))
+    for match in c.transport_socket_matches:
+        match.transport_socket.CopyFrom(wrap(match.transport_socket))
 
 
 def apply_policy(c: cluster_pb2.Cluster, policy: dict, hostname: str, http2: bool) -> None:

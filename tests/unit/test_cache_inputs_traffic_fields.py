@@ -485,3 +485,24 @@ def test_tcp_source_matches_pick_the_rule_per_client() -> None:
     assert target(labelled({"app": "reports"})) == "replica"
     assert target(labelled({"app": "web"}, "app-2", "10.0.0.2")) == "database"
     assert target(elsewhere) == "audit"
+
+
+def test_proxy_protocol_wraps_the_transport_sockets(world: World) -> None:
+    from envoy.extensions.transport_sockets.proxy_protocol.v3 import upstream_proxy_protocol_pb2
+
+    def wrapped(socket) -> upstream_proxy_protocol_pb2.ProxyProtocolUpstreamTransport:
+        assert socket.name == "envoy.transport_sockets.upstream_proxy_protocol"
+        t = upstream_proxy_protocol_pb2.ProxyProtocolUpstreamTransport()
+        assert socket.typed_config.Unpack(t)
+        return t
+
+    plain = proxy()
+    _, after = with_field(world, dr(POOL), "trafficPolicy.proxyProtocol", {"version": "V2"},
+                          lambda: world.cds(plain)[CLUSTER])
+    t = wrapped(cluster(after).transport_socket)
+    assert t.config.version == 1 and t.transport_socket.name == "envoy.transport_sockets.raw_buffer"
+    meshed = proxy(pod_name="app-2", ip="10.0.0.2")
+    meshed.identity = "spiffe://cluster.local/ns/default/sa/app"
+    matches = cluster(world.cds(meshed)[CLUSTER]).transport_socket_matches  # auto mTLS: both wrapped
+    assert [wrapped(m.transport_socket).transport_socket.name for m in matches] == [
+        "envoy.transport_sockets.tls", "envoy.transport_sockets.raw_buffer"]

@@ -168,7 +168,7 @@ TRAFFIC_FIELDS = (
         "loadBalancer": {"simple": "PASSTHROUGH"},
         "connectionPool": {"tcp": {"idleTimeout": "0s", "maxConnectionDuration": "1h"}}}}),
     _rule("DestinationRule", "on-15001", {"host": "on-15001", "trafficPolicy": {"connectionPool": {"tcp": {
-        "idleTimeout": "10m"}}}}),
+        "idleTimeout": "10m"}}, "proxyProtocol": {"version": "V2"}}}),
     _rule("DestinationRule", "unnamed", {"host": "unnamed.other.svc.cluster.local", "trafficPolicy": {
         "loadBalancer": {"consistentHash": {"useSourceIp": True, "maglev": {"tableSize": 65537}}}}}),
     _rule("DestinationRule", "grpc-selected", {"host": "grpc", "exportTo": ["."],

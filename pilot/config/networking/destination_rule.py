@@ -252,6 +252,10 @@ class PortTrafficPolicy(StrictModel):
         return self
 
 
+class ProxyProtocol(StrictModel):
+    version: Literal["V1", "V2"] = "V1"
+
+
 class RetryBudget(StrictModel):
     percent: float | None = Field(default=None, ge=0, le=100)  # istiod's default: 20
     min_retry_concurrency: int | None = Field(default=None, ge=0)  # istiod's default: 3
@@ -269,7 +273,7 @@ class TrafficPolicy(StrictModel):
     tls: ClientTLSSettings | None = None
     port_level_settings: list[PortTrafficPolicy] = Field(default_factory=list)
     tunnel: Unsupported = None  # HTTP CONNECT tunnelling to an egress proxy
-    proxy_protocol: Unsupported = None
+    proxy_protocol: ProxyProtocol | None = None  # PROXY protocol header on upstream connections
     retry_budget: RetryBudget | None = None  # Envoy's circuit-breaker retry budget
 
     @model_validator(mode="before")

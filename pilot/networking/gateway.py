@@ -96,6 +96,7 @@ class TlsPlan:
     alpn: tuple[str, ...] = ()
     verify_spki: tuple[str, ...] = ()  # client certificate pins (MUTUAL, OPTIONAL_MUTUAL)
     verify_hash: tuple[str, ...] = ()
+    more_credentials: tuple[str, ...] = ()  # SDS names of further certificates (credentialNames)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,10 +120,12 @@ class ListenerPlan:
 
 def _tls_plan(ref: ServerRef, alpn: tuple[str, ...]) -> TlsPlan:
     t = ref.server.tls
-    credential = "" if t.mode == "ISTIO_MUTUAL" else credential_resource_name(t.credential_name)
+    names = list(t.credential_names) or [t.credential_name or ""]
+    credential = "" if t.mode == "ISTIO_MUTUAL" else credential_resource_name(names[0])
+    more = () if t.mode == "ISTIO_MUTUAL" else tuple(credential_resource_name(n) for n in names[1:])
     return TlsPlan(t.mode, credential, tuple(t.subject_alt_names),
                    t.min_protocol_version or "", t.max_protocol_version or "", tuple(t.cipher_suites), alpn,
-                   tuple(t.verify_certificate_spki), tuple(t.verify_certificate_hash))
+                   tuple(t.verify_certificate_spki), tuple(t.verify_certificate_hash), more)
 
 
 def _rules_for_gateway(rules, gateway: str, namespace: str, port: int) -> list:
@@ -280,8 +283,9 @@ def downstream_tls_context(tls: TlsPlan) -> tls_pb2.DownstreamTlsContext:
         ctx = istio_tls.istio_downstream_tls(bool(tls.alpn), tls.subject_alt_names, tls.alpn)
         ctx.common_tls_context.tls_params.CopyFrom(params)
         return ctx
+    certificates = [sds_secret_config(n) for n in (tls.credential, *tls.more_credentials)]
     common = tls_pb2.CommonTlsContext(tls_params=params, alpn_protocols=list(tls.alpn),
-                                      tls_certificate_sds_secret_configs=[sds_secret_config(tls.credential)])
+                                      tls_certificate_sds_secret_configs=certificates)
     ctx = tls_pb2.DownstreamTlsContext(common_tls_context=common)
     if tls.mode in ("MUTUAL", "OPTIONAL_MUTUAL"):
         default = common_pb2.CertificateValidationContext()

@@ -338,8 +338,11 @@ def test_gateway_traffic_fields_pass_envoy_validate(world: World, tmp_path):
 
     pem_cert, pem_key = _self_signed("a.example.com")  # Envoy parses them while validating
     server = https_server(mode="MUTUAL")
-    server["tls"].update(verifyCertificateSpki=["NvqYIYSbgK2vCJpQhObf77vv+bQWtc5ek5RIOwPiC9A="])
-    world.apply(secret(cert=pem_cert, key=pem_key, ca=pem_cert), gateway(servers=[http_server(), server]),
+    server["tls"].pop("credentialName")
+    server["tls"].update(verifyCertificateSpki=["NvqYIYSbgK2vCJpQhObf77vv+bQWtc5ek5RIOwPiC9A="],
+                         credentialNames=["cert", "second"])
+    world.apply(secret(cert=pem_cert, key=pem_key, ca=pem_cert), secret("second", cert=pem_cert, key=pem_key),
+                gateway(servers=[http_server(), server]),
                 virtual_service(hosts=["a.example.com"], http=[
                     {"match": [{"uri": {"prefix": "/old"}}], "redirect": {"derivePort": "FROM_REQUEST_PORT",
                                                                           "scheme": "https"}},
@@ -375,3 +378,34 @@ def _self_signed(host: str) -> tuple[bytes, bytes]:
     return (cert.public_bytes(serialization.Encoding.PEM),
             key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                               serialization.NoEncryption()))
+
+
+def test_credential_names_give_one_certificate_each_and_the_first_ones_ca(world: World):
+    """credentialNames (an RSA and an ECDSA certificate, say): each is a certificate of the
+    listener, fetched like credentialName; MUTUAL checks clients with the first one's CA."""
+    server = https_server(mode="MUTUAL")
+    server["tls"].pop("credentialName")
+    server["tls"]["credentialNames"] = ["rsa", "ecdsa"]
+    world.apply(secret("rsa", ca=PEM_CERT), secret("ecdsa"), gateway(servers=[server]))
+    tls = tls_pb2.DownstreamTlsContext()
+    listeners(world)["0.0.0.0_8443"].filter_chains[0].transport_socket.typed_config.Unpack(tls)
+    common = tls.common_tls_context
+    names = ["kubernetes://rsa", "kubernetes://ecdsa"]
+    assert [c.name for c in common.tls_certificate_sds_secret_configs] == names
+    ca = common.combined_validation_context.validation_context_sds_secret_config.name
+    assert ca == "kubernetes://rsa-cacert"
+    assert set(world_sds(world, router(), {*names, ca})) == {*names, ca}
+
+
+@pytest.mark.parametrize("tls, reason", [
+    ({"mode": "SIMPLE", "credentialName": "a", "credentialNames": ["b"]}, "only one of credentialName"),
+    ({"mode": "SIMPLE", "credentialNames": ["a", "b", "c"]}, "credentialNames"),
+    ({"mode": "ISTIO_MUTUAL", "credentialNames": ["a"]}, "cannot have associated credentialNames"),
+    ({"mode": "MUTUAL", "credentialNames": ["a"], "caCertCredentialName": "ca"},
+     "caCertCredentialName is not supported"),
+])
+def test_credential_names_rules(tls: dict, reason: str):
+    server = {"port": {"number": 443, "name": "https", "protocol": "HTTPS"}, "hosts": ["a.example.com"],
+              "tls": tls}
+    with pytest.raises(Exception, match=reason):
+        parse_object(gateway(servers=[server]))

@@ -40,7 +40,9 @@ class ServerTLSSettings(StrictModel):
     # Not generated: refused when set, so a listener is never served with weaker checks or other
     # certificates than written.
     ca_crl: Unsupported = None
-    credential_names: Unsupported = None
+    # Several certificates (RSA and ECDSA) from Secrets; the first one's CA checks clients.
+    credential_names: list[str] = Field(default_factory=list, max_length=2)
+    # A CA-only Secret needs the SDS server to serve it as a validation context: not yet.
     ca_cert_credential_name: Unsupported = None
     tls_certificates: Unsupported = None
     # Pins on the client certificate: only where one is asked for (MUTUAL, OPTIONAL_MUTUAL).
@@ -54,12 +56,21 @@ class ServerTLSSettings(StrictModel):
                 and self.mode not in ("MUTUAL", "OPTIONAL_MUTUAL"):
             errs.append(f"verifyCertificateSpki/verifyCertificateHash are not supported with mode "
                         f"{self.mode} (only MUTUAL and OPTIONAL_MUTUAL check a client certificate here)")
+        sources = sum((bool(self.server_certificate and self.private_key), bool(self.credential_name),
+                       bool(self.credential_names)))
+        if sources > 1:
+            errs.append("only one of credentialName, credentialNames, serverCertificate/privateKey should be "
+                        "specified")
+        if any(not n for n in self.credential_names):
+            errs.append("credentialNames: a name cannot be empty")
         if self.mode == "ISTIO_MUTUAL":
             for field, what in (("server_certificate", "server certificate"), ("private_key", "private key"),
-                                ("ca_certificates", "CA bundle"), ("credential_name", "credentialName")):
+                                ("ca_certificates", "CA bundle"), ("credential_name", "credentialName"),
+                                ("credential_names", "credentialNames")):
                 if getattr(self, field):
                     errs.append(f"ISTIO_MUTUAL TLS cannot have associated {what}")
-        elif self.mode in ("SIMPLE", "MUTUAL", "OPTIONAL_MUTUAL") and not self.credential_name:
+        elif self.mode in ("SIMPLE", "MUTUAL", "OPTIONAL_MUTUAL") and not self.credential_name \
+                and not self.credential_names:
             mode = "SIMPLE" if self.mode == "SIMPLE" else "MUTUAL"
             if not self.server_certificate:
                 errs.append(f"{mode} TLS requires a server certificate (or credentialName)")

@@ -77,7 +77,10 @@ def field_path(loc: tuple) -> str:
 
 def format_validation_error(e: ValidationError, limit: int = 5) -> str:
     parts = []
-    for err in e.errors()[:limit]:
+    # An unknown field first: a misspelling is the cause, and the complaints it provokes
+    # (a required field "missing") only follow from it.
+    errors = sorted(e.errors(), key=lambda err: err["type"] != "extra_forbidden")
+    for err in errors[:limit]:
         loc = field_path(err["loc"])
         msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
         parts.append(f"{loc}: {msg}" if loc else msg)

@@ -235,7 +235,8 @@ def _unservable(ref: ServerRef) -> str:
     if ref.protocol in _TLS:
         if mode == "AUTO_PASSTHROUGH" and ref.protocol != "tls":
             return "tls mode AUTO_PASSTHROUGH needs protocol TLS"
-        if mode in TERMINATING_MODES and mode != "ISTIO_MUTUAL" and not s.tls.credential_name:
+        if mode in TERMINATING_MODES and mode != "ISTIO_MUTUAL" and not (s.tls.credential_name
+                                                                          or s.tls.credential_names):
             return ("serverCertificate/privateKey files need istio-agent's SDS, which routers here do not "
                     "have; use credentialName (a Secret in the router's namespace)")
     return ""

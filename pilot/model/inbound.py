@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pilot.config.networking import ConnectionPoolSettings
 from pilot.model.labels import selects
 from pilot.model.protocol import Protocol, select_protocol
 from pilot.model.proxy import Proxy
@@ -32,6 +33,9 @@ class InboundPort:
     bind: str  # address a NONE-mode listener binds; "" when it is reached through virtualInbound
     mtls: str  # STRICT, PERMISSIVE or DISABLE (what PeerAuthentication says for this port)
     origin: str  # Service/ns/name or Sidecar/ns/name, for debug views
+    # The Sidecar's connection pool for this port's inbound cluster: its ingress listener's, else
+    # its inboundConnectionPool (istiod's InboundConnectionPoolForPort); None for none.
+    pool: ConnectionPoolSettings | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +81,8 @@ def plan_inbound(proxy: Proxy, services: tuple[MeshService, ...], slices_of, sid
     ports: dict[int, InboundPort] = {}
     problems: list[str] = []
     ingress = sidecar.obj.spec.ingress if sidecar is not None else []  # type: ignore[attr-defined]
+    shared_pool = (sidecar.obj.spec.inbound_connection_pool  # type: ignore[attr-defined]
+                   if sidecar is not None else None)
     if ingress:
         origin = f"Sidecar/{sidecar.key.namespace}/{sidecar.key.name}"  # type: ignore[union-attr]
         for listener in ingress:
@@ -85,7 +91,8 @@ def plan_inbound(proxy: Proxy, services: tuple[MeshService, ...], slices_of, sid
             bind = (listener.bind or ip) if capture_none else ""
             ports[p.number] = InboundPort(
                 p.number, select_protocol(p.name, p.protocol.lower() or None),
-                _endpoint_for(listener.default_endpoint, p.number, ip), bind, mtls_mode(p.number), origin)
+                _endpoint_for(listener.default_endpoint, p.number, ip), bind, mtls_mode(p.number), origin,
+                listener.connection_pool or shared_pool)
         return InboundPlan(tuple(ports[k] for k in sorted(ports)), mesh_tls, policies)
     if not mesh_tls:
         return NO_INBOUND
@@ -111,5 +118,5 @@ def plan_inbound(proxy: Proxy, services: tuple[MeshService, ...], slices_of, sid
                                 f"itself listens on {target}; give the proxy its own IP to serve it inbound")
                 continue
             ports[target] = InboundPort(target, sp.protocol, f"{LOCALHOST}:{target}",
-                                        ip if none_mode else "", mtls_mode(target), svc.origin)
+                                        ip if none_mode else "", mtls_mode(target), svc.origin, shared_pool)
     return InboundPlan(tuple(ports[k] for k in sorted(ports)), mesh_tls, policies, tuple(problems))

@@ -64,6 +64,7 @@ class EndpointAddress:
     locality: Locality
     ready: bool
     tls_mode: str = ""  # "istio" when the workload runs a sidecar (auto mTLS sends it mTLS)
+    weight: int = 1  # a WorkloadEntry's weight (Envoy's load_balancing_weight, at least 1)
 
 
 def mesh_service(entry: Entry, domain: str) -> MeshService:
@@ -156,5 +157,6 @@ def service_entry_endpoints(entry: Entry, port: ServicePort, workload_entries: t
             continue
         number = w.ports.get(port.name) or (port.target_port if isinstance(port.target_port, int) else None) or port.port
         parts = (w.locality.split("/") + ["", "", ""])[:3]
-        out.append(EndpointAddress(w.address, number, Locality(*parts), True, w.labels.get(TLS_MODE_LABEL, "")))
+        out.append(EndpointAddress(w.address, number, Locality(*parts), True, w.labels.get(TLS_MODE_LABEL, ""),
+                                   w.weight or 1))
     return tuple(sorted(set(out), key=lambda e: (e.locality.label(), e.address, e.port)))

@@ -6,6 +6,10 @@ in another namespace, exported only to its own) comes first for clients in its n
 istiod imports a namespace's private VirtualServices before public ones; a producer route
 (exported everywhere) competes with VirtualServices by age; a DestinationRule in the client's namespace beats one in the
 service's namespace, which beats one in the root namespace; an exact host beats a wildcard.
+
+A DestinationRule with a `workloadSelector` applies only to proxies in its own namespace whose
+labels it selects, and there it beats the rule without a selector (istiod's
+SidecarScope.DestinationRule); to every other proxy it does not exist.
 """
 
 from __future__ import annotations
@@ -47,11 +51,14 @@ class TrafficIndex:
     destination_rules: Mapping[str, tuple[Entry, ...]] = field(default_factory=dict)
     conflicts: tuple[str, ...] = ()
     root_namespace: str = "istio-system"
-    # Every distinct `sourceLabels` selector of mesh VirtualService matches, in a fixed order: a
-    # proxy's routes depend on its labels only through which of these it matches.
+    # Every distinct `sourceLabels` selector of VirtualService matches, in a fixed order: a proxy's
+    # routes depend on its labels only through which of these it matches.
     source_selectors: tuple[tuple[tuple[str, str], ...], ...] = ()
     # GAMMA consumer routes: (host, client namespace) -> the VirtualService they became
     consumer_routes: Mapping[tuple[str, str], Entry] = field(default_factory=dict)
+    # Every distinct DestinationRule `workloadSelector`, in a fixed order: which DestinationRule a
+    # proxy gets depends on its labels only through which of these it matches.
+    rule_selectors: tuple[tuple[tuple[str, str], ...], ...] = ()
 
     def source_signature(self, labels: Mapping[str, str]) -> frozenset[int]:
         """Which `source_selectors` these labels satisfy (part of the route generation key)."""
@@ -59,6 +66,13 @@ class TrafficIndex:
             return frozenset()
         return frozenset(i for i, sel in enumerate(self.source_selectors)
                          if selects(sel, labels))
+
+    def rule_signature(self, labels: Mapping[str, str]) -> frozenset[int]:
+        """Which DestinationRule `rule_selectors` these labels satisfy: with the proxy's
+        namespace, all that its DestinationRules depend on (part of the generation key)."""
+        if not self.rule_selectors:
+            return frozenset()
+        return frozenset(i for i, sel in enumerate(self.rule_selectors) if selects(sel, labels))
 
     @classmethod
     def build(cls, store: Store, domain: str, root_namespace: str,
@@ -79,36 +93,50 @@ class TrafficIndex:
             for h in spec.hosts:
                 vs[resolve_host(h, e.key.namespace, domain)].append(e)
         dr: dict[str, list[Entry]] = defaultdict(list)
+        rule_selectors: set[tuple[tuple[str, str], ...]] = set()
         for e in store.list("DestinationRule"):
             dr[resolve_host(e.obj.spec.host, e.key.namespace, domain)].append(e)  # type: ignore[attr-defined]
+            if (ws := e.obj.spec.workload_selector) is not None:  # type: ignore[attr-defined]
+                rule_selectors.add(tuple(sorted(ws.match_labels.items())))
         conflicts = []
         for host, entries in vs.items():
             entries.sort(key=_age)
             for loser in entries[1:]:
                 conflicts.append(f"VirtualService {loser.key.namespace}/{loser.key.name}: host {host} is already "
                                  f"claimed by {entries[0].key.namespace}/{entries[0].key.name}; ignored for sidecars")
+        # Gateway-bound VirtualServices too: a router's routes depend on its labels the same way.
+        bound = [*(e for entries in vs.values() for e in entries), *store.list("VirtualService")]
         selectors = sorted({tuple(sorted(m.source_labels.items()))
-                            for entries in vs.values() for e in entries
-                            for rule in e.obj.spec.http for m in rule.match if m.source_labels})  # type: ignore[attr-defined]
+                            for e in bound
+                            for rule in (*e.obj.spec.http, *e.obj.spec.tcp,  # type: ignore[attr-defined]
+                                         *e.obj.spec.tls)  # type: ignore[attr-defined]
+                            for m in rule.match if m.source_labels})
         return cls(MappingProxyType({h: tuple(v) for h, v in vs.items()}),
                    MappingProxyType({h: tuple(sorted(v, key=_age)) for h, v in dr.items()}),
-                   tuple(sorted(conflicts)), root_namespace, tuple(selectors), MappingProxyType(consumers))
+                   tuple(sorted(conflicts)), root_namespace, tuple(selectors), MappingProxyType(consumers),
+                   tuple(sorted(rule_selectors)))
 
     def virtual_service(self, host: str, client_namespace: str = "") -> Entry | None:
         consumer = self.consumer_routes.get((host, client_namespace)) if self.consumer_routes else None
         if consumer is not None:
             return consumer
-        entries = self.virtual_services.get(host)
-        if entries:
-            return entries[0]
+        # A VirtualService's exportTo limits the client namespaces it applies to (for routers:
+        # pilot.model.gateways); one that is not exported to the client does not exist for it.
+        visible = [e for e in self.virtual_services.get(host, ()) if _exported_to(e, client_namespace)]
+        if visible:
+            return visible[0]
         best = None
         for pattern, entries in self.virtual_services.items():
             if pattern.startswith("*") and host_matches(pattern, host):
-                if best is None or len(pattern) > len(best[0]):
-                    best = (pattern, entries[0])
+                exported = [e for e in entries if _exported_to(e, client_namespace)]
+                if exported and (best is None or len(pattern) > len(best[0])):
+                    best = (pattern, exported[0])
         return best[1] if best else None
 
-    def destination_rule(self, host: str, client_namespace: str, service_namespace: str) -> Entry | None:
+    def destination_rule(self, host: str, client_namespace: str, service_namespace: str,
+                         client_labels: Mapping[str, str] | None = None) -> Entry | None:
+        """The rule in force for a client. `client_labels` None: the client is no workload (a
+        lookup on behalf of config, not of a proxy), so no rule with a workloadSelector applies."""
         candidates = list(self.destination_rules.get(host, ()))
         if not candidates:
             wild = [(p, es) for p, es in self.destination_rules.items() if p.startswith("*") and host_matches(p, host)]
@@ -116,14 +144,28 @@ class TrafficIndex:
                 candidates = list(max(wild, key=lambda pe: len(pe[0]))[1])
         if not candidates:
             return None
+        # The first namespace (client's, service's, root) holding rules for the host decides, as
+        # in istiod: within it a selector rule of the client's own namespace that selects the
+        # client, else its rule without a selector, else none (no fall-through to the next).
         for ns in (client_namespace, service_namespace, self.root_namespace):
-            for e in candidates:
-                if e.key.namespace == ns and _exported_to(e, client_namespace):
-                    return e
-        for e in candidates:
-            if _exported_to(e, client_namespace):
-                return e
-        return None
+            tier = [e for e in candidates if e.key.namespace == ns and _exported_to(e, client_namespace)]
+            if tier:
+                return _applicable(tier, client_namespace, client_labels)
+        tier = [e for e in candidates if _exported_to(e, client_namespace)]
+        return _applicable(tier, client_namespace, client_labels) if tier else None
+
+
+def _applicable(rules: list[Entry], client_namespace: str,
+                client_labels: Mapping[str, str] | None) -> Entry | None:
+    catch_all = None
+    for e in rules:
+        selector = e.obj.spec.workload_selector  # type: ignore[attr-defined]
+        if selector is None:
+            catch_all = catch_all or e
+        elif (client_labels is not None and e.key.namespace == client_namespace
+              and selects(selector.match_labels, client_labels)):
+            return e
+    return catch_all
 
 
 def _exported_to(e: Entry, namespace: str) -> bool:

@@ -14,7 +14,7 @@ from pilot.model.store import Entry
 from pilot.networking import names, tls
 from pilot.networking.endpoints import cluster_load_assignment
 from pilot.networking.protos import ads_config_source, duration, pack
-from pilot.networking.traffic_policy import apply_policy, effective_policy
+from pilot.networking.traffic_policy import apply_policy, apply_proxy_protocol, effective_policy
 
 _HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
@@ -51,11 +51,17 @@ def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSetti
         opts = http_protocol_options_pb2.HttpProtocolOptions()
         opts.explicit_http_config.http2_protocol_options.CopyFrom(protocol_pb2.Http2ProtocolOptions())
         c.typed_extension_protocol_options[_HTTP_OPTIONS_KEY].CopyFrom(pack(opts))
+    sni = tls.outbound_sni(port.port, subset, svc.hostname)
     if destination_rule is not None:
         policy = effective_policy(destination_rule.obj.spec, subset, port.port)  # type: ignore[attr-defined]
         apply_policy(c, policy, svc.hostname, port.protocol.is_http2)
+        dr_tls = policy["tls"]
+        if dr_tls is not None and dr_tls.mode == "ISTIO_MUTUAL" and dr_tls.sni:
+            sni = dr_tls.sni  # istiod: a DestinationRule's sni wins for ISTIO_MUTUAL too
     if mesh_tls is not None:
-        apply_mesh_tls(c, mesh_tls, tls.outbound_sni(port.port, subset, svc.hostname), port.protocol.is_http2)
+        apply_mesh_tls(c, mesh_tls, sni, port.protocol.is_http2)
+    if destination_rule is not None and policy["proxy_protocol"] is not None:
+        apply_proxy_protocol(c, policy["proxy_protocol"])  # around whichever TLS the cluster got
     return c
 
 

@@ -26,14 +26,14 @@ def cluster_load_assignment(cluster_name: str,
         eps = by_locality[locality]
         group = cla.endpoints.add(
             locality=base_pb2.Locality(region=locality.region, zone=locality.zone, sub_zone=locality.subzone),
-            load_balancing_weight=wrappers_pb2.UInt32Value(value=len(eps)),
+            load_balancing_weight=wrappers_pb2.UInt32Value(value=min(sum(ep.weight for ep in eps), 2**32 - 1)),
         )
         for ep in eps:
             lb = endpoint_components_pb2.LbEndpoint(
                 endpoint=endpoint_components_pb2.Endpoint(address=address_pb2.Address(
                     socket_address=address_pb2.SocketAddress(address=ep.address, port_value=ep.port))),
                 health_status=health_check_pb2.HEALTHY,
-                load_balancing_weight=wrappers_pb2.UInt32Value(value=1),
+                load_balancing_weight=wrappers_pb2.UInt32Value(value=ep.weight),
             )
             if ep.tls_mode:
                 # What auto mTLS clusters' transport_socket_matches select on.

@@ -12,7 +12,7 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import http_con
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 
 from pilot.model.mesh_settings import ListenerSettings
-from pilot.networking.protos import ads_config_source, pack
+from pilot.networking.protos import ads_config_source, duration, pack
 
 HCM_FILTER = "envoy.filters.network.http_connection_manager"
 TCP_PROXY_FILTER = "envoy.filters.network.tcp_proxy"
@@ -54,6 +54,15 @@ def hcm_network_filter(hcm: hcm_pb2.HttpConnectionManager) -> listener_component
     return listener_components_pb2.Filter(name=HCM_FILTER, typed_config=pack(hcm))
 
 
-def tcp_proxy_filter(stat_prefix: str, cluster: str, settings: ListenerSettings) -> listener_components_pb2.Filter:
+def tcp_proxy_filter(stat_prefix: str, cluster: str, settings: ListenerSettings,
+                     limits: tuple[float | None, float | None] = (None, None)
+                     ) -> listener_components_pb2.Filter:
+    """`limits`: (idle timeout, maximum connection duration) in seconds, None for Envoy's default
+    (a DestinationRule's connectionPool.tcp idleTimeout / maxConnectionDuration, as istiod sets them)."""
     tp = tcp_proxy_pb2.TcpProxy(stat_prefix=stat_prefix, cluster=cluster, access_log=access_logs(settings))
+    idle, longest = limits
+    if idle is not None:
+        tp.idle_timeout.CopyFrom(duration(idle))
+    if longest is not None:
+        tp.max_downstream_connection_duration.CopyFrom(duration(longest))
     return listener_components_pb2.Filter(name=TCP_PROXY_FILTER, typed_config=pack(tp))

@@ -94,6 +94,9 @@ class TlsPlan:
     max_version: str = ""
     cipher_suites: tuple[str, ...] = ()
     alpn: tuple[str, ...] = ()
+    verify_spki: tuple[str, ...] = ()  # client certificate pins (MUTUAL, OPTIONAL_MUTUAL)
+    verify_hash: tuple[str, ...] = ()
+    more_credentials: tuple[str, ...] = ()  # SDS names of further certificates (credentialNames)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,9 +120,12 @@ class ListenerPlan:
 
 def _tls_plan(ref: ServerRef, alpn: tuple[str, ...]) -> TlsPlan:
     t = ref.server.tls
-    credential = "" if t.mode == "ISTIO_MUTUAL" else credential_resource_name(t.credential_name)
+    names = list(t.credential_names) or [t.credential_name or ""]
+    credential = "" if t.mode == "ISTIO_MUTUAL" else credential_resource_name(names[0])
+    more = () if t.mode == "ISTIO_MUTUAL" else tuple(credential_resource_name(n) for n in names[1:])
     return TlsPlan(t.mode, credential, tuple(t.subject_alt_names),
-                   t.min_protocol_version or "", t.max_protocol_version or "", tuple(t.cipher_suites), alpn)
+                   t.min_protocol_version or "", t.max_protocol_version or "", tuple(t.cipher_suites), alpn,
+                   tuple(t.verify_certificate_spki), tuple(t.verify_certificate_hash), more)
 
 
 def _rules_for_gateway(rules, gateway: str, namespace: str, port: int) -> list:
@@ -277,8 +283,9 @@ def downstream_tls_context(tls: TlsPlan) -> tls_pb2.DownstreamTlsContext:
         ctx = istio_tls.istio_downstream_tls(bool(tls.alpn), tls.subject_alt_names, tls.alpn)
         ctx.common_tls_context.tls_params.CopyFrom(params)
         return ctx
+    certificates = [sds_secret_config(n) for n in (tls.credential, *tls.more_credentials)]
     common = tls_pb2.CommonTlsContext(tls_params=params, alpn_protocols=list(tls.alpn),
-                                      tls_certificate_sds_secret_configs=[sds_secret_config(tls.credential)])
+                                      tls_certificate_sds_secret_configs=certificates)
     ctx = tls_pb2.DownstreamTlsContext(common_tls_context=common)
     if tls.mode in ("MUTUAL", "OPTIONAL_MUTUAL"):
         default = common_pb2.CertificateValidationContext()
@@ -286,6 +293,8 @@ def downstream_tls_context(tls: TlsPlan) -> tls_pb2.DownstreamTlsContext:
             default.match_typed_subject_alt_names.add(
                 san_type=common_pb2.SubjectAltNameMatcher.URI if "://" in san else common_pb2.SubjectAltNameMatcher.DNS,
                 matcher=string_pb2.StringMatcher(exact=san))
+        default.verify_certificate_spki.extend(tls.verify_spki)
+        default.verify_certificate_hash.extend(tls.verify_hash)
         ctx.common_tls_context.combined_validation_context.CopyFrom(tls_pb2.CommonTlsContext.CombinedCertificateValidationContext(
             default_validation_context=default,
             validation_context_sds_secret_config=sds_secret_config(tls.credential + CA_SUFFIX)))
@@ -343,10 +352,12 @@ def _domains(host: str, port: int) -> list[str]:
 
 def gateway_route_config(name: str, port: int, sources: tuple[VhostSource, ...], retry: HttpRetryPolicy,
                          services: tuple[MeshService, ...], domain: str,
-                         hash_policies: tuple[tuple[str, HashKey], ...] = ()) -> route_pb2.RouteConfiguration:
+                         hash_policies: tuple[tuple[str, HashKey], ...] = (), client_namespace: str = "",
+                         client_labels: tuple[tuple[str, str], ...] = ()) -> route_pb2.RouteConfiguration:
     """One virtual host per (VirtualService x server) host, `HOST:PORT`. Two VirtualServices
     for one host: the older one's routes first (istiod merges them). No host at all: istiod's
-    `blackhole:PORT`, which answers 404 like Envoy does for an unknown host."""
+    `blackhole:PORT`, which answers 404 like Envoy does for an unknown host. `client_namespace`
+    and `client_labels` are the router's: matches on sourceNamespace/sourceLabels test them."""
     by_host = {s.hostname: s for s in services}
     vhosts: dict[str, route_components_pb2.VirtualHost] = {}
     contributed: set = set()
@@ -357,6 +368,7 @@ def gateway_route_config(name: str, port: int, sources: tuple[VhostSource, ...],
             continue
         gateway_api = vs.obj.metadata.annotations.get(SEMANTICS) == "gateway"
         routes = virtual_service_routes(rules, RouteInputs(vs.key.namespace, domain, port, by_host, retry,
+                                                           client_namespace, dict(client_labels),
                                                            gateway_semantics=gateway_api))
         for host in src.hosts:
             if (host, vs.key) in contributed:

@@ -12,6 +12,7 @@ not `/foobar`), and a destination whose cluster does not exist (an invalid backe
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ from envoy.config.route.v3 import route_components_pb2 as rc
 from envoy.extensions.filters.common.fault.v3 import fault_pb2 as common_fault_pb2
 from envoy.extensions.filters.http.cors.v3 import cors_pb2
 from envoy.extensions.filters.http.fault.v3 import fault_pb2
+from envoy.extensions.retry.priority.previous_priorities.v3 import previous_priorities_config_pb2
 from envoy.type.matcher.v3 import regex_pb2, string_pb2
 from envoy.type.v3 import percent_pb2
 from google.protobuf import wrappers_pb2
@@ -28,12 +30,13 @@ from pilot.config.mesh import HttpRetryPolicy
 from pilot.durations import parse_duration
 from pilot.model.gateway_api.internal import GatewayApiRule
 from pilot.model.services import MeshService
-from pilot.model.traffic import resolve_host
+from pilot.model.traffic import MESH_GATEWAY, resolve_host
 from pilot.networking import names
 from pilot.networking.protos import duration, pack
 from pilot.networking.retries import retry_policy
 
 FAULT_FILTER = "envoy.filters.http.fault"
+PREVIOUS_PRIORITIES = "envoy.retry_priorities.previous_priorities"
 CORS_FILTER = "envoy.filters.http.cors"
 _REDIRECT_CODES = {301: rc.RedirectAction.MOVED_PERMANENTLY, 302: rc.RedirectAction.FOUND,
                    303: rc.RedirectAction.SEE_OTHER, 307: rc.RedirectAction.TEMPORARY_REDIRECT,
@@ -53,6 +56,7 @@ class RouteInputs:
     client_namespace: str = ""
     client_labels: Mapping[str, str] | None = None  # None: source matching not evaluated
     gateway_semantics: bool = False  # rules translated from Gateway API routes (see the module doc)
+    sidecar: bool = False  # routes for sidecars (the `mesh` gateway): matches for other gateways are dropped
 
 
 def _source_ok(match, inputs: RouteInputs) -> bool:
@@ -61,6 +65,12 @@ def _source_ok(match, inputs: RouteInputs) -> bool:
     if match.source_labels and inputs.client_labels is not None:
         return all(inputs.client_labels.get(k) == v for k, v in match.source_labels.items())
     return True
+
+
+def _gateway_ok(match, inputs: RouteInputs) -> bool:
+    """A match naming gateways applies to sidecars only when `mesh` is among them (routers
+    narrow matches by their own gateway before translating: pilot.networking.gateway)."""
+    return not (inputs.sidecar and match.gateways and MESH_GATEWAY not in match.gateways)
 
 
 def destination_cluster(dest, inputs: RouteInputs) -> str:
@@ -151,9 +161,12 @@ def _percent(p, default: float = 100.0) -> percent_pb2.FractionalPercent:
 def _fault(fault) -> fault_pb2.HTTPFault:
     out = fault_pb2.HTTPFault()
     if fault.delay is not None and fault.delay.fixed_delay:
+        share = _percent(fault.delay.percentage)
+        if fault.delay.percentage is None and fault.delay.percent is not None:  # the deprecated integer
+            share = percent_pb2.FractionalPercent(numerator=fault.delay.percent,
+                                                  denominator=percent_pb2.FractionalPercent.HUNDRED)
         out.delay.CopyFrom(common_fault_pb2.FaultDelay(
-            fixed_delay=duration(parse_duration(fault.delay.fixed_delay)),
-            percentage=_percent(fault.delay.percentage)))
+            fixed_delay=duration(parse_duration(fault.delay.fixed_delay)), percentage=share))
     if fault.abort is not None:
         abort = fault_pb2.FaultAbort(percentage=_percent(fault.abort.percentage))
         if fault.abort.http_status:
@@ -171,7 +184,10 @@ _GRPC_CODES = {"OK": 0, "CANCELLED": 1, "UNKNOWN": 2, "INVALID_ARGUMENT": 3, "DE
 
 
 def _cors(policy) -> cors_pb2.CorsPolicy:
-    out = cors_pb2.CorsPolicy(allow_origin_string_match=[_string_matcher(m) for m in policy.allow_origins],
+    # The deprecated `allowOrigin` entries are exact origins; istiod uses them only without allowOrigins.
+    origins = [_string_matcher(m) for m in policy.allow_origins] or \
+        [string_pb2.StringMatcher(exact=o) for o in policy.allow_origin]
+    out = cors_pb2.CorsPolicy(allow_origin_string_match=origins,
                               allow_methods=",".join(policy.allow_methods),
                               allow_headers=",".join(policy.allow_headers),
                               expose_headers=",".join(policy.expose_headers))
@@ -179,6 +195,8 @@ def _cors(policy) -> cors_pb2.CorsPolicy:
         out.max_age = str(int(parse_duration(policy.max_age)))
     if policy.allow_credentials is not None:
         out.allow_credentials.CopyFrom(wrappers_pb2.BoolValue(value=policy.allow_credentials))
+    if policy.unmatched_preflights in ("FORWARD", "IGNORE"):  # UNSPECIFIED: Envoy's default (forward)
+        out.forward_not_matching_preflights.value = policy.unmatched_preflights == "FORWARD"
     return out
 
 
@@ -196,9 +214,21 @@ def _retry(retries, default: HttpRetryPolicy) -> rc.RetryPolicy | None:
     policy = HttpRetryPolicy(attempts=retries.attempts, per_try_timeout=retries.per_try_timeout,
                              retry_on=",".join(conditions))
     out = retry_policy(policy)
-    if out is not None and codes:
+    if out is None:
+        return None
+    if codes:
         del out.retriable_status_codes[:]
         out.retriable_status_codes.extend(codes)
+    # istiod's ConvertPolicy: previous_hosts is on by default; `retryIgnorePreviousHosts: false`
+    # takes it off (true keeps it).
+    if retries.retry_ignore_previous_hosts is False:
+        del out.retry_host_predicate[:]
+    if retries.retry_remote_localities:
+        out.retry_priority.name = PREVIOUS_PRIORITIES
+        out.retry_priority.typed_config.CopyFrom(pack(previous_priorities_config_pb2.PreviousPrioritiesConfig(
+            update_frequency=2)))
+    if retries.backoff:
+        out.retry_back_off.base_interval.CopyFrom(duration(parse_duration(retries.backoff)))
     return out
 
 
@@ -213,6 +243,8 @@ def _action(rule, inputs: RouteInputs, route: rc.Route, match) -> None:
             action.host_redirect = r.authority
         if r.port:
             action.port_redirect = r.port
+        elif r.derive_port == "FROM_REQUEST_PORT":
+            action.port_redirect = inputs.port  # (FROM_PROTOCOL_DEFAULT is Envoy's own behaviour)
         if r.scheme:
             action.scheme_redirect = r.scheme
         if isinstance(rule, GatewayApiRule):
@@ -227,8 +259,10 @@ def _action(rule, inputs: RouteInputs, route: rc.Route, match) -> None:
     if rule.direct_response is not None:
         d = rule.direct_response
         action = rc.DirectResponseAction(status=d.status)
-        if d.body is not None and (d.body.string or d.body.bytes):
-            action.body.inline_string = d.body.string or d.body.bytes
+        if d.body is not None and d.body.string:
+            action.body.inline_string = d.body.string
+        elif d.body is not None and d.body.bytes:
+            action.body.inline_bytes = base64.b64decode(d.body.bytes)  # protobuf JSON writes bytes as base64
         route.direct_response.CopyFrom(action)
         return
     action = route.route
@@ -270,20 +304,42 @@ def _action(rule, inputs: RouteInputs, route: rc.Route, match) -> None:
         if rw.authority:
             action.host_rewrite_literal = rw.authority
     if rule.mirror is not None:
-        mp = action.request_mirror_policies.add(cluster=destination_cluster(rule.mirror, inputs))
-        if rule.mirror_percentage is not None:
-            mp.runtime_fraction.default_value.CopyFrom(_percent(rule.mirror_percentage))
+        fraction = _mirror_fraction(rule.mirror_percentage, rule.mirror_percent)
+        if fraction is not None:
+            mp = action.request_mirror_policies.add(cluster=destination_cluster(rule.mirror, inputs))
+            mp.runtime_fraction.default_value.CopyFrom(fraction)
+    for mirror in rule.mirrors:
+        fraction = _mirror_fraction(mirror.percentage, None)
+        if fraction is not None:
+            mp = action.request_mirror_policies.add(cluster=destination_cluster(mirror.destination, inputs))
+            mp.runtime_fraction.default_value.CopyFrom(fraction)
+
+
+def _mirror_fraction(percentage, percent: int | None) -> percent_pb2.FractionalPercent | None:
+    """istiod's MirrorPercent: mirrorPercentage, else the deprecated integer mirrorPercent, else
+    every request; an explicit 0 means no mirror at all."""
+    if percentage is not None:
+        return _percent(percentage) if percentage.value > 0 else None
+    if percent is not None:
+        hundred = percent_pb2.FractionalPercent.HUNDRED
+        return percent_pb2.FractionalPercent(numerator=percent, denominator=hundred) if percent > 0 else None
+    return percent_pb2.FractionalPercent(numerator=100, denominator=percent_pb2.FractionalPercent.HUNDRED)
 
 
 def http_rule_routes(rule, index: int, inputs: RouteInputs) -> list[rc.Route]:
     """One Envoy route per match of a rule (one for a rule without matches)."""
-    matches = ([m for m in rule.match if (m.port is None or m.port == inputs.port) and _source_ok(m, inputs)]
-               if rule.match else [None])
+    matches = ([m for m in rule.match if (m.port is None or m.port == inputs.port) and _source_ok(m, inputs)
+                and _gateway_ok(m, inputs)] if rule.match else [None])
     if rule.match and not matches:
         return []  # every match is for another port, or another client
     out = []
     for match in matches:
-        route = rc.Route(name=rule.name or f"rule-{index}", match=route_match(match, inputs.gateway_semantics))
+        name = rule.name or f"rule-{index}"
+        if match is not None and match.name:  # istiod: RULE.MATCH
+            name = f"{name}.{match.name}"
+        route = rc.Route(name=name, match=route_match(match, inputs.gateway_semantics))
+        if match is not None and match.stat_prefix:
+            route.stat_prefix = match.stat_prefix
         _action(rule, inputs, route, match)
         _apply_headers(route, rule.headers)
         if rule.fault is not None:

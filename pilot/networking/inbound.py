@@ -32,6 +32,7 @@ from pilot.networking.filters import access_logs, hcm_network_filter, router_fil
 from pilot.networking.policy_filters import TrustDomains, inbound_http_filters, inbound_network_filters
 from pilot.networking.protos import duration, pack
 from pilot.networking.tcp_routes import tls_inspector
+from pilot.networking.traffic_policy import apply_connection_pool
 
 VIRTUAL_INBOUND_LISTENER = "virtualInbound"
 VIRTUAL_INBOUND_PORT = 15006
@@ -73,6 +74,10 @@ def inbound_cluster(port: InboundPort, settings: ClusterSettings) -> cluster_pb2
         opts = http_protocol_options_pb2.HttpProtocolOptions()
         opts.explicit_http_config.http2_protocol_options.CopyFrom(protocol_pb2.Http2ProtocolOptions())
         c.typed_extension_protocol_options[_HTTP_OPTIONS_KEY].CopyFrom(pack(opts))
+    if port.pool is not None:
+        # The Sidecar's inbound limits, as istiod applies them to the inbound cluster (no h2
+        # upgrade inbound: the app speaks what it speaks).
+        apply_connection_pool(c, port.pool, port.protocol.is_http2)
     return c
 
 

@@ -26,7 +26,7 @@ from pilot.networking.filters import (
     tcp_proxy_filter,
 )
 from pilot.networking.protos import ads_config_source, pack
-from pilot.networking.tcp_routes import sni_chains, tcp_filter_for, tls_inspector
+from pilot.networking.tcp_routes import NO_CLIENT, Client, sni_chains, tcp_filter_for, tls_inspector
 
 LOCALHOST = "127.0.0.1"
 WILDCARD = "0.0.0.0"
@@ -36,21 +36,31 @@ def _address(ip: str, port: int) -> address_pb2.Address:
     return address_pb2.Address(socket_address=address_pb2.SocketAddress(address=ip, port_value=port))
 
 
-def _tcp_chains(svc: MeshService, port: int, vs: Entry | None, domain: str, settings: ListenerSettings
+TcpLimits = tuple[float | None, float | None]  # (idle timeout, max connection duration) seconds
+NO_LIMITS: TcpLimits = (None, None)
+
+
+def _tcp_chains(svc: MeshService, port: int, vs: Entry | None, domain: str, settings: ListenerSettings,
+                limits: TcpLimits = NO_LIMITS, client: Client = NO_CLIENT
                 ) -> tuple[list[listener_components_pb2.FilterChain], listener_components_pb2.FilterChain]:
-    """(SNI chains from `tls` rules, the default chain: a `tcp` rule or the service's cluster)."""
+    """(SNI chains from `tls` rules, the default chain: a `tcp` rule or the service's cluster, the
+    latter with the limits of the service's DestinationRule)."""
     cluster = names.outbound_cluster_name(port, svc.hostname)
-    default = tcp_filter_for(svc, port, vs, domain, settings) or tcp_proxy_filter(cluster, cluster, settings)
-    return sni_chains(svc, port, vs, domain, settings), listener_components_pb2.FilterChain(filters=[default])
+    default = tcp_filter_for(svc, port, vs, domain, settings, client) or tcp_proxy_filter(cluster, cluster,
+                                                                                           settings, limits)
+    sni = sni_chains(svc, port, vs, domain, settings, client)
+    return sni, listener_components_pb2.FilterChain(filters=[default])
 
 
 def bound_outbound_listener(plan: PortPlan, settings: ListenerSettings,
                             virtual_services: tuple[Entry | None, ...] = (),
-                            domain: str = "cluster.local", bind: str = LOCALHOST) -> listener_pb2.Listener | None:
+                            domain: str = "cluster.local", bind: str = LOCALHOST,
+                            tcp_limits: tuple[TcpLimits, ...] = (),
+                            client: Client = NO_CLIENT) -> listener_pb2.Listener | None:
     """NONE mode (or a Sidecar egress listener's `bind`): listen on BIND:PORT. A TCP port shared
     by several services cannot tell them apart without the original destination, so the first
     (by hostname) gets it. `virtual_services` hold the VirtualService (or None) of each of
-    `plan.tcp_services`."""
+    `plan.tcp_services`, `tcp_limits` the DestinationRule limits of each (empty: none)."""
     name = names.listener_name(bind, plan.port)
     listener = listener_pb2.Listener(name=name, address=_address(bind, plan.port),
                                      traffic_direction=base_pb2.OUTBOUND)
@@ -60,7 +70,8 @@ def bound_outbound_listener(plan: PortPlan, settings: ListenerSettings,
         listener.filter_chains.add(filters=[hcm_network_filter(hcm)])
     else:
         vs = virtual_services[0] if virtual_services else None
-        sni, default = _tcp_chains(plan.tcp_services[0], plan.port, vs, domain, settings)
+        sni, default = _tcp_chains(plan.tcp_services[0], plan.port, vs, domain, settings,
+                                   tcp_limits[0] if tcp_limits else NO_LIMITS, client)
         listener.filter_chains.extend(sni + [default])
         if sni:
             listener.listener_filters.append(tls_inspector())
@@ -69,7 +80,9 @@ def bound_outbound_listener(plan: PortPlan, settings: ListenerSettings,
 
 def unbound_outbound_listener(plan: PortPlan, settings: ListenerSettings,
                               virtual_services: tuple[Entry | None, ...] = (),
-                              domain: str = "cluster.local") -> listener_pb2.Listener:
+                              domain: str = "cluster.local",
+                              tcp_limits: tuple[TcpLimits, ...] = (),
+                              client: Client = NO_CLIENT) -> listener_pb2.Listener:
     """iptables mode: `0.0.0.0_PORT`, reached only through virtualOutbound's original destination."""
     listener = listener_pb2.Listener(
         name=names.listener_name(WILDCARD, plan.port), address=_address(WILDCARD, plan.port),
@@ -81,7 +94,8 @@ def unbound_outbound_listener(plan: PortPlan, settings: ListenerSettings,
         return listener
     for i, svc in enumerate(plan.tcp_services):
         vs = virtual_services[i] if i < len(virtual_services) else None
-        sni, default = _tcp_chains(svc, plan.port, vs, domain, settings)
+        sni, default = _tcp_chains(svc, plan.port, vs, domain, settings,
+                                   tcp_limits[i] if i < len(tcp_limits) else NO_LIMITS, client)
         for chain in sni + [default]:
             if svc.cluster_ip:
                 chain.filter_chain_match.prefix_ranges.add(address_prefix=svc.cluster_ip,

@@ -14,6 +14,7 @@ from pilot.networking import names
 from pilot.networking.http_routes import RouteInputs, virtual_service_routes
 from pilot.networking.protos import duration
 from pilot.networking.retries import retry_policy
+from pilot.networking.traffic_policy import effective_policy
 
 
 def service_domains(svc: MeshService, port: int, proxy_namespace: str) -> list[str]:
@@ -73,8 +74,8 @@ def outbound_route_config(port: int, services: tuple[MeshService, ...], proxy_na
                           hash_policies: tuple[tuple[str, HashKey], ...] = (),
                           client_labels: tuple[tuple[str, str], ...] = ()) -> route_pb2.RouteConfiguration:
     """`services` are the HTTP services on this port, in a stable order, and `virtual_services`
-    the VirtualService applying to each (or None). `hash_policies` are the (host, key) pairs of
-    destinations whose DestinationRule asks for consistent hashing: their routes carry the hash
+    the VirtualService applying to each (or None). `hash_policies` are the (cluster, key) pairs
+    of destinations whose DestinationRule asks for consistent hashing: their routes carry the hash
     policy. A domain claimed twice (two Services with one cluster IP) goes to the first: Envoy
     rejects duplicate domains. `client_labels` are the labels of the client that `sourceLabels`
     matches test (only those the VirtualServices ask about: the rest must not split the cache)."""
@@ -90,7 +91,8 @@ def outbound_route_config(port: int, services: tuple[MeshService, ...], proxy_na
         if vs is not None:
             inputs = RouteInputs(vs.key.namespace, domain, port, by_host, settings.retry,
                                  proxy_namespace, dict(client_labels),
-                                 gateway_semantics=vs.obj.metadata.annotations.get(SEMANTICS) == "gateway")
+                                 gateway_semantics=vs.obj.metadata.annotations.get(SEMANTICS) == "gateway",
+                                 sidecar=True)
             vs_routes = virtual_service_routes(vs.obj.spec.http, inputs)  # type: ignore[attr-defined]
         rc.virtual_hosts.append(service_virtual_host(svc, port, domains, settings, vs_routes))
     if hash_policies:
@@ -99,19 +101,22 @@ def outbound_route_config(port: int, services: tuple[MeshService, ...], proxy_na
     return rc
 
 
-# (header name, cookie name, cookie ttl seconds, use source IP, query parameter name)
-HashKey = tuple[str, str, float, bool, str]
+# (header name, cookie name, cookie ttl seconds, use source IP, query parameter name, cookie path,
+#  cookie attributes as (name, value) pairs)
+HashKey = tuple[str, str, float, bool, str, str, tuple[tuple[str, str], ...]]
 
 
 def hash_key(consistent_hash) -> HashKey:
     cookie = consistent_hash.http_cookie
     ttl = parse_duration(cookie.ttl) if cookie is not None and cookie.ttl else 0.0
     return (consistent_hash.http_header_name or "", cookie.name if cookie is not None else "", ttl,
-            bool(consistent_hash.use_source_ip), consistent_hash.http_query_parameter_name or "")
+            bool(consistent_hash.use_source_ip), consistent_hash.http_query_parameter_name or "",
+            (cookie.path or "") if cookie is not None else "",
+            tuple((a.name, a.value) for a in cookie.attributes) if cookie is not None else ())
 
 
 def _hash_policy(key: HashKey) -> route_components_pb2.RouteAction.HashPolicy:
-    header, cookie, ttl, source_ip, query = key
+    header, cookie, ttl, source_ip, query, path, attributes = key
     hp = route_components_pb2.RouteAction.HashPolicy()
     if header:
         hp.header.header_name = header
@@ -119,6 +124,10 @@ def _hash_policy(key: HashKey) -> route_components_pb2.RouteAction.HashPolicy:
         hp.cookie.name = cookie
         if ttl:
             hp.cookie.ttl.CopyFrom(duration(ttl))
+        if path:
+            hp.cookie.path = path
+        for name, value in attributes:
+            hp.cookie.attributes.add(name=name, value=value)
     elif source_ip:
         hp.connection_properties.source_ip = True
     elif query:
@@ -126,8 +135,21 @@ def _hash_policy(key: HashKey) -> route_components_pb2.RouteAction.HashPolicy:
     return hp
 
 
-def _apply_hash_policies(rc: route_pb2.RouteConfiguration, by_host: dict[str, HashKey]) -> None:
-    """Consistent hashing needs the key on the route: the cluster's RING_HASH alone hashes nothing."""
+def consistent_hash_keys(spec, host: str, ports: tuple[int, ...]) -> list[tuple[str, HashKey]]:
+    """(cluster name, hash key) for every cluster of `host` whose DestinationRule policy, with the
+    subset's and the port's settings merged in as for the cluster itself, hashes consistently."""
+    out = []
+    for subset in ("", *(s.name for s in spec.subsets)):
+        for port in ports:
+            lb = effective_policy(spec, subset, port)["load_balancer"]
+            if lb is not None and lb.consistent_hash is not None:
+                out.append((names.outbound_cluster_name(port, host, subset), hash_key(lb.consistent_hash)))
+    return out
+
+
+def _apply_hash_policies(rc: route_pb2.RouteConfiguration, by_cluster: dict[str, HashKey]) -> None:
+    """Consistent hashing needs the key on the route: the cluster's RING_HASH alone hashes nothing.
+    A route splitting over several clusters takes the first one's key."""
     for vh in rc.virtual_hosts:
         for route in vh.routes:
             if not route.HasField("route"):
@@ -135,7 +157,7 @@ def _apply_hash_policies(rc: route_pb2.RouteConfiguration, by_host: dict[str, Ha
             action = route.route
             cluster = action.cluster or (action.weighted_clusters.clusters[0].name
                                          if action.weighted_clusters.clusters else "")
-            key = by_host.get(cluster.rpartition("|")[2])
+            key = by_cluster.get(cluster)
             if key is not None:
                 action.hash_policy.append(_hash_policy(key))
 

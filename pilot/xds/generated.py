@@ -58,7 +58,8 @@ class GenerationMemo:
 
     def _proxy_key(self, ctx: PushContext, proxy: Proxy) -> Hashable:
         """Generators read nothing of a proxy but its traits, the Sidecar that scopes it (for a
-        router: the Gateways its labels select), which sourceLabels matches its labels meet and,
+        router: the Gateways its labels select), which sourceLabels matches and DestinationRule
+        workloadSelectors its labels meet and,
         for a sidecar, its inbound plan (the services selecting it, their mTLS modes and
         policies), for a router the ports of the Services selecting it. Worked out once per proxy and context: a push asks for it once per type."""
         hit = self._proxy_keys.get(id(proxy))
@@ -74,7 +75,8 @@ class GenerationMemo:
             own = ctx.inbound_plan(proxy)
         else:  # a router listens on the target ports of the Services selecting it
             own = ctx.gateway_port_map(proxy)
-        key = (proxy.traits, scope, ctx.traffic.source_signature(labels), own)
+        traffic = ctx.traffic
+        key = (proxy.traits, scope, traffic.source_signature(labels), traffic.rule_signature(labels), own)
         self._proxy_keys[id(proxy)] = (proxy, proxy.metadata, key)
         return key
 

@@ -83,7 +83,7 @@ spec:
   hosts: ["*.example.com", mongo.prod.svc.cluster.local]
   gateways: [istio-system/edge-gateway, mesh]
   tcp:
-  - match: [{port: 27017, destinationSubnets: [10.0.0.0/16]}]
+  - match: [{port: 27017}]
     route:
     - destination: {host: mongo.prod.svc.cluster.local, port: {number: 5555}}
   tls:
@@ -105,11 +105,7 @@ spec:
   trafficPolicy:
     loadBalancer:
       simple: LEAST_REQUEST
-      localityLbSetting:
-        enabled: true
-        distribute:
-        - from: us-west/zone1/*
-          to: {"us-west/zone1/*": 80, "us-west/zone2/*": 20}
+      warmup: {duration: 60s, minimumPercent: 20, aggression: 2}
     connectionPool:
       tcp: {maxConnections: 100, connectTimeout: 30ms, tcpKeepalive: {time: 7200s, interval: 75s}}
       http: {http1MaxPendingRequests: 64, http2MaxRequests: 1000, maxRequestsPerConnection: 10,
@@ -184,7 +180,6 @@ spec:
   address: 2.2.2.2
   labels: {app: details-legacy, instance-id: vm1}
   ports: {http: 9080}
-  network: vm-network
   locality: us-central1/us-central1-a
   weight: 10
 """)

@@ -141,3 +141,73 @@ def test_negative_control_duplicate_domain_is_rejected(tmp_path: Path) -> None:
     ok, output = envoy_validate(broken, tmp_path)
     assert not ok, "envoy accepted a duplicate domain: the validation test cannot fail"
     assert "domain" in output.lower(), output
+
+
+def _rule(kind: str, name: str, spec: dict, namespace: str = "default") -> dict:
+    return {"apiVersion": "networking.istio.io/v1", "kind": kind, "metadata": {"name": name, "namespace": namespace},
+            "spec": spec}
+
+
+# Every DestinationRule / VirtualService field generated beyond the examples, on HTTP/1.1, HTTP/2
+# and TCP ports, so each shape it produces goes through Envoy's own validation.
+TRAFFIC_FIELDS = (
+    _rule("DestinationRule", "grpc", {"host": "grpc", "trafficPolicy": {
+        "loadBalancer": {"simple": "LEAST_REQUEST", "warmup": {"duration": "30s", "minimumPercent": 5,
+                                                               "aggression": 2}},
+        "connectionPool": {"tcp": {"tcpKeepalive": {"time": "60s", "interval": "10s", "probes": 3},
+                                   "maxConnectionDuration": "1h", "idleTimeout": "5m"},
+                           "http": {"maxConcurrentStreams": 100, "maxRequestsPerConnection": 10}}}}),
+    _rule("DestinationRule", "mixed", {"host": "mixed", "trafficPolicy": {
+        "retryBudget": {"percent": 25, "minRetryConcurrency": 5},
+        "loadBalancer": {"warmupDurationSecs": "20s"},
+        "connectionPool": {"http": {"useClientProtocol": True, "idleTimeout": "30s"}}}}),
+    _rule("DestinationRule", "same-ip", {"host": "same-ip", "trafficPolicy": {
+        "loadBalancer": {"consistentHash": {"httpHeaderName": "x-user", "ringHash": {"minimumRingSize": 1024}}},
+        "connectionPool": {"http": {"h2UpgradePolicy": "UPGRADE", "maxConcurrentStreams": 10}}}}),
+    _rule("DestinationRule", "tcp-a", {"host": "tcp-a", "trafficPolicy": {
+        "loadBalancer": {"simple": "PASSTHROUGH"},
+        "connectionPool": {"tcp": {"idleTimeout": "0s", "maxConnectionDuration": "1h"}}}}),
+    _rule("DestinationRule", "on-15001", {"host": "on-15001", "trafficPolicy": {"connectionPool": {"tcp": {
+        "idleTimeout": "10m"}}, "proxyProtocol": {"version": "V2"}}}),
+    _rule("DestinationRule", "unnamed", {"host": "unnamed.other.svc.cluster.local", "trafficPolicy": {
+        "loadBalancer": {"consistentHash": {"useSourceIp": True, "maglev": {"tableSize": 65537}}}}}),
+    _rule("DestinationRule", "grpc-selected", {"host": "grpc", "exportTo": ["."],
+                                               "workloadSelector": {"matchLabels": {"app": "x"}},
+                                               "trafficPolicy": {"connectionPool": {"tcp": {"maxConnections": 1}}}}),
+    _rule("VirtualService", "grpc", {"hosts": ["grpc"], "http": [{
+        "match": [{"uri": {"prefix": "/a"}, "statPrefix": "grpc-a"}],
+        "route": [{"destination": {"host": "grpc", "port": {"number": 7071}}}],
+        "mirrors": [{"destination": {"host": "mixed"}, "percentage": {"value": 12.5}},
+                    {"destination": {"host": "same-ip"}}],
+        "retries": {"attempts": 2, "backoff": "100ms", "retryRemoteLocalities": True,
+                    "retryIgnorePreviousHosts": False},
+        "corsPolicy": {"allowOrigin": ["https://a.example"], "unmatchedPreflights": "FORWARD"},
+        "fault": {"delay": {"fixedDelay": "1s", "percent": 5}},
+    }, {"match": [{"uri": {"prefix": "/old"}}],
+        "redirect": {"scheme": "https", "derivePort": "FROM_REQUEST_PORT"}},
+        {"route": [{"destination": {"host": "grpc"}}], "mirror": {"host": "mixed"}, "mirrorPercent": 50}]}),
+    _rule("DestinationRule", "http-15001", {"host": "http-15001.other.svc.cluster.local", "trafficPolicy": {
+        "loadBalancer": {"consistentHash": {"httpCookie": {
+            "name": "u", "ttl": "60s", "path": "/",
+            "attributes": [{"name": "SameSite", "value": "Lax"}, {"name": "HttpOnly"}]}}}}}),
+    _rule("Sidecar", "default", {
+        "ingress": [{"port": {"number": 18081, "protocol": "HTTP", "name": "http"},
+                     "defaultEndpoint": "127.0.0.1:8081",
+                     "connectionPool": {"http": {"http2MaxRequests": 10, "idleTimeout": "30s"}}},
+                    {"port": {"number": 18082, "protocol": "TCP", "name": "tcp"},
+                     "defaultEndpoint": "127.0.0.1:8082"}],
+        "inboundConnectionPool": {"tcp": {"maxConnections": 50, "tcpKeepalive": {"time": "30s"}}}}),
+)
+
+
+@pytest.mark.parametrize("interception", ["NONE", "REDIRECT"])
+def test_traffic_rule_fields_pass_envoy_validate(interception: str, tmp_path: Path) -> None:
+    config = generated_bootstrap(interception, None, EDGE_CASES + TRAFFIC_FIELDS)
+    clusters = {c["name"]: c for c in config["static_resources"]["clusters"]}
+    grpc = clusters["outbound|7070||grpc.default.svc.cluster.local"]
+    assert "slow_start_config" in grpc["least_request_lb_config"]
+    assert "tcp_keepalive" in grpc["upstream_connection_options"]
+    assert clusters["outbound|7000||tcp-a.default.svc.cluster.local"]["type"] == "ORIGINAL_DST"
+    assert clusters["outbound|8080||unnamed.other.svc.cluster.local"]["lb_policy"] == "MAGLEV"
+    assert "circuit_breakers" in clusters["inbound|18082||"]
+    assert_valid(config, tmp_path)

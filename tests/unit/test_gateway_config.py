@@ -309,3 +309,116 @@ def test_secret_changes_push_but_only_to_gateways(world: World):
     both = req.merge(push_request_for([world.store.apply(parse_object(virtual_service(dest="b")))],
                                       world.mesh.configmap_key))
     assert server._affects(Connection(router(ptype="sidecar"), "", False), both)
+
+
+def test_source_matches_test_the_router_itself(world: World):
+    """istiod evaluates sourceLabels/sourceNamespace against the gateway proxy: a match for other
+    routers (or another namespace) is left out, not applied on every router."""
+    world.apply(gateway(selector={}), virtual_service("a", ["a.example.com"], http=[
+        {"match": [{"sourceLabels": {"tier": "edge"}}], "route": [{"destination": {"host": "b"}}]},
+        {"match": [{"sourceNamespace": "elsewhere"}], "route": [{"destination": {"host": "b"}}]},
+        {"route": [{"destination": {"host": "a"}}]}]))
+    def clusters(p: Proxy) -> list[str]:
+        rc = route(world, "http.8080", p)
+        return [r.route.cluster.split("|")[3].split(".")[0] for r in rc.virtual_hosts[0].routes]
+    assert clusters(router(labels={"istio": "ingressgateway", "tier": "edge"})) == ["b", "a"]
+    assert clusters(router(labels={"istio": "ingressgateway"}, pod="gw-2")) == ["a"]
+
+
+def test_mutual_tls_pins_client_certificates(world: World):
+    spki = "NvqYIYSbgK2vCJpQhObf77vv+bQWtc5ek5RIOwPiC9A="
+    digest = "df6ff72fe9116521268f6f2dd4966f51df479883fe7037b39f75916ac3049d1a"
+    server = https_server(mode="MUTUAL")
+    server["tls"].update(verifyCertificateSpki=[spki], verifyCertificateHash=[digest])
+    world.apply(gateway(servers=[server]))
+    tls = tls_pb2.DownstreamTlsContext()
+    listeners(world)["0.0.0.0_8443"].filter_chains[0].transport_socket.typed_config.Unpack(tls)
+    default = tls.common_tls_context.combined_validation_context.default_validation_context
+    assert list(default.verify_certificate_spki) == [spki]
+    assert list(default.verify_certificate_hash) == [digest]
+    # Without a client certificate to check, a pin would be ignored: refused instead.
+    simple = https_server()
+    simple["tls"]["verifyCertificateSpki"] = [spki]
+    with pytest.raises(Exception, match="verifyCertificateSpki"):
+        parse_object(gateway(name="simple", servers=[simple]))
+
+
+def test_gateway_traffic_fields_pass_envoy_validate(world: World, tmp_path):
+    """The gateway shapes of the fields generated beyond the basics: client-certificate pins,
+    a redirect keeping the request port, router source matches, cookie attributes."""
+    from tests.support.envoy import envoy_validate
+    from tests.support.static_config import static_bootstrap
+
+    pem_cert, pem_key = _self_signed("a.example.com")  # Envoy parses them while validating
+    server = https_server(mode="MUTUAL")
+    server["tls"].pop("credentialName")
+    server["tls"].update(verifyCertificateSpki=["NvqYIYSbgK2vCJpQhObf77vv+bQWtc5ek5RIOwPiC9A="],
+                         credentialNames=["cert", "second"])
+    world.apply(secret(cert=pem_cert, key=pem_key, ca=pem_cert), secret("second", cert=pem_cert, key=pem_key),
+                gateway(servers=[http_server(), server]),
+                virtual_service(hosts=["a.example.com"], http=[
+                    {"match": [{"uri": {"prefix": "/old"}}], "redirect": {"derivePort": "FROM_REQUEST_PORT",
+                                                                          "scheme": "https"}},
+                    {"match": [{"sourceLabels": {"istio": "ingressgateway"}}],
+                     "route": [{"destination": {"host": "b"}}]},
+                    {"route": [{"destination": {"host": "a"}}]}]),
+                {"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule",
+                 "metadata": {"name": "a", "namespace": "default"},
+                 "spec": {"host": "a", "trafficPolicy": {"loadBalancer": {"consistentHash": {"httpCookie": {
+                     "name": "u", "ttl": "5s", "attributes": [{"name": "SameSite", "value": "Lax"}]}}}}}})
+    config = static_bootstrap(world.ctx(), verified_router())
+    assert {ld["name"] for ld in config["static_resources"]["listeners"]} == {"0.0.0.0_8080", "0.0.0.0_8443"}
+    ok, output = envoy_validate(config, tmp_path)
+    assert ok, f"envoy rejected the generated gateway config:\n{output}"
+
+
+def _self_signed(host: str) -> tuple[bytes, bytes]:
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now)
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(host)]), critical=False)
+            .sign(key, hashes.SHA256()))
+    return (cert.public_bytes(serialization.Encoding.PEM),
+            key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                              serialization.NoEncryption()))
+
+
+def test_credential_names_give_one_certificate_each_and_the_first_ones_ca(world: World):
+    """credentialNames (an RSA and an ECDSA certificate, say): each is a certificate of the
+    listener, fetched like credentialName; MUTUAL checks clients with the first one's CA."""
+    server = https_server(mode="MUTUAL")
+    server["tls"].pop("credentialName")
+    server["tls"]["credentialNames"] = ["rsa", "ecdsa"]
+    world.apply(secret("rsa", ca=PEM_CERT), secret("ecdsa"), gateway(servers=[server]))
+    tls = tls_pb2.DownstreamTlsContext()
+    listeners(world)["0.0.0.0_8443"].filter_chains[0].transport_socket.typed_config.Unpack(tls)
+    common = tls.common_tls_context
+    names = ["kubernetes://rsa", "kubernetes://ecdsa"]
+    assert [c.name for c in common.tls_certificate_sds_secret_configs] == names
+    ca = common.combined_validation_context.validation_context_sds_secret_config.name
+    assert ca == "kubernetes://rsa-cacert"
+    assert set(world_sds(world, verified_router(), {*names, ca})) == {*names, ca}
+
+
+@pytest.mark.parametrize("tls, reason", [
+    ({"mode": "SIMPLE", "credentialName": "a", "credentialNames": ["b"]}, "only one of credentialName"),
+    ({"mode": "SIMPLE", "credentialNames": ["a", "b", "c"]}, "credentialNames"),
+    ({"mode": "ISTIO_MUTUAL", "credentialNames": ["a"]}, "cannot have associated credentialNames"),
+    ({"mode": "MUTUAL", "credentialNames": ["a"], "caCertCredentialName": "ca"},
+     "caCertCredentialName is not supported"),
+])
+def test_credential_names_rules(tls: dict, reason: str):
+    server = {"port": {"number": 443, "name": "https", "protocol": "HTTPS"}, "hosts": ["a.example.com"],
+              "tls": tls}
+    with pytest.raises(Exception, match=reason):
+        parse_object(gateway(servers=[server]))

@@ -31,8 +31,8 @@ def test_destination_rule_example():
     tp = dr.spec.traffic_policy
     assert dr.spec.host == "reviews.bookinfo.svc.cluster.local" and dr.spec.export_to == [".", "istio-system"]
     assert tp.load_balancer.simple == "LEAST_REQUEST" and tp.load_balancer.consistent_hash is None
-    dist = tp.load_balancer.locality_lb_setting.distribute[0]
-    assert dist.from_ == "us-west/zone1/*" and dist.to == {"us-west/zone1/*": 80, "us-west/zone2/*": 20}
+    warmup = tp.load_balancer.warmup
+    assert (warmup.duration, warmup.minimum_percent, warmup.aggression) == ("60s", 20, 2)
     tcp, http = tp.connection_pool.tcp, tp.connection_pool.http
     assert (tcp.max_connections, tcp.connect_timeout, tcp.tcp_keepalive.interval) == (100, "30ms", "75s")
     assert (http.http1_max_pending_requests, http.http2_max_requests, http.max_requests_per_connection,
@@ -68,8 +68,8 @@ def test_workload_entry_example():
     we = parse(WORKLOAD_ENTRY)
     assert isinstance(we, net.WorkloadEntry)
     s = we.spec
-    assert (s.address, s.ports, s.network, s.locality, s.weight, s.service_account) == \
-        ("2.2.2.2", {"http": 9080}, "vm-network", "us-central1/us-central1-a", 10, "details-legacy")
+    assert (s.address, s.ports, s.locality, s.weight, s.service_account) == \
+        ("2.2.2.2", {"http": 9080}, "us-central1/us-central1-a", 10, "details-legacy")
     assert parse(edit(WORKLOAD_ENTRY, lambda s: s.update(address="vm1.example.com"))).spec.address == "vm1.example.com"
     assert parse(edit(WORKLOAD_ENTRY, lambda s: s.update(address="unix:///var/run/a.sock", ports={})))
 
@@ -130,12 +130,29 @@ CASES: list[tuple[str, dict, Callable[[dict], object], tuple[str, ...]]] = [
     ("local origin failures without split", DESTINATION_RULE,
      lambda s: s["trafficPolicy"]["outlierDetection"].update(consecutiveLocalOriginFailures=5),
      ("outlierDetection", "splitExternalLocalOriginErrors")),
-    ("locality weights", DESTINATION_RULE,
-     lambda s: s["trafficPolicy"]["loadBalancer"]["localityLbSetting"]["distribute"][0]["to"].update(
-         {"us-west/zone2/*": 30}), ("localityLbSetting", "total locality weight 110 != 100")),
-    ("distribute and failover", DESTINATION_RULE,
-     lambda s: s["trafficPolicy"]["loadBalancer"]["localityLbSetting"].update(
-         failover=[{"from": "us-east", "to": "eu-west"}]), ("localityLbSetting", "'distribute' and 'failover'")),
+    ("locality load balancing (not generated)", DESTINATION_RULE,
+     lambda s: s["trafficPolicy"]["loadBalancer"].update(localityLbSetting={"enabled": True}),
+     ("spec.trafficPolicy.loadBalancer.localityLbSetting", "is not supported")),
+    ("warmup without a duration", DESTINATION_RULE,
+     lambda s: s["trafficPolicy"]["loadBalancer"].update(warmup={"minimumPercent": 10}),
+     ("loadBalancer.warmup.duration", "duration is required")),
+    ("maglev table size not prime", DESTINATION_RULE,
+     lambda s: s["trafficPolicy"]["portLevelSettings"][0]["loadBalancer"]["consistentHash"].update(
+         maglev={"tableSize": 1000}), ("consistentHash.maglev.tableSize", "prime")),
+    ("misspelt pool field", DESTINATION_RULE,
+     lambda s: s["trafficPolicy"]["connectionPool"]["tcp"].update(maxConection=1),
+     ("spec.trafficPolicy.connectionPool.tcp.maxConection: unknown field",)),
+    ("misspelt field alone in a traffic policy", DESTINATION_RULE,
+     lambda s: s["subsets"][0].update(trafficPolicy={"loadBalncer": {"simple": "RANDOM"}}),
+     ("spec.subsets[0].trafficPolicy.loadBalncer: unknown field",)),
+    ("retry budget over 100%", DESTINATION_RULE,
+     lambda s: s["trafficPolicy"].update(retryBudget={"percent": 120}), ("spec.trafficPolicy.retryBudget.percent",)),
+    ("tunnel (not generated)", DESTINATION_RULE,
+     lambda s: s["trafficPolicy"].update(tunnel={"targetHost": "a", "targetPort": 80}),
+     ("spec.trafficPolicy.tunnel", "not supported")),
+    ("Sidecar selector spelling in a DestinationRule", DESTINATION_RULE,
+     lambda s: s.update(exportTo=["."], workloadSelector={"labels": {"app": "reviews"}}),
+     ("spec.workloadSelector.labels: unknown field",)),
     ("mutual TLS without a key", DESTINATION_RULE,
      lambda s: s["subsets"][1]["trafficPolicy"]["tls"].pop("privateKey"), ("tls", "private key required")),
     ("unknown TLS mode", DESTINATION_RULE,
@@ -173,7 +190,8 @@ CASES: list[tuple[str, dict, Callable[[dict], object], tuple[str, ...]]] = [
      lambda s: s.update(addresses=["10.0.0.0/8"]), ("addresses", "CIDR addresses are allowed only")),
     ("exportTo ~ and others", DNS_SERVICE_ENTRY, lambda s: s.update(exportTo=["~", "."]), ("spec.exportTo", "no one (~)")),
     # WorkloadEntry
-    ("no address", WORKLOAD_ENTRY, lambda s: s.update(address="", network=""), ("spec", "address is required")),
+    ("no address", WORKLOAD_ENTRY, lambda s: s.update(address=""), ("spec", "address is required")),
+    ("network (not generated)", WORKLOAD_ENTRY, lambda s: s.update(network="vm-net"), ("spec.network", "not supported")),
     ("bad address", WORKLOAD_ENTRY, lambda s: s.update(address="not an address"), ("address", "not a valid FQDN or an IP")),
     ("unix endpoint with ports", WORKLOAD_ENTRY,
      lambda s: s.update(address="unix:///var/run/a.sock"), ("must not include ports",)),
@@ -233,3 +251,11 @@ def test_gateway_name_must_be_a_dns_label():
     doc = copy.deepcopy(GATEWAY)
     doc["metadata"]["name"] = "my.gateway"
     assert "metadata.name: invalid gateway name 'my.gateway'" in reject(doc)
+
+
+def test_service_entry_export_to_fewer_namespaces_is_refused() -> None:
+    """The registry shows ServiceEntries everywhere: a narrower exportTo would be ignored, hence refused."""
+    for export in (["."], ["prod"], ["~"]):
+        reason = reject(edit(SERVICE_ENTRY, lambda s, e=export: s.update(exportTo=e)))
+        assert "spec.exportTo" in reason and "not supported" in reason, reason
+    assert parse(edit(SERVICE_ENTRY, lambda s: s.update(exportTo=["*"])))

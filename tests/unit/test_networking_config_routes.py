@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from pilot.config import networking as net
 from pilot.config.kinds import BY_NAME, KINDS
@@ -69,7 +69,7 @@ def test_tcp_and_tls_routes():
     vs = parse(TCP_TLS_VIRTUAL_SERVICE)
     assert vs.spec.gateways == ["istio-system/edge-gateway", "mesh"] and not vs.spec.applies_to_gateway
     tcp, tls = vs.spec.tcp[0], vs.spec.tls[0]
-    assert tcp.match[0].port == 27017 and tcp.match[0].destination_subnets == ["10.0.0.0/16"]
+    assert tcp.match[0].port == 27017
     assert tcp.route[0].destination.port.number == 5555 and tcp.route[0].weight == 0
     assert tls.match[0].sni_hosts == ["login.example.com"] and [d.weight for d in tls.route] == [80, 20]
 
@@ -115,7 +115,7 @@ def test_json_names_that_to_camel_gets_wrong_round_trip():
     assert tp["outlierDetection"]["consecutive5xxErrors"] == 7
     assert tp["connectionPool"]["http"]["http1MaxPendingRequests"] == 64
     assert tp["connectionPool"]["http"]["http2MaxRequests"] == 1000
-    assert tp["loadBalancer"]["localityLbSetting"]["distribute"][0]["from"] == "us-west/zone1/*"
+    assert tp["loadBalancer"]["warmup"]["minimumPercent"] == 20
     again = parse_object(dumped)
     assert again == dr
     # The snake_case names are accepted too (populate_by_name), as everywhere in pilot.config.
@@ -136,15 +136,17 @@ def test_every_field_reads_the_istio_json_name():
     wrong = []
     for model in _models():
         for name, field in model.model_fields.items():
-            if model.__name__ == "WorkloadSelector":
-                continue  # matchLabels and labels, checked below
             want = "from" if name == "from_" else _proto_json_name(name)
             if (field.alias or name) != want:
                 wrong.append(f"{model.__name__}.{name}: {field.alias} != {want}")
     assert wrong == []
-    dr_style = net.WorkloadSelector.model_validate({"matchLabels": {"app": "a"}})
-    sidecar_style = net.WorkloadSelector.model_validate({"labels": {"app": "a"}})
-    assert dr_style == sidecar_style and sidecar_style.labels == {"app": "a"}
+    # istio's two selectors: DestinationRule's (type.v1beta1) is matchLabels, Sidecar's and
+    # ServiceEntry's (networking.v1alpha3) is labels; neither spelling is accepted for the other.
+    assert net.WorkloadSelector.model_validate({"matchLabels": {"app": "a"}}).match_labels == {"app": "a"}
+    assert net.NetworkingWorkloadSelector.model_validate({"labels": {"app": "a"}}).match_labels == {"app": "a"}
+    for model, other in ((net.WorkloadSelector, "labels"), (net.NetworkingWorkloadSelector, "matchLabels")):
+        with pytest.raises(ValidationError):
+            model.model_validate({other: {"app": "a"}})
 
 
 # --- what istiod accepts that a naive check would not -------------------------------------------------
@@ -218,8 +220,8 @@ CASES: list[tuple[str, dict, Callable[[dict], object], tuple[str, ...]]] = [
     ("delegate with gateways", VIRTUAL_SERVICE,
      lambda s: s.update(hosts=[], gateways=["istio-system/edge"]), ("delegate virtual service",)),
     ("delegation (not modelled)", VIRTUAL_SERVICE,
-     lambda s: _http(s, 4).update(route=None, delegate={"name": "reviews-v1", "namespace": "bookinfo"}),
-     ("spec.http[4]", "delegation is not supported")),
+     lambda s: (_http(s, 4).pop("route"), _http(s, 4).update(delegate={"name": "reviews-v1", "namespace": "bookinfo"})),
+     ("spec.http[4].delegate: delegate is not supported",)),
     ("invalid redirect code", VIRTUAL_SERVICE,
      lambda s: _http(s, 1)["redirect"].update(redirectCode=305), ("spec.http[1].redirect.redirectCode", "305")),
     ("empty redirect", VIRTUAL_SERVICE,
@@ -271,9 +273,25 @@ CASES: list[tuple[str, dict, Callable[[dict], object], tuple[str, ...]]] = [
     ("sni host outside the hosts", TCP_TLS_VIRTUAL_SERVICE,
      lambda s: s["tls"][0]["match"][0].update(sniHosts=["login.other.org"]),
      ("tls[0].match[0].sniHosts[0]", "not a compatible subset")),
-    ("destination subnet", TCP_TLS_VIRTUAL_SERVICE,
-     lambda s: s["tcp"][0]["match"][0].update(destinationSubnets=["10.0.0.0/40"]),
-     ("spec.tcp[0].match[0].destinationSubnets", "not a valid CIDR")),
+    ("destination subnet (not generated)", TCP_TLS_VIRTUAL_SERVICE,
+     lambda s: s["tcp"][0]["match"][0].update(destinationSubnets=["10.0.0.0/16"]),
+     ("spec.tcp[0].match[0].destinationSubnets: destinationSubnets is not supported",)),
+    ("TLS source labels on a gateway (not generated)", TCP_TLS_VIRTUAL_SERVICE,
+     lambda s: s["tls"][0]["match"][0].update(sourceLabels={"app": "a"}),
+     ("tls[0].match[0]: sourceLabels/sourceNamespace are not supported on gateways",)),
+    ("TCP source namespace for a gateway's match", TCP_TLS_VIRTUAL_SERVICE,
+     lambda s: s["tcp"][0]["match"][0].update(sourceNamespace="prod", gateways=["istio-system/edge-gateway"]),
+     ("tcp[0].match[0]: sourceLabels/sourceNamespace are not supported on gateways",)),
+    ("misspelt retries", VIRTUAL_SERVICE, lambda s: _http(s).update(retrys={"attempts": 3}),
+     ("spec.http[0].retrys: unknown field",)),
+    ("misspelt timeout", VIRTUAL_SERVICE, lambda s: _http(s).update(timout="5s"), ("spec.http[0].timout: unknown field",)),
+    ("misspelt http, not masked by the rules check", VIRTUAL_SERVICE, lambda s: s.update(htp=s.pop("http")),
+     ("spec.htp: unknown field",)),
+    ("mirror and mirrors", VIRTUAL_SERVICE,
+     lambda s: _http(s).update(mirror={"host": "a"}, mirrors=[{"destination": {"host": "b"}}]),
+     ("cannot contain both mirror and mirrors",)),
+    ("mirror without a destination", VIRTUAL_SERVICE,
+     lambda s: _http(s).update(mirrors=[{"percentage": {"value": 5}}]), ("spec.http[0].mirrors[0].destination",)),
 ]
 
 

@@ -1,9 +1,13 @@
 """The networking.istio.io kinds (VirtualService, DestinationRule, ServiceEntry, WorkloadEntry,
 Sidecar, Gateway) with istiod's validation-webhook rules.
 
-Field names are the Istio API's proto field names in snake_case; the `Model` base gives them the
-API's JSON (camelCase) names, except where protoc's JSON naming differs from `to_camel`
-(`consecutive5xxErrors`) or the name is a Python keyword (`from`), which carry explicit aliases.
+Field names are the Istio API's proto field names in snake_case; the `StrictModel` base gives them
+the API's JSON (camelCase) names and accepts the proto names too, as istio's protobuf JSON decoding
+does, except where protoc's JSON naming differs from `to_camel` (`consecutive5xxErrors`), which
+carries an explicit alias. Parsing is strict: an unknown field anywhere in a spec is a rejection
+naming its path. Every field of istio 1.30's API is either modelled, and then generated, or
+declared `Unsupported` (refused by name when set); tests/unit/test_networking_api_coverage.py
+checks that against the istio/api field list.
 
 Validation follows istiod's `pkg/config/validation` (ValidateVirtualService, ValidateDestinationRule,
 ...): what istiod rejects is rejected here with a reason naming the field; what istiod only warns
@@ -24,6 +28,7 @@ from pilot.config.networking.common import (
     MESH_GATEWAY,
     UNIX_PREFIX,
     Destination,
+    NetworkingWorkloadSelector,
     Percent,
     PortSelector,
     StringMatch,
@@ -33,20 +38,23 @@ from pilot.config.networking.destination_rule import (
     ClientTLSSettings,
     ConnectionPoolSettings,
     ConsistentHashLB,
+    CookieAttribute,
     DestinationRule,
     DestinationRuleSpec,
     HTTPCookie,
     HTTPSettings,
     LoadBalancerSettings,
-    LocalityDistribute,
-    LocalityFailover,
-    LocalityLoadBalancerSetting,
+    MagLev,
     OutlierDetection,
     PortTrafficPolicy,
+    ProxyProtocol,
+    RetryBudget,
+    RingHash,
     Subset,
     TcpKeepalive,
     TCPSettings,
     TrafficPolicy,
+    WarmupConfiguration,
 )
 from pilot.config.networking.gateway import (
     Gateway,
@@ -103,6 +111,7 @@ from pilot.config.networking.virtual_service import (
     HTTPDirectResponse,
     HTTPFaultInjection,
     HTTPMatchRequest,
+    HTTPMirrorPolicy,
     HTTPRedirect,
     HTTPRetry,
     HTTPRewrite,
@@ -127,12 +136,14 @@ __all__ = [
     "GROUP",
     "MESH_GATEWAY",
     "NETWORKING_KINDS",
+    "NetworkingWorkloadSelector",
     "UNIX_PREFIX",
     "Abort",
     "CaptureMode",
     "ClientTLSSettings",
     "ConnectionPoolSettings",
     "ConsistentHashLB",
+    "CookieAttribute",
     "CorsPolicy",
     "Delay",
     "Destination",
@@ -149,6 +160,7 @@ __all__ = [
     "HTTPDirectResponse",
     "HTTPFaultInjection",
     "HTTPMatchRequest",
+    "HTTPMirrorPolicy",
     "HTTPRedirect",
     "HTTPRetry",
     "HTTPRewrite",
@@ -163,17 +175,18 @@ __all__ = [
     "L4MatchAttributes",
     "Labels",
     "LoadBalancerSettings",
-    "LocalityDistribute",
-    "LocalityFailover",
-    "LocalityLoadBalancerSetting",
+    "MagLev",
     "OptStr",
     "OutlierDetection",
     "Percent",
     "Port",
+    "ProxyProtocol",
     "PortSelector",
     "PortTrafficPolicy",
     "RegexRewrite",
     "RequiredMatch",
+    "RetryBudget",
+    "RingHash",
     "RouteDestination",
     "Server",
     "ServerTLSSettings",
@@ -193,6 +206,7 @@ __all__ = [
     "TrafficPolicy",
     "VirtualService",
     "VirtualServiceSpec",
+    "WarmupConfiguration",
     "Weight",
     "WorkloadEntry",
     "WorkloadEntrySpec",

@@ -4,9 +4,11 @@ workload selectors (DestinationRule, ServiceEntry, Sidecar)."""
 
 from __future__ import annotations
 
-from pydantic import AliasChoices, Field, field_validator, model_validator
+from typing import Annotated
 
-from pilot.config.base import Model
+from pydantic import AfterValidator, Field, field_validator, model_validator
+
+from pilot.config.base import StrictModel
 from pilot.config.networking.validation import (
     Port,
     _fail,
@@ -21,7 +23,7 @@ MESH_GATEWAY = "mesh"
 UNIX_PREFIX = "unix://"
 
 
-class StringMatch(Model):
+class StringMatch(StrictModel):
     """At most one of exact/prefix/regex. An empty match (`{}`) is only meaningful, and only
     accepted, as a header/query-parameter match, where Istio defines it as "present"."""
 
@@ -46,11 +48,11 @@ class StringMatch(Model):
 
 
 
-class PortSelector(Model):
+class PortSelector(StrictModel):
     number: Port
 
 
-class Destination(Model):
+class Destination(StrictModel):
     host: str
     subset: str = ""
     port: PortSelector | None = None
@@ -73,7 +75,7 @@ class Destination(Model):
 
 
 
-class Percent(Model):
+class Percent(StrictModel):
     value: float = 0.0
 
     @field_validator("value")
@@ -85,26 +87,37 @@ class Percent(Model):
 
 
 
-class WorkloadSelector(Model):
-    """DestinationRule's selector is `matchLabels`; Sidecar's and ServiceEntry's is `labels`. Both
-    read into `match_labels` (also available as `.labels`), so neither is silently ignored."""
+def _selector_labels(labels: dict[str, str]) -> dict[str, str]:
+    errs = []
+    for k, v in labels.items():
+        if not k:
+            errs.append(f"empty key is not supported in selector: '{k}={v}'")
+        if "*" in k or "*" in v:
+            errs.append(f"wildcard is not supported in selector: '{k}={v}'")
+    _raise_if(errs)
+    return labels
 
-    match_labels: dict[str, str] = Field(
-        default_factory=dict, validation_alias=AliasChoices("matchLabels", "labels", "match_labels"),
-        serialization_alias="matchLabels")
 
-    @field_validator("match_labels")
-    @classmethod
-    def _valid(cls, labels: dict[str, str]) -> dict[str, str]:
-        errs = []
-        for k, v in labels.items():
-            if not k:
-                errs.append(f"empty key is not supported in selector: '{k}={v}'")
-            if "*" in k or "*" in v:
-                errs.append(f"wildcard is not supported in selector: '{k}={v}'")
-        _raise_if(errs)
-        return labels
+SelectorLabels = Annotated[dict[str, str], AfterValidator(_selector_labels)]
+
+
+class WorkloadSelector(StrictModel):
+    """istio.type.v1beta1.WorkloadSelector (DestinationRule, and the security kinds): the field is
+    `matchLabels`. Sidecar's and ServiceEntry's selector spells it `labels`
+    (`NetworkingWorkloadSelector`); neither spelling is accepted for the other, as in istio."""
+
+    match_labels: SelectorLabels = Field(default_factory=dict)
 
     @property
     def labels(self) -> dict[str, str]:
         return self.match_labels
+
+
+class NetworkingWorkloadSelector(StrictModel):
+    """networking.v1alpha3.WorkloadSelector (Sidecar, ServiceEntry): the field is `labels`."""
+
+    labels: SelectorLabels = Field(default_factory=dict)
+
+    @property
+    def match_labels(self) -> dict[str, str]:
+        return self.labels

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from pilot.config.base import K8sObject, Model
+from pilot.config.base import K8sObject, StrictModel, Unsupported
 from pilot.config.networking.common import PortSelector, WorkloadSelector
 from pilot.config.networking.validation import (
     Duration,
@@ -24,10 +24,23 @@ from pilot.config.networking.validation import (
 
 
 # --- DestinationRule ----------------------------------------------------------------------------------
-class HTTPCookie(Model):
+class CookieAttribute(StrictModel):
+    name: str = Field(default="", validate_default=True)
+    value: str = ""
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not name:
+            _fail("cookie attribute name is required")
+        return name
+
+
+class HTTPCookie(StrictModel):
     name: str = Field(default="", validate_default=True)
     path: str | None = None
     ttl: DurationOrZero | None = None
+    attributes: list[CookieAttribute] = Field(default_factory=list)  # set on a cookie Envoy generates
 
     @field_validator("name")
     @classmethod
@@ -37,12 +50,41 @@ class HTTPCookie(Model):
         return name
 
 
-class ConsistentHashLB(Model):
+class RingHash(StrictModel):
+    minimum_ring_size: int | None = Field(default=None, ge=0)
+
+
+class MagLev(StrictModel):
+    table_size: int | None = Field(default=None, ge=0)
+
+    @field_validator("table_size")
+    @classmethod
+    def _prime(cls, size: int | None) -> int | None:
+        # Envoy's own rule (istiod copies it): a prime below 5000011.
+        if size:
+            if size >= 5000011:
+                _fail("tableSize must be less than 5000011 for maglev")
+            if not _is_prime(size):
+                _fail("tableSize must be a prime number for maglev")
+        return size
+
+
+def _is_prime(n: int) -> bool:
+    if n < 4:
+        return n != 0
+    if n % 2 == 0:
+        return False
+    return all(n % f for f in range(3, int(n ** 0.5) + 1, 2))
+
+
+class ConsistentHashLB(StrictModel):
     http_header_name: str | None = None
     http_cookie: HTTPCookie | None = None
     use_source_ip: bool | None = None
     http_query_parameter_name: str | None = None
-    minimum_ring_size: int | None = Field(default=None, ge=0)
+    ring_hash: RingHash | None = None
+    maglev: MagLev | None = None
+    minimum_ring_size: int | None = Field(default=None, ge=0)  # deprecated: ringHash.minimumRingSize
 
     @model_validator(mode="after")
     def _one_key(self) -> ConsistentHashLB:
@@ -50,6 +92,8 @@ class ConsistentHashLB(Model):
                 if getattr(self, _snake(k)) is not None]
         if len(keys) > 1:
             _fail(f"only one hash key may be set, got {' and '.join(keys)}")
+        if self.ring_hash is not None and self.maglev is not None:
+            _fail("only one of ringHash or maglev may be set")
         return self
 
 
@@ -57,90 +101,28 @@ def _snake(camel: str) -> str:
     return re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(), camel)
 
 
-class LocalityDistribute(Model):
-    from_: str = Field(default="", alias="from")
-    to: dict[str, int] = Field(default_factory=dict)
+class WarmupConfiguration(StrictModel):
+    duration: Duration | None = Field(default=None, validate_default=True)
+    minimum_percent: float | None = Field(default=None, ge=0, le=100)
+    aggression: float | None = Field(default=None, gt=0)
+
+    @field_validator("duration")
+    @classmethod
+    def _required(cls, duration: str | None) -> str | None:
+        if duration is None:
+            _fail("duration is required")
+        return duration
 
 
-class LocalityFailover(Model):
-    from_: str = Field(default="", alias="from")
-    to: str = ""
-
-
-def _localities(localities: list[str]) -> str | None:
-    """istio validateLocalities: region[/zone[/subzone]], one trailing `*` at most, no overlap."""
-    seen: dict[str, dict[str, set[str]]] = {}
-    for loc in localities:
-        stars = loc.count("*")
-        if stars and (stars > 1 or not loc.endswith("*")):
-            return f"locality {loc} wildcard '*' number can not exceed 1 and must be in the end"
-        overlap = f"locality {loc} overlap with previous specified ones"
-        if "*" in seen:
-            return overlap
-        parts = loc.split("/", 2)
-        if any(p == "" for p in parts):
-            return f"locality {loc} must not contain empty region/zone/subzone info"
-        region = parts[0]
-        if len(parts) == 1:
-            if region in seen:
-                return overlap
-            seen[region] = {"*": {"*"}}
-            continue
-        zones = seen.setdefault(region, {})
-        zone = parts[1]
-        if "*" in zones:
-            return overlap
-        if len(parts) == 2:
-            if zone in zones:
-                return overlap
-            zones[zone] = {"*"}
-            continue
-        subzones = zones.setdefault(zone, set())
-        if "*" in subzones or parts[2] in subzones:
-            return overlap
-        subzones.add(parts[2])
-    return None
-
-
-class LocalityLoadBalancerSetting(Model):
-    distribute: list[LocalityDistribute] = Field(default_factory=list)
-    failover: list[LocalityFailover] = Field(default_factory=list)
-    failover_priority: list[str] = Field(default_factory=list)
-    enabled: bool | None = None
-
-    @model_validator(mode="after")
-    def _valid(self) -> LocalityLoadBalancerSetting:
-        if self.distribute and self.failover:
-            _fail("can not simultaneously specify 'distribute' and 'failover'")
-        topology = {"topology.kubernetes.io/region", "topology.kubernetes.io/zone", "topology.istio.io/subzone"}
-        if self.failover and topology & set(self.failover_priority):
-            _fail("can not simultaneously set 'failover' and topology labels in 'failoverPriority'")
-        errs = []
-        for i, d in enumerate(self.distribute):
-            if any(not 1 <= w <= 100 for w in d.to.values()):
-                errs.append(f"distribute[{i}].to: locality weight must be in range [1, 100]")
-            elif sum(d.to.values()) != 100:
-                errs.append(f"distribute[{i}].to: total locality weight {sum(d.to.values())} != 100")
-            elif err := _localities(list(d.to)):
-                errs.append(f"distribute[{i}].to: {err}")
-        if err := _localities([d.from_ for d in self.distribute]):
-            errs.append(f"distribute: {err}")
-        for i, f in enumerate(self.failover):
-            if f.from_ == f.to:
-                errs.append(f"failover[{i}]: locality lb failover settings must specify different regions")
-            if "/" in f.from_ or "/" in f.to:
-                errs.append(f"failover[{i}]: locality lb failover only specify region")
-            if "*" in f.from_ or "*" in f.to:
-                errs.append(f"failover[{i}]: locality lb failover region should not contain '*' wildcard")
-        _raise_if(errs)
-        return self
-
-
-class LoadBalancerSettings(Model):
-    simple: Literal["UNSPECIFIED", "LEAST_CONN", "RANDOM", "PASSTHROUGH", "ROUND_ROBIN", "LEAST_REQUEST"] | None = None
+class LoadBalancerSettings(StrictModel):
+    simple: Literal["UNSPECIFIED", "LEAST_CONN", "RANDOM", "PASSTHROUGH", "ROUND_ROBIN",
+                    "LEAST_REQUEST"] | None = None
     consistent_hash: ConsistentHashLB | None = None
-    locality_lb_setting: LocalityLoadBalancerSetting | None = None
-    warmup_duration_secs: Duration | None = None
+    # Locality-weighted and failover load balancing need the client's locality and outlier
+    # detection wired through EDS priorities: not generated yet.
+    locality_lb_setting: Unsupported = None
+    warmup_duration_secs: Duration | None = None  # deprecated: warmup.duration
+    warmup: WarmupConfiguration | None = None  # Envoy slow start (ROUND_ROBIN / LEAST_REQUEST)
 
     @model_validator(mode="after")
     def _one_of(self) -> LoadBalancerSettings:
@@ -150,13 +132,13 @@ class LoadBalancerSettings(Model):
         return self
 
 
-class TcpKeepalive(Model):
+class TcpKeepalive(StrictModel):
     probes: int | None = Field(default=None, ge=0)
     time: Duration | None = None
     interval: Duration | None = None
 
 
-class TCPSettings(Model):
+class TCPSettings(StrictModel):
     max_connections: int | None = Field(default=None, ge=0)
     connect_timeout: Duration | None = None
     tcp_keepalive: TcpKeepalive | None = None
@@ -164,7 +146,7 @@ class TCPSettings(Model):
     idle_timeout: DurationOrZero | None = None
 
 
-class HTTPSettings(Model):
+class HTTPSettings(StrictModel):
     http1_max_pending_requests: int | None = Field(default=None, ge=0)
     http2_max_requests: int | None = Field(default=None, ge=0)
     max_requests_per_connection: int | None = Field(default=None, ge=0)
@@ -181,7 +163,7 @@ class HTTPSettings(Model):
         return self
 
 
-class ConnectionPoolSettings(Model):
+class ConnectionPoolSettings(StrictModel):
     tcp: TCPSettings | None = None
     http: HTTPSettings | None = None
 
@@ -198,7 +180,7 @@ def _percent_int(v: int | None) -> int | None:
     return v
 
 
-class OutlierDetection(Model):
+class OutlierDetection(StrictModel):
     consecutive_errors: int | None = None  # deprecated (istiod warns): consecutive5xxErrors
     consecutive_5xx_errors: int | None = Field(default=None, ge=0, alias="consecutive5xxErrors")
     consecutive_gateway_errors: int | None = Field(default=None, ge=0)
@@ -216,7 +198,7 @@ class OutlierDetection(Model):
         return self
 
 
-class ClientTLSSettings(Model):
+class ClientTLSSettings(StrictModel):
     mode: Literal["DISABLE", "SIMPLE", "MUTUAL", "ISTIO_MUTUAL"] = "DISABLE"
     client_certificate: OptStr = None
     private_key: OptStr = None
@@ -225,6 +207,7 @@ class ClientTLSSettings(Model):
     subject_alt_names: list[str] = Field(default_factory=list)
     sni: str | None = None
     insecure_skip_verify: bool | None = None
+    ca_crl: OptStr = None  # a CRL file, checked with caCertificates
 
     @model_validator(mode="after")
     def _valid(self) -> ClientTLSSettings:
@@ -247,7 +230,7 @@ class ClientTLSSettings(Model):
         return self
 
 
-class PortTrafficPolicy(Model):
+class PortTrafficPolicy(StrictModel):
     port: PortSelector | None = Field(default=None, validate_default=True)
     load_balancer: LoadBalancerSettings | None = None
     connection_pool: ConnectionPoolSettings | None = None
@@ -269,27 +252,46 @@ class PortTrafficPolicy(Model):
         return self
 
 
-class TrafficPolicy(Model):
+class ProxyProtocol(StrictModel):
+    version: Literal["V1", "V2"] = "V1"
+
+
+class RetryBudget(StrictModel):
+    percent: float | None = Field(default=None, ge=0, le=100)  # istiod's default: 20
+    min_retry_concurrency: int | None = Field(default=None, ge=0)  # istiod's default: 3
+
+
+_TRAFFIC_POLICY_KEYS = {"loadBalancer", "load_balancer", "connectionPool", "connection_pool", "outlierDetection",
+                        "outlier_detection", "tls", "portLevelSettings", "port_level_settings", "tunnel",
+                        "proxyProtocol", "proxy_protocol", "retryBudget", "retry_budget"}
+
+
+class TrafficPolicy(StrictModel):
     load_balancer: LoadBalancerSettings | None = None
     connection_pool: ConnectionPoolSettings | None = None
     outlier_detection: OutlierDetection | None = None
     tls: ClientTLSSettings | None = None
     port_level_settings: list[PortTrafficPolicy] = Field(default_factory=list)
+    tunnel: Unsupported = None  # HTTP CONNECT tunnelling to an egress proxy
+    proxy_protocol: ProxyProtocol | None = None  # PROXY protocol header on upstream connections
+    retry_budget: RetryBudget | None = None  # Envoy's circuit-breaker retry budget
 
     @model_validator(mode="before")
     @classmethod
     def _something(cls, data: object) -> object:
         # Checked on the input: istiod counts a field that is present, even as an empty list.
-        if isinstance(data, dict) and not any(
+        # An unknown key is left to the field check, so a misspelling is named as such.
+        if isinstance(data, dict) and set(data) <= _TRAFFIC_POLICY_KEYS and not any(
                 data.get(k) is not None for k in ("loadBalancer", "load_balancer", "connectionPool",
                                                   "connection_pool", "outlierDetection", "outlier_detection",
                                                   "tls", "portLevelSettings", "port_level_settings",
-                                                  "tunnel", "proxyProtocol")):
+                                                  "tunnel", "proxyProtocol", "proxy_protocol",
+                                                  "retryBudget", "retry_budget")):
             _fail("traffic policy must have at least one field")
         return data
 
 
-class Subset(Model):
+class Subset(StrictModel):
     name: str
     labels: Labels = Field(default_factory=dict)
     traffic_policy: TrafficPolicy | None = None
@@ -304,11 +306,13 @@ class Subset(Model):
         return name
 
 
-class DestinationRuleSpec(Model):
+class DestinationRuleSpec(StrictModel):
     host: str
     traffic_policy: TrafficPolicy | None = None
     subsets: list[Subset] = Field(default_factory=list)
     export_to: list[str] = Field(default_factory=list)
+    # Only sidecars and gateways in the rule's namespace whose labels match get this rule
+    # (pilot.model.traffic); it is never applied to anyone else.
     workload_selector: WorkloadSelector | None = None
 
     @field_validator("host")

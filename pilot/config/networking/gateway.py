@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pilot.config.base import K8sObject, Model
+from pilot.config.base import K8sObject, StrictModel, Unsupported
 from pilot.config.networking.common import UNIX_PREFIX
 from pilot.config.networking.validation import (
     _HTTP_PROTOCOLS,
@@ -25,7 +25,7 @@ from pilot.config.networking.validation import (
 
 
 # --- Gateway ----------------------------------------------------------------------------------------
-class ServerTLSSettings(Model):
+class ServerTLSSettings(StrictModel):
     mode: Literal["PASSTHROUGH", "SIMPLE", "MUTUAL", "AUTO_PASSTHROUGH", "ISTIO_MUTUAL",
                   "OPTIONAL_MUTUAL"] = "PASSTHROUGH"
     credential_name: OptStr = None
@@ -37,16 +37,40 @@ class ServerTLSSettings(Model):
     min_protocol_version: Literal["TLS_AUTO", "TLSV1_0", "TLSV1_1", "TLSV1_2", "TLSV1_3"] | None = None
     max_protocol_version: Literal["TLS_AUTO", "TLSV1_0", "TLSV1_1", "TLSV1_2", "TLSV1_3"] | None = None
     cipher_suites: list[str] = Field(default_factory=list)
+    # Not generated: refused when set, so a listener is never served with weaker checks or other
+    # certificates than written.
+    ca_crl: Unsupported = None
+    # Several certificates (RSA and ECDSA) from Secrets; the first one's CA checks clients.
+    credential_names: list[str] = Field(default_factory=list, max_length=2)
+    # A CA-only Secret needs the SDS server to serve it as a validation context: not yet.
+    ca_cert_credential_name: Unsupported = None
+    tls_certificates: Unsupported = None
+    # Pins on the client certificate: only where one is asked for (MUTUAL, OPTIONAL_MUTUAL).
+    verify_certificate_spki: list[str] = Field(default_factory=list)
+    verify_certificate_hash: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _valid(self) -> ServerTLSSettings:
         errs = []
+        if (self.verify_certificate_spki or self.verify_certificate_hash) \
+                and self.mode not in ("MUTUAL", "OPTIONAL_MUTUAL"):
+            errs.append(f"verifyCertificateSpki/verifyCertificateHash are not supported with mode "
+                        f"{self.mode} (only MUTUAL and OPTIONAL_MUTUAL check a client certificate here)")
+        sources = sum((bool(self.server_certificate and self.private_key), bool(self.credential_name),
+                       bool(self.credential_names)))
+        if sources > 1:
+            errs.append("only one of credentialName, credentialNames, serverCertificate/privateKey should be "
+                        "specified")
+        if any(not n for n in self.credential_names):
+            errs.append("credentialNames: a name cannot be empty")
         if self.mode == "ISTIO_MUTUAL":
             for field, what in (("server_certificate", "server certificate"), ("private_key", "private key"),
-                                ("ca_certificates", "CA bundle"), ("credential_name", "credentialName")):
+                                ("ca_certificates", "CA bundle"), ("credential_name", "credentialName"),
+                                ("credential_names", "credentialNames")):
                 if getattr(self, field):
                     errs.append(f"ISTIO_MUTUAL TLS cannot have associated {what}")
-        elif self.mode in ("SIMPLE", "MUTUAL", "OPTIONAL_MUTUAL") and not self.credential_name:
+        elif self.mode in ("SIMPLE", "MUTUAL", "OPTIONAL_MUTUAL") and not self.credential_name \
+                and not self.credential_names:
             mode = "SIMPLE" if self.mode == "SIMPLE" else "MUTUAL"
             if not self.server_certificate:
                 errs.append(f"{mode} TLS requires a server certificate (or credentialName)")
@@ -58,19 +82,20 @@ class ServerTLSSettings(Model):
         return self
 
 
-class GatewayPort(Model):
+class GatewayPort(StrictModel):
     number: int = 0
     protocol: str = ""
     name: str = ""
     target_port: int | None = None
 
 
-class Server(Model):
+class Server(StrictModel):
     port: GatewayPort | None = Field(default=None, validate_default=True)
     hosts: list[str] = Field(default_factory=list, validate_default=True)
     tls: ServerTLSSettings | None = None
     name: str = ""
     bind: str | None = None
+    default_endpoint: Unsupported = None  # a Sidecar-style forward target for the gateway: not generated
 
     @field_validator("port")
     @classmethod
@@ -125,7 +150,7 @@ class Server(Model):
         return self
 
 
-class GatewaySpec(Model):
+class GatewaySpec(StrictModel):
     selector: dict[str, str] = Field(default_factory=dict)
     servers: list[Server] = Field(default_factory=list, validate_default=True)
 

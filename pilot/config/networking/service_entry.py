@@ -7,8 +7,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from pilot.config.base import K8sObject, Model
-from pilot.config.networking.common import UNIX_PREFIX, WorkloadSelector
+from pilot.config.base import K8sObject, StrictModel, Unsupported
+from pilot.config.networking.common import UNIX_PREFIX, NetworkingWorkloadSelector
 from pilot.config.networking.validation import (
     _HTTP_PROTOCOLS,
     _TLS_PROTOCOLS,
@@ -29,13 +29,15 @@ from pilot.config.networking.validation import (
 
 
 # --- WorkloadEntry / ServiceEntry -----------------------------------------------------------------
-class WorkloadEntrySpec(Model):
+class WorkloadEntrySpec(StrictModel):
     address: str = ""
     ports: dict[str, int] = Field(default_factory=dict)
     labels: Labels = Field(default_factory=dict)
-    network: str = ""
+    # Multi-network routing (reaching other networks through east-west gateways, dropping
+    # endpoints no gateway reaches) is not generated: refused rather than treated as local.
+    network: Unsupported = None
     locality: str = ""
-    weight: int | None = Field(default=None, ge=0)
+    weight: int | None = Field(default=None, ge=0, le=4294967295)  # the EDS load_balancing_weight; 0: 1
     service_account: str = ""
 
     @property
@@ -75,7 +77,7 @@ class WorkloadEntry(K8sObject):
     spec: WorkloadEntrySpec
 
 
-class ServiceEntryPort(Model):
+class ServiceEntryPort(StrictModel):
     number: Port
     protocol: str = ""
     name: str
@@ -96,14 +98,14 @@ class ServiceEntryPort(Model):
         return name
 
 
-class ServiceEntrySpec(Model):
+class ServiceEntrySpec(StrictModel):
     hosts: list[str] = Field(default_factory=list, validate_default=True)
     addresses: Annotated[list[str], AfterValidator(_subnets)] = Field(default_factory=list)
     ports: list[ServiceEntryPort] = Field(default_factory=list)
     location: Literal["MESH_EXTERNAL", "MESH_INTERNAL"] = "MESH_EXTERNAL"
     resolution: Literal["NONE", "STATIC", "DNS", "DNS_ROUND_ROBIN"] = "NONE"
     endpoints: list[WorkloadEntrySpec] = Field(default_factory=list)
-    workload_selector: WorkloadSelector | None = None
+    workload_selector: NetworkingWorkloadSelector | None = None
     export_to: list[str] = Field(default_factory=list)
     subject_alt_names: list[str] = Field(default_factory=list)
 
@@ -191,4 +193,9 @@ class ServiceEntry(K8sObject):
     def _export_to(self) -> ServiceEntry:
         _raise_if([f"spec.{e}" for e in validate_export_to(self.metadata.namespace, self.spec.export_to,
                                                             service_entry=True)])
+        # The registry shows every ServiceEntry to every namespace: a narrower exportTo would be
+        # silently wider, so it is refused until visibility is generated per namespace.
+        if self.spec.export_to and "*" not in self.spec.export_to:
+            _fail("spec.exportTo: exporting a ServiceEntry to fewer than all namespaces is not supported "
+                  "(only \"*\" or none)")
         return self

@@ -7,11 +7,9 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pilot.config.base import K8sObject, Model
-from pilot.config.mesh import OutboundTrafficPolicy
-from pilot.config.networking.common import UNIX_PREFIX, WorkloadSelector
+from pilot.config.base import K8sObject, StrictModel, Unsupported
+from pilot.config.networking.common import UNIX_PREFIX, NetworkingWorkloadSelector
 from pilot.config.networking.destination_rule import ConnectionPoolSettings
-from pilot.config.networking.gateway import ServerTLSSettings
 from pilot.config.networking.validation import (
     _fail,
     _raise_if,
@@ -25,10 +23,11 @@ from pilot.config.networking.validation import (
 
 
 # --- Sidecar ----------------------------------------------------------------------------------------
-class SidecarPort(Model):
+class SidecarPort(StrictModel):
     number: int = 0
     protocol: str = ""
     name: str = ""
+    target_port: Unsupported = None  # deprecated in istio
 
     def problems(self) -> list[str]:
         errs = []
@@ -42,13 +41,13 @@ class SidecarPort(Model):
 CaptureMode = Literal["DEFAULT", "IPTABLES", "NONE"]
 
 
-class IstioIngressListener(Model):
+class IstioIngressListener(StrictModel):
     port: SidecarPort | None = Field(default=None, validate_default=True)
     bind: str | None = None
     capture_mode: CaptureMode | None = None
     default_endpoint: str = ""
-    tls: ServerTLSSettings | None = None
-    connection_pool: ConnectionPoolSettings | None = None
+    tls: Unsupported = None  # not generated: the inbound listener would serve plaintext
+    connection_pool: ConnectionPoolSettings | None = None  # this port's inbound cluster (over the Sidecar's)
 
     @field_validator("port")
     @classmethod
@@ -81,20 +80,11 @@ class IstioIngressListener(Model):
                 errs.append(f"defaultEndpoint: port ({port}) is not a number")
             elif err := validate_port(int(port)):
                 errs.append(f"defaultEndpoint: {err}")
-        if self.tls is not None:
-            if self.tls.subject_alt_names:
-                errs.append("tls: subjectAltNames is not supported in ingress tls")
-            if self.tls.https_redirect:
-                errs.append("tls: httpsRedirect is not supported")
-            if self.tls.credential_name:
-                errs.append("tls: credentialName is not currently supported")
-            if self.tls.mode in ("ISTIO_MUTUAL", "AUTO_PASSTHROUGH"):
-                errs.append(f"tls: cannot set mode to {self.tls.mode} in sidecar ingress tls")
         _raise_if(errs)
         return self
 
 
-class IstioEgressListener(Model):
+class IstioEgressListener(StrictModel):
     port: SidecarPort | None = None
     bind: str | None = None
     capture_mode: CaptureMode | None = None
@@ -131,12 +121,20 @@ class IstioEgressListener(Model):
         return self
 
 
-class SidecarSpec(Model):
-    workload_selector: WorkloadSelector | None = None
+class OutboundTrafficPolicy(StrictModel):
+    """The Sidecar's own message (not MeshConfig's): its zero value is REGISTRY_ONLY, so
+    `outboundTrafficPolicy: {}` is the stricter mode, as in istio."""
+
+    mode: Literal["ALLOW_ANY", "REGISTRY_ONLY"] = "REGISTRY_ONLY"
+    egress_proxy: Unsupported = None  # forwarding unknown destinations to an egress proxy: not generated
+
+
+class SidecarSpec(StrictModel):
+    workload_selector: NetworkingWorkloadSelector | None = None
     ingress: list[IstioIngressListener] = Field(default_factory=list)
     egress: list[IstioEgressListener] = Field(default_factory=list)
     outbound_traffic_policy: OutboundTrafficPolicy | None = None
-    inbound_connection_pool: ConnectionPoolSettings | None = None
+    inbound_connection_pool: ConnectionPoolSettings | None = None  # every inbound cluster's limits
 
     @field_validator("ingress")
     @classmethod

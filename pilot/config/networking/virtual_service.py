@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from pilot.config.base import K8sObject, Model
+from pilot.config.base import K8sObject, StrictModel, Unsupported
 from pilot.config.networking.common import MESH_GATEWAY, Destination, Percent, StringMatch
 from pilot.config.networking.validation import (
     _JWT_CLAIM_PREFIXES,
@@ -26,7 +26,6 @@ from pilot.config.networking.validation import (
     _is_internal_header,
     _raise_if,
     _source_namespace,
-    _subnets,
     _validate_wildcard_domain_for_gateway,
     host_matches,
     host_subset_of,
@@ -39,7 +38,7 @@ from pilot.durations import parse_duration
 
 
 # --- headers ----------------------------------------------------------------------------------------
-class HeaderOperations(Model):
+class HeaderOperations(StrictModel):
     set: dict[str, str] = Field(default_factory=dict)
     add: dict[str, str] = Field(default_factory=dict)
     remove: list[str] = Field(default_factory=list)
@@ -64,7 +63,7 @@ class HeaderOperations(Model):
         return errs
 
 
-class Headers(Model):
+class Headers(StrictModel):
     request: HeaderOperations | None = None
     response: HeaderOperations | None = None
 
@@ -103,7 +102,7 @@ def _header_matches(headers: dict[str, StringMatch]) -> dict[str, StringMatch]:
 HeaderMatches = Annotated[dict[str, StringMatch], AfterValidator(_header_matches)]
 
 
-class HTTPMatchRequest(Model):
+class HTTPMatchRequest(StrictModel):
     name: str = ""
     uri: RequiredMatch = None
     scheme: RequiredMatch = None
@@ -117,6 +116,7 @@ class HTTPMatchRequest(Model):
     gateways: GatewayNames = Field(default_factory=list)
     ignore_uri_case: bool = False
     without_headers: HeaderMatches = Field(default_factory=dict)
+    stat_prefix: str = ""  # the Envoy route's stat_prefix
 
 def _weight(w: int) -> int:
     if not 0 <= w <= 100:
@@ -127,13 +127,13 @@ def _weight(w: int) -> int:
 Weight = Annotated[int, AfterValidator(_weight)]
 
 
-class HTTPRouteDestination(Model):
+class HTTPRouteDestination(StrictModel):
     destination: Destination
     weight: Weight = 0
     headers: Headers | None = None
 
 
-class RouteDestination(Model):
+class RouteDestination(StrictModel):
     destination: Destination
     weight: Weight = 0
 
@@ -148,12 +148,14 @@ def _total_weight(dests: list[HTTPRouteDestination] | list[RouteDestination]) ->
             _fail(f"total destination weight {total} != 100")
 
 
-class HTTPRedirect(Model):
+class HTTPRedirect(StrictModel):
     uri: OptStr = None
     authority: OptStr = None
     port: Port | None = None
     scheme: OptStr = None
     redirect_code: int = 301
+    # FROM_REQUEST_PORT: the port the route serves (istiod: routes are built per request port).
+    derive_port: Literal["FROM_PROTOCOL_DEFAULT", "FROM_REQUEST_PORT"] | None = None
 
     @field_validator("redirect_code")
     @classmethod
@@ -171,12 +173,15 @@ class HTTPRedirect(Model):
 
     @model_validator(mode="after")
     def _something(self) -> HTTPRedirect:
-        if self.uri is None and self.authority is None and self.port is None and self.scheme is None:
+        if self.port is not None and self.derive_port is not None:
+            _fail("only one of port or derivePort may be set")
+        if self.uri is None and self.authority is None and self.port is None and self.scheme is None \
+                and self.derive_port is None:
             _fail("redirect must specify URI, authority, scheme, or port")
         return self
 
 
-class HTTPBody(Model):
+class HTTPBody(StrictModel):
     string: str | None = None
     bytes: str | None = None  # base64, as protobuf JSON writes bytes
 
@@ -195,7 +200,7 @@ class HTTPBody(Model):
         return self
 
 
-class HTTPDirectResponse(Model):
+class HTTPDirectResponse(StrictModel):
     status: int
     body: HTTPBody | None = None
 
@@ -207,7 +212,7 @@ class HTTPDirectResponse(Model):
         return status
 
 
-class RegexRewrite(Model):
+class RegexRewrite(StrictModel):
     match: str = ""
     rewrite: str = ""
 
@@ -220,7 +225,7 @@ class RegexRewrite(Model):
         return self
 
 
-class HTTPRewrite(Model):
+class HTTPRewrite(StrictModel):
     uri: OptStr = None
     authority: OptStr = None
     uri_regex_rewrite: RegexRewrite | None = None
@@ -248,11 +253,14 @@ def _is_http_status(text: str) -> bool:
         return False
 
 
-class HTTPRetry(Model):
+class HTTPRetry(StrictModel):
     attempts: int = 0
     per_try_timeout: Duration | None = None
     retry_on: str | None = None
     retry_remote_localities: bool | None = None
+    # istiod adds the previous_hosts predicate unless this is false (true keeps it).
+    retry_ignore_previous_hosts: bool | None = None
+    backoff: Duration | None = None  # Envoy retry_back_off.base_interval
 
     @field_validator("attempts")
     @classmethod
@@ -278,9 +286,11 @@ class HTTPRetry(Model):
             _fail("http retry policy configured when attempts are set to 0 (disabled)")
         return self
 
-class Delay(Model):
+class Delay(StrictModel):
     fixed_delay: Duration | None = None
     percentage: Percent | None = None
+    percent: int | None = Field(default=None, ge=0, le=100)  # deprecated: used when percentage is absent
+    exponential_delay: Unsupported = None  # istiod does not generate it either
 
 
 _GRPC_STATUS = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
@@ -289,9 +299,10 @@ _GRPC_STATUS = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCE
                 "UNAUTHENTICATED"}
 
 
-class Abort(Model):
+class Abort(StrictModel):
     http_status: int | None = None
     grpc_status: str | None = None
+    http2_error: Unsupported = None  # istiod does not generate it either
     percentage: Percent | None = None
 
     @field_validator("http_status")
@@ -316,7 +327,7 @@ class Abort(Model):
         return self
 
 
-class HTTPFaultInjection(Model):
+class HTTPFaultInjection(StrictModel):
     delay: Delay | None = None
     abort: Abort | None = None
 
@@ -330,13 +341,15 @@ class HTTPFaultInjection(Model):
 _HTTP_METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "CONNECT", "OPTIONS", "TRACE"}
 
 
-class CorsPolicy(Model):
+class CorsPolicy(StrictModel):
+    allow_origin: list[str] = Field(default_factory=list)  # deprecated: exact origins, before allowOrigins
     allow_origins: list[StringMatch] = Field(default_factory=list)
     allow_methods: list[str] = Field(default_factory=list)
     allow_headers: list[str] = Field(default_factory=list)
     expose_headers: list[str] = Field(default_factory=list)
     max_age: Duration | None = None
     allow_credentials: bool | None = None
+    unmatched_preflights: Literal["UNSPECIFIED", "FORWARD", "IGNORE"] | None = None
 
     @field_validator("allow_origins")
     @classmethod
@@ -367,7 +380,12 @@ class CorsPolicy(Model):
         return max_age
 
 
-class HTTPRoute(Model):
+class HTTPMirrorPolicy(StrictModel):
+    destination: Destination
+    percentage: Percent | None = None
+
+
+class HTTPRoute(StrictModel):
     name: str = ""
     match: list[HTTPMatchRequest] = Field(default_factory=list)
     route: list[HTTPRouteDestination] = Field(default_factory=list)
@@ -378,17 +396,14 @@ class HTTPRoute(Model):
     retries: HTTPRetry | None = None
     fault: HTTPFaultInjection | None = None
     mirror: Destination | None = None
+    mirrors: list[HTTPMirrorPolicy] = Field(default_factory=list)
+    mirror_percent: int | None = Field(default=None, ge=0, le=100)  # deprecated: mirrorPercentage wins
     mirror_percentage: Percent | None = None
     headers: Headers | None = None
     cors_policy: CorsPolicy | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_delegate(cls, data: object) -> object:
-        # Not modelled: said plainly rather than "route, redirect or directResponse is required".
-        if isinstance(data, dict) and data.get("delegate") is not None:
-            _fail("delegate: VirtualService delegation is not supported by this control plane")
-        return data
+    # VirtualService delegation is not generated. Refused by name (a field error stops the model
+    # checks, so it is not reported as "route, redirect or directResponse is required").
+    delegate: Unsupported = None
 
     @field_validator("route")
     @classmethod
@@ -415,6 +430,8 @@ class HTTPRoute(Model):
                 errs.append("HTTP route rule cannot contain both rewrite and directResponse")
         if self.redirect is None and self.direct_response is None and not self.route:
             errs.append("HTTP route, redirect or directResponse is required")
+        if self.mirror is not None and self.mirrors:
+            errs.append("HTTP route cannot contain both mirror and mirrors")
         authorities = ([self.rewrite.authority] if self.rewrite is not None and self.rewrite.authority else []) \
             + (self.headers.authority() if self.headers is not None else [])
         if len(authorities) > 1:
@@ -423,16 +440,26 @@ class HTTPRoute(Model):
         return self
 
 
-class L4MatchAttributes(Model):
-    destination_subnets: Annotated[list[str], AfterValidator(_subnets)] = Field(default_factory=list)
+class L4MatchAttributes(StrictModel):
+    """TCP/TLS rules are chosen per listener port, gateway and, for sidecars, client (its
+    namespace and labels). The address conditions are not generated, and ignoring them would
+    route every connection, so they are refused when set."""
+
     port: Port | None = None
-    source_labels: Labels = Field(default_factory=dict)
     gateways: GatewayNames = Field(default_factory=list)
+    source_labels: Labels = Field(default_factory=dict)
     source_namespace: Annotated[str | None, AfterValidator(_source_namespace)] = None
+    destination_subnets: Unsupported = None
+    source_subnet: Unsupported = None
 
 
-class TLSMatchAttributes(L4MatchAttributes):
+class TLSMatchAttributes(StrictModel):
     sni_hosts: list[str] = Field(default_factory=list)
+    port: Port | None = None
+    gateways: GatewayNames = Field(default_factory=list)
+    source_labels: Labels = Field(default_factory=dict)
+    source_namespace: Annotated[str | None, AfterValidator(_source_namespace)] = None
+    destination_subnets: Unsupported = None
 
     @model_validator(mode="after")
     def _some(self) -> TLSMatchAttributes:
@@ -441,7 +468,7 @@ class TLSMatchAttributes(L4MatchAttributes):
         return self
 
 
-class TCPRoute(Model):
+class TCPRoute(StrictModel):
     match: list[L4MatchAttributes] = Field(default_factory=list)
     route: list[RouteDestination] = Field(default_factory=list, validate_default=True)
 
@@ -454,7 +481,7 @@ class TCPRoute(Model):
         return route
 
 
-class TLSRoute(Model):
+class TLSRoute(StrictModel):
     match: list[TLSMatchAttributes] = Field(default_factory=list, validate_default=True)
     route: list[RouteDestination] = Field(default_factory=list, validate_default=True)
 
@@ -474,7 +501,7 @@ class TLSRoute(Model):
         return route
 
 
-class VirtualServiceSpec(Model):
+class VirtualServiceSpec(StrictModel):
     hosts: list[str] = Field(default_factory=list)
     gateways: GatewayNames = Field(default_factory=list)
     http: list[HTTPRoute] = Field(default_factory=list)
@@ -516,6 +543,15 @@ class VirtualServiceSpec(Model):
                         errs.append(f"hosts: duplicate hosts in virtual service: {a} & {b}")
         if not self.http and not self.tcp and not self.tls:
             errs.append("http, tcp or tls must be provided in virtual service")
+        # Routers choose tcp/tls rules without looking at the client: a source condition there
+        # would be ignored (applied to every client), so it is refused where a gateway is bound.
+        for kind, rules in (("tcp", self.tcp), ("tls", self.tls)):
+            for i, rule in enumerate(rules):
+                for j, m in enumerate(rule.match):
+                    bound = m.gateways or self.gateways or [MESH_GATEWAY]
+                    if (m.source_labels or m.source_namespace) and any(g != MESH_GATEWAY for g in bound):
+                        errs.append(f"{kind}[{i}].match[{j}]: sourceLabels/sourceNamespace are not supported "
+                                    "on gateways (only for sidecars, the mesh gateway)")
         if not to_gateway:
             for i, rule in enumerate(self.http):
                 for j, m in enumerate(rule.match):

@@ -176,10 +176,13 @@ class Informer:
         try:
             obj = parse_object(item, default_namespace="default")
         except InvalidObject as e:
-            self._rejections[key] = Rejection(f"kube {self.kind.path(key.namespace, key.name)}", e.kind or self.kind.config_kind,
-                                              key.namespace, key.name, e.reason)
-            log.warning("object rejected", source=self._rejections[key].source, kind=self.kind.kind,
-                        namespace=key.namespace, name=key.name, reason=e.reason)
+            source = f"kube {self.kind.path(key.namespace, key.name)}"
+            kind = e.kind or self.kind.config_kind
+            self._rejections[key] = Rejection(source, kind, key.namespace, key.name, e.reason)
+            # One line per refusal, as the file source writes it: where, what, and why (the reason
+            # names the field path).
+            log.warning("object rejected", source=source, kind=self.kind.kind, namespace=key.namespace,
+                        name=key.name, reason=e.reason)
             return None
         self._rejections.pop(key, None)
         return obj

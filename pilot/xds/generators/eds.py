@@ -71,7 +71,7 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
             labels: tuple[tuple[str, str], ...] = ()
             origins = (svc.origin, *(f"WorkloadEntry/{w.key.namespace}/{w.key.name}" for w in wes))
             if subset:
-                dr = ctx.traffic.destination_rule(host, proxy.namespace, svc.namespace)
+                dr = ctx.traffic.destination_rule(host, proxy.namespace, svc.namespace, proxy.labels)
                 spec = next((s for s in dr.obj.spec.subsets if s.name == subset), None) if dr else None
                 if spec is None:
                     continue
@@ -90,7 +90,7 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
             continue
         # A subset's members are the endpoints whose Pods carry its labels; which subset
         # definition applies depends on the client's namespace (DestinationRule precedence).
-        dr = ctx.traffic.destination_rule(host, proxy.namespace, svc.namespace)
+        dr = ctx.traffic.destination_rule(host, proxy.namespace, svc.namespace, proxy.labels)
         spec = next((s for s in dr.obj.spec.subsets if s.name == subset), None) if dr else None
         if spec is None:
             continue

@@ -70,7 +70,7 @@ def _sni_clusters(ctx: PushContext, proxy: Proxy, ref) -> tuple[tuple[str, str],
     for svc in ctx.services:
         if not any(h.namespace in ("*", svc.namespace) and host_matches(h.host, svc.hostname) for h in ref.hosts):
             continue
-        dr = ctx.traffic.destination_rule(svc.hostname, proxy.namespace, svc.namespace)
+        dr = ctx.traffic.destination_rule(svc.hostname, proxy.namespace, svc.namespace, proxy.labels)
         subsets = [s.name for s in dr.obj.spec.subsets] if dr else []  # type: ignore[attr-defined]
         for port in svc.ports:
             if port.protocol.value == "UDP":
@@ -99,22 +99,28 @@ def route_configs(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | No
         vss = tuple(dict.fromkeys(s.virtual_service for s in sources))
         hosts = gateway.referenced_hosts(vss, ctx.domain)
         services = tuple(ctx.by_host[h] for h in sorted(hosts) if h in ctx.by_host)
-        hashes = _hash_policies(ctx, proxy.namespace, hosts)
+        hashes = _hash_policies(ctx, proxy.namespace, hosts, proxy.labels)
         origins = tuple(dict.fromkeys([ref.origin for ref in rv.servers] + [o for v in vss for o in config_origins(v)]))
+        # sourceLabels/sourceNamespace matches test the router itself, as in istiod: only the
+        # labels they ask about are inputs, so routers that agree on them share bytes.
+        asked = {k for v in vss for rule in v.obj.spec.http  # type: ignore[attr-defined]
+                 for m in rule.match for k in m.source_labels}
+        labels = tuple(sorted((k, v) for k, v in proxy.labels.items() if k in asked))
         out.append(cache.resource(ROUTE, name, gateway.gateway_route_config, name, rv.port, tuple(sources),
-                                  ctx.settings.routes.retry, services, ctx.domain, hashes, origins=origins))
+                                  ctx.settings.routes.retry, services, ctx.domain, hashes, proxy.namespace,
+                                  labels, origins=origins))
     return out
 
 
-def _hash_policies(ctx: PushContext, namespace: str, hosts: set[str]) -> tuple:
-    """(host, hash key) for the destinations whose DestinationRule, as this gateway sees it,
+def _hash_policies(ctx: PushContext, namespace: str, hosts: set[str], labels) -> tuple:
+    """(cluster, hash key) for the destinations whose DestinationRule, as this gateway sees it,
     asks for consistent hashing (the key must be on the route for RING_HASH/MAGLEV to work)."""
     out = []
     for host in sorted(hosts):
         svc = ctx.by_host.get(host)
-        dr = ctx.traffic.destination_rule(host, namespace, svc.namespace if svc else namespace)
-        policy = dr.obj.spec.traffic_policy if dr is not None else None  # type: ignore[attr-defined]
-        lb = policy.load_balancer if policy is not None else None
-        if lb is not None and lb.consistent_hash is not None:
-            out.append((host, routes.hash_key(lb.consistent_hash)))
+        if svc is None:
+            continue
+        dr = ctx.traffic.destination_rule(host, namespace, svc.namespace, labels)
+        if dr is not None:
+            out.extend(routes.consistent_hash_keys(dr.obj.spec, host, tuple(p.port for p in svc.ports)))
     return tuple(out)

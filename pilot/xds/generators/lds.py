@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from pilot.durations import parse_duration
 from pilot.model.ports import PortPlan
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
-from pilot.networking import inbound, listeners, names
+from pilot.networking import inbound, listeners, names, tcp_routes
 from pilot.xds.cache import CachedResource, XdsCache
 from pilot.xds.generators import gateway, waypoint
 from pilot.xds.typeurls import LISTENER
@@ -18,13 +19,40 @@ def _origins(plan: PortPlan, by_port) -> tuple[str, ...]:
     return tuple(s.origin for s in svcs)
 
 
-def _tcp_virtual_services(ctx: PushContext, plan: PortPlan) -> tuple:
-    """The VirtualService of each TCP service on the port, if it has tcp or tls rules."""
+def _tcp_virtual_services(ctx: PushContext, plan: PortPlan, namespace: str) -> tuple:
+    """The VirtualService of each TCP service on the port (as a client in `namespace` sees it), if
+    it has tcp or tls rules."""
     out = []
     for svc in plan.tcp_services:
-        vs = ctx.traffic.virtual_service(svc.hostname)
+        vs = ctx.traffic.virtual_service(svc.hostname, namespace)
         out.append(vs if vs is not None and (vs.obj.spec.tcp or vs.obj.spec.tls) else None)
     return tuple(out) if any(out) else ()
+
+
+def _tcp_limits(ctx: PushContext, plan: PortPlan, proxy: Proxy) -> tuple[tuple, tuple[str, ...]]:
+    """Per TCP service, istiod's tcp_proxy limits from its DestinationRule's top-level
+    connectionPool.tcp (idleTimeout, maxConnectionDuration), and the rules read."""
+    out, origins = [], []
+    for svc in plan.tcp_services:
+        dr = ctx.traffic.destination_rule(svc.hostname, proxy.namespace, svc.namespace, proxy.labels)
+        policy = dr.obj.spec.traffic_policy if dr is not None else None
+        pool = policy.connection_pool if policy is not None else None
+        tcp = pool.tcp if pool is not None else None
+        if tcp is None:
+            out.append((None, None))
+            continue
+        origins.append(f"DestinationRule/{dr.key.namespace}/{dr.key.name}")
+        out.append((parse_duration(tcp.idle_timeout) if tcp.idle_timeout is not None else None,
+                    parse_duration(tcp.max_connection_duration) if tcp.max_connection_duration else None))
+    return (tuple(out) if any(v != (None, None) for v in out) else ()), tuple(origins)
+
+
+def _client(proxy: Proxy, vss: tuple) -> tcp_routes.Client:
+    """What of the proxy the tcp/tls matches of these VirtualServices test (nothing, usually:
+    then proxies of every namespace share the listener)."""
+    namespace, keys = tcp_routes.source_conditions(vss)
+    return (proxy.namespace if namespace else "",
+            tuple(sorted((k, v) for k, v in proxy.labels.items() if k in keys)))
 
 
 def _vs_origins(vss: tuple) -> tuple[str, ...]:
@@ -57,20 +85,22 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
                                   listeners.virtual_outbound_listener, settings, origins=("MeshConfig",)))
     for plan in plans:
         bind = view.binds.get(plan.port) or (listeners.LOCALHOST if mode == "NONE" else None)
+        vss = _tcp_virtual_services(ctx, plan, proxy.namespace)
+        limits, dr_origins = _tcp_limits(ctx, plan, proxy) if not plan.http else ((), ())
+        client = _client(proxy, vss)
         if bind is not None:
-            vss = _tcp_virtual_services(ctx, plan)
             out.append(cache.resource(LISTENER, names.listener_name(bind, plan.port), listeners.bound_outbound_listener,
-                                      plan, settings, vss, ctx.domain, bind,
+                                      plan, settings, vss, ctx.domain, bind, limits, client,
                                       origins=_origins(plan, view.by_port) + _sidecar_origin(sidecar)
-                                      + _vs_origins(vss)))
+                                      + _vs_origins(vss) + dr_origins))
         elif plan.port != names.VIRTUAL_OUTBOUND_PORT:
             # (0.0.0.0:15001 is virtualOutbound's own address: Envoy rejects the whole LDS update
             # for a second listener there. Traffic to such a port takes the fallback.)
-            vss = _tcp_virtual_services(ctx, plan)
             out.append(cache.resource(LISTENER, names.listener_name(listeners.WILDCARD, plan.port),
                                       listeners.unbound_outbound_listener, plan, settings, vss, ctx.domain,
+                                      limits, client,
                                       origins=_origins(plan, view.by_port) + _sidecar_origin(sidecar)
-                                      + _vs_origins(vss)))
+                                      + _vs_origins(vss) + dr_origins))
     out.extend(_inbound(ctx, proxy, settings, {r.name for r in out}, cache))
     if requested is not None:
         out = [r for r in out if r.name in requested]

@@ -40,7 +40,7 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         everything = ctx.services if any(vss) else ()
         origins = tuple(s.origin for s in http) + tuple(
             o for v in dict.fromkeys(v for v in vss if v) for o in config_origins(v))
-        hashes = _hash_policies(ctx, proxy.namespace)
+        hashes = _hash_policies(ctx, proxy.namespace, proxy.labels)
         # Only the labels some sourceLabels match asks about: proxies that agree on them share output.
         asked = {k for sel in ctx.traffic.source_selectors for k, _ in sel}
         labels = tuple(sorted((k, v) for k, v in proxy.labels.items() if k in asked))
@@ -51,15 +51,15 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
     return out
 
 
-def _hash_policies(ctx: PushContext, namespace: str) -> tuple:
-    """(host, hash key) for every service whose DestinationRule, as this client sees it, asks
-    for consistent hashing."""
+def _hash_policies(ctx: PushContext, namespace: str, labels) -> tuple:
+    """(cluster, hash key) for every cluster whose DestinationRule, as this client sees it, asks
+    for consistent hashing (the subset's and the port's policy merged in, as for the cluster)."""
     out = []
-    for host, entries in ctx.traffic.destination_rules.items():
+    for host in ctx.traffic.destination_rules:  # (a wildcard host's rule adds no hash policy yet)
         svc = ctx.by_host.get(host)
-        dr = ctx.traffic.destination_rule(host, namespace, svc.namespace if svc else namespace)
-        policy = dr.obj.spec.traffic_policy if dr is not None else None
-        lb = policy.load_balancer if policy is not None else None
-        if lb is not None and lb.consistent_hash is not None:
-            out.append((host, routes.hash_key(lb.consistent_hash)))
+        if svc is None:
+            continue
+        dr = ctx.traffic.destination_rule(host, namespace, svc.namespace, labels)
+        if dr is not None:
+            out.extend(routes.consistent_hash_keys(dr.obj.spec, host, tuple(p.port for p in svc.ports)))
     return tuple(sorted(out))

@@ -120,6 +120,13 @@ ENABLE_AMBIENT = _knob("PILOT_ENABLE_AMBIENT", "false", _bool,
                        "Serve ztunnel (ambient mode): WDS and L4 authorization over delta xDS, waypoints. "
                        "Without it ztunnel connections are refused.")
 
+# Not an istiod knob: the switch the push benchmark measures recording's cost with. Off, every
+# change pushes every watched type to every connected proxy (correct, and wasteful).
+RECORD_DEPENDENCIES = _knob(
+    "PILOT_RECORD_DEPENDENCIES", "true", _bool,
+    "Record what each generated result read and push a change only to the proxies and types whose "
+    "config read it (pilot/model/dependencies.py). Off: every change pushes everything.")
+
 
 def _csv(text: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in text.split(",") if p.strip())
@@ -181,6 +188,7 @@ class Features:
     token_audiences: tuple[str, ...] = ("istio-ca",)
     trusted_node_accounts: tuple[str, ...] = ("istio-system/ztunnel",)
     enable_ambient: bool = False
+    record_dependencies: bool = True
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Features:
@@ -205,4 +213,5 @@ class Features:
             token_audiences=TOKEN_AUDIENCES.get(environ),
             trusted_node_accounts=CA_TRUSTED_NODE_ACCOUNTS.get(environ),
             enable_ambient=ENABLE_AMBIENT.get(environ),
+            record_dependencies=RECORD_DEPENDENCIES.get(environ),
         )

@@ -22,7 +22,7 @@ def _tcp_virtual_services(ctx: PushContext, plan: PortPlan) -> tuple:
     """The VirtualService of each TCP service on the port, if it has tcp or tls rules."""
     out = []
     for svc in plan.tcp_services:
-        vs = ctx.traffic.virtual_service(svc.hostname)
+        vs = ctx.virtual_service(svc.hostname)
         out.append(vs if vs is not None and (vs.obj.spec.tcp or vs.obj.spec.tls) else None)
     return tuple(out) if any(out) else ()
 
@@ -125,11 +125,11 @@ def resolve_host_port(ctx: PushContext, name: str):
     if not sep or not port_text.isdigit():
         return None
     port = int(port_text)
-    svc = ctx.by_host.get(host)
+    svc = ctx.service(host)
     if svc is None:
         parts = host.split(".")
         if len(parts) in (2, 3) and (len(parts) == 2 or parts[2] == "svc"):
-            svc = ctx.by_host.get(f"{parts[0]}.{parts[1]}.svc.{ctx.domain}")
+            svc = ctx.service(f"{parts[0]}.{parts[1]}.svc.{ctx.domain}")
     if svc is None or svc.port(port) is None:
         return None
     return svc, port

@@ -35,9 +35,9 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         if view.registry_only is not None and view.registry_only != settings.registry_only:
             settings = replace(settings, registry_only=view.registry_only)  # the Sidecar's policy wins
         http = view.http_by_port.get(port, ())
-        vss = tuple(ctx.traffic.virtual_service(s.hostname, proxy.namespace) for s in http)
+        vss = tuple(ctx.virtual_service(s.hostname, proxy.namespace) for s in http)
         # Destination ports come from any service, so all of them are inputs when a VS applies.
-        everything = ctx.services if any(vss) else ()
+        everything = ctx.all_services() if any(vss) else ()
         origins = tuple(s.origin for s in http) + tuple(
             o for v in dict.fromkeys(v for v in vss if v) for o in config_origins(v))
         hashes = _hash_policies(ctx, proxy.namespace)
@@ -55,9 +55,9 @@ def _hash_policies(ctx: PushContext, namespace: str) -> tuple:
     """(host, hash key) for every service whose DestinationRule, as this client sees it, asks
     for consistent hashing."""
     out = []
-    for host, entries in ctx.traffic.destination_rules.items():
-        svc = ctx.by_host.get(host)
-        dr = ctx.traffic.destination_rule(host, namespace, svc.namespace if svc else namespace)
+    for host in ctx.destination_rules():
+        svc = ctx.service(host)
+        dr = ctx.destination_rule(host, namespace, svc.namespace if svc else namespace)
         policy = dr.obj.spec.traffic_policy if dr is not None else None
         lb = policy.load_balancer if policy is not None else None
         if lb is not None and lb.consistent_hash is not None:

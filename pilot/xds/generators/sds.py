@@ -52,21 +52,21 @@ def _resource(ctx: PushContext, proxy: Proxy, name: str, cache: XdsCache) -> Cac
     namespace, slash, secret_name = ref.rpartition("/")
     if not slash:
         namespace, secret_name = proxy.namespace, ref
-    granted = namespace != proxy.namespace and ctx.gateway_api.allows_credential(proxy.namespace, namespace,
+    granted = namespace != proxy.namespace and ctx.allows_credential(proxy.namespace, namespace,
                                                                                  secret_name)
     if not secret_name or (namespace != proxy.namespace and not granted):
         log.info("secret in another namespace refused", name=name, proxy_namespace=proxy.namespace)
         return None
-    index = ctx.gateways
     if secret_name.endswith(CA_SUFFIX):
-        entry = index.secret(namespace, secret_name) or index.secret(namespace, secret_name[:-len(CA_SUFFIX)])
+        entry = (ctx.gateway_secret(namespace, secret_name)
+                 or ctx.gateway_secret(namespace, secret_name[:-len(CA_SUFFIX)]))
         ca = _ca(entry) if entry is not None else None
         if ca is None:
             if entry is None:
                 log.info("gateway CA secret not found", name=name, namespace=namespace)
             return None
         return cache.resource(SECRET, name, validation_context_secret, name, ca, origins=(_origin(entry),))
-    entry = index.secret(namespace, secret_name)
+    entry = ctx.gateway_secret(namespace, secret_name)
     if entry is None:
         log.info("gateway secret not found", name=name, namespace=namespace)
         return None

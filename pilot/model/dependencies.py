@@ -280,7 +280,8 @@ class Matcher:
     def _scope(self, sidecar: Entry) -> bool:
         found = self._scopes.get(sidecar)
         if found is None:
-            found = self._scopes[sidecar] = any(egress_names(sidecar, ns, h) for ns, h in self.change.services)
+            found = any(egress_names(sidecar, ns, h) for ns, h in self.change.services)
+            self._scopes[sidecar] = found
         return found
 
     def names(self, d: Deps) -> frozenset[str] | None:

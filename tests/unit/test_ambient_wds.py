@@ -11,8 +11,8 @@ import time
 import pytest
 
 from pilot.gen.workloadapi import workload_pb2 as wapi
-from pilot.model.events import push_request_for
 from pilot.model.ambient.index import ambient_index
+from pilot.model.events import push_request_for
 from pilot.model.store import ConfigKey, Event
 from pilot.xds.generated import Generated, plan_response
 from pilot.xds.generators import wds

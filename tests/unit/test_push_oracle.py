@@ -36,8 +36,10 @@ from pilot.model.push_context import PushContext
 from pilot.model.store import ConfigKey, Store
 from pilot.xds import typeurls as T
 from pilot.xds.cache import CachedResource, XdsCache
-from pilot.xds.connection import Connection, WatchedResource
+from pilot.xds.connection import Connection
 from pilot.xds.discovery import GENERATORS, DiscoveryServer
+from tests.support.scoping import discard as _discard
+from tests.support.scoping import pushed, subscribe
 
 from .oracle_mesh import SYSTEM_NS, slots
 
@@ -222,46 +224,6 @@ def expected_config(store: Store, mesh: MeshHolder, plist: list[Proxy]):
 # --- the server's side ---------------------------------------------------------------------------
 
 
-async def _discard(body: bytes) -> None:
-    return None
-
-
-def _watch(conn: Connection, type_url: str, names: frozenset[str] | None) -> WatchedResource:
-    w = conn.watched.get(type_url)
-    if w is None:
-        w = conn.watched[type_url] = WatchedResource(type_url, wildcard=names is None)
-    if names is not None:
-        w.names = names
-    return w
-
-
-async def subscribe(
-    server: DiscoveryServer, conn: Connection, names: Mapping[str, frozenset[str] | None]
-) -> None:
-    """What a client does when its wanted names change: (re)subscribe, and get an answer."""
-    for t, n in names.items():
-        w = conn.watched.get(t)
-        if w is None or (n is not None and n != w.names):
-            await server.respond(conn, _watch(conn, t, n), _discard)
-
-
-def pushed(server: DiscoveryServer, conn: Connection) -> Mapping[str, frozenset[str] | None] | None:
-    """The types (and per-resource names) the server's scoping queued for this connection.
-    {} = not pushed; None = every watched type whole. (Without a per-connection scope, as before
-    dependency recording: a full push meant every type, an endpoint push the EDS subset and the
-    ztunnel types.)"""
-    req = conn.pending_push
-    if req is None:
-        return {}
-    if not hasattr(req, "scope"):
-        return (
-            None
-            if req.full
-            else {T.ENDPOINT: server._eds_subset(conn, req), T.ADDRESS: None, T.AUTHORIZATION: None}
-        )
-    return req.scope
-
-
 def _versions(resources: Mapping[str, CachedResource]) -> dict[str, str]:
     return {n: r.version for n, r in resources.items()}
 
@@ -341,7 +303,7 @@ class Oracle:
                 changed_any = True
                 differ = sorted(n for n in old.keys() | new.keys() if old.get(n) != new.get(n))
                 if scope is not None and t not in scope:
-                    self.misses.append(f"{what}: {conn.proxy.id} not pushed {T.SHORT[t]} (changed: {differ[:4]})")
+                    self.misses.append(f"{what}: {conn.proxy.id} not pushed {T.SHORT[t]} ({differ[:4]})")
                     continue
                 names = None if scope is None else scope[t]
                 if names is not None:

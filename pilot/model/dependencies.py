@@ -230,11 +230,12 @@ def change_of(keys: Iterable[ConfigKey], old, new, *, mesh_changed: bool, servic
         if k.kind in ambient_kinds:
             facets.add(AMBIENT)
     services: list[tuple[str, str]] = []
-    if new is not old:
+    if new is not old and old.by_host is not new.by_host:  # an endpoint push keeps the services
         for h in _diff(old.by_host, new.by_host):
             svc = new.by_host.get(h) or old.by_host.get(h)
             facets.update((host(h), ns_services(svc.namespace), ALL_SERVICES))
             services.append((svc.namespace, h))
+    if new is not old:
         ot, nt = old.traffic, new.traffic
         if ot is not nt:
             for h in _diff(ot.destination_rules, nt.destination_rules):

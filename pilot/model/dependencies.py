@@ -11,7 +11,8 @@ A facet is a small tuple naming one thing a lookup depended on, present or absen
   Service or ServiceEntry with that host meets it);
 - ("services",) every service, ("ns-services", NS) those of one namespace;
 - ("slices", NS, SVC) the EndpointSlices of a Kubernetes Service; ("pod", NS, NAME) a Pod an
-  endpoint refers to (whether or not that Pod exists yet);
+  endpoint refers to (whether or not that Pod exists yet); ("sans", H) the identities of a
+  Kubernetes service's workloads (the set: a change meets it only when the set differs);
 - ("dr", H) / ("vs", H) the DestinationRules / VirtualServices claiming host H, ("dr*",) /
   ("vs*",) one with a wildcard host, ("dr-all",) every DestinationRule;
 - ("sidecars", NS) the Sidecars of a namespace (selection runs over all of them);
@@ -156,6 +157,7 @@ def describe(f: tuple) -> str:
         "ns-services": "every Service and ServiceEntry in namespace {}",
         "slices": "EndpointSlices of Service {}/{}",
         "pod": "Pod/{}/{}",
+        "sans": "the service accounts of the Pods behind {}",
         "dr": "DestinationRules for host {}",
         "dr*": "DestinationRules with a wildcard host",
         "dr-all": "every DestinationRule",
@@ -235,6 +237,7 @@ def change_of(keys: Iterable[ConfigKey], old, new, *, mesh_changed: bool, servic
             svc = new.by_host.get(h) or old.by_host.get(h)
             facets.update((host(h), ns_services(svc.namespace), ALL_SERVICES))
             services.append((svc.namespace, h))
+    facets.update(_identities_changed(keys, old, new, service_endpoints_kind))
     if new is not old:
         ot, nt = old.traffic, new.traffic
         if ot is not nt:
@@ -254,6 +257,34 @@ def change_of(keys: Iterable[ConfigKey], old, new, *, mesh_changed: bool, servic
         if old.gateway_api.credentials != new.gateway_api.credentials:
             facets.add(GRANTS)
     return Change(frozenset(facets), tuple(services), False, keys)
+
+
+def _identities_changed(keys: frozenset[ConfigKey], old, new, service_endpoints_kind: str) -> set[tuple]:
+    """("sans", HOST) for the Kubernetes services whose workload identities (the service
+    accounts of their endpoints' Pods, what mTLS clients verify) differ: only the services
+    whose EndpointSlices changed or whose slices name a changed Pod are compared."""
+    candidates = {(k.namespace, k.name) for k in keys if k.kind == service_endpoints_kind}
+    pods = {(k.namespace, k.name) for k in keys if k.kind == "Pod"}
+    if pods:
+        for ctx in (old, new):
+            for (ns, name), entries in ctx.slices.items():
+                if (ns, name) in candidates:
+                    continue
+                for e in entries:
+                    if any(ep.target_ref is not None and ep.target_ref.kind == "Pod"
+                           and (ep.target_ref.namespace or ns, ep.target_ref.name) in pods
+                           for ep in e.obj.endpoints):
+                        candidates.add((ns, name))
+                        break
+    out = set()
+    for ns, name in candidates:
+        h = f"{name}.{ns}.svc.{new.domain}"
+        a, b = old.by_host.get(h), new.by_host.get(h)
+        if a is None or b is None or a.kind != "Service" or b.kind != "Service":
+            continue  # the service itself came or went: its host facets say so
+        if old.service_accounts(a) != new.service_accounts(b):
+            out.add(("sans", h))
+    return out
 
 
 class Matcher:

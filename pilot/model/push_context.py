@@ -135,23 +135,21 @@ class PushContext:
         finally:
             self._rec.pop()
 
-    @contextmanager
-    def recording_resource(self, name: str) -> Iterator[dep.Deps | None]:
-        """Within a recording: note what the block reads as the Deps of resource `name` alone
-        (for types pushed resource by resource: EDS)."""
+    def begin_resource(self, name: str) -> bool:
+        """Within a recording: what is read until `end_resource` is the Deps of resource `name`
+        alone (types pushed resource by resource: EDS). False, and nothing to end, otherwise."""
         rec = self._rec
         if not rec:
-            yield None
-            return
+            return False
         top = rec[-1]
         if top.named is None:
             top.named = {}
         deps = top.named[name] = dep.Deps()
         rec.append(deps)
-        try:
-            yield deps
-        finally:
-            rec.pop()
+        return True
+
+    def end_resource(self) -> None:
+        self._rec.pop()
 
     def _note(self, *facets: tuple) -> None:
         rec = self._rec
@@ -284,7 +282,20 @@ class PushContext:
     def service_accounts(self, svc: MeshService) -> tuple[str, ...]:
         """The SPIFFE identities a service's workloads run as (what mTLS clients verify): the
         service accounts of its Pods or WorkloadEntries, and a ServiceEntry's subjectAltNames."""
-        return self._memoized(("sans", svc.hostname), lambda: self._service_accounts(svc))
+        if svc.kind == "ServiceEntry":
+            return self._memoized(("sans", svc.hostname), lambda: self._service_accounts(svc))
+        # A Kubernetes service's identities come from its endpoints' Pods, which change often;
+        # what the result depends on is the set itself: an endpoint push compares it before and
+        # after (dependencies.change_of) and only a new set meets this, so an endpoint change
+        # regenerates only the ClusterLoadAssignments it touches, mTLS clients' CDS included.
+        if self._rec:
+            self._rec[-1].facets.add(("sans", svc.hostname))
+        key = ("sans", svc.hostname)
+        sans = self._memo.get(key)
+        if sans is None:
+            with self.recording():  # its reads are summarised by the one facet above
+                sans = self._memo[key] = self._service_accounts(svc)
+        return sans
 
     def _service_accounts(self, svc: MeshService) -> tuple[str, ...]:
         td = self.mesh.trust_domain

@@ -146,8 +146,12 @@ class DiscoveryServer:
         for reason, n in req.reasons.items():
             self.metrics.push_triggers.labels(reason).inc(n)
         queued = 0
+        scoped: dict[int, PushRequest] = {}  # one request per distinct scope (shared, never mutated)
         for conn, scope in self.scope(req, previous).items():
-            conn.enqueue_push(req.scoped(scope))
+            one = scoped.get(id(scope))
+            if one is None:
+                one = scoped[id(scope)] = req.scoped(scope)
+            conn.enqueue_push(one)
             self._busy.add(conn.id)
             queued += 1
         if self._busy:
@@ -174,14 +178,22 @@ class DiscoveryServer:
         change = dependencies.change_of(req.config_keys, previous, ctx, mesh_changed=mesh_changed,
                                         service_endpoints_kind=SERVICE_ENDPOINTS,
                                         ambient_kinds=AMBIENT_INPUT_KINDS)
+        if change.everything:
+            return {conn: None for conn in conns}
         matcher = Matcher(change)
         out: dict[Connection, Scope | None] = {}
+        # Connections given the same results hold the same Deps objects: scoped once per state.
+        by_state: dict[tuple, tuple[list, Scope]] = {}
         for conn in conns:
             held = self._deps.get(conn.id, {})
-            watched = {t: held.get(t) for t in conn.watched if t in GENERATORS}
-            found = dependencies.push_scope(matcher, watched, typeurls.CLUSTER, typeurls.ENDPOINT)
-            if found:
-                out[conn] = found
+            state = tuple((t, id(held.get(t))) for t in conn.watched if t in GENERATORS)
+            hit = by_state.get(state)
+            if hit is None:
+                watched = {t: held.get(t) for t in conn.watched if t in GENERATORS}
+                found = dependencies.push_scope(matcher, watched, typeurls.CLUSTER, typeurls.ENDPOINT)
+                hit = by_state[state] = ([held.get(t) for t in watched], found)  # keeps the ids alive
+            if hit[1]:
+                out[conn] = hit[1]
         return out
 
     def _subset(self, names: frozenset[str], watched: frozenset[str]) -> frozenset[str]:

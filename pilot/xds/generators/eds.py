@@ -53,8 +53,12 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
     endpoint change regenerates only the ClusterLoadAssignments that read it)."""
     out: list[CachedResource] = []
     for name in sorted(requested or ()):
-        with ctx.recording_resource(name):
+        recording = ctx.begin_resource(name)
+        try:
             res = _load_assignment(ctx, proxy, name, cache)
+        finally:
+            if recording:
+                ctx.end_resource()
         if res is not None:
             out.append(res)
     return out

@@ -140,6 +140,13 @@ ENABLE_AMBIENT = _knob("PILOT_ENABLE_AMBIENT", "false", _bool,
                        "Serve ztunnel (ambient mode): WDS and L4 authorization over delta xDS, waypoints. "
                        "Without it ztunnel connections are refused.")
 
+# Not an istiod knob: the switch the push benchmark measures recording's cost with. Off, every
+# change pushes every watched type to every connected proxy (correct, and wasteful).
+RECORD_DEPENDENCIES = _knob(
+    "PILOT_RECORD_DEPENDENCIES", "true", _bool,
+    "Record what each generated result read and push a change only to the proxies and types whose "
+    "config read it (pilot/model/dependencies.py). Off: every change pushes everything.")
+
 
 def _native_sidecar_mode(text: str) -> str:
     t = text.strip()
@@ -232,6 +239,7 @@ class Features:
     xds_max_resource_names: int = 100_000
     enable_debug_endpoint_auth: bool = True
     debug_endpoint_auth_allowed_namespaces: tuple[str, ...] = ()
+    record_dependencies: bool = True
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Features:
@@ -263,6 +271,7 @@ class Features:
             xds_max_resource_names=XDS_MAX_RESOURCE_NAMES.get(environ),
             enable_debug_endpoint_auth=ENABLE_DEBUG_ENDPOINT_AUTH.get(environ),
             debug_endpoint_auth_allowed_namespaces=DEBUG_ENDPOINT_AUTH_ALLOWED_NAMESPACES.get(environ),
+            record_dependencies=RECORD_DEPENDENCIES.get(environ),
         )
 
 

@@ -10,6 +10,8 @@ from aiohttp import web
 from pilot.config.gateway_api import GATEWAY_API_KINDS
 from pilot.http import config_dump
 from pilot.http.ambient_debug import AmbientDebug
+from pilot.model import dependencies
+from pilot.model.dependencies import Deps
 from pilot.model.events import SERVICE_ENDPOINTS
 from pilot.model.gateways import config_origins
 from pilot.model.store import ConfigKey
@@ -32,6 +34,17 @@ def _key_ref(key: str) -> str:
     """`ServiceEndpoints/ns/name` is an endpoint change of Service ns/name."""
     kind, _, rest = key.partition("/")
     return f"Service/{rest}" if kind == SERVICE_ENDPOINTS else key
+
+
+def _inputs(deps: Deps, name: str) -> list[str]:
+    """Everything a resource's build read (for a per-resource type, that resource's part), as
+    an operator names it: objects (Pods included), and the lookups a new object could meet."""
+    if deps.named is not None:
+        part = deps.named.get(name)
+        mine = dependencies.Deps()
+        mine.facets, mine.children = set(deps.facets), [*deps.children, *([part] if part else [])]
+        deps = mine
+    return sorted({dependencies.describe(f) for f in deps.all_facets()})
 
 
 def _json(data, status: int = 200) -> web.Response:
@@ -248,7 +261,9 @@ class DebugHandlers:
             return _json({"error": f"unknown type {type_url!r}", "types": sorted(GENERATORS)}, status=400)
         server = self.server
         ctx = server.push_context
-        found = [r for r in GENERATORS[type_url](ctx, conn.proxy, frozenset([name]), server.cache) if r.name == name]
+        with ctx.recording() as deps:  # what building it reads: the inputs a change must meet
+            found = [r for r in GENERATORS[type_url](ctx, conn.proxy, frozenset([name]), server.cache)
+                     if r.name == name]
         w = conn.watched.get(type_url)
         held = w.sent.get(name) if w else None
         if not found and held is None:
@@ -262,6 +277,11 @@ class DebugHandlers:
         if w is not None:
             out["proxy_holds"]["last_response_acked"] = bool(w.nonce_sent) and w.nonce_sent == w.nonce_acked
             out["proxy_holds"]["nack"] = _nack(w)
+        out["inputs"] = _inputs(deps, name)
+        held = server.held_deps(conn, type_url)
+        if held is not None:
+            # What the server matches changes against for this proxy (the config it was given).
+            out["proxy_holds"]["inputs"] = _inputs(held, name)
         if res is not None:
             out["built_from"] = [self._origin(o) for o in res.origins]
             push_version = server.history.built_in(type_url, name, res.version)

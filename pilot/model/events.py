@@ -1,26 +1,25 @@
-"""Which push a batch of Store events calls for (pure: events in, PushRequest out)."""
+"""Which push a batch of Store events calls for (pure: events in, PushRequest out).
+
+This decides only how much of the PushContext to rebuild: nothing (a kind no index reads),
+the endpoint indexes (PushContext.ENDPOINT_KINDS), or all of it. Which proxies and types a
+change reaches is not decided here: pilot/model/dependencies.py matches the changed keys
+against what each proxy's generated config read.
+"""
 
 from __future__ import annotations
 
 from pilot.model import push_request as reasons
+from pilot.model.push_context import CONTEXT_KINDS, ENDPOINT_KINDS
 from pilot.model.push_request import PushRequest
 from pilot.model.store import ConfigKey, Event
 
 # The synthetic key an endpoint change carries: the service whose endpoints moved.
 SERVICE_ENDPOINTS = "ServiceEndpoints"
-# Every service of a namespace (a Pod's labels changed: subsets may have changed members).
-NAMESPACE_ENDPOINTS = "NamespaceEndpoints"
-TRAFFIC_KINDS = ("VirtualService", "DestinationRule", "ServiceEntry", "Sidecar", "Gateway",
-                 "Secret",  # gateway credentials (SDS)
-                 "GatewayClass", "KubernetesGateway", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute",
-                 "ReferenceGrant")
-# Inbound filters (mTLS mode, jwt_authn, RBAC) of the workloads they select.
-SECURITY_KINDS = ("PeerAuthentication", "AuthorizationPolicy", "RequestAuthentication")
 
 
 def push_request_for(events: list[Event], mesh_configmap: ConfigKey) -> PushRequest | None:
-    """None when nothing generated can change (Pods, Namespaces other than label changes, and
-    unrelated ConfigMaps are kept for the registry but feed no generator)."""
+    """None when no index of the PushContext reads what changed (ConfigMaps other than the mesh's,
+    kinds kept for the registry only)."""
     req: PushRequest | None = None
     for ev in events:
         r = _one(ev, mesh_configmap)
@@ -31,42 +30,20 @@ def push_request_for(events: list[Event], mesh_configmap: ConfigKey) -> PushRequ
 
 def _one(ev: Event, mesh_configmap: ConfigKey) -> PushRequest | None:
     kind = ev.key.kind
-    if kind == "EndpointSlice":
-        keys = {ev.key}
-        for entry in (ev.old, ev.new):
-            svc = entry.obj.service_name if entry else None  # type: ignore[attr-defined]
-            if svc:
-                keys.add(ConfigKey(SERVICE_ENDPOINTS, ev.key.namespace, svc))
-        r = PushRequest(full=False, config_keys=keys)
-        r.reasons[reasons.ENDPOINT_UPDATE] += 1
-        return r
-    if kind == "Service":
-        r = PushRequest(full=True, config_keys={ev.key})
-        r.reasons[reasons.SERVICE_UPDATE] += 1
-        return r
-    if kind in TRAFFIC_KINDS or kind in SECURITY_KINDS:
-        r = PushRequest(full=True, config_keys={ev.key})
-        r.reasons[reasons.CONFIG_UPDATE] += 1
-        return r
-    if kind == "WorkloadEntry":
-        # WorkloadEntries are endpoints of the ServiceEntries that select them, in their namespace.
-        r = PushRequest(full=False, config_keys={ev.key, ConfigKey(NAMESPACE_ENDPOINTS, "", ev.key.namespace)})
-        r.reasons[reasons.ENDPOINT_UPDATE] += 1
-        return r
-    if kind == "Pod" and ev.old is not None and ev.new is not None and \
-            ev.old.obj.metadata.labels != ev.new.obj.metadata.labels:
-        # Subset membership follows Pod labels: refresh the namespace's endpoints.
-        r = PushRequest(full=False, config_keys={ev.key, ConfigKey(NAMESPACE_ENDPOINTS, "", ev.key.namespace)})
-        r.reasons[reasons.ENDPOINT_UPDATE] += 1
-        return r
-    if kind == "Namespace" and ev.old is not None and ev.new is not None and \
-            ev.old.obj.metadata.labels != ev.new.obj.metadata.labels:
-        # Gateway API listeners may admit routes by their namespace's labels.
-        r = PushRequest(full=True, config_keys={ev.key})
-        r.reasons[reasons.CONFIG_UPDATE] += 1
-        return r
     if ev.key == mesh_configmap:
         r = PushRequest(full=True, config_keys={ev.key})
         r.reasons[reasons.MESH_UPDATE] += 1
         return r
-    return None
+    if kind not in CONTEXT_KINDS:
+        return None
+    keys = {ev.key}
+    if kind == "EndpointSlice":
+        for entry in (ev.old, ev.new):
+            svc = entry.obj.service_name if entry else None  # type: ignore[attr-defined]
+            if svc:
+                keys.add(ConfigKey(SERVICE_ENDPOINTS, ev.key.namespace, svc))
+    full = kind not in ENDPOINT_KINDS
+    r = PushRequest(full=full, config_keys=keys)
+    r.reasons[reasons.ENDPOINT_UPDATE if not full else
+              reasons.SERVICE_UPDATE if kind == "Service" else reasons.CONFIG_UPDATE] += 1
+    return r

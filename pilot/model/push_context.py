@@ -7,12 +7,14 @@ that shares the services and replaces only the endpoint index.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from pilot.config.mesh import MeshConfig
-from pilot.model.ambient.index import AmbientInputs
+from pilot.model import dependencies as dep
+from pilot.model.ambient.index import AMBIENT_INPUT_KINDS, AmbientInputs
 from pilot.model.gateway_api import EMPTY as NO_GATEWAY_API
 from pilot.model.gateway_api import GatewayApiResult, translate
 from pilot.model.gateways import GatewayIndex
@@ -33,6 +35,16 @@ from pilot.model.services import (
 from pilot.model.sidecar_scope import ServiceView, scoped_view, select_sidecar
 from pilot.model.store import Entry, Store
 from pilot.model.traffic import TrafficIndex
+
+# Store kinds an endpoint-only refresh (`with_endpoints`) covers: a change of only these keeps
+# every other index (services, traffic rules, gateways, policies) and rebuilds these.
+ENDPOINT_KINDS = frozenset({"EndpointSlice", "Pod", "WorkloadEntry", "Node"})
+# Every Store kind `build` reads, directly or through its indexes and translations (Gateway API
+# reads Services, Secrets and Namespace labels too). Other kinds cannot change generated config.
+CONTEXT_KINDS = ENDPOINT_KINDS | AMBIENT_INPUT_KINDS | frozenset({
+    "Service", "ServiceEntry", "VirtualService", "DestinationRule", "Sidecar", "Gateway", "Secret",
+    "PeerAuthentication", "AuthorizationPolicy", "RequestAuthentication", "Namespace",
+    "GatewayClass", "KubernetesGateway", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute", "ReferenceGrant"})
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,8 @@ class PushContext:
     ambient: AmbientInputs = field(default_factory=AmbientInputs)  # what only ztunnel's config reads
     # Gateway API objects: the Istio config they become (also in `gateways`) and their status.
     gateway_api: GatewayApiResult = NO_GATEWAY_API
+    # The Deps being recorded (innermost last) while a result is generated: see `recording`.
+    _rec: list = field(default_factory=list, compare=False, repr=False)
 
     @classmethod
     def build(cls, store: Store, mesh: MeshConfig, mesh_version: str, domain: str, version: str,
@@ -109,37 +123,156 @@ class PushContext:
             ambient=AmbientInputs.build(store),
         )
 
+    # --- dependency recording (pilot/model/dependencies.py) ------------------------------------
+    @contextmanager
+    def recording(self, deps: dep.Deps | None = None) -> Iterator[dep.Deps]:
+        """Note into `deps` what the accessors are asked while the block runs (generation is
+        synchronous, so a stack is enough; nested recordings note into the innermost)."""
+        deps = dep.Deps() if deps is None else deps
+        self._rec.append(deps)
+        try:
+            yield deps
+        finally:
+            self._rec.pop()
+
+    def begin_resource(self, name: str) -> bool:
+        """Within a recording: what is read until `end_resource` is the Deps of resource `name`
+        alone (types pushed resource by resource: EDS). False, and nothing to end, otherwise."""
+        rec = self._rec
+        if not rec:
+            return False
+        top = rec[-1]
+        if top.named is None:
+            top.named = {}
+        deps = top.named[name] = dep.Deps()
+        rec.append(deps)
+        return True
+
+    def end_resource(self) -> None:
+        self._rec.pop()
+
+    def _note(self, *facets: tuple) -> None:
+        rec = self._rec
+        if rec:
+            rec[-1].facets.update(facets)
+
+    def _note_child(self, child: dep.Deps) -> None:
+        rec = self._rec
+        if rec:
+            rec[-1].add_child(child)
+
+    def _memoized(self, key, compute):
+        """A per-push derived value with the Deps of computing it: a later caller that gets the
+        memoized value still depends on everything the first computation read."""
+        hit = self._memo.get(key)
+        if hit is None:
+            with self.recording() as deps:
+                value = compute()
+            hit = self._memo[key] = (value, deps)
+        self._note_child(hit[1])
+        return hit[0]
+
+    def service(self, hostname: str) -> MeshService | None:
+        """The service with this host (a Service, or a ServiceEntry's host), if any."""
+        if self._rec:
+            self._rec[-1].facets.add(("host", hostname))
+        return self.by_host.get(hostname)
+
+    def all_services(self) -> tuple[MeshService, ...]:
+        self._note(dep.ALL_SERVICES)
+        return self.services
+
+    def destination_rule(self, host: str, client_namespace: str, service_namespace: str,
+                         client_labels: Mapping[str, str] | None = None) -> Entry | None:
+        """The rule in force for a client (`client_labels`: its workload's, for workloadSelector
+        rules; the generation memo keys proxies by which selectors they match)."""
+        if self._rec:
+            self._rec[-1].facets.update((("dr", host), dep.DR_WILDCARD))
+        return self.traffic.destination_rule(host, client_namespace, service_namespace, client_labels)
+
+    def destination_rules(self) -> Mapping[str, tuple[Entry, ...]]:
+        """Every DestinationRule by host (consistent-hash policies are read across all)."""
+        self._note(dep.DR_ALL, dep.DR_WILDCARD)
+        return self.traffic.destination_rules
+
+    def virtual_service(self, host: str, client_namespace: str = "") -> Entry | None:
+        if self._rec:
+            self._rec[-1].facets.update((("vs", host), dep.VS_WILDCARD))
+        return self.traffic.virtual_service(host, client_namespace)
+
+    def gateway_index(self) -> GatewayIndex:
+        """Gateways and the VirtualServices bound to them (what routers are built from)."""
+        self._note(dep.GATEWAYS)
+        return self.gateways
+
+    def gateway_secret(self, namespace: str, name: str) -> Entry | None:
+        self._note(dep.secret(namespace, name))
+        return self.gateways.secret(namespace, name)
+
+    def allows_credential(self, proxy_namespace: str, namespace: str, name: str) -> bool:
+        self._note(dep.GRANTS)
+        return self.gateway_api.allows_credential(proxy_namespace, namespace, name)
+
+    def workload_policies(self, namespace: str, labels: Mapping[str, str]):
+        """AuthorizationPolicies and RequestAuthentications selecting a workload."""
+        self._note(dep.security(namespace), dep.security(self.mesh.root_namespace), dep.JWKS)
+        return self.security.for_workload(namespace, labels)
+
+    def authorization_policies(self) -> Mapping[str, tuple[Entry, ...]]:
+        self._note(dep.kind("AuthorizationPolicy"))
+        return self.security.authorization_policies
+
+    def note_ambient(self) -> None:
+        """ztunnel's index reads whole kinds (AMBIENT_INPUT_KINDS): one facet stands for them."""
+        self._note(dep.AMBIENT)
+
+    def waypoint_gateways(self) -> tuple[Entry, ...]:
+        self._note(dep.kind("KubernetesGateway"), dep.kind("GatewayClass"))
+        return self.ambient.gateways
+
     @property
     def conflicts(self) -> tuple[str, ...]:
         """Services that lost their port to another protocol (shown in /debug/push_status)."""
         return self.full_view.conflicts
 
     def sidecar_for(self, namespace: str, labels: Mapping[str, str]) -> Entry | None:
+        if self._rec:  # any Sidecar of these namespaces may take part in selection
+            self._rec[-1].facets.update((("sidecars", namespace), ("sidecars", self.mesh.root_namespace)))
         if not self.sidecars:
             return None
         return select_sidecar(self.sidecars, namespace, labels, self.mesh.root_namespace)
 
     def view(self, sidecar: Entry | None) -> ServiceView:
         """What proxies under this Sidecar (None: no Sidecar) see; built once per push."""
-        view = self._views.get(sidecar)
-        if view is None:
-            view = self.full_view if sidecar is None else scoped_view(sidecar, self.services)
-            self._views[sidecar] = view
-        return view
+        hit = self._views.get(sidecar)
+        if hit is None:
+            deps = dep.Deps()
+            if sidecar is None:
+                deps.facets.add(dep.ALL_SERVICES)
+                view = self.full_view
+            else:  # every service its egress hosts name, before or after a change
+                deps.scopes.append(sidecar)
+                view = scoped_view(sidecar, self.services)
+            hit = self._views[sidecar] = (view, deps)
+        self._note_child(hit[1])
+        return hit[0]
 
     def with_endpoints(self, store: Store, version: str) -> PushContext:
         return replace(self, version=version, slices=_index_slices(store), pods=_index_pods(store), _views={},
-                       _memo={}, workload_entries_by_ns=_by_namespace(store.list("WorkloadEntry")),
+                       _memo={}, _rec=[], workload_entries_by_ns=_by_namespace(store.list("WorkloadEntry")),
                        ambient=AmbientInputs.build(store))
 
     def pods_of(self, slices: tuple[Entry, ...]) -> tuple[Entry, ...]:
         """The Pods behind these slices' endpoints (their labels decide subset membership)."""
         out: dict[tuple[str, str], Entry] = {}
+        rec = self._rec[-1] if self._rec else None
         for s in slices:
             for ep in s.obj.endpoints:  # type: ignore[attr-defined]
                 ref = ep.target_ref
                 if ref is not None and ref.kind == "Pod":
                     key = (ref.namespace or s.key.namespace, ref.name)
+                    if rec is not None:  # a Pod that arrives after its EndpointSlice meets this
+                        rec.facets.add(("pod", *key))
                     pod = self.pods.get(key)
                     if pod is not None:
                         out[key] = pod
@@ -147,35 +280,45 @@ class PushContext:
 
     def service_pods(self, svc: MeshService) -> tuple[Entry, ...]:
         """The Pods behind a Kubernetes service's endpoints, computed once per push."""
-        key = ("pods", svc.namespace, svc.name)
-        pods = self._memo.get(key)
-        if pods is None:
-            pods = self._memo[key] = self.pods_of(self.service_slices(svc))
-        return pods
+        return self._memoized(("pods", svc.namespace, svc.name), lambda: self.pods_of(self.service_slices(svc)))
 
     def service_accounts(self, svc: MeshService) -> tuple[str, ...]:
         """The SPIFFE identities a service's workloads run as (what mTLS clients verify): the
         service accounts of its Pods or WorkloadEntries, and a ServiceEntry's subjectAltNames."""
+        if svc.kind == "ServiceEntry":
+            return self._memoized(("sans", svc.hostname), lambda: self._service_accounts(svc))
+        # A Kubernetes service's identities come from its endpoints' Pods, which change often;
+        # what the result depends on is the set itself: an endpoint push compares it before and
+        # after (dependencies.change_of) and only a new set meets this, so an endpoint change
+        # regenerates only the ClusterLoadAssignments it touches, mTLS clients' CDS included.
+        if self._rec:
+            self._rec[-1].facets.add(("sans", svc.hostname))
         key = ("sans", svc.hostname)
         sans = self._memo.get(key)
         if sans is None:
-            td = self.mesh.trust_domain
-            out: set[str] = set()
-            if svc.kind == "ServiceEntry":
-                entry = self.service_entry(svc)
-                if entry is not None:
-                    spec = entry.obj.spec  # type: ignore[attr-defined]
-                    out.update(spec.subject_alt_names)
-                    for w in spec.endpoints + [we.obj.spec for we in self._selected_workload_entries(svc, entry)]:
-                        if w.service_account:
-                            out.add(spiffe_id(td, svc.namespace, w.service_account))
-            else:
-                for pod in self.service_pods(svc):
-                    out.add(spiffe_id(td, pod.key.namespace, pod.obj.spec.service_account_name))  # type: ignore[attr-defined]
-            sans = self._memo[key] = tuple(sorted(out))
+            with self.recording():  # its reads are summarised by the one facet above
+                sans = self._memo[key] = self._service_accounts(svc)
         return sans
 
+    def _service_accounts(self, svc: MeshService) -> tuple[str, ...]:
+        td = self.mesh.trust_domain
+        out: set[str] = set()
+        if svc.kind == "ServiceEntry":
+            entry = self.service_entry(svc)
+            if entry is not None:
+                spec = entry.obj.spec  # type: ignore[attr-defined]
+                out.update(spec.subject_alt_names)
+                for w in spec.endpoints + [we.obj.spec for we in self._selected_workload_entries(svc, entry)]:
+                    if w.service_account:
+                        out.add(spiffe_id(td, svc.namespace, w.service_account))
+        else:
+            for pod in self.service_pods(svc):
+                out.add(spiffe_id(td, pod.key.namespace, pod.obj.spec.service_account_name))  # type: ignore[attr-defined]
+        return tuple(sorted(out))
+
     def services_in(self, namespace: str) -> tuple[MeshService, ...]:
+        if self._rec:
+            self._rec[-1].facets.add(("ns-services", namespace))
         key = ("ns-services", namespace)
         out = self._memo.get(key)
         if out is None:
@@ -194,16 +337,19 @@ class PushContext:
             return NO_INBOUND
         key = ("inbound", proxy.namespace, frozenset(labels.items()), proxy.ip_addresses,
                proxy.interception_mode, mesh_tls)
-        plan = self._memo.get(key)
-        if plan is None:
-            plan = plan_inbound(proxy, self.services_in(proxy.namespace), self.service_slices, sidecar,
+
+        def plan() -> InboundPlan:
+            made = plan_inbound(proxy, self.services_in(proxy.namespace), self.service_slices, sidecar,
                                 lambda port: self.mtls_mode(proxy.namespace, labels, port), mesh_tls,
-                                self.security.for_workload(proxy.namespace, labels))
-            self._memo[key] = plan = self._memo.setdefault(("plan", plan), plan)  # equal plans: one object
-        return plan
+                                self.workload_policies(proxy.namespace, labels))
+            return self._memo.setdefault(("plan", made), made)  # equal plans: one object
+
+        return self._memoized(key, plan)
 
     def gateway_port_map(self, proxy: Proxy) -> tuple[tuple[int, int], ...]:
         """(port, targetPort) of the Services in a router's namespace that select it."""
+        if self._rec:
+            self._rec[-1].facets.add(("ns-services", proxy.namespace))
         key = ("gw-ports", proxy.namespace, frozenset(proxy.labels.items()))
         out = self._memo.get(key)
         if out is None:
@@ -218,6 +364,7 @@ class PushContext:
 
     def mtls_mode(self, namespace: str, labels: Mapping[str, str], port: int) -> str:
         """PeerAuthentication's mode for a workload port (istiod's default: PERMISSIVE)."""
+        self._note(dep.security(namespace), dep.security(self.mesh.root_namespace))
         return self.security.mtls_mode(namespace, labels, port)
 
     def destination_mtls_disabled(self, svc: MeshService, port: int) -> bool:
@@ -227,6 +374,7 @@ class PushContext:
             return False
         sp = svc.port(port)
         target = sp.target_port if sp is not None and isinstance(sp.target_port, int) else port
+        self._note(dep.security(svc.namespace), dep.security(self.mesh.root_namespace))
         return self.security.mtls_mode(svc.namespace, dict(svc.selector), target) == "DISABLE"
 
     def _selected_workload_entries(self, svc: MeshService, entry: Entry) -> list[Entry]:
@@ -237,6 +385,8 @@ class PushContext:
                 if selects(selector.match_labels, we.obj.spec.labels)]  # type: ignore[attr-defined]
 
     def service_slices(self, svc: MeshService) -> tuple[Entry, ...]:
+        if self._rec:
+            self._rec[-1].facets.add(("slices", svc.namespace, svc.name))
         return self.slices.get((svc.namespace, svc.name), ())
 
     def endpoints(self, svc: MeshService, port: int) -> tuple[EndpointAddress, ...]:
@@ -249,10 +399,12 @@ class PushContext:
         return endpoints_for_port(self.service_slices(svc), sp)
 
     def service_entry(self, svc: MeshService) -> Entry | None:
+        self._note(dep.service_entry(svc.namespace, svc.name))
         return self.service_entries.get((svc.namespace, svc.name))
 
     def workload_entries(self, svc: MeshService) -> tuple[Entry, ...]:
         """WorkloadEntries in the ServiceEntry's namespace (its workloadSelector picks among them)."""
+        self._note(dep.workload_entries(svc.namespace))
         return self.workload_entries_by_ns.get(svc.namespace, ())
 
     def endpoints_version(self, svc: MeshService) -> tuple[int, ...]:

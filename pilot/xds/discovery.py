@@ -15,14 +15,15 @@ from datetime import UTC, datetime
 from pilot import logging as plog
 from pilot.features import Features
 from pilot.metrics import Metrics
-from pilot.model.ambient.events import ambient_push_request
-from pilot.model.events import NAMESPACE_ENDPOINTS, SERVICE_ENDPOINTS, push_request_for
+from pilot.model import dependencies
+from pilot.model.ambient.index import AMBIENT_INPUT_KINDS
+from pilot.model.dependencies import Deps, Matcher, Scope
+from pilot.model.events import SERVICE_ENDPOINTS, push_request_for
 from pilot.model.mesh import MeshHolder
 from pilot.model.proxy import Proxy, shown
 from pilot.model.push_context import PushContext
 from pilot.model.push_request import PushRequest
 from pilot.model.security_policies import JwksSnapshot
-from pilot.model.sidecar_scope import egress_names
 from pilot.model.store import Event, Store
 from pilot.xds import typeurls, wire
 from pilot.xds.cache import XdsCache
@@ -89,7 +90,8 @@ class DiscoveryServer:
         self.domain = domain
         self.metrics = metrics or Metrics()
         self.cache = XdsCache(features.xds_cache_size)
-        self.generated = GenerationMemo(GENERATORS, self.cache, {typeurls.ENDPOINT: eds.reads_no_proxy})
+        self.generated = GenerationMemo(GENERATORS, self.cache, {typeurls.ENDPOINT: eds.reads_no_proxy},
+                                        record=features.record_dependencies)
         self.connections: dict[str, Connection] = {}
         self.throttle = asyncio.Semaphore(features.push_throttle)
         self.debouncer = Debouncer(features.debounce_after, features.debounce_max,
@@ -107,10 +109,11 @@ class DiscoveryServer:
         # pilot/security/secret_access.py): the refusal, or None. Unset: only the proof counts.
         self.credential_access: Callable[[Proxy], Awaitable[str | None]] | None = None
         self._shared_seq = 0  # responses built once for every proxy in the same state
-        # Per push request: the hosts whose endpoints changed, and each subscription's names
-        # among them (the same frozenset for every stream sharing a subscription).
-        self._hosts_of: tuple[PushRequest, frozenset[str]] | None = None
-        self._subsets: dict[tuple[frozenset[str], frozenset[str]], frozenset[str]] = {}
+        # Per connection and watched type: the Deps of what it was last given (what that config
+        # read), against which each change is matched (pilot/model/dependencies.py).
+        self._deps: dict[str, dict[str, Deps]] = {}
+        self._merged: dict[tuple[int, int], tuple[Deps, Deps, Deps]] = {}  # partial EDS pushes
+        self._subsets: dict[tuple[int, int], tuple[frozenset, frozenset, frozenset[str]]] = {}
         self._type_metrics: dict[str, tuple] = {}
         self.push_context = self._build_context(self._next_version(), previous=None)
         self._tasks: list[asyncio.Task] = []
@@ -135,10 +138,6 @@ class DiscoveryServer:
             else:
                 self.metrics.config_events.labels(ev.key.kind, ev.op).inc()
         req = push_request_for(events, self.mesh.configmap_key)
-        if self.features.enable_ambient:
-            ambient = ambient_push_request(events)
-            if ambient is not None:
-                req = ambient if req is None else req.merge(ambient)
         if req is not None:
             self.debouncer.enqueue(req)
 
@@ -177,27 +176,27 @@ class DiscoveryServer:
         """Build the next PushContext (fully, or endpoints only) and queue every affected proxy."""
         t0 = time.perf_counter()
         req.version = self._next_version()
+        previous = self.push_context
         if req.full:
-            self.push_context = self._build_context(req.version, self.push_context)
+            self.push_context = self._build_context(req.version, previous)
         else:
-            previous = self.push_context
             self.push_context = previous.with_endpoints(self.store, req.version)
-            if self._identities_changed(previous, req):
-                # mTLS clients verify the service's identities in CDS: new ones need a full push.
-                req.full = True
-                self.push_context = self._build_context(req.version, previous)
         build_s = time.perf_counter() - t0
+        self._merged.clear()
         self._subsets.clear()
         self.metrics.pushcontext_init_seconds.observe(build_s)
         for reason, n in req.reasons.items():
             self.metrics.push_triggers.labels(reason).inc(n)
         queued = 0
-        for conn in list(self.connections.values()):
-            if self._affects(conn, req):
-                conn.enqueue_push(req)
-                if not conn.writing:  # one waiting for its proxy to read is not our work yet
-                    self._busy.add(conn.id)
-                queued += 1
+        scoped: dict[int, PushRequest] = {}  # one request per distinct scope (shared, never mutated)
+        for conn, scope in self.scope(req, previous).items():
+            one = scoped.get(id(scope))
+            if one is None:
+                one = scoped[id(scope)] = req.scoped(scope)
+            conn.enqueue_push(one)
+            if not conn.writing:  # one waiting for its proxy to read is not our work yet
+                self._busy.add(conn.id)
+            queued += 1
         if self._busy:
             self._idle.clear()
         self.history.add(PushRecord(req.version, req.full, dict(req.reasons),
@@ -205,64 +204,66 @@ class DiscoveryServer:
         log.info("push", version=req.version, full=req.full, reasons=req.reason_text(), proxies=queued,
                  context_build_ms=round(build_s * 1000, 2))
 
-    def _identities_changed(self, previous: PushContext, req: PushRequest) -> bool:
-        ctx = self.push_context
-        for host in self._affected_hosts(req):
-            svc = ctx.by_host.get(host)
-            if svc is not None and previous.service_accounts(svc) != ctx.service_accounts(svc):
-                return True
-        return False
-
     def _note_build(self, type_url: str, name: str, resource_version: str) -> None:
         self.history.note_build(type_url, name, resource_version, self.push_context.version)
 
-    def _affects(self, conn: Connection, req: PushRequest) -> bool:
-        if conn.proxy.type == "ztunnel":
-            # Workloads follow pods and namespaces; delta responses carry only what changed.
-            return not (req.config_keys and all(k.kind == "Secret" for k in req.config_keys))
-        if req.full:
-            return self._full_push_visible(conn, req)
-        return bool(self._eds_subset(conn, req))
+    def scope(self, req: PushRequest, previous: PushContext | None) -> dict[Connection, Scope | None]:
+        """Which connections a change reaches, and per connection which types (for EDS, which
+        resources) to regenerate: the changed keys (and what the rebuilt indexes made of them,
+        `previous` against the current context) met against what each connection's config read.
+        The decision is dependencies.push_scope's; this only gathers its inputs."""
+        conns = list(self.connections.values())
+        if not self.generated.record:
+            return {conn: None for conn in conns}
+        ctx = self.push_context
+        mesh_changed = previous is None or previous.mesh_version != ctx.mesh_version \
+            or self.mesh.configmap_key in req.config_keys
+        change = dependencies.change_of(req.config_keys, previous, ctx, mesh_changed=mesh_changed,
+                                        service_endpoints_kind=SERVICE_ENDPOINTS,
+                                        ambient_kinds=AMBIENT_INPUT_KINDS)
+        if change.everything:
+            return {conn: None for conn in conns}
+        matcher = Matcher(change)
+        out: dict[Connection, Scope | None] = {}
+        # Connections given the same results hold the same Deps objects: scoped once per state.
+        by_state: dict[tuple, tuple[list, Scope]] = {}
+        for conn in conns:
+            held = self._deps.get(conn.id, {})
+            state = tuple((t, id(held.get(t))) for t in conn.watched if t in GENERATORS)
+            hit = by_state.get(state)
+            if hit is None:
+                watched = {t: held.get(t) for t in conn.watched if t in GENERATORS}
+                found = dependencies.push_scope(matcher, watched, typeurls.CLUSTER, typeurls.ENDPOINT)
+                hit = by_state[state] = ([held.get(t) for t in watched], found)  # keeps the ids alive
+            if hit[1]:
+                out[conn] = hit[1]
+        return out
 
-    def _full_push_visible(self, conn: Connection, req: PushRequest) -> bool:
-        """A full push caused only by Services (or their endpoints) that the proxy's Sidecar
-        hides cannot change its config: skip it, as istiod's sidecar scope does."""
-        proxy = conn.proxy
-        if proxy.type == "router":
-            return True  # Sidecars do not scope gateways
-        if req.config_keys and all(k.kind == "Secret" for k in req.config_keys):
-            return False  # gateway credentials: nothing a sidecar gets
-        sidecar = self.push_context.sidecar_for(proxy.namespace, proxy.labels)
-        if sidecar is None:
-            return True
-        for key in req.config_keys:
-            if key.kind in ("Service", SERVICE_ENDPOINTS):
-                if egress_names(sidecar, key.namespace, f"{key.name}.{key.namespace}.svc.{self.domain}"):
-                    return True
-            elif key.kind != "EndpointSlice":
-                return True  # anything else (mesh, traffic rules, ServiceEntries): push
-        return False
+    def _subset(self, names: frozenset[str], watched: frozenset[str]) -> frozenset[str]:
+        """The scoped names a stream watches: one frozenset per (scope, subscription) in a push,
+        shared by the streams with both, so generation memo keys hit by identity."""
+        key = (id(names), id(watched))
+        hit = self._subsets.get(key)
+        if hit is None or hit[0] is not names or hit[1] is not watched:
+            hit = self._subsets[key] = (names, watched, names & watched)
+        return hit[2]
 
-    def _affected_hosts(self, req: PushRequest) -> frozenset[str]:
-        """Once per request, not once per proxy (the last request asked is remembered)."""
-        if self._hosts_of is not None and self._hosts_of[0] is req:
-            return self._hosts_of[1]
-        hosts = {f"{k.name}.{k.namespace}.svc.{self.domain}" for k in req.config_keys if k.kind == SERVICE_ENDPOINTS}
-        namespaces = {k.name for k in req.config_keys if k.kind == NAMESPACE_ENDPOINTS}
-        if namespaces:
-            hosts.update(s.hostname for s in self.push_context.services if s.namespace in namespaces)
-        self._hosts_of = (req, frozenset(hosts))
-        return self._hosts_of[1]
+    def held_deps(self, conn: Connection, type_url: str) -> Deps | None:
+        """What the config this connection was last given of this type read (for /debug/explain)."""
+        return self._deps.get(conn.id, {}).get(type_url)
 
-    def _eds_subset(self, conn: Connection, req: PushRequest) -> frozenset[str]:
-        w = conn.watched.get(typeurls.ENDPOINT)
-        if w is None or w.wildcard:
-            return frozenset()
-        key = (w.names, self._affected_hosts(req))
-        subset = self._subsets.get(key)
-        if subset is None:
-            subset = self._subsets[key] = w.names_for_hosts(key[1])
-        return subset
+    def _hold(self, conn: Connection, type_url: str, deps: Deps | None, partial: bool) -> None:
+        if deps is None:
+            return
+        held = self._deps.setdefault(conn.id, {})
+        old = held.get(type_url)
+        if partial and old is not None:
+            key = (id(old), id(deps))
+            hit = self._merged.get(key)
+            if hit is None or hit[0] is not old or hit[1] is not deps:
+                hit = self._merged[key] = (old, deps, dependencies.merged_named(old, deps))
+            deps = hit[2]
+        held[type_url] = deps
 
     # --- connections ------------------------------------------------------------------------
     def register(self, conn: Connection) -> None:
@@ -278,6 +279,7 @@ class DiscoveryServer:
     def unregister(self, conn: Connection) -> None:
         conn.pending_push = None
         self._done_pushing(conn)
+        self._deps.pop(conn.id, None)
         if self.connections.pop(conn.id, None) is None:
             return
         self.metrics.xds_clients.labels(conn.proxy.istio_version or "unknown").dec()
@@ -327,21 +329,21 @@ class DiscoveryServer:
     async def _push_types(self, conn: Connection, req: PushRequest, send) -> None:
         queued_at = time.monotonic()
         record = self.history.get(req.version)
-        ctx = self.push_context
         changed_clusters: frozenset[str] = frozenset()
         first = True
         for type_url in typeurls.PUSH_ORDER:
             w = conn.watched.get(type_url)
             if w is None or type_url not in GENERATORS:
                 continue
-            if req.full or type_url in typeurls.AMBIENT_TYPES:
-                subset = None
-            elif type_url == typeurls.ENDPOINT:
-                subset = self._eds_subset(conn, req)
-                if not subset:
+            subset = None
+            if req.scope is not None:
+                if type_url not in req.scope:
                     continue
-            else:
-                continue
+                names = req.scope[type_url]
+                if names is not None:
+                    subset = names if w.wildcard else self._subset(names, w.names)
+                    if not subset:
+                        continue
             # The throttle is taken per type, not per proxy: waiting proxies queue FIFO behind
             # each step, so every proxy gets its CDS before anyone's EDS, LDS and RDS. Order
             # per proxy is unchanged (CDS, EDS, LDS, RDS). The slot covers the write too (fewer
@@ -357,8 +359,13 @@ class DiscoveryServer:
                         record.queue_max_s = max(record.queue_max_s, queued)
                     first = False
                 t0 = time.perf_counter()
+                # The newest context, not the one of when this push was queued: a change scoped
+                # while this proxy waited was matched against what it held then, so its config
+                # must be made from a context that includes that change.
+                ctx = self.push_context
                 requested = self._requested(conn, w) if subset is None else subset
                 resources = self.generated.generate(ctx, type_url, conn.proxy, requested)
+                self._hold(conn, type_url, resources.deps, partial=subset is not None)
                 t1 = time.perf_counter()
                 force = changed_clusters if type_url == typeurls.ENDPOINT else frozenset()
                 body, sent = self._stage(conn, w, ctx, resources, partial=subset is not None,
@@ -386,6 +393,7 @@ class DiscoveryServer:
         ctx = self.push_context
         if w.type_url in GENERATORS:
             resources = self.generated.generate(ctx, w.type_url, conn.proxy, self._requested(conn, w))
+            self._hold(conn, w.type_url, resources.deps, partial=False)
         else:
             resources = Generated(())
         body, _ = self._stage(conn, w, ctx, resources, partial=False, force=frozenset(), push=None,

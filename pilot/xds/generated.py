@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 
+from pilot.model.dependencies import Deps
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
 from pilot.xds.cache import CachedResource, XdsCache
@@ -22,6 +23,8 @@ class Generated:
     absent: tuple[str, ...] = ()
     _versions: dict[str, str] | None = field(default=None, repr=False)
     _sotw_fields: bytes | None = field(default=None, repr=False)
+    # What generating it read (pilot/model/dependencies.py); None when recording is off.
+    deps: Deps | None = field(default=None, repr=False)
 
     def versions(self) -> Mapping[str, str]:
         """name -> version. Shared by every proxy given this output: read-only by convention."""
@@ -45,8 +48,10 @@ ReadsNoProxy = Callable[[frozenset[str] | None], bool]
 
 class GenerationMemo:
     def __init__(self, generators: Mapping[str, Generator], cache: XdsCache,
-                 reads_no_proxy: Mapping[str, ReadsNoProxy] | None = None) -> None:
+                 reads_no_proxy: Mapping[str, ReadsNoProxy] | None = None, record: bool = True) -> None:
         self.generators = generators
+        # Record what each generated output read, once per output (proxies sharing it share it).
+        self.record = record
         self.cache = cache
         self.reads_no_proxy = dict(reads_no_proxy or {})
         self._version: str | None = None
@@ -93,8 +98,13 @@ class GenerationMemo:
         out = self._memo.get(key)
         if out is None:
             self.misses += 1
-            made = self.generators[type_url](ctx, proxy, requested, self.cache)
-            out = Generated(tuple(made), getattr(made, "absent", ()))
+            if self.record:
+                with ctx.recording() as deps:
+                    made = self.generators[type_url](ctx, proxy, requested, self.cache)
+            else:
+                deps = None
+                made = self.generators[type_url](ctx, proxy, requested, self.cache)
+            out = Generated(tuple(made), getattr(made, "absent", ()), deps=deps)
             self._memo[key] = out
         else:
             self.hits += 1

@@ -11,8 +11,8 @@ import time
 import pytest
 
 from pilot.gen.workloadapi import workload_pb2 as wapi
-from pilot.model.ambient.events import ambient_push_request
 from pilot.model.ambient.index import ambient_index
+from pilot.model.events import push_request_for
 from pilot.model.store import ConfigKey, Event
 from pilot.xds.generated import Generated, plan_response
 from pilot.xds.generators import wds
@@ -140,17 +140,19 @@ def test_on_demand_names_resolve_and_unknown_ones_are_absent():
     assert str(ipaddress.ip_address(addr)) == "10.1.0.3"
 
 
-def test_ztunnel_only_changes_map_to_ztunnel_pushes():
+def test_ztunnel_only_changes_map_to_endpoint_class_pushes():
+    """Pods and Nodes refresh the endpoint indexes only (no full rebuild); which proxies they
+    reach is the dependency matcher's decision (tests/unit/test_push_oracle.py)."""
     def ev(kind: str, name: str, namespace: str = "") -> Event:
         return Event("update", ConfigKey(kind, namespace, name), None, None)
 
-    req = ambient_push_request([ev("Pod", "a", "shop"), ev("Namespace", "shop"), ev("Node", "n1")])
+    mesh = ConfigKey("ConfigMap", "istio-system", "istio")
+    req = push_request_for([ev("Pod", "a", "shop"), ev("Node", "n1")], mesh)
     assert req is not None and not req.full
-    assert req.config_keys == {ConfigKey("Pod", "shop", "a"), ConfigKey("Namespace", "", "shop"),
-                               ConfigKey("Node", "", "n1")}
-    gw = ambient_push_request([ev("KubernetesGateway", "waypoint", "shop")])
+    assert req.config_keys == {ConfigKey("Pod", "shop", "a"), ConfigKey("Node", "", "n1")}
+    gw = push_request_for([ev("KubernetesGateway", "waypoint", "shop"), ev("Namespace", "shop")], mesh)
     assert gw is not None and gw.full
-    assert ambient_push_request([ev("ConfigMap", "x", "shop"), ev("Secret", "s", "shop")]) is None
+    assert push_request_for([ev("ConfigMap", "x", "shop")], mesh) is None
 
 
 @pytest.mark.slow

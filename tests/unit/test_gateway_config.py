@@ -23,7 +23,8 @@ from pilot.xds.connection import Connection
 from pilot.xds.discovery import GENERATORS, DiscoveryServer
 from pilot.xds.generated import GenerationMemo
 from pilot.xds.generators import lds, sds
-from pilot.xds.typeurls import LISTENER, SECRET
+from pilot.xds.typeurls import LISTENER, ROUTE, SECRET
+from tests.support.scoping import pushed, subscribe
 
 from .helpers import DOMAIN, World, endpoint_slice, service
 
@@ -297,18 +298,31 @@ def test_bad_secrets_give_no_resource_and_a_reason(world: World, data: dict, rea
     assert world_sds(world, verified_router(), {"kubernetes://cert"}) == {}
 
 
-def test_secret_changes_push_but_only_to_gateways(world: World):
-    ev = world.store.apply(parse_object(secret()), source="test")
-    req = push_request_for([ev], world.mesh.configmap_key)
-    assert req is not None and req.full
+async def test_secret_changes_push_but_only_to_gateways(world: World):
+    """A rotated credential reaches the router that serves it over SDS, and nothing else: the
+    sidecar's config read no Secret. A VirtualService the sidecar routes by pushes the sidecar."""
+    world.apply(gateway(servers=[https_server()]), secret())
     assert GENERATORS[SECRET] is sds.generate
     server = DiscoveryServer(world.store, world.mesh, Features.from_env({}))
-    assert server._affects(Connection(router(), "", False), req)
-    assert not server._affects(Connection(router(ptype="sidecar"), "", False), req)
-    world.apply(virtual_service())
-    both = req.merge(push_request_for([world.store.apply(parse_object(virtual_service(dest="b")))],
-                                      world.mesh.configmap_key))
-    assert server._affects(Connection(router(ptype="sidecar"), "", False), both)
+    server.rebuild()
+    gw, sc = Connection(verified_router(), "", False), Connection(router(ptype="sidecar"), "", False)
+    for conn in (gw, sc):
+        server.register(conn)
+    await subscribe(server, gw, {LISTENER: None, SECRET: frozenset({"kubernetes://cert"})})
+    await subscribe(server, sc, {LISTENER: None, ROUTE: frozenset({"9080"})})
+    assert gw.watched[SECRET].sent, "the router holds the credential"
+    ev = world.store.apply(parse_object(secret(cert=PEM_CERT.replace(b"MAo=", b"MAs="))), source="test")
+    req = push_request_for([ev], world.mesh.configmap_key)
+    assert req is not None and req.full
+    server.push(req)
+    assert pushed(server, gw) == {SECRET: None}
+    assert pushed(server, sc) == {}
+    gw.take_push()
+    world.apply(virtual_service(hosts=["a.default.svc.cluster.local"], gateways=["mesh"], name="mesh-vs"))
+    server.push(push_request_for([world.store.apply(parse_object(virtual_service(
+        hosts=["a.default.svc.cluster.local"], gateways=["mesh"], name="mesh-vs", dest="b")), source="test")],
+        world.mesh.configmap_key))
+    assert pushed(server, sc) == {ROUTE: None}  # HTTP routing is RDS; the listeners did not read it
 
 
 def test_source_matches_test_the_router_itself(world: World):

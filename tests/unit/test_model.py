@@ -295,13 +295,14 @@ def test_service_and_mesh_changes_are_full_pushes() -> None:
     assert req.full and req.reasons == {reasons.MESH_UPDATE: 1}
 
 
-def test_pods_and_other_objects_cause_no_push() -> None:
+def test_objects_no_index_reads_cause_no_push() -> None:
     store = Store()
     other_cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "app", "namespace": SYSTEM_NS},
                 "data": {"x": "y"}}
-    ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "prod"}}
-    events = [_apply(store, pod("reviews-abc")), _apply(store, other_cm), _apply(store, ns)]
-    assert push_request_for(events, MESH_KEY) is None
+    assert push_request_for([_apply(store, other_cm)], MESH_KEY) is None
+    # Pods are read (subset members, tlsMode, SANs): an endpoint-class push, matched per proxy.
+    req = push_request_for([_apply(store, pod("reviews-abc"))], MESH_KEY)
+    assert req is not None and not req.full and req.config_keys == {ConfigKey("Pod", "default", "reviews-abc")}
 
 
 def test_batch_of_events_merges_into_one_request() -> None:
@@ -309,7 +310,7 @@ def test_batch_of_events_merges_into_one_request() -> None:
     events = [_apply(store, endpoint_slice("a-1", "a")), _apply(store, pod("p")), _apply(store, service("b"))]
     req = push_request_for(events, MESH_KEY)
     assert req.full
-    assert req.reasons == {reasons.ENDPOINT_UPDATE: 1, reasons.SERVICE_UPDATE: 1}
+    assert req.reasons == {reasons.ENDPOINT_UPDATE: 2, reasons.SERVICE_UPDATE: 1}  # the slice and the Pod
     assert ConfigKey(SERVICE_ENDPOINTS, "default", "a") in req.config_keys
 
 
@@ -321,13 +322,14 @@ def test_no_op_write_produces_no_event() -> None:
     assert _apply(store, again) is None
 
 
-def test_pod_ip_change_reaches_the_store_without_a_push() -> None:
+def test_pod_ip_change_reaches_the_store_as_an_endpoint_push() -> None:
     store = Store()
     _apply(store, pod("web-1", ip="10.1.0.1"))
     ev = _apply(store, pod("web-1", ip="10.1.0.2"))
     assert ev is not None and ev.op == "update"
     assert store.get(ConfigKey("Pod", "default", "web-1")).obj.status.pod_ip == "10.1.0.2"
-    assert push_request_for([ev], MESH_KEY) is None
+    req = push_request_for([ev], MESH_KEY)  # an endpoint-class push (ztunnel reads Pod IPs)
+    assert req is not None and not req.full
     # Status fields the model does not keep (start time, probe times...) are not changes.
     ready = pod("web-1", ip="10.1.0.2")
     ready["status"]["conditions"] = [{"type": "Ready", "status": "True", "lastProbeTime": "2024-01-01T00:00:00Z"}]

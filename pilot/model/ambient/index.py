@@ -32,6 +32,13 @@ def _by_key(entries: list[Entry]) -> Mapping[tuple[str, str], Entry]:
     return MappingProxyType({(e.key.namespace, e.key.name): e for e in entries})
 
 
+# Every Store kind the index below reads, directly (AmbientInputs) or through the PushContext
+# (pods, workload entries, service entries, security policies): ztunnel's Deps name the index
+# as a whole, and a change of any of these kinds meets it (pilot/model/dependencies.py).
+AMBIENT_INPUT_KINDS = frozenset({"Namespace", "Node", "Service", GATEWAY_KIND, "GatewayClass", "Pod",
+                                 "WorkloadEntry", "ServiceEntry", "AuthorizationPolicy", "PeerAuthentication"})
+
+
 @dataclass(frozen=True)
 class AmbientInputs:
     """The Store kinds only ambient reads, captured with each PushContext."""
@@ -199,6 +206,7 @@ class AmbientIndex:
 
 def ambient_index(ctx) -> AmbientIndex:
     """The index of this PushContext, built on first use and kept for the context's lifetime."""
+    ctx.note_ambient()
     memo = ctx._memo  # the context's per-push store for derived values
     index = memo.get("ambient")
     if index is None:

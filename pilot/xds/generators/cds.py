@@ -23,7 +23,7 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
     view = ctx.view(None if proxy.type == "router" else ctx.sidecar_for(proxy.namespace, proxy.labels))
     has_identity = proxy.traits.mesh_tls
     for svc in view.services:
-        dr = ctx.traffic.destination_rule(svc.hostname, proxy.namespace, svc.namespace, proxy.labels)
+        dr = ctx.destination_rule(svc.hostname, proxy.namespace, svc.namespace, proxy.labels)
         origins = (svc.origin,) + ((ref(dr),) if dr else ())
         subsets = [s.name for s in dr.obj.spec.subsets] if dr else []
         dns = svc.resolution in ("DNS", "DNS_ROUND_ROBIN")

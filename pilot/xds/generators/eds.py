@@ -49,53 +49,59 @@ def reads_no_proxy(requested: frozenset[str] | None) -> bool:
 def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
              cache: XdsCache) -> list[CachedResource]:
     """Names that are not (or no longer) services are left out: for EDS that means "unknown",
-    and CDS removes the cluster itself."""
+    and CDS removes the cluster itself. What each name read is recorded apart (a push of an
+    endpoint change regenerates only the ClusterLoadAssignments that read it)."""
     out: list[CachedResource] = []
     for name in sorted(requested or ()):
-        parsed = names.parse_cluster_name(name)
-        if parsed is None or parsed[0] != "outbound":
-            vip = waypoint.load_assignment(ctx, name, cache)  # a waypoint's inbound-vip cluster
-            if vip is not None:
-                out.append(vip)
-            continue
-        _, port_number, subset, host = parsed
-        svc = ctx.by_host.get(host)
-        port = svc.port(port_number) if svc else None
-        if port is None:
-            continue
-        if svc.kind == "ServiceEntry":
-            if svc.resolution != "STATIC":
-                continue  # DNS and NONE clusters carry no EDS
-            se = ctx.service_entry(svc)
-            wes = ctx.workload_entries(svc)
-            labels: tuple[tuple[str, str], ...] = ()
-            origins = (svc.origin, *(f"WorkloadEntry/{w.key.namespace}/{w.key.name}" for w in wes))
-            if subset:
-                dr = ctx.traffic.destination_rule(host, proxy.namespace, svc.namespace, proxy.labels)
-                spec = next((s for s in dr.obj.spec.subsets if s.name == subset), None) if dr else None
-                if spec is None:
-                    continue
-                labels = tuple(sorted(spec.labels.items()))
-                origins += (f"DestinationRule/{dr.key.namespace}/{dr.key.name}",)
-            out.append(cache.resource(ENDPOINT, name, build_service_entry_cla, name, port, se, wes, labels,
-                                      origins=origins))
-            continue
-        slices = ctx.service_slices(svc)
-        # Pods decide subset membership and each endpoint's tlsMode (auto mTLS).
-        pods = ctx.service_pods(svc)
-        origins = tuple(f"EndpointSlice/{e.key.namespace}/{e.key.name}" for e in slices)
-        if not subset:
-            out.append(cache.resource(ENDPOINT, name, build_cla, name, port, slices, (), pods,
-                                      origins=(svc.origin, *origins)))
-            continue
-        # A subset's members are the endpoints whose Pods carry its labels; which subset
-        # definition applies depends on the client's namespace (DestinationRule precedence).
-        dr = ctx.traffic.destination_rule(host, proxy.namespace, svc.namespace, proxy.labels)
-        spec = next((s for s in dr.obj.spec.subsets if s.name == subset), None) if dr else None
-        if spec is None:
-            continue
-        labels = tuple(sorted(spec.labels.items()))
-        out.append(cache.resource(ENDPOINT, name, build_cla, name, port, slices,
-                                  labels, pods, origins=(svc.origin, *origins,
-                                                         f"DestinationRule/{dr.key.namespace}/{dr.key.name}")))
+        recording = ctx.begin_resource(name)
+        try:
+            res = _load_assignment(ctx, proxy, name, cache)
+        finally:
+            if recording:
+                ctx.end_resource()
+        if res is not None:
+            out.append(res)
     return out
+
+
+def _load_assignment(ctx: PushContext, proxy: Proxy, name: str, cache: XdsCache) -> CachedResource | None:
+    parsed = names.parse_cluster_name(name)
+    if parsed is None or parsed[0] != "outbound":
+        return waypoint.load_assignment(ctx, name, cache)  # a waypoint's inbound-vip cluster
+    _, port_number, subset, host = parsed
+    svc = ctx.service(host)
+    port = svc.port(port_number) if svc else None
+    if port is None:
+        return None
+    if svc.kind == "ServiceEntry":
+        if svc.resolution != "STATIC":
+            return None  # DNS and NONE clusters carry no EDS
+        se = ctx.service_entry(svc)
+        wes = ctx.workload_entries(svc)
+        labels: tuple[tuple[str, str], ...] = ()
+        origins = (svc.origin, *(f"WorkloadEntry/{w.key.namespace}/{w.key.name}" for w in wes))
+        if subset:
+            dr = ctx.destination_rule(host, proxy.namespace, svc.namespace, proxy.labels)
+            spec = next((s for s in dr.obj.spec.subsets if s.name == subset), None) if dr else None
+            if spec is None:
+                return None
+            labels = tuple(sorted(spec.labels.items()))
+            origins += (f"DestinationRule/{dr.key.namespace}/{dr.key.name}",)
+        return cache.resource(ENDPOINT, name, build_service_entry_cla, name, port, se, wes, labels,
+                              origins=origins)
+    slices = ctx.service_slices(svc)
+    # Pods decide subset membership and each endpoint's tlsMode (auto mTLS).
+    pods = ctx.service_pods(svc)
+    origins = (svc.origin, *(f"EndpointSlice/{e.key.namespace}/{e.key.name}" for e in slices),
+               *(f"Pod/{p.key.namespace}/{p.key.name}" for p in pods))
+    if not subset:
+        return cache.resource(ENDPOINT, name, build_cla, name, port, slices, (), pods, origins=origins)
+    # A subset's members are the endpoints whose Pods carry its labels; which subset
+    # definition applies depends on the client's namespace (DestinationRule precedence).
+    dr = ctx.destination_rule(host, proxy.namespace, svc.namespace, proxy.labels)
+    spec = next((s for s in dr.obj.spec.subsets if s.name == subset), None) if dr else None
+    if spec is None:
+        return None
+    labels = tuple(sorted(spec.labels.items()))
+    return cache.resource(ENDPOINT, name, build_cla, name, port, slices, labels, pods,
+                          origins=(*origins, f"DestinationRule/{dr.key.namespace}/{dr.key.name}"))

@@ -31,13 +31,13 @@ def is_gateway(proxy: Proxy) -> bool:
 
 
 def _view(ctx: PushContext, proxy: Proxy) -> GatewayView:
-    index = ctx.gateways
+    index = ctx.gateway_index()
     return index.view(index.select_for(proxy.labels, proxy.namespace), ctx.gateway_port_map(proxy))
 
 
 def listeners(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
               cache: XdsCache) -> list[CachedResource]:
-    index = ctx.gateways
+    index = ctx.gateway_index()
     view = _view(ctx, proxy)
     for reason in view.skipped:
         log.warning("gateway server skipped", proxy=proxy.id, reason=reason)
@@ -51,7 +51,7 @@ def listeners(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
             continue
         vss = tuple(dict.fromkeys(b.virtual_service for ref in pv.servers for b in bindings(ref)))
         hosts = gateway.referenced_hosts(vss, ctx.domain)
-        services = {h: ctx.by_host[h] for h in sorted(hosts) if h in ctx.by_host}
+        services = {h: svc for h in sorted(hosts) if (svc := ctx.service(h)) is not None}
         plan, skipped = gateway.listener_plan(pv, bindings, services, ctx.domain, proxy.traits.mesh_tls,
                                               lambda ref: _sni_clusters(ctx, proxy, ref))
         for reason in skipped:
@@ -67,10 +67,10 @@ def _sni_clusters(ctx: PushContext, proxy: Proxy, ref) -> tuple[tuple[str, str],
     """AUTO_PASSTHROUGH: every (cluster, SNI) of the services the server's hosts match, subsets
     included, as sidecars name them when they call those clusters with mTLS."""
     out = []
-    for svc in ctx.services:
+    for svc in ctx.all_services():
         if not any(h.namespace in ("*", svc.namespace) and host_matches(h.host, svc.hostname) for h in ref.hosts):
             continue
-        dr = ctx.traffic.destination_rule(svc.hostname, proxy.namespace, svc.namespace, proxy.labels)
+        dr = ctx.destination_rule(svc.hostname, proxy.namespace, svc.namespace, proxy.labels)
         subsets = [s.name for s in dr.obj.spec.subsets] if dr else []  # type: ignore[attr-defined]
         for port in svc.ports:
             if port.protocol.value == "UDP":
@@ -83,7 +83,7 @@ def _sni_clusters(ctx: PushContext, proxy: Proxy, ref) -> tuple[tuple[str, str],
 
 def route_configs(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
                   cache: XdsCache) -> list[CachedResource]:
-    index = ctx.gateways
+    index = ctx.gateway_index()
     view = _view(ctx, proxy)
     out: list[CachedResource] = []
     for name in sorted(requested or ()):
@@ -98,7 +98,7 @@ def route_configs(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | No
                 sources.append(gateway.VhostSource(ref.gateway_name, b.virtual_service, b.hosts, redirect))
         vss = tuple(dict.fromkeys(s.virtual_service for s in sources))
         hosts = gateway.referenced_hosts(vss, ctx.domain)
-        services = tuple(ctx.by_host[h] for h in sorted(hosts) if h in ctx.by_host)
+        services = tuple(svc for h in sorted(hosts) if (svc := ctx.service(h)) is not None)
         hashes = _hash_policies(ctx, proxy.namespace, hosts, proxy.labels)
         origins = tuple(dict.fromkeys([ref.origin for ref in rv.servers] + [o for v in vss for o in config_origins(v)]))
         # sourceLabels/sourceNamespace matches test the router itself, as in istiod: only the
@@ -117,10 +117,10 @@ def _hash_policies(ctx: PushContext, namespace: str, hosts: set[str], labels) ->
     asks for consistent hashing (the key must be on the route for RING_HASH/MAGLEV to work)."""
     out = []
     for host in sorted(hosts):
-        svc = ctx.by_host.get(host)
+        svc = ctx.service(host)
         if svc is None:
             continue
-        dr = ctx.traffic.destination_rule(host, namespace, svc.namespace, labels)
+        dr = ctx.destination_rule(host, namespace, svc.namespace, labels)
         if dr is not None:
             out.extend(routes.consistent_hash_keys(dr.obj.spec, host, tuple(p.port for p in svc.ports)))
     return tuple(out)

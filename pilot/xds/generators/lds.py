@@ -24,7 +24,7 @@ def _tcp_virtual_services(ctx: PushContext, plan: PortPlan, namespace: str) -> t
     it has tcp or tls rules."""
     out = []
     for svc in plan.tcp_services:
-        vs = ctx.traffic.virtual_service(svc.hostname, namespace)
+        vs = ctx.virtual_service(svc.hostname, namespace)
         out.append(vs if vs is not None and (vs.obj.spec.tcp or vs.obj.spec.tls) else None)
     return tuple(out) if any(out) else ()
 
@@ -34,7 +34,7 @@ def _tcp_limits(ctx: PushContext, plan: PortPlan, proxy: Proxy) -> tuple[tuple, 
     connectionPool.tcp (idleTimeout, maxConnectionDuration), and the rules read."""
     out, origins = [], []
     for svc in plan.tcp_services:
-        dr = ctx.traffic.destination_rule(svc.hostname, proxy.namespace, svc.namespace, proxy.labels)
+        dr = ctx.destination_rule(svc.hostname, proxy.namespace, svc.namespace, proxy.labels)
         policy = dr.obj.spec.traffic_policy if dr is not None else None
         pool = policy.connection_pool if policy is not None else None
         tcp = pool.tcp if pool is not None else None
@@ -155,11 +155,11 @@ def resolve_host_port(ctx: PushContext, name: str):
     if not sep or not port_text.isdigit():
         return None
     port = int(port_text)
-    svc = ctx.by_host.get(host)
+    svc = ctx.service(host)
     if svc is None:
         parts = host.split(".")
         if len(parts) in (2, 3) and (len(parts) == 2 or parts[2] == "svc"):
-            svc = ctx.by_host.get(f"{parts[0]}.{parts[1]}.svc.{ctx.domain}")
+            svc = ctx.service(f"{parts[0]}.{parts[1]}.svc.{ctx.domain}")
     if svc is None or svc.port(port) is None:
         return None
     return svc, port

@@ -35,9 +35,9 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         if view.registry_only is not None and view.registry_only != settings.registry_only:
             settings = replace(settings, registry_only=view.registry_only)  # the Sidecar's policy wins
         http = view.http_by_port.get(port, ())
-        vss = tuple(ctx.traffic.virtual_service(s.hostname, proxy.namespace) for s in http)
+        vss = tuple(ctx.virtual_service(s.hostname, proxy.namespace) for s in http)
         # Destination ports come from any service, so all of them are inputs when a VS applies.
-        everything = ctx.services if any(vss) else ()
+        everything = ctx.all_services() if any(vss) else ()
         origins = tuple(s.origin for s in http) + tuple(
             o for v in dict.fromkeys(v for v in vss if v) for o in config_origins(v))
         hashes = _hash_policies(ctx, proxy.namespace, proxy.labels)
@@ -55,11 +55,11 @@ def _hash_policies(ctx: PushContext, namespace: str, labels) -> tuple:
     """(cluster, hash key) for every cluster whose DestinationRule, as this client sees it, asks
     for consistent hashing (the subset's and the port's policy merged in, as for the cluster)."""
     out = []
-    for host in ctx.traffic.destination_rules:  # (a wildcard host's rule adds no hash policy yet)
-        svc = ctx.by_host.get(host)
+    for host in ctx.destination_rules():  # (a wildcard host's rule adds no hash policy yet)
+        svc = ctx.service(host)
         if svc is None:
             continue
-        dr = ctx.traffic.destination_rule(host, namespace, svc.namespace, labels)
+        dr = ctx.destination_rule(host, namespace, svc.namespace, labels)
         if dr is not None:
             out.extend(routes.consistent_hash_keys(dr.obj.spec, host, tuple(p.port for p in svc.ports)))
     return tuple(sorted(out))

@@ -68,27 +68,26 @@ def _resource(ctx: PushContext, proxy: Proxy, name: str, cache: XdsCache) -> Cac
     namespace, slash, secret_name = ref.rpartition("/")
     if not slash:
         namespace, secret_name = proxy.namespace, ref
-    granted = namespace != proxy.namespace and ctx.gateway_api.allows_credential(proxy.namespace, namespace,
-                                                                                 secret_name)
+    granted = namespace != proxy.namespace and ctx.allows_credential(proxy.namespace, namespace, secret_name)
     if not secret_name or (namespace != proxy.namespace and not granted):
         log.info("secret in another namespace refused", name=name, proxy_namespace=proxy.namespace)
         return None
-    index = ctx.gateways
     if secret_name.endswith(CA_SUFFIX):
-        entry = index.secret(namespace, secret_name) or index.secret(namespace, secret_name[:-len(CA_SUFFIX)])
+        entry = (ctx.gateway_secret(namespace, secret_name)
+                 or ctx.gateway_secret(namespace, secret_name[:-len(CA_SUFFIX)]))
         if entry is None:
             log.info("gateway CA secret not found", name=name, namespace=namespace)
             return None
-        ca = index.ca_certificates(entry)
+        ca = ctx.gateways.ca_certificates(entry)
         if isinstance(ca, CredentialError):
             _unusable(_origin(entry), entry.revision, "has no usable CA certificate", str(ca))
             return None
         return cache.resource(SECRET, name, validation_context_secret, name, ca, origins=(_origin(entry),))
-    entry = index.secret(namespace, secret_name)
+    entry = ctx.gateway_secret(namespace, secret_name)
     if entry is None:
         log.info("gateway secret not found", name=name, namespace=namespace)
         return None
-    material = index.certificate(entry)
+    material = ctx.gateways.certificate(entry)
     if isinstance(material, CredentialError):
         _unusable(_origin(entry), entry.revision, "is not a usable certificate", str(material))
         return None

@@ -26,7 +26,7 @@ def waypoint_of(ctx: PushContext, proxy: Proxy) -> Waypoint | None:
         return None
     # Cheap test first: other Gateway API gateways never build the ambient index.
     if not any(e.key.namespace == proxy.namespace and e.key.name == name
-               and e.obj.spec.gateway_class_name == WAYPOINT_CLASS for e in ctx.ambient.gateways):  # type: ignore[attr-defined]
+               and e.obj.spec.gateway_class_name == WAYPOINT_CLASS for e in ctx.waypoint_gateways()):  # type: ignore[attr-defined]
         return None
     waypoints = ambient_index(ctx).waypoints
     return waypoints.by_name.get((proxy.namespace, name)) if waypoints is not None else None
@@ -38,13 +38,13 @@ def _service_chains(ctx: PushContext, waypoint: Waypoint) -> tuple[tuple, tuple[
     origins = [f"KubernetesGateway/{waypoint.namespace}/{waypoint.name}"]
     for key in index.waypoint_services.get((waypoint.namespace, waypoint.name), ()):
         info = index.services[key]
-        svc = ctx.by_host.get(info.hostname)
+        svc = ctx.service(info.hostname)
         if svc is None or not info.addresses:
             continue  # a ServiceEntry shadowed by a Service, or headless: nothing to match on
         ports = tuple((p.port, "http" if p.protocol.is_http else "tcp") for p in svc.ports)
-        policies = waypoint_policies(ctx.security.authorization_policies, waypoint, svc.namespace, svc.name,
+        policies = waypoint_policies(ctx.authorization_policies(), waypoint, svc.namespace, svc.name,
                                      svc.kind)
-        vs = ctx.traffic.virtual_service(info.hostname)
+        vs = ctx.virtual_service(info.hostname)
         chains.append((info.hostname, tuple(ip for _, ip in info.addresses), ports, policies, vs))
         origins += [*index.origins.get(key, ()), *policies.origins]
         if vs is not None:
@@ -56,7 +56,7 @@ def listeners(ctx: PushContext, proxy: Proxy, waypoint: Waypoint, requested: fro
               cache: XdsCache) -> list[CachedResource]:
     chains, origins = _service_chains(ctx, waypoint)
     # Destination ports of VirtualService routes may be any service's: all are inputs then.
-    routing = wp.RoutingInputs(ctx.services if any(c[4] for c in chains) else (), ctx.domain,
+    routing = wp.RoutingInputs(ctx.all_services() if any(c[4] for c in chains) else (), ctx.domain,
                                ctx.settings.routes.retry)
     out = [cache.resource(LISTENER, wp.CONNECT_TERMINATE, wp.connect_terminate_listener, waypoint.address.port,
                           origins=origins[:1]),
@@ -72,7 +72,7 @@ def clusters(ctx: PushContext, waypoint: Waypoint, cache: XdsCache) -> list[Cach
         for port, protocol in ports:
             name = wp.inbound_vip_cluster_name(port, protocol, hostname)
             out.append(cache.resource(CLUSTER, name, wp.inbound_vip_cluster, name,
-                                      origins=(ctx.by_host[hostname].origin,)))
+                                      origins=(ctx.service(hostname).origin,)))
     return out
 
 
@@ -82,7 +82,7 @@ def load_assignment(ctx: PushContext, name: str, cache: XdsCache) -> CachedResou
     if parsed is None:
         return None
     port_number, _, hostname = parsed
-    svc = ctx.by_host.get(hostname)
+    svc = ctx.service(hostname)
     port = svc.port(port_number) if svc is not None and svc.kind == "Service" else None
     if port is None:
         return None

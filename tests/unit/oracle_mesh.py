@@ -1,0 +1,437 @@
+"""The mesh the push oracle (test_push_oracle.py) changes: every config kind a generator reads,
+as *slots* (one object each) with a few variants, one of which may be "absent".
+
+A random change picks a slot and moves it to another variant: an add, a modify or a delete of
+that kind. Slots are independent, so orders such as "the Pod after its EndpointSlice" (or the
+Pod leaving while its slice still names it) come up by themselves.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+from typing import Any
+
+import yaml
+
+SYSTEM_NS = "istio-system"
+CERT_A = b"-----BEGIN CERTIFICATE-----\nMAo=\n-----END CERTIFICATE-----\n"
+CERT_B = b"-----BEGIN CERTIFICATE-----\nMAs=\n-----END CERTIFICATE-----\n"
+KEY = b"-----BEGIN PRIVATE KEY-----\nMAo=\n-----END PRIVATE KEY-----\n"
+
+
+def _b64(b: bytes) -> str:
+    return base64.b64encode(b).decode()
+
+
+def _meta(name: str, namespace: str, **extra: Any) -> dict:
+    return {"name": name, "namespace": namespace, **extra}
+
+
+def service(
+    name: str,
+    ns: str = "default",
+    port: int = 9080,
+    target: int = 9080,
+    selector: dict | None = None,
+    port_name: str = "http",
+    ip: str = "10.96.0.10",
+) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(name, ns),
+        "spec": {
+            "clusterIP": ip,
+            "selector": selector if selector is not None else {"app": name},
+            "ports": [{"name": port_name, "port": port, "targetPort": target}],
+        },
+    }
+
+
+def endpoint_slice(
+    name: str,
+    svc: str,
+    pods: list[tuple[str, str]],
+    ns: str = "default",
+    port: int = 9080,
+    port_name: str = "http",
+) -> dict:
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": _meta(name, ns, labels={"kubernetes.io/service-name": svc}),
+        "addressType": "IPv4",
+        "ports": [{"name": port_name, "port": port}],
+        "endpoints": [
+            {
+                "addresses": [ip],
+                "conditions": {"ready": True},
+                "targetRef": {"kind": "Pod", "name": pod, "namespace": ns},
+            }
+            for pod, ip in pods
+        ],
+    }
+
+
+def pod(name: str, ip: str, labels: dict, sa: str, ns: str = "default") -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _meta(name, ns, labels=labels),
+        "spec": {"serviceAccountName": sa, "nodeName": "node-1"},
+        "status": {"podIP": ip, "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+def _istio(kind: str, name: str, ns: str, spec: dict, group: str = "networking.istio.io") -> dict:
+    return {"apiVersion": f"{group}/v1", "kind": kind, "metadata": _meta(name, ns), "spec": spec}
+
+
+def destination_rule(name: str, host: str, spec: dict, ns: str = "default") -> dict:
+    return _istio("DestinationRule", name, ns, {"host": host, **spec})
+
+
+def virtual_service(name: str, spec: dict, ns: str = "default") -> dict:
+    return _istio("VirtualService", name, ns, spec)
+
+
+def sidecar(name: str, ns: str, egress: list[str], selector: dict | None = None, **extra: Any) -> dict:
+    spec: dict[str, Any] = {"egress": [{"hosts": egress}], **extra}
+    if selector is not None:
+        spec["workloadSelector"] = {"labels": selector}
+    return _istio("Sidecar", name, ns, spec)
+
+
+def peer_authentication(
+    name: str, ns: str, mode: str, selector: dict | None = None, port_levels: dict | None = None
+) -> dict:
+    spec: dict[str, Any] = {"mtls": {"mode": mode}}
+    if selector is not None:
+        spec["selector"] = {"matchLabels": selector}
+    if port_levels:
+        spec["portLevelMtls"] = {str(p): {"mode": m} for p, m in port_levels.items()}
+    return _istio("PeerAuthentication", name, ns, spec, "security.istio.io")
+
+
+def authorization_policy(name: str, ns: str, selector: dict, namespaces: list[str]) -> dict:
+    return _istio(
+        "AuthorizationPolicy",
+        name,
+        ns,
+        {
+            "selector": {"matchLabels": selector},
+            "action": "ALLOW",
+            "rules": [{"from": [{"source": {"namespaces": namespaces}}]}],
+        },
+        "security.istio.io",
+    )
+
+
+def gateway(servers: list[dict]) -> dict:
+    return _istio(
+        "Gateway", "ingress", SYSTEM_NS, {"selector": {"istio": "ingressgateway"}, "servers": servers}
+    )
+
+
+HTTP_SERVER = {
+    "port": {"number": 80, "name": "http", "protocol": "HTTP"},
+    "hosts": ["*/bookinfo.example.com"],
+}
+HTTPS_SERVER = {
+    "port": {"number": 443, "name": "https", "protocol": "HTTPS"},
+    "hosts": ["*/bookinfo.example.com"],
+    "tls": {"mode": "SIMPLE", "credentialName": "bookinfo-cred"},
+}
+
+
+def secret(cert: bytes) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta("bookinfo-cred", SYSTEM_NS),
+        "type": "kubernetes.io/tls",
+        "data": {"tls.crt": _b64(cert), "tls.key": _b64(KEY)},
+    }
+
+
+def service_entry(name: str, spec: dict, ns: str = "default") -> dict:
+    return _istio("ServiceEntry", name, ns, spec)
+
+
+def workload_entry(name: str, address: str, labels: dict, sa: str, ns: str = "default") -> dict:
+    return _istio("WorkloadEntry", name, ns, {"address": address, "labels": labels, "serviceAccount": sa})
+
+
+def namespace(name: str, labels: dict) -> dict:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+
+
+def mesh_configmap(mesh: dict) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta("istio", SYSTEM_NS),
+        "data": {"mesh": yaml.safe_dump(mesh)},
+    }
+
+
+REVIEWS = "reviews.default.svc.cluster.local"
+RATINGS = "ratings.default.svc.cluster.local"
+V1 = {"app": "reviews", "version": "v1"}
+V2 = {"app": "reviews", "version": "v2"}
+SUBSETS = {
+    "subsets": [{"name": "v1", "labels": {"version": "v1"}}, {"name": "v2", "labels": {"version": "v2"}}]
+}
+
+
+def slots() -> dict[str, list[dict | None]]:
+    """Slot name -> its variants; variant 0 is the initial state (None: absent at first)."""
+    return {
+        # Services (one is the Sidecar-scoped proxy's own: its targetPort shapes its inbound)
+        "svc/reviews": [
+            service("reviews", ip="10.96.0.11"),
+            service("reviews", target=9090, ip="10.96.0.11"),
+            service("reviews", port_name="grpc", ip="10.96.0.11"),
+            None,
+        ],
+        "svc/ratings": [
+            service("ratings", ip="10.96.0.12"),
+            service("ratings", target=9091, ip="10.96.0.12"),
+            None,
+        ],
+        "svc/productpage": [
+            service("productpage", ip="10.96.0.13"),
+            service("productpage", target=9090, ip="10.96.0.13"),
+        ],
+        "svc/details": [
+            service("details", "shop", ip="10.96.0.14"),
+            service("details", "shop", port=9081, target=9081, ip="10.96.0.14"),
+            None,
+        ],
+        "svc/new": [None, service("newcomer", ip="10.96.0.15"), service("newcomer", "shop", ip="10.96.0.16")],
+        "svc/ingress": [
+            service(
+                "ingressgateway",
+                SYSTEM_NS,
+                port=80,
+                target=8080,
+                selector={"istio": "ingressgateway"},
+                ip="10.96.0.17",
+            ),
+            service(
+                "ingressgateway",
+                SYSTEM_NS,
+                port=80,
+                target=8081,
+                selector={"istio": "ingressgateway"},
+                ip="10.96.0.17",
+            ),
+        ],
+        # Endpoints, naming Pods that may or may not exist (yet)
+        "eps/reviews": [
+            endpoint_slice("reviews-1", "reviews", [("reviews-v1", "10.1.0.1"), ("reviews-v2", "10.1.0.2")]),
+            endpoint_slice("reviews-1", "reviews", [("reviews-v1", "10.1.0.1")]),
+            endpoint_slice("reviews-1", "reviews", [("reviews-v3", "10.1.0.3")]),
+            None,
+        ],
+        "eps/ratings": [
+            endpoint_slice("ratings-1", "ratings", [("ratings-1", "10.1.0.4")]),
+            endpoint_slice("ratings-1", "ratings", [("ratings-1", "10.1.0.5")]),
+            None,
+        ],
+        "eps/productpage": [
+            endpoint_slice("productpage-1", "productpage", [("productpage-1", "10.1.0.6")]),
+            None,
+        ],
+        "eps/details": [endpoint_slice("details-1", "details", [("details-1", "10.1.0.7")], ns="shop"), None],
+        "pod/reviews-v1": [
+            pod("reviews-v1", "10.1.0.1", V1, "reviews"),
+            pod("reviews-v1", "10.1.0.1", V2, "reviews"),
+            pod("reviews-v1", "10.1.0.1", V1, "reviews-other"),
+            None,
+        ],
+        "pod/reviews-v2": [
+            None,
+            pod("reviews-v2", "10.1.0.2", V2, "reviews"),
+            pod("reviews-v2", "10.1.0.2", V2, "legacy"),
+        ],
+        "pod/reviews-v3": [None, pod("reviews-v3", "10.1.0.3", V1, "reviews-v3")],
+        "pod/ratings-1": [
+            pod("ratings-1", "10.1.0.4", {"app": "ratings"}, "ratings"),
+            pod("ratings-1", "10.1.0.4", {"app": "ratings", "version": "v1"}, "ratings"),
+            None,
+        ],
+        "pod/details-1": [pod("details-1", "10.1.0.7", {"app": "details"}, "details", "shop"), None],
+        "pod/productpage-1": [pod("productpage-1", "10.1.0.6", {"app": "productpage"}, "productpage"), None],
+        # Traffic rules
+        "dr/reviews": [
+            destination_rule("reviews", "reviews", SUBSETS),
+            destination_rule("reviews", "reviews", {"subsets": SUBSETS["subsets"][:1]}),
+            destination_rule(
+                "reviews", "reviews", {**SUBSETS, "trafficPolicy": {"tls": {"mode": "DISABLE"}}}
+            ),
+            None,
+        ],
+        "dr/ratings": [
+            None,
+            destination_rule(
+                "ratings",
+                "ratings",
+                {"trafficPolicy": {"loadBalancer": {"consistentHash": {"httpHeaderName": "x-user"}}}},
+            ),
+            destination_rule(
+                "ratings", "ratings", {"subsets": [{"name": "v1", "labels": {"version": "v1"}}]}
+            ),
+        ],
+        "dr/shop-reviews": [None, destination_rule("reviews-from-shop", REVIEWS, SUBSETS, ns="shop")],
+        "vs/reviews": [
+            virtual_service(
+                "reviews",
+                {
+                    "hosts": ["reviews"],
+                    "http": [{"route": [{"destination": {"host": "reviews", "subset": "v1"}}]}],
+                },
+            ),
+            virtual_service(
+                "reviews",
+                {
+                    "hosts": ["reviews"],
+                    "http": [
+                        {
+                            "route": [
+                                {"destination": {"host": "reviews", "subset": "v1"}, "weight": 50},
+                                {"destination": {"host": "reviews", "subset": "v2"}, "weight": 50},
+                            ]
+                        }
+                    ],
+                },
+            ),
+            None,
+        ],
+        "vs/ratings": [
+            None,
+            virtual_service(
+                "ratings",
+                {
+                    "hosts": ["ratings"],
+                    "http": [{"timeout": "3s", "route": [{"destination": {"host": "ratings"}}]}],
+                },
+            ),
+        ],
+        "vs/bookinfo": [
+            virtual_service(
+                "bookinfo",
+                {
+                    "hosts": ["bookinfo.example.com"],
+                    "gateways": ["istio-system/ingress"],
+                    "http": [{"route": [{"destination": {"host": "productpage.default.svc.cluster.local"}}]}],
+                },
+            ),
+            virtual_service(
+                "bookinfo",
+                {
+                    "hosts": ["bookinfo.example.com"],
+                    "gateways": ["istio-system/ingress"],
+                    "http": [{"route": [{"destination": {"host": REVIEWS}}]}],
+                },
+            ),
+            None,
+        ],
+        # Scoping
+        "sidecar/productpage": [
+            sidecar(
+                "productpage", "default", [f"./{RATINGS}", "istio-system/*"], selector={"app": "productpage"}
+            ),
+            sidecar("productpage", "default", ["./*", "istio-system/*"], selector={"app": "productpage"}),
+            sidecar("productpage", "default", [f"./{REVIEWS}"], selector={"app": "productpage"}),
+            None,
+        ],
+        "sidecar/shop": [
+            sidecar("default", "shop", ["./*", f"default/{REVIEWS}"]),
+            None,
+            sidecar("default", "shop", ["./*"], outboundTrafficPolicy={"mode": "REGISTRY_ONLY"}),
+        ],
+        # Gateways
+        "gateway/ingress": [gateway([HTTP_SERVER]), gateway([HTTP_SERVER, HTTPS_SERVER]), None],
+        "secret/bookinfo": [secret(CERT_A), secret(CERT_B), None],
+        # Security
+        "pa/mesh": [
+            None,
+            peer_authentication("default", SYSTEM_NS, "STRICT"),
+            peer_authentication("default", SYSTEM_NS, "PERMISSIVE"),
+        ],
+        "pa/reviews": [
+            None,
+            peer_authentication("reviews", "default", "STRICT", {"app": "reviews"}, {9080: "DISABLE"}),
+            peer_authentication("reviews", "default", "DISABLE", {"app": "reviews"}),
+        ],
+        "pa/productpage": [
+            None,
+            peer_authentication("productpage", "default", "STRICT", {"app": "productpage"}),
+        ],
+        "authz/reviews": [
+            None,
+            authorization_policy("reviews", "default", {"app": "reviews"}, ["default"]),
+            authorization_policy("reviews", "default", {"app": "reviews"}, ["shop"]),
+        ],
+        "authz/productpage": [
+            None,
+            authorization_policy("productpage", "default", {"app": "productpage"}, ["shop"]),
+        ],
+        # ServiceEntries and their WorkloadEntries
+        "se/db": [
+            service_entry(
+                "db",
+                {
+                    "hosts": ["db.internal"],
+                    "location": "MESH_INTERNAL",
+                    "resolution": "STATIC",
+                    "ports": [{"number": 5432, "name": "tcp", "protocol": "TCP"}],
+                    "workloadSelector": {"labels": {"app": "db"}},
+                },
+            ),
+            service_entry(
+                "db",
+                {
+                    "hosts": ["db.internal"],
+                    "location": "MESH_INTERNAL",
+                    "resolution": "STATIC",
+                    "ports": [{"number": 5433, "name": "tcp", "protocol": "TCP"}],
+                    "workloadSelector": {"labels": {"app": "db"}},
+                },
+            ),
+            None,
+        ],
+        "se/api": [
+            None,
+            service_entry(
+                "api",
+                {
+                    "hosts": ["api.example.com"],
+                    "location": "MESH_EXTERNAL",
+                    "resolution": "DNS",
+                    "ports": [{"number": 443, "name": "tls", "protocol": "TLS"}],
+                },
+            ),
+        ],
+        "we/db-1": [
+            workload_entry("db-1", "10.2.0.1", {"app": "db"}, "db"),
+            workload_entry("db-1", "10.2.0.2", {"app": "db"}, "db"),
+            workload_entry("db-1", "10.2.0.1", {"app": "other"}, "db"),
+            workload_entry("db-1", "10.2.0.1", {"app": "db"}, "db-admin"),
+            None,
+        ],
+        "we/db-2": [None, workload_entry("db-2", "10.2.0.3", {"app": "db"}, "db")],
+        # Namespaces (ambient enrolment) and the mesh
+        "ns/shop": [namespace("shop", {}), namespace("shop", {"istio.io/dataplane-mode": "ambient"})],
+        "ns/default": [
+            namespace("default", {}),
+            namespace("default", {"istio.io/dataplane-mode": "ambient"}),
+        ],
+        "mesh": [mesh_configmap({}), mesh_configmap({"connectTimeout": "3s"})],
+    }
+
+
+def copy_doc(doc: dict | None) -> dict | None:
+    return copy.deepcopy(doc) if doc is not None else None

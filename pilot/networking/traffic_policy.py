@@ -234,8 +234,6 @@ def apply_tls(c: cluster_pb2.Cluster, tls, hostname: str) -> str | None:
         return None
     if tls.mode == "ISTIO_MUTUAL":
         return "ISTIO_MUTUAL applies only to proxies with a mesh identity (connected on 15012)"
-    if tls.credential_name:
-        return "credentialName for client TLS is not supported yet; the cluster stays plaintext"
     ctx = tls_pb2.UpstreamTlsContext(sni=tls.sni or hostname)
     common = ctx.common_tls_context
     if tls.mode == "MUTUAL" and tls.client_certificate and tls.private_key:

@@ -120,6 +120,13 @@ ENABLE_AMBIENT = _knob("PILOT_ENABLE_AMBIENT", "false", _bool,
                        "Serve ztunnel (ambient mode): WDS and L4 authorization over delta xDS, waypoints. "
                        "Without it ztunnel connections are refused.")
 
+# Not an istiod knob (istiod's file source relies on its watcher alone): a full rescan of
+# --configDir every interval heals events the watcher missed; a rescan re-parses only files whose
+# content changed.
+CONFIG_RESCAN_INTERVAL = _knob(
+    "PILOT_CONFIG_RESCAN_INTERVAL", "60s", parse_duration,
+    "File mode: how often --configDir is rescanned in full, whatever the watcher reported (0 disables).")
+
 
 def _csv(text: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in text.split(",") if p.strip())
@@ -181,6 +188,7 @@ class Features:
     token_audiences: tuple[str, ...] = ("istio-ca",)
     trusted_node_accounts: tuple[str, ...] = ("istio-system/ztunnel",)
     enable_ambient: bool = False
+    config_rescan_interval: float = 60.0
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Features:
@@ -205,4 +213,5 @@ class Features:
             token_audiences=TOKEN_AUDIENCES.get(environ),
             trusted_node_accounts=CA_TRUSTED_NODE_ACCOUNTS.get(environ),
             enable_ambient=ENABLE_AMBIENT.get(environ),
+            config_rescan_interval=CONFIG_RESCAN_INTERVAL.get(environ),
         )

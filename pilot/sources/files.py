@@ -7,7 +7,8 @@ never affects any other document. Nothing is lost to a bad edit either: an objec
 version is rejected keeps its last good version (a file that stops being YAML keeps all its
 objects) until the file is fixed or deleted.
 
-Hostile input costs only itself: files are parsed in a worker thread, never on the event loop;
+Hostile input costs only itself: files are parsed in a worker process (parse_worker), driven from
+a worker thread, never on the event loop;
 yaml_docs bounds size, nesting and alias expansion; any exception while reading one file is that
 file's rejection. dir_watch decides which files the directory holds (kubelet's ConfigMap layout
 included) and keeps the watch alive.
@@ -25,10 +26,13 @@ from pilot import logging as plog
 from pilot.config.base import K8sObject
 from pilot.config.validation import InvalidObject, Rejection, parse_object
 from pilot.model.store import ConfigKey, Store
+from pilot.sources import parse_worker
 from pilot.sources.dir_watch import SUFFIXES, DirectoryWatcher, is_kubelet_path, scan
 from pilot.sources.yaml_docs import MAX_FILE_BYTES, StreamError, load_documents
 
 log = plog.get("files")
+
+COMMIT_SLICE = 200  # objects written to the Store per event-loop turn (~10-40 ms)
 
 
 @dataclass(frozen=True)
@@ -127,24 +131,18 @@ def _os_reason(e: BaseException) -> str:
 
 
 @dataclass
-class _Full:
-    """A whole-directory reload, computed off the event loop: what the Store must hold."""
+class _Plan:
+    """A reload computed off the event loop: the source's next state and the Store writes that
+    take the Store there. A full plan replaces `files`; an incremental one updates some of them."""
 
-    files: dict[Path, ParsedFile]
-    desired: dict[ConfigKey, tuple[K8sObject, str]]
-    owners: dict[ConfigKey, Path]
-    duplicates: list[Rejection]
-
-
-@dataclass
-class _Incremental:
-    """Only some files changed: their new parses, and the Store writes that follow from them."""
-
+    full: bool
     files: dict[Path, ParsedFile | None]  # None: the file is gone
     owners: dict[ConfigKey, Path]
+    served: dict[ConfigKey, tuple[K8sObject, str]]
     upserts: list[tuple[K8sObject, str]]
     deletes: list[ConfigKey]
-    changed_paths: int
+    duplicates: list[Rejection] | None = None  # None: unchanged
+    changed_paths: int = 0
 
 
 def _resolve_duplicates(files: dict[Path, ParsedFile]) -> tuple[dict, dict, list[Rejection]]:
@@ -165,8 +163,8 @@ def _resolve_duplicates(files: dict[Path, ParsedFile]) -> tuple[dict, dict, list
 
 
 class FileSource:
-    """Keeps the Store in line with a directory. Parsing happens in `plan_*` (pure with respect
-    to the Store, run in a worker thread by `reload`), Store writes in `_commit` (on the loop)."""
+    """Keeps the Store in line with a directory. `plan_*` read and parse (never touching the
+    Store; `reload` runs them in a worker thread), `_commit*` write the Store (on the loop)."""
 
     OWNER = "files"
 
@@ -177,8 +175,8 @@ class FileSource:
         self.default_namespace = default_namespace
         self._files: dict[Path, ParsedFile] = {}
         self._owners: dict[ConfigKey, Path] = {}  # which file an object in the Store came from
+        self._served: dict[ConfigKey, tuple[K8sObject, str]] = {}  # what this source last wrote
         self._duplicates: list[Rejection] = []
-        self._prefix = str(self.root) + os.sep
         self.loads = 0
         self.incremental_loads = 0
         self.watcher = DirectoryWatcher(self.root, self.reload, rescan_interval=rescan_interval)
@@ -195,35 +193,47 @@ class FileSource:
         try:
             with path.open("rb") as f:
                 data = f.read(MAX_FILE_BYTES + 1)
-        except OSError:
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return None
+        except OSError as e:  # there but unreadable (permissions): say so, keep what it served
+            objs, rejs = _keep_last_good(previous, [], [Rejection(str(path), "", "", "",
+                                                                  f"cannot read file: {_os_reason(e)}")])
+            return ParsedFile(b"", tuple(objs), tuple(rejs))
         # Hash the content rather than trust mtime: two same-size edits within the filesystem's
         # timestamp granularity would otherwise look unchanged.
         digest = hashlib.blake2b(data, digest_size=16).digest()
         if previous is not None and previous.digest == digest:
             return previous
-        objs, rejs = _keep_last_good(previous, *parse_data(path, data, self.default_namespace))
+        objs, rejs = _keep_last_good(previous, *parse_worker.parse(path, data, self.default_namespace))
         for r in rejs:
             log.warning("config rejected", source=r.source, kind=r.kind, namespace=r.namespace,
                         name=r.name, reason=r.reason)
         return ParsedFile(digest, tuple(objs), tuple(rejs))
 
     # --- planning: reads files and the source's own state, never the Store ----------------------
-    def plan_full(self) -> _Full:
+    def plan_full(self) -> _Plan:
         current: dict[Path, ParsedFile] = {}
         previous = dict(self._files)
         for path in scan(self.root):
             parsed = self._parse(path, previous.get(path))
             if parsed is not None:
                 current[path] = parsed
-        return _Full(current, *_resolve_duplicates(current))
+        desired, owners, duplicates = _resolve_duplicates(current)
+        # Only what differs from what this source last wrote reaches the Store: a rescan of an
+        # unchanged directory writes nothing (objects of unchanged files are the same objects).
+        served = self._served
+        upserts = [item for key, item in desired.items()
+                   if (old := served.get(key)) is None or old[0] is not item[0] or old[1] != item[1]]
+        deletes = [key for key in served if key not in desired]
+        return _Plan(True, dict(current), owners, desired, upserts, deletes, duplicates)
 
-    def plan_paths(self, paths: set[Path]) -> _Full | _Incremental:
+    def plan_paths(self, paths: set[Path]) -> _Plan:
         """Re-read only the files that changed. Anything a file-by-file update cannot decide
         alone (a directory moved, kubelet swapped `..data`, an object defined in two files)
         becomes a full reload."""
         files: dict[Path, ParsedFile | None] = {}
         owners = dict(self._owners)
+        served = dict(self._served)
         contested = {(r.kind, r.namespace, r.name) for r in self._duplicates}
         known = self._files
         upserts: list[tuple[K8sObject, str]] = []
@@ -253,36 +263,63 @@ class FileSource:
             for key in old_objs.keys() - new_objs.keys():
                 deletes.append(key)
                 owners.pop(key, None)
+                served.pop(key, None)
             for key, item in new_objs.items():
                 upserts.append(item)
                 owners[key] = path
+                served[key] = item
             files[path] = new
-        return _Incremental(files, owners, upserts, deletes, len(paths))
+        moved = {ConfigKey.of(o) for o, _ in upserts}  # a rename deletes from one file, adds in another
+        return _Plan(False, files, owners, served, upserts, [k for k in deletes if k not in moved],
+                     changed_paths=len(paths))
 
     # --- committing: on the event loop ----------------------------------------------------------
-    def _commit(self, plan: _Full | _Incremental) -> None:
-        if isinstance(plan, _Full):
-            self._files, self._owners = plan.files, plan.owners
+    def _adopt(self, plan: _Plan) -> None:
+        """Take the plan's state as the source's own, and publish its rejections."""
+        if plan.full:
+            self._files = {p: f for p, f in plan.files.items() if f is not None}
+        else:
+            for path, parsed in plan.files.items():
+                if parsed is None:
+                    self._files.pop(path, None)
+                else:
+                    self._files[path] = parsed
+        self._owners, self._served = plan.owners, plan.served
+        if plan.duplicates is not None:
             self._set_duplicates(plan.duplicates)
-            self._publish_rejections()
-            events = self.store.sync(self._prefix, plan.desired.values())
-            self.loads += 1
-            if events:
-                log.info("config loaded", changes=len(events), objects=len(plan.desired),
-                         rejected=len(self.store.rejections()))
-            return
-        for path, parsed in plan.files.items():
-            if parsed is None:
-                self._files.pop(path, None)
-            else:
-                self._files[path] = parsed
-        self._owners = plan.owners
         self._publish_rejections()
-        moved = {ConfigKey.of(o) for o, _ in plan.upserts}  # a rename deletes from one file, adds in another
-        events = self.store.write(plan.upserts, [k for k in plan.deletes if k not in moved])
-        self.incremental_loads += 1
-        if events:
-            log.info("config changed", changes=len(events), files=plan.changed_paths)
+
+    def _log_commit(self, plan: _Plan, changes: int) -> None:
+        if plan.full:
+            self.loads += 1
+            if changes:
+                log.info("config loaded", changes=changes, objects=len(plan.served),
+                         rejected=len(self.store.rejections()))
+        else:
+            self.incremental_loads += 1
+            if changes:
+                log.info("config changed", changes=changes, files=plan.changed_paths)
+
+    def _commit(self, plan: _Plan) -> None:
+        self._adopt(plan)
+        events = self.store.write(plan.upserts, plan.deletes)
+        self._log_commit(plan, len(events))
+
+    async def _commit_async(self, plan: _Plan) -> None:
+        """As _commit, in slices: writing 20,000 objects at once would hold the loop for seconds
+        (each slice is a batch of events, as informers deliver them). Upserts go first, so an
+        object that moved between files is never missing in between."""
+        self._adopt(plan)
+        changes = 0
+        for i in range(0, len(plan.upserts), COMMIT_SLICE):
+            changes += len(self.store.write(plan.upserts[i:i + COMMIT_SLICE], ()))
+            if len(plan.upserts) > COMMIT_SLICE:
+                await asyncio.sleep(0)
+        for i in range(0, len(plan.deletes), COMMIT_SLICE):
+            changes += len(self.store.write((), plan.deletes[i:i + COMMIT_SLICE]))
+            if len(plan.deletes) > COMMIT_SLICE:
+                await asyncio.sleep(0)
+        self._log_commit(plan, changes)
 
     def _set_duplicates(self, duplicates: list[Rejection]) -> None:
         before = {(r.source, r.reason) for r in self._duplicates}
@@ -306,11 +343,11 @@ class FileSource:
         self._commit(self.plan_paths(paths))
 
     async def reload(self, paths: set[Path] | None = None) -> None:
-        """Parse in a worker thread (a large or hostile file never stalls the event loop), then
-        write the Store on the loop. A failure keeps the last good state and is logged."""
+        """Plan in a worker thread (files are parsed in the worker process), then write the Store
+        on the loop, in slices. A failure keeps the last good state and is logged."""
         try:
             plan = await asyncio.to_thread(self.plan_paths if paths else self.plan_full, *([paths] if paths else []))
-            self._commit(plan)
+            await self._commit_async(plan)
         except Exception:
             log.exception("reloading config directory failed; keeping the last good state")
 

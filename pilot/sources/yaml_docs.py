@@ -13,13 +13,14 @@ cheap to enforce and no recursion is needed at any depth:
   the expanded tree (validation, comparison, /debug dumps would);
 - files over MAX_FILE_BYTES are refused before parsing (see files.py).
 
-Speed: libyaml's parser (ruamel.yaml.clib) produces the same events about 15x faster than the
-pure-Python 1.2 parser. It implements YAML 1.1 syntax, whose differences from 1.2 that matter in
-manifests make it fail rather than read something else (a `:` inside a flow-sequence scalar, as
-in `[001:db8::]`; 1.2-only anchor names). So the C parser is tried first and the pure 1.2 parser
-re-reads from the document where libyaml stopped (tests/unit/test_file_source_fuzz.py checks that
-both give the same documents). One known divergence is kept on purpose: libyaml, like kubectl's
-go-yaml, treats U+0085/U+2028/U+2029 as line breaks.
+Speed: libyaml's parser (ruamel.yaml.clib) produces events about 15x faster than the pure-Python
+1.2 parser, but it implements YAML 1.1 syntax. Fuzzing found where the two read the same text
+differently (anchor names: libyaml ends `&name:` at the colon; tabs; `...` followed by content;
+a token starting with `:`), so libyaml only reads "plain" text, without anchors, aliases, tags,
+directives, tabs or document-end markers (what kubectl and Helm write); everything else, and
+anything libyaml fails on (e.g. `[001:db8::]`, 1.2 syntax), goes to the pure 1.2 parser, from
+the document where libyaml stopped. tests/unit/test_file_source_fuzz.py checks that both paths
+give the same documents.
 
 Error messages never quote the document: a Secret's key may be in it. They give the line, the
 column and what was wrong.
@@ -53,6 +54,11 @@ PURE_FALLBACK_MAX_BYTES = 256 << 10
 seconds of a core at worst); past it the libyaml error is the answer."""
 
 _CORE = "tag:yaml.org,2002:"
+# Where libyaml (YAML 1.1) and YAML 1.2 read the same text differently, it is around these: anchor
+# and alias names (libyaml ends them at `:`), tags, directives, tabs, `...` document ends, `?`/`:`
+# starting a token, NEL/LS/PS and BOMs. Text with none of them at a token start is what kubectl
+# and Helm write, and is left to the C parser; the rest goes to the pure 1.2 parser.
+_NOT_PLAIN = re.compile(r"(?:^|[\s\[{,])[&*!%@`?:]|[\t\x85\u2028\u2029\ufeff]|^\.\.\.", re.M)
 _NULL = re.compile(r"(?:~|null|Null|NULL)?\Z")
 _BOOL = {"true": True, "True": True, "TRUE": True, "false": False, "False": False, "FALSE": False}
 _INT10 = re.compile(r"[-+]?[0-9]+\Z")
@@ -310,11 +316,14 @@ def _shift(message: str, offset: int) -> str:
 def load_documents(text: str, *, pure: bool | None = None) -> list[Document]:
     """Every document of the stream, in order; raises StreamError when the stream is not YAML.
 
-    `pure=None` uses the C parser where it can and the pure 1.2 parser where it must; True or
-    False forces one (tests compare them)."""
+    `pure=None` uses the C parser for plain manifests and the pure 1.2 parser for the rest; True
+    or False forces one (tests compare them)."""
     out: list[Document] = []
-    use_c = HAVE_C_PARSER if pure is None else not pure
-    if not use_c:
+    if pure is True or not HAVE_C_PARSER or (pure is None and _NOT_PLAIN.search(text)):
+        if pure is None and len(text.encode("utf-8", "surrogatepass")) > PURE_FALLBACK_MAX_BYTES:
+            raise StreamError(f"a file over {PURE_FALLBACK_MAX_BYTES} bytes uses YAML features (anchors, "
+                              "aliases, tags, directives, tabs, document end markers) that only the slower "
+                              "YAML 1.2 parser reads exactly; split it into smaller files", 0)
         _read(text, True, 0, out)
         return out
     try:

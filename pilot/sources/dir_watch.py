@@ -66,7 +66,9 @@ def scan(root: Path) -> list[Path]:
                         continue
                     try:
                         if entry.is_dir():
-                            if entry.is_symlink() and not Path(entry.path).resolve().is_relative_to(real_root):
+                            if entry.is_symlink() and not Path(entry.path).resolve().is_relative_to(
+                                real_root
+                            ):
                                 continue
                             stack.append(Path(entry.path))
                         elif entry.name.endswith(SUFFIXES) and entry.is_file():
@@ -85,8 +87,14 @@ class WatchUntrusted(Exception):
 class DirectoryWatcher:
     """Calls `reload(paths)` for changed paths and `reload(None)` for a full rescan, one at a time."""
 
-    def __init__(self, root: Path, reload: Callable[[set[Path] | None], Awaitable[None]],
-                 rescan_interval: float = 60.0, debounce_ms: int = 50, step_ms: int = 5) -> None:
+    def __init__(
+        self,
+        root: Path,
+        reload: Callable[[set[Path] | None], Awaitable[None]],
+        rescan_interval: float = 60.0,
+        debounce_ms: int = 50,
+        step_ms: int = 5,
+    ) -> None:
         self.root = root
         self._reload = reload
         self.rescan_interval = rescan_interval
@@ -125,8 +133,12 @@ class DirectoryWatcher:
                     backoff = 0.2  # it ran well for a while: this is a new failure, not a loop
                 self._running, self._reason = False, reason
                 self.restarts += 1
-                log.warning("config directory watcher stopped; restarting it", reason=reason,
-                            retry_in=f"{backoff:g}s", path=str(self.root))
+                log.warning(
+                    "config directory watcher stopped; restarting it",
+                    reason=reason,
+                    retry_in=f"{backoff:g}s",
+                    path=str(self.root),
+                )
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), backoff)
                 backoff = min(backoff * 2, 10.0)
@@ -158,8 +170,14 @@ class DirectoryWatcher:
             # A root that does not exist yet is waited for by watching only its parent's entries,
             # never the parent's whole tree.
             log.warning("config directory does not exist yet; waiting for it", path=str(self.root))
-            async for _ in watchfiles.awatch(self.root.parent, debounce=50, step=20, stop_event=stop,
-                                             recursive=False, ignore_permission_denied=True):
+            async for _ in watchfiles.awatch(
+                self.root.parent,
+                debounce=50,
+                step=20,
+                stop_event=stop,
+                recursive=False,
+                ignore_permission_denied=True,
+            ):
                 if self.root.is_dir():
                     break
             if stop.is_set():
@@ -170,14 +188,30 @@ class DirectoryWatcher:
         self._running, self._reason = True, ""
         # step: how long the watcher waits for more changes before reporting; every change waits
         # this long before the debounce even starts (5 ms idles at +0.2% of a core over 20 ms).
-        async for changes in watchfiles.awatch(self.root, debounce=self.debounce_ms, step=self.step_ms,
-                                               stop_event=stop, recursive=True, ignore_permission_denied=True):
+        async for changes in watchfiles.awatch(
+            self.root,
+            debounce=self.debounce_ms,
+            step=self.step_ms,
+            stop_event=stop,
+            recursive=True,
+            ignore_permission_denied=True,
+        ):
             paths = {Path(p) for _, p in changes}
             if not self.root.is_dir():
                 raise WatchUntrusted("the config directory itself was removed or replaced")
-            stale = next((Path(p) for change, p in changes if change != watchfiles.Change.deleted
-                          and not is_kubelet_path(self.root, Path(p)) and not Path(p).parent.exists()), None)
+            stale = next(
+                (
+                    Path(p)
+                    for change, p in changes
+                    if change != watchfiles.Change.deleted
+                    and not is_kubelet_path(self.root, Path(p))
+                    and not Path(p).parent.exists()
+                ),
+                None,
+            )
             await self.reload(paths)
             if stale is not None:
-                raise WatchUntrusted(f"a change was reported under {stale.parent}, which does not exist "
-                                     "(the watch followed a symlink that is gone)")
+                raise WatchUntrusted(
+                    f"a change was reported under {stale.parent}, which does not exist "
+                    "(the watch followed a symlink that is gone)"
+                )

@@ -61,7 +61,10 @@ def _keep_last_good(previous: ParsedFile | None, objs: list[tuple[K8sObject, str
     return objs + kept, [Rejection(r.source, r.kind, r.namespace, r.name, r.reason + note) for r in rejs]
 
 
-def parse_file(path: Path, default_namespace: str = "default") -> tuple[list[tuple[K8sObject, str]], list[Rejection]]:
+Parsed = tuple[list[tuple[K8sObject, str]], list[Rejection]]
+
+
+def parse_file(path: Path, default_namespace: str = "default") -> Parsed:
     """Every object of one file, and a rejection for everything that is not one. Never raises."""
     try:
         with path.open("rb") as f:
@@ -71,24 +74,24 @@ def parse_file(path: Path, default_namespace: str = "default") -> tuple[list[tup
     return parse_data(path, data, default_namespace)
 
 
-def parse_data(path: Path, data: bytes, default_namespace: str = "default"
-               ) -> tuple[list[tuple[K8sObject, str]], list[Rejection]]:
+def parse_data(path: Path, data: bytes, default_namespace: str = "default") -> Parsed:
     """Parse the bytes read from `path`. Never raises: whatever goes wrong with this file is this
     file's rejection and nobody else's."""
     try:
         return _parse_data(path, data, default_namespace)
     except Exception as e:  # noqa: BLE001 - a defect here must still cost only this file
         log.error("reading a config file failed unexpectedly", source=str(path), error=type(e).__name__)
-        return [], [Rejection(str(path), "", "", "", f"cannot read file: internal error ({type(e).__name__})")]
+        reason = f"cannot read file: internal error ({type(e).__name__})"
+        return [], [Rejection(str(path), "", "", "", reason)]
 
 
-def _parse_data(path: Path, data: bytes, default_namespace: str
-                ) -> tuple[list[tuple[K8sObject, str]], list[Rejection]]:
+def _parse_data(path: Path, data: bytes, default_namespace: str) -> Parsed:
     objects: list[tuple[K8sObject, str]] = []
     rejections: list[Rejection] = []
     if len(data) > MAX_FILE_BYTES:
-        return [], [Rejection(str(path), "", "", "", f"file is larger than the limit of {MAX_FILE_BYTES} bytes "
-                              f"({MAX_FILE_BYTES >> 20} MiB); split it into several files")]
+        reason = (f"file is larger than the limit of {MAX_FILE_BYTES} bytes ({MAX_FILE_BYTES >> 20} MiB); "
+                  "split it into several files")
+        return [], [Rejection(str(path), "", "", "", reason)]
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -118,7 +121,8 @@ def _parse_data(path: Path, data: bytes, default_namespace: str
                 rejections.append(Rejection(src, e.kind, e.namespace, e.name, e.reason))
             except Exception as e:  # noqa: BLE001 - a validator defect costs this document only
                 log.error("validating a document failed unexpectedly", source=src, error=type(e).__name__)
-                rejections.append(Rejection(src, "", "", "", f"cannot validate: internal error ({type(e).__name__})"))
+                reason = f"cannot validate: internal error ({type(e).__name__})"
+                rejections.append(Rejection(src, "", "", "", reason))
     return objects, rejections
 
 
@@ -154,8 +158,8 @@ def _resolve_duplicates(files: dict[Path, ParsedFile]) -> tuple[dict, dict, list
         for obj, src in parsed.objects:
             key = ConfigKey.of(obj)
             if key in desired:
-                duplicates.append(Rejection(src, key.kind, key.namespace, key.name,
-                                            f"duplicate of the object in {desired[key][1]}; the first one is used"))
+                reason = f"duplicate of the object in {desired[key][1]}; the first one is used"
+                duplicates.append(Rejection(src, key.kind, key.namespace, key.name, reason))
                 continue
             desired[key] = (obj, src)
             owners[key] = path
@@ -346,7 +350,10 @@ class FileSource:
         """Plan in a worker thread (files are parsed in the worker process), then write the Store
         on the loop, in slices. A failure keeps the last good state and is logged."""
         try:
-            plan = await asyncio.to_thread(self.plan_paths if paths else self.plan_full, *([paths] if paths else []))
+            if paths:
+                plan = await asyncio.to_thread(self.plan_paths, paths)
+            else:
+                plan = await asyncio.to_thread(self.plan_full)
             await self._commit_async(plan)
         except Exception:
             log.exception("reloading config directory failed; keeping the last good state")

@@ -3,9 +3,12 @@ nothing: not the CPU (a worker thread would share the GIL with the loop and get 
 best), not the garbage collector's pauses for the parse's temporary objects, and not the process
 itself (a crash in the parser ends the worker, which is replaced; the file is rejected).
 
-One worker, started on first use with "spawn" (forking a process that runs gRPC threads is
-unsafe), shared by every FileSource in the process. Results come back pickled, one file at a time.
-Where no process can be started the parse runs in the calling thread instead.
+Small plain files (what kubectl and Helm write, up to IN_THREAD_MAX_BYTES) are parsed in the
+calling thread: a few milliseconds each, and most config directories then never need the worker.
+The worker is started on first need with "spawn" (forking a process that runs gRPC threads is
+unsafe; starting takes ~1 s of a core, ~45 MB), shared by every FileSource in the process, and
+kept. Results come back pickled, one file at a time. Where no process can be started the parse
+runs in the calling thread instead.
 """
 
 from __future__ import annotations
@@ -19,8 +22,11 @@ from pathlib import Path
 from pilot import logging as plog
 from pilot.config.base import K8sObject
 from pilot.config.validation import Rejection
+from pilot.sources.yaml_docs import is_plain
 
 log = plog.get("files")
+
+IN_THREAD_MAX_BYTES = 32 << 10
 
 _lock = threading.Lock()
 _pool: ProcessPoolExecutor | None = None
@@ -47,10 +53,14 @@ def _discard(pool: ProcessPoolExecutor) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
 
 
-def parse(path: Path, data: bytes, default_namespace: str) -> tuple[list[tuple[K8sObject, str]], list[Rejection]]:
+def parse(
+    path: Path, data: bytes, default_namespace: str
+) -> tuple[list[tuple[K8sObject, str]], list[Rejection]]:
     """parse_data(path, data) in the worker process; blocks the calling (worker) thread only."""
     from pilot.sources.files import parse_data
 
+    if len(data) <= IN_THREAD_MAX_BYTES and is_plain(data.decode("utf-8", "replace")):
+        return parse_data(path, data, default_namespace)
     pool = _executor()
     if pool is None:
         return parse_data(path, data, default_namespace)

@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from ruamel.yaml import YAML
 from ruamel.yaml import events as ev
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
-
 from ruamel.yaml.main import CParser
 
 # ruamel.yaml.clib (libyaml) is an optional speed-up, never a difference in results.
@@ -106,8 +105,9 @@ _TOKEN = re.compile(r"'<[a-z ]+>'")  # the parser's token names: '<stream end>',
 def _scrub(text: str | None) -> str:
     if not text:
         return ""
-    return _QUOTED.sub(lambda m: m.group(0) if len(m.group(0)) <= 4 or _TOKEN.fullmatch(m.group(0)) else "'...'",
-                       text)
+    return _QUOTED.sub(
+        lambda m: m.group(0) if len(m.group(0)) <= 4 or _TOKEN.fullmatch(m.group(0)) else "'...'", text
+    )
 
 
 def describe_error(e: BaseException) -> str:
@@ -143,7 +143,7 @@ def _resolve_plain(value: str):
 
 
 def _tag_name(tag: str) -> str:
-    return "!!" + tag[len(_CORE):] if tag.startswith(_CORE) else "(application-specific)"
+    return "!!" + tag[len(_CORE) :] if tag.startswith(_CORE) else "(application-specific)"
 
 
 def _scalar(e: ev.ScalarEvent):
@@ -200,7 +200,8 @@ class _Builder:
         if self.expanded > self.written + ALIAS_FLOOR:
             raise DocumentRefused(
                 f"aliases expand the document past {self.written + ALIAS_FLOOR} nodes (at {_where(mark)}); "
-                f"aliases may add at most as many nodes as are written plus {ALIAS_FLOOR}")
+                f"aliases may add at most as many nodes as are written plus {ALIAS_FLOOR}"
+            )
 
     def _add(self, value, size: int, mark, anchor: str | None, is_merge_key: bool = False) -> None:
         if anchor:
@@ -224,7 +225,9 @@ class _Builder:
         if key is _MERGE:
             sources = value if isinstance(value, list) else [value]
             if not all(isinstance(s, dict) for s in sources):
-                raise DocumentRefused(f"merge key at {_where(top[4])} must name a mapping or a list of mappings")
+                raise DocumentRefused(
+                    f"merge key at {_where(top[4])} must name a mapping or a list of mappings"
+                )
             top[3].extend(sources)
             return
         if key in container:
@@ -235,8 +238,14 @@ class _Builder:
         if isinstance(e, ev.ScalarEvent):
             self.written += 1
             value = _scalar(e)
-            merge = (e.value == "<<" and e.tag is None and e.style in (None, "") and self.stack
-                     and isinstance(self.stack[-1][0], dict) and self.stack[-1][2] is _NO_KEY)
+            merge = (
+                e.value == "<<"
+                and e.tag is None
+                and e.style in (None, "")
+                and self.stack
+                and isinstance(self.stack[-1][0], dict)
+                and self.stack[-1][2] is _NO_KEY
+            )
             self._add(value, 1, e.start_mark, e.anchor, is_merge_key=bool(merge))
         elif isinstance(e, ev.MappingStartEvent | ev.SequenceStartEvent):
             self.written += 1
@@ -310,7 +319,16 @@ def _read(text: str, pure: bool, first_index: int, out: list[Document]) -> None:
 
 
 def _shift(message: str, offset: int) -> str:
-    return message if not offset else re.sub(r"line (\d+)", lambda m: f"line {int(m.group(1)) + offset}", message)
+    return (
+        message
+        if not offset
+        else re.sub(r"line (\d+)", lambda m: f"line {int(m.group(1)) + offset}", message)
+    )
+
+
+def is_plain(text: str) -> bool:
+    """Text the C parser reads exactly as the YAML 1.2 parser would (see _NOT_PLAIN)."""
+    return HAVE_C_PARSER and not _NOT_PLAIN.search(text)
 
 
 def load_documents(text: str, *, pure: bool | None = None) -> list[Document]:
@@ -321,9 +339,12 @@ def load_documents(text: str, *, pure: bool | None = None) -> list[Document]:
     out: list[Document] = []
     if pure is True or not HAVE_C_PARSER or (pure is None and _NOT_PLAIN.search(text)):
         if pure is None and len(text.encode("utf-8", "surrogatepass")) > PURE_FALLBACK_MAX_BYTES:
-            raise StreamError(f"a file over {PURE_FALLBACK_MAX_BYTES} bytes uses YAML features (anchors, "
-                              "aliases, tags, directives, tabs, document end markers) that only the slower "
-                              "YAML 1.2 parser reads exactly; split it into smaller files", 0)
+            raise StreamError(
+                f"a file over {PURE_FALLBACK_MAX_BYTES} bytes uses YAML features (anchors, "
+                "aliases, tags, directives, tabs, document end markers) that only the slower "
+                "YAML 1.2 parser reads exactly; split it into smaller files",
+                0,
+            )
         _read(text, True, 0, out)
         return out
     try:
@@ -337,11 +358,12 @@ def load_documents(text: str, *, pure: bool | None = None) -> list[Document]:
         tail = "".join(lines[start_line:])
         if len(tail.encode("utf-8", "surrogatepass")) > PURE_FALLBACK_MAX_BYTES:
             raise
-        kept = out[:c_error.documents_before]
+        kept = out[: c_error.documents_before]
         out = []
         try:
             _read(tail, True, len(kept), out)
         except StreamError as pure_error:
-            raise StreamError(_shift(pure_error.message, start_line),
-                              len(kept) + pure_error.documents_before) from pure_error
+            raise StreamError(
+                _shift(pure_error.message, start_line), len(kept) + pure_error.documents_before
+            ) from pure_error
         return kept + out

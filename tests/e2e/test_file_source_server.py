@@ -102,7 +102,14 @@ async def test_ready_answers_and_good_edits_land_while_hostile_files_are_read(tm
 
             async def edit_landed() -> bool:
                 services = _services(await _configz(cp))
-                return services.get("good", {}).get("object", {}).get("spec", {}).get("ports", [{}])[0].get("port") == 81
+                return (
+                    services.get("good", {})
+                    .get("object", {})
+                    .get("spec", {})
+                    .get("ports", [{}])[0]
+                    .get("port")
+                    == 81
+                )
 
             await wait_for(edit_landed, timeout=60, interval=0.5, message=f"good edit\n{cp.log_tail()}")
             edit_latency = time.perf_counter() - edited
@@ -113,9 +120,11 @@ async def test_ready_answers_and_good_edits_land_while_hostile_files_are_read(tm
         assert {"bomb.yaml#0", "deep.yaml#0", "huge.yaml"} <= set(rejected), rejected
         assert f"limit of {MAX_FILE_BYTES} bytes" in rejected["huge.yaml"]
         statuses = {s for s, _ in probe.samples}
-        print(f"\n/ready during the attack: {len(probe.samples)} answers, p50 {probe.ms(50):.1f} ms, "
-              f"p99 {probe.ms(99):.1f} ms, worst {max(s for _, s in probe.samples) * 1000:.1f} ms; "
-              f"good edit in /debug/configz after {edit_latency:.2f} s")
+        print(
+            f"\n/ready during the attack: {len(probe.samples)} answers, p50 {probe.ms(50):.1f} ms, "
+            f"p99 {probe.ms(99):.1f} ms, worst {max(s for _, s in probe.samples) * 1000:.1f} ms; "
+            f"good edit in /debug/configz after {edit_latency:.2f} s"
+        )
         assert statuses == {200}
         # p99 rather than the maximum: single requests on a shared 2-core machine are sometimes
         # late for reasons of its own. Before, /ready went unanswered for 13-30 s.

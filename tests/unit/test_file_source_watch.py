@@ -59,6 +59,7 @@ def _port(store: Store, name: str) -> int | None:
 
 # --- kubelet's ConfigMap volume ------------------------------------------------------------------
 
+
 def _kubelet_write(root: Path, stamp: str, files: dict[str, str]) -> None:
     """What kubelet's AtomicWriter does: a new timestamped directory, `..data_tmp` pointing at it
     renamed over `..data`, user-visible symlinks for new keys, stale ones and the old directory
@@ -83,8 +84,11 @@ def _kubelet_write(root: Path, stamp: str, files: dict[str, str]) -> None:
 async def test_a_configmap_volume_is_read_once_and_its_updates_followed(tmp_path: Path, store: Store) -> None:
     root = tmp_path / "mounted"
     root.mkdir()
-    _kubelet_write(root, "2026_12_01_22_00_00.123456789",
-                   {"reviews.yaml": svc("reviews", port=80), "ratings.yaml": svc("ratings", ip="10.96.0.2")})
+    _kubelet_write(
+        root,
+        "2026_12_01_22_00_00.123456789",
+        {"reviews.yaml": svc("reviews", port=80), "ratings.yaml": svc("ratings", ip="10.96.0.2")},
+    )
     src = FileSource(root, store, rescan_interval=0)  # the watch alone must see the update
     src.load()
     assert keys(store, "Service") == {"default/reviews", "default/ratings"}
@@ -92,14 +96,26 @@ async def test_a_configmap_volume_is_read_once_and_its_updates_followed(tmp_path
     assert store.get(ConfigKey("Service", "default", "reviews")).source == f"{root / 'reviews.yaml'}#0"
 
     async with Watching(src):
-        _kubelet_write(root, "2026_12_01_22_05_00.987654321",
-                       {"reviews.yaml": svc("reviews", port=81), "details.yaml": svc("details", ip="10.96.0.3")})
-        await wait_for(lambda: keys(store, "Service") == {"default/reviews", "default/details"}
-                       and _port(store, "reviews") == 81, timeout=15, message="ConfigMap update not followed")
+        _kubelet_write(
+            root,
+            "2026_12_01_22_05_00.987654321",
+            {"reviews.yaml": svc("reviews", port=81), "details.yaml": svc("details", ip="10.96.0.3")},
+        )
+        await wait_for(
+            lambda: (
+                keys(store, "Service") == {"default/reviews", "default/details"}
+                and _port(store, "reviews") == 81
+            ),
+            timeout=15,
+            message="ConfigMap update not followed",
+        )
         assert store.rejections() == []
         _kubelet_write(root, "2026_12_01_22_10_00.000000001", {"reviews.yaml": svc("reviews", port=82)})
-        await wait_for(lambda: keys(store, "Service") == {"default/reviews"} and _port(store, "reviews") == 82,
-                       timeout=15, message="second ConfigMap update not followed")
+        await wait_for(
+            lambda: keys(store, "Service") == {"default/reviews"} and _port(store, "reviews") == 82,
+            timeout=15,
+            message="second ConfigMap update not followed",
+        )
     assert src.watcher.restarts == 0
 
 
@@ -116,7 +132,10 @@ def test_a_kubelet_swap_reported_as_a_path_triggers_a_full_reload(tmp_path: Path
 
 # --- a watcher that cannot be trusted any more restarts ---------------------------------------
 
-async def test_the_watcher_recovers_from_a_symlink_loop_moved_in_and_removed(tmp_path: Path, store: Store) -> None:
+
+async def test_the_watcher_recovers_from_a_symlink_loop_moved_in_and_removed(
+    tmp_path: Path, store: Store
+) -> None:
     """Found live: after this, no reload ever happened again, with no log line and /ready 200."""
     root = tmp_path / "config"
     root.mkdir()
@@ -130,11 +149,15 @@ async def test_the_watcher_recovers_from_a_symlink_loop_moved_in_and_removed(tmp
         os.rename(outside, root / "loop")
         await wait_for(lambda: src.loads >= 2, timeout=15, message="directory move not seen")
         shutil.rmtree(root / "loop")
-        await until_seen(root, store, "b.yaml", svc("b", ip="10.96.0.2"), ConfigKey("Service", "default", "b"))
+        await until_seen(
+            root, store, "b.yaml", svc("b", ip="10.96.0.2"), ConfigKey("Service", "default", "b")
+        )
         assert keys(store, "Service") == {"default/a", "default/b"}
         # And it keeps working afterwards.
         write(root / "c.yaml", svc("c", ip="10.96.0.3"))
-        await wait_for(lambda: store.get(ConfigKey("Service", "default", "c")), timeout=15, message="c not loaded")
+        await wait_for(
+            lambda: store.get(ConfigKey("Service", "default", "c")), timeout=15, message="c not loaded"
+        )
         assert src.watch_status() == (True, "")
 
 
@@ -146,12 +169,19 @@ async def test_a_removed_config_directory_is_reported_until_it_is_back(tmp_path:
     src.load()
     async with Watching(src):
         shutil.rmtree(root)
-        status = await wait_for(lambda: (s := src.watch_status()) and not s[0] and s, timeout=15,
-                                message="watcher still reported as running")
+        status = await wait_for(
+            lambda: (s := src.watch_status()) and not s[0] and s,
+            timeout=15,
+            message="watcher still reported as running",
+        )
         assert "config directory" in status[1], status
         root.mkdir()
-        await until_seen(root, store, "b.yaml", svc("b", ip="10.96.0.2"), ConfigKey("Service", "default", "b"))
-        await wait_for(lambda: src.watch_status() == (True, ""), timeout=15, message="watcher not running again")
+        await until_seen(
+            root, store, "b.yaml", svc("b", ip="10.96.0.2"), ConfigKey("Service", "default", "b")
+        )
+        await wait_for(
+            lambda: src.watch_status() == (True, ""), timeout=15, message="watcher not running again"
+        )
 
 
 async def test_a_periodic_rescan_sees_what_no_event_reports(tmp_path: Path, store: Store) -> None:
@@ -165,11 +195,15 @@ async def test_a_periodic_rescan_sees_what_no_event_reports(tmp_path: Path, stor
     src.load()
     async with Watching(src):
         write(elsewhere, svc("a", port=81))
-        await wait_for(lambda: _port(store, "a") == 81, timeout=15, message="rescan did not pick up the change")
+        await wait_for(
+            lambda: _port(store, "a") == 81, timeout=15, message="rescan did not pick up the change"
+        )
         assert src.watcher.rescans >= 1
 
 
-def test_symlinked_directories_inside_the_root_are_followed_and_loops_end(tmp_path: Path, store: Store) -> None:
+def test_symlinked_directories_inside_the_root_are_followed_and_loops_end(
+    tmp_path: Path, store: Store
+) -> None:
     root = tmp_path / "config"
     write(root / "real" / "a.yaml", svc("a"))
     os.symlink("real", root / "alias")  # the same directory twice: read once

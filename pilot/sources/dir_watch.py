@@ -164,6 +164,21 @@ class DirectoryWatcher:
             except Exception as e:  # noqa: BLE001 - the next interval tries again
                 log.warning("periodic config rescan failed", reason=f"{type(e).__name__}: {e}")
 
+    def _examine(self, changes: set[tuple[watchfiles.Change, str]]) -> tuple[set[Path], Path | None]:
+        """The changed paths, and one the watcher cannot have seen (its view is stale), if any."""
+        if not self.root.is_dir():
+            raise WatchUntrusted("the config directory itself was removed or replaced")
+        paths = {Path(p) for _, p in changes}
+        for change, p in changes:
+            path = Path(p)
+            if (
+                change != watchfiles.Change.deleted
+                and not is_kubelet_path(self.root, path)
+                and not path.parent.exists()
+            ):
+                return paths, path
+        return paths, None
+
     async def _watch(self, stop: asyncio.Event) -> None:
         """One watch session, until `stop`, an error, or a batch that cannot be trusted."""
         if not self.root.is_dir():
@@ -196,19 +211,8 @@ class DirectoryWatcher:
             recursive=True,
             ignore_permission_denied=True,
         ):
-            paths = {Path(p) for _, p in changes}
-            if not self.root.is_dir():
-                raise WatchUntrusted("the config directory itself was removed or replaced")
-            stale = next(
-                (
-                    Path(p)
-                    for change, p in changes
-                    if change != watchfiles.Change.deleted
-                    and not is_kubelet_path(self.root, Path(p))
-                    and not Path(p).parent.exists()
-                ),
-                None,
-            )
+            # Path handling and stat calls for a batch of thousands of changes: off the loop.
+            paths, stale = await asyncio.to_thread(self._examine, changes)
             await self.reload(paths)
             if stale is not None:
                 raise WatchUntrusted(

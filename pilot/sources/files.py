@@ -28,11 +28,12 @@ from pilot.config.validation import InvalidObject, Rejection, parse_object
 from pilot.model.store import ConfigKey, Store
 from pilot.sources import parse_worker
 from pilot.sources.dir_watch import SUFFIXES, DirectoryWatcher, is_kubelet_path, scan
-from pilot.sources.yaml_docs import MAX_FILE_BYTES, StreamError, load_documents
+from pilot.sources.yaml_docs import MAX_FILE_BYTES, LimitError, StreamError, load_documents
 
 log = plog.get("files")
 
-COMMIT_SLICE = 200  # objects written to the Store per event-loop turn (~10-40 ms)
+IN_THREAD_FILES_PER_RELOAD = 20
+COMMIT_SLICE = 100  # objects written to the Store per event-loop turn (~5-20 ms)
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,8 @@ def _parse_data(path: Path, data: bytes, default_namespace: str) -> Parsed:
         return [], [Rejection(str(path), "", "", "", f"cannot read file: {_os_reason(e)}")]
     try:
         docs = load_documents(text)
+    except LimitError as e:  # a bound crossed in document N: not read from there on
+        return [], [Rejection(f"{path}#{e.documents_before}", "", "", "", e.message)]
     except StreamError as e:
         # The stream is broken from some point on: report the file rather than guess at the rest.
         return [], [Rejection(str(path), "", "", "", f"invalid YAML: {e.message}")]
@@ -182,6 +185,7 @@ class FileSource:
         self._served: dict[ConfigKey, tuple[K8sObject, str]] = {}  # what this source last wrote
         self._duplicates: list[Rejection] = []
         self.loads = 0
+        self._parses_this_plan = 0
         self.incremental_loads = 0
         self.watcher = DirectoryWatcher(self.root, self.reload, rescan_interval=rescan_interval)
 
@@ -208,7 +212,12 @@ class FileSource:
         digest = hashlib.blake2b(data, digest_size=16).digest()
         if previous is not None and previous.digest == digest:
             return previous
-        objs, rejs = _keep_last_good(previous, *parse_worker.parse(path, data, self.default_namespace))
+        # A few files (an edit) are parsed right here if small; a flood of them goes to the worker
+        # process, whose garbage and CPU then stay out of this process.
+        self._parses_this_plan += 1
+        in_thread_ok = self._parses_this_plan <= IN_THREAD_FILES_PER_RELOAD
+        parsed = parse_worker.parse(path, data, self.default_namespace, in_thread_ok)
+        objs, rejs = _keep_last_good(previous, *parsed)
         for r in rejs:
             log.warning("config rejected", source=r.source, kind=r.kind, namespace=r.namespace,
                         name=r.name, reason=r.reason)
@@ -216,6 +225,7 @@ class FileSource:
 
     # --- planning: reads files and the source's own state, never the Store ----------------------
     def plan_full(self) -> _Plan:
+        self._parses_this_plan = 0
         current: dict[Path, ParsedFile] = {}
         previous = dict(self._files)
         for path in scan(self.root):
@@ -235,6 +245,7 @@ class FileSource:
         """Re-read only the files that changed. Anything a file-by-file update cannot decide
         alone (a directory moved, kubelet swapped `..data`, an object defined in two files)
         becomes a full reload."""
+        self._parses_this_plan = 0
         files: dict[Path, ParsedFile | None] = {}
         owners = dict(self._owners)
         served = dict(self._served)

@@ -3,8 +3,9 @@ nothing: not the CPU (a worker thread would share the GIL with the loop and get 
 best), not the garbage collector's pauses for the parse's temporary objects, and not the process
 itself (a crash in the parser ends the worker, which is replaced; the file is rejected).
 
-Small plain files (what kubectl and Helm write, up to IN_THREAD_MAX_BYTES) are parsed in the
-calling thread: a few milliseconds each, and most config directories then never need the worker.
+Small plain files (what kubectl and Helm write, up to IN_THREAD_MAX_BYTES), a few per reload
+(an edit; see files.IN_THREAD_FILES_PER_RELOAD), are parsed in the calling thread: a few
+milliseconds each, and most config directories then never need the worker.
 The worker is started on first need with "spawn" (forking a process that runs gRPC threads is
 unsafe; starting takes ~1 s of a core, ~45 MB), shared by every FileSource in the process, and
 kept. Results come back pickled, one file at a time. Where no process can be started the parse
@@ -54,12 +55,12 @@ def _discard(pool: ProcessPoolExecutor) -> None:
 
 
 def parse(
-    path: Path, data: bytes, default_namespace: str
+    path: Path, data: bytes, default_namespace: str, in_thread_ok: bool = True
 ) -> tuple[list[tuple[K8sObject, str]], list[Rejection]]:
     """parse_data(path, data) in the worker process; blocks the calling (worker) thread only."""
     from pilot.sources.files import parse_data
 
-    if len(data) <= IN_THREAD_MAX_BYTES and is_plain(data.decode("utf-8", "replace")):
+    if in_thread_ok and len(data) <= IN_THREAD_MAX_BYTES and is_plain(data.decode("utf-8", "replace")):
         return parse_data(path, data, default_namespace)
     pool = _executor()
     if pool is None:

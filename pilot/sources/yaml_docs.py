@@ -82,6 +82,15 @@ class StreamError(ValueError):
         self.doc_line = 0  # 0-based line where the failing document starts
 
 
+class LimitError(StreamError):
+    """A bound was crossed where reading on would cost more than the bound saves (nesting: every
+    further level makes both parsers' scanners slower); the rest of the stream is not read."""
+
+
+class _TooDeep(Exception):
+    pass
+
+
 @dataclass(frozen=True)
 class Document:
     index: int
@@ -250,7 +259,7 @@ class _Builder:
         elif isinstance(e, ev.MappingStartEvent | ev.SequenceStartEvent):
             self.written += 1
             if len(self.stack) >= MAX_DEPTH:
-                raise DocumentRefused(f"nested deeper than {MAX_DEPTH} levels at {_where(e.start_mark)}")
+                raise _TooDeep(f"nested deeper than {MAX_DEPTH} levels at {_where(e.start_mark)}")
             tag = e.tag if e.tag is None or isinstance(e.tag, str) else str(getattr(e.tag, "value", e.tag))
             want = "map" if isinstance(e, ev.MappingStartEvent) else "seq"
             if tag not in (None, "!", _CORE + want):
@@ -308,6 +317,10 @@ def _read(text: str, pure: bool, first_index: int, out: list[Document]) -> None:
                     builder.event(e)
                 except DocumentRefused as r:
                     refused = str(r)  # keep reading events (cheaply) to the end of the document
+    except _TooDeep as e:
+        err = LimitError(f"{e}; the rest of the file is not read", len(out) - start)
+        err.doc_line = doc_line
+        raise err from None
     except YAMLError as e:
         err = StreamError(describe_error(e), len(out) - start)
         err.doc_line = doc_line
@@ -339,7 +352,7 @@ def load_documents(text: str, *, pure: bool | None = None) -> list[Document]:
     out: list[Document] = []
     if pure is True or not HAVE_C_PARSER or (pure is None and _NOT_PLAIN.search(text)):
         if pure is None and len(text.encode("utf-8", "surrogatepass")) > PURE_FALLBACK_MAX_BYTES:
-            raise StreamError(
+            raise LimitError(
                 f"a file over {PURE_FALLBACK_MAX_BYTES} bytes uses YAML features (anchors, "
                 "aliases, tags, directives, tabs, document end markers) that only the slower "
                 "YAML 1.2 parser reads exactly; split it into smaller files",
@@ -350,6 +363,8 @@ def load_documents(text: str, *, pure: bool | None = None) -> list[Document]:
     try:
         _read(text, False, 0, out)
         return out
+    except LimitError:
+        raise
     except StreamError as c_error:
         if pure is False:
             raise
@@ -363,7 +378,8 @@ def load_documents(text: str, *, pure: bool | None = None) -> list[Document]:
         try:
             _read(tail, True, len(kept), out)
         except StreamError as pure_error:
-            raise StreamError(
+            cls = LimitError if isinstance(pure_error, LimitError) else StreamError
+            raise cls(
                 _shift(pure_error.message, start_line), len(kept) + pure_error.documents_before
             ) from pure_error
         return kept + out

@@ -8,6 +8,8 @@ import asyncio
 import gc
 import resource
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -203,25 +205,31 @@ def test_a_file_over_the_size_limit_is_refused_unparsed(tmp_path: Path, store: S
         + "\n",
     ],
 )
-def test_nesting_past_the_bound_is_this_documents_rejection(tmp_path: Path, store: Store, deep: str) -> None:
+def test_nesting_past_the_bound_is_this_files_rejection(tmp_path: Path, store: Store, deep: str) -> None:
     """A 20 kB file nested 10,000 levels raised RecursionError past the parser: the server exited
-    at startup and, while running, dropped the whole watch batch and every later full reload."""
+    at startup and, while running, dropped the whole watch batch and every later full reload.
+    Reading stops at the level past the bound (each further level makes libyaml's scanner, and the
+    pure one, slower: the rest is not read), and the file keeps serving its last good version."""
+    write(tmp_path / "deep.yaml", svc("kept", ip="10.96.0.4"))
     src = FileSource(tmp_path, store)
     src.load()
-    write(tmp_path / "deep.yaml", deep + "---\n" + svc("after-deep", ip="10.96.0.4"))
+    write(tmp_path / "deep.yaml", deep + "---\n" + svc("kept", ip="10.96.0.4"))
     write(tmp_path / "good.yaml", svc("good"))
+    started = time.perf_counter()
     src.load_paths({tmp_path / "deep.yaml", tmp_path / "good.yaml"})  # one watch batch
-    assert keys(store, "Service") == {"default/good", "default/after-deep"}
+    assert time.perf_counter() - started < 2.0
+    assert keys(store, "Service") == {"default/good", "default/kept"}
     r = _only_rejection(store, tmp_path / "deep.yaml")
     assert r.source == f"{tmp_path / 'deep.yaml'}#0"
     assert f"nested deeper than {MAX_DEPTH} levels" in r.reason and "line" in r.reason
+    assert "the rest of the file is not read" in r.reason and "last good version" in r.reason
     # Later full reloads keep working, and the same input at startup is no different.
     write(tmp_path / "later.yaml", svc("later", ip="10.96.0.5"))
     src.load()
-    assert keys(store, "Service") == {"default/good", "default/after-deep", "default/later"}
+    assert keys(store, "Service") == {"default/good", "default/kept", "default/later"}
     fresh = Store()
     FileSource(tmp_path, fresh).load()
-    assert keys(fresh, "Service") == keys(store, "Service")
+    assert keys(fresh, "Service") == {"default/good", "default/later"}
     assert [r.source for r in fresh.rejections()] == [f"{tmp_path / 'deep.yaml'}#0"]
 
 
@@ -324,12 +332,40 @@ class LoopLag:
         return statistics.quantiles(self.samples, n=100)[98] * 1000
 
 
+_CONTROL = """
+import asyncio, sys, time
+async def main():
+    while True:
+        t = time.perf_counter()
+        await asyncio.sleep(0.01)
+        print(time.perf_counter() - t - 0.01, flush=True)
+asyncio.run(main())
+"""
+
+
+class ControlLag(LoopLag):
+    """The same probe in an idle process running alongside: what the machine alone costs a loop
+    (on a shared 2-core machine an idle loop is sometimes late by 50-500 ms). Assertions allow
+    the control's lag on top of their bound, so they fail for our stalls, not the neighbours'."""
+
+    def __enter__(self) -> ControlLag:
+        self._proc = subprocess.Popen([sys.executable, "-c", _CONTROL], stdout=subprocess.PIPE, text=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._proc.terminate()
+        out, _ = self._proc.communicate(timeout=10)
+        self.samples = [float(x) for x in out.split()[5:]] or [0.0]  # skip start-up
+
+
 @pytest.fixture
 def server_gc():
-    """The collector tuned as pilot-discovery runs it (bootstrap.run)."""
+    """The collector tuned as pilot-discovery runs it (bootstrap.run, ControlPlane.start)."""
     before = gc.get_threshold()
     gc.set_threshold(50_000, 20, 20)
+    gc.freeze()  # as after startup: the test process's own objects are not walked on every collection
     yield
+    gc.unfreeze()
     gc.set_threshold(*before)
 
 
@@ -344,7 +380,7 @@ async def test_the_event_loop_keeps_running_while_hostile_files_are_read(
     stop = asyncio.Event()
     watch = asyncio.create_task(src.watch(stop))
     try:
-        with LoopLag() as lag:
+        with ControlLag() as control, LoopLag() as lag:
             # Let the watcher start; then the attack, all at once.
             await wait_for(lambda: len(lag.samples) > 20, timeout=10)
 
@@ -366,8 +402,9 @@ async def test_the_event_loop_keeps_running_while_hostile_files_are_read(
                 message="good edit during the attack",
             )
             edit_latency = time.perf_counter() - edited
-            await wait_for(
-                lambda: len(store.list("Service")) == 1 + 3_000 + 1_000,
+            last = (ConfigKey("Service", "default", "big-2999"), ConfigKey("Service", "default", "many-999"))
+            await wait_for(  # cheap to ask: listing 4,000 objects every poll would itself hold the loop
+                lambda: all(store.get(k) for k in last),
                 timeout=120,
                 message="all valid files loaded",
             )
@@ -380,13 +417,14 @@ async def test_the_event_loop_keeps_running_while_hostile_files_are_read(
             )
         print(
             f"\nloop lag during the attack: p99 {lag.p99_ms:.1f} ms, worst {lag.worst_ms:.1f} ms, median "
-            f"{lag.median_ms:.2f} ms, {len(lag.samples)} samples; "
+            f"{lag.median_ms:.2f} ms, {len(lag.samples)} samples (an idle process alongside: p99 "
+            f"{control.p99_ms:.1f} ms, worst {control.worst_ms:.1f} ms); "
             f"good edit reached the Store in {edit_latency:.2f} s"
         )
-        # p99, not the maximum: on a shared 2-core machine an idle loop already sees single
-        # wake-ups ~65 ms late. The worst case guards against any real stall (the old code: 13-17 s).
-        assert lag.p99_ms < 100, lag.p99_ms
-        assert lag.worst_ms < 500, lag.worst_ms
+        # p99 rather than the maximum, on top of what the machine alone costs an idle loop (see
+        # ControlLag); the worst case guards against any real stall (the old code: 13-17 s).
+        assert lag.p99_ms < 100 + control.p99_ms, (lag.p99_ms, control.p99_ms)
+        assert lag.worst_ms < 1000 + 2 * control.worst_ms, (lag.worst_ms, control.worst_ms)
     finally:
         stop.set()
         await asyncio.wait_for(watch, 10)

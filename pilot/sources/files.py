@@ -215,8 +215,13 @@ class FileSource:
         # A few files (an edit) are parsed right here if small; a flood of them goes to the worker
         # process, whose garbage and CPU then stay out of this process.
         self._parses_this_plan += 1
-        in_thread_ok = self._parses_this_plan <= IN_THREAD_FILES_PER_RELOAD
-        parsed = parse_worker.parse(path, data, self.default_namespace, in_thread_ok)
+        if not self.loads:
+            where = "thread"  # the first load: nothing is served yet, and no process to wait for
+        elif self._parses_this_plan <= IN_THREAD_FILES_PER_RELOAD:
+            where = "auto"
+        else:
+            where = "process"
+        parsed = parse_worker.parse(path, data, self.default_namespace, where)
         objs, rejs = _keep_last_good(previous, *parsed)
         for r in rejs:
             log.warning("config rejected", source=r.source, kind=r.kind, namespace=r.namespace,

@@ -55,12 +55,15 @@ def _discard(pool: ProcessPoolExecutor) -> None:
 
 
 def parse(
-    path: Path, data: bytes, default_namespace: str, in_thread_ok: bool = True
+    path: Path, data: bytes, default_namespace: str, where: str = "auto"
 ) -> tuple[list[tuple[K8sObject, str]], list[Rejection]]:
-    """parse_data(path, data) in the worker process; blocks the calling (worker) thread only."""
+    """parse_data(path, data) in the worker process (`where="process"`), in the calling thread
+    ("thread"), or in the thread when the file is small and plain ("auto"). Blocks the calling
+    (planning) thread only."""
     from pilot.sources.files import parse_data
 
-    if in_thread_ok and len(data) <= IN_THREAD_MAX_BYTES and is_plain(data.decode("utf-8", "replace")):
+    small = len(data) <= IN_THREAD_MAX_BYTES and is_plain(data.decode("utf-8", "replace"))
+    if where == "thread" or (where == "auto" and small):
         return parse_data(path, data, default_namespace)
     pool = _executor()
     if pool is None:

@@ -16,7 +16,7 @@ from pilot.sources.yaml_docs import MAX_FILE_BYTES
 from tests.support.control_plane import ControlPlane
 from tests.support.wait import wait_for
 from tests.unit.test_file_source import svc
-from tests.unit.test_file_source_hostile import BOMB_OBJECT, DEEP_FLOW
+from tests.unit.test_file_source_hostile import BOMB_OBJECT, DEEP_FLOW, ControlLag
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -83,6 +83,7 @@ async def test_ready_answers_and_good_edits_land_while_hostile_files_are_read(tm
     cp = ControlPlane(tmp_path)
     cp.write("good.yaml", svc("good", port=80))
     async with cp:
+        control = ControlLag().__enter__()  # what the machine alone costs an idle loop meanwhile
         async with ReadyProbe(cp) as probe:
             await wait_for(lambda: len(probe.samples) > 20, timeout=10)
 
@@ -114,6 +115,7 @@ async def test_ready_answers_and_good_edits_land_while_hostile_files_are_read(tm
             await wait_for(edit_landed, timeout=60, interval=0.5, message=f"good edit\n{cp.log_tail()}")
             edit_latency = time.perf_counter() - edited
             await wait_for(lambda: len(probe.samples) > 300, timeout=60)
+        control.__exit__()
         configz = await _configz(cp)
         assert len(_services(configz)) == 1 + 100 + 100
         rejected = _rejected_files(configz)
@@ -123,12 +125,13 @@ async def test_ready_answers_and_good_edits_land_while_hostile_files_are_read(tm
         print(
             f"\n/ready during the attack: {len(probe.samples)} answers, p50 {probe.ms(50):.1f} ms, "
             f"p99 {probe.ms(99):.1f} ms, worst {max(s for _, s in probe.samples) * 1000:.1f} ms; "
-            f"good edit in /debug/configz after {edit_latency:.2f} s"
+            f"good edit in /debug/configz after {edit_latency:.2f} s (an idle loop alongside: p99 "
+            f"{control.p99_ms:.1f} ms)"
         )
         assert statuses == {200}
-        # p99 rather than the maximum: single requests on a shared 2-core machine are sometimes
-        # late for reasons of its own. Before, /ready went unanswered for 13-30 s.
-        assert probe.ms(99) < 100
+        # p99 rather than the maximum, on top of what the machine alone costs an idle loop (see
+        # ControlLag). Before, /ready went unanswered for 13-30 s.
+        assert probe.ms(99) < 100 + control.p99_ms
 
 
 async def test_ready_is_503_while_the_config_watcher_is_not_running(tmp_path) -> None:

@@ -215,9 +215,7 @@ def test_nesting_past_the_bound_is_this_files_rejection(tmp_path: Path, store: S
     src.load()
     write(tmp_path / "deep.yaml", deep + "---\n" + svc("kept", ip="10.96.0.4"))
     write(tmp_path / "good.yaml", svc("good"))
-    started = time.perf_counter()
     src.load_paths({tmp_path / "deep.yaml", tmp_path / "good.yaml"})  # one watch batch
-    assert time.perf_counter() - started < 2.0
     assert keys(store, "Service") == {"default/good", "default/kept"}
     r = _only_rejection(store, tmp_path / "deep.yaml")
     assert r.source == f"{tmp_path / 'deep.yaml'}#0"

@@ -23,7 +23,7 @@ from pathlib import Path
 from pilot import logging as plog
 from pilot.config.base import K8sObject
 from pilot.config.validation import Rejection
-from pilot.sources.yaml_docs import is_plain
+from pilot.sources.yaml_docs import MAX_FILE_BYTES, is_plain
 
 log = plog.get("files")
 
@@ -63,7 +63,7 @@ def parse(
     from pilot.sources.files import parse_data
 
     small = len(data) <= IN_THREAD_MAX_BYTES and is_plain(data.decode("utf-8", "replace"))
-    if where == "thread" or (where == "auto" and small):
+    if where == "thread" or (where == "auto" and small) or len(data) > MAX_FILE_BYTES:  # refused unread
         return parse_data(path, data, default_namespace)
     pool = _executor()
     if pool is None:

@@ -111,7 +111,8 @@ class ControlPlane:
         # `istio.io/debug` pages come from the same handlers as the HTTP port's.
         pages = build_app(self.discovery, self.ready, None, features.pod_namespace, self.gateway_status)
         self.ads.debug.http_view = http_view(pages, self.discovery)
-        self.files = FileSource(opts.config_dir, self.store) if opts.config_dir else None
+        self.files = (FileSource(opts.config_dir, self.store, rescan_interval=features.config_rescan_interval)
+                      if opts.config_dir else None)
         self.kube: Kube | None = None
         self.kube_source: KubeSource | None = None
         self.leader: LeaderElection | None = None
@@ -150,11 +151,15 @@ class ControlPlane:
                 return False, why
         if not self.loaded:
             return False, "initial config not loaded"
+        if self.files is not None:
+            running, why = self.files.watch_status()
+            if not running:  # config changes would not be seen: another replica should serve
+                return False, f"config directory watcher is not running: {why}"
         return True, "ok"
 
     async def start(self) -> None:
         if self.files is not None:
-            self.files.load()
+            await self.files.reload()  # parsed off the event loop; a bad file is only its rejection
             self._tasks.append(asyncio.create_task(self.files.watch(self._stop), name="file-watch"))
         elif self.opts.kubeconfig or in_cluster():
             await self._start_kube()

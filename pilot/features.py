@@ -160,6 +160,12 @@ ENABLE_NATIVE_SIDECARS = _knob(
     "Inject istio-proxy as a Kubernetes native sidecar (an init container with restartPolicy: Always): "
     "true or false; auto, istiod's default, checks node kubelet versions there, and here behaves as false "
     "(Nodes are not watched). The sidecar.istio.io/nativeSidecar annotation overrides it per pod.")
+# Not an istiod knob (istiod's file source relies on its watcher alone): a full rescan of
+# --configDir every interval heals events the watcher missed; a rescan re-parses only files whose
+# content changed.
+CONFIG_RESCAN_INTERVAL = _knob(
+    "PILOT_CONFIG_RESCAN_INTERVAL", "60s", parse_duration,
+    "File mode: how often --configDir is rescanned in full, whatever the watcher reported (0 disables).")
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -240,6 +246,7 @@ class Features:
     enable_debug_endpoint_auth: bool = True
     debug_endpoint_auth_allowed_namespaces: tuple[str, ...] = ()
     record_dependencies: bool = True
+    config_rescan_interval: float = 60.0
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Features:
@@ -272,6 +279,7 @@ class Features:
             enable_debug_endpoint_auth=ENABLE_DEBUG_ENDPOINT_AUTH.get(environ),
             debug_endpoint_auth_allowed_namespaces=DEBUG_ENDPOINT_AUTH_ALLOWED_NAMESPACES.get(environ),
             record_dependencies=RECORD_DEPENDENCIES.get(environ),
+            config_rescan_interval=CONFIG_RESCAN_INTERVAL.get(environ),
         )
 
 

@@ -183,8 +183,8 @@ class PushContext:
         return self.services
 
     def destination_rule(self, host: str, client_namespace: str, service_namespace: str) -> Entry | None:
-        if self._rec:
-            self._rec[-1].facets.update((("dr", host), dep.DR_WILDCARD))
+        if self._rec:  # (a wildcard DestinationRule's change meets every "dr" facet: Matcher)
+            self._rec[-1].facets.add(("dr", host))
         return self.traffic.destination_rule(host, client_namespace, service_namespace)
 
     def destination_rules(self) -> Mapping[str, tuple[Entry, ...]]:
@@ -193,8 +193,8 @@ class PushContext:
         return self.traffic.destination_rules
 
     def virtual_service(self, host: str, client_namespace: str = "") -> Entry | None:
-        if self._rec:
-            self._rec[-1].facets.update((("vs", host), dep.VS_WILDCARD))
+        if self._rec:  # (a wildcard VirtualService's change meets every "vs" facet: Matcher)
+            self._rec[-1].facets.add(("vs", host))
         return self.traffic.virtual_service(host, client_namespace)
 
     def gateway_index(self) -> GatewayIndex:
@@ -248,7 +248,7 @@ class PushContext:
                 deps.facets.add(dep.ALL_SERVICES)
                 view = self.full_view
             else:  # every service its egress hosts name, before or after a change
-                deps.scopes.append(sidecar)
+                deps.scopes = [sidecar]
                 view = scoped_view(sidecar, self.services)
             hit = self._views[sidecar] = (view, deps)
         self._note_child(hit[1])
@@ -276,8 +276,16 @@ class PushContext:
         return tuple(out[k] for k in sorted(out))
 
     def service_pods(self, svc: MeshService) -> tuple[Entry, ...]:
-        """The Pods behind a Kubernetes service's endpoints, computed once per push."""
-        return self._memoized(("pods", svc.namespace, svc.name), lambda: self.pods_of(self.service_slices(svc)))
+        """The Pods behind a Kubernetes service's endpoints, computed once per push (EDS asks
+        once per cluster: the hit path is kept short)."""
+        hit = self._memo.get(("pods", svc.namespace, svc.name))
+        if hit is None:
+            with self.recording() as deps:
+                hit = self._memo[("pods", svc.namespace, svc.name)] = (self.pods_of(self.service_slices(svc)), deps)
+        rec = self._rec
+        if rec:
+            rec[-1].add_child(hit[1])
+        return hit[0]
 
     def service_accounts(self, svc: MeshService) -> tuple[str, ...]:
         """The SPIFFE identities a service's workloads run as (what mTLS clients verify): the

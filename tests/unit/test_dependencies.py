@@ -91,7 +91,7 @@ def test_a_changed_service_meets_a_sidecar_scope_only_when_its_egress_names_it()
                  "spec": {"egress": [{"hosts": ["./ratings.default.svc.cluster.local"]}]}})
     sidecar = world.ctx().sidecar_for("default", {})
     d = dep.Deps()
-    d.scopes.append(sidecar)
+    d.scopes = [sidecar]
     seen = dep.Matcher(dep.Change(services=(("default", "ratings.default.svc.cluster.local"),)))
     hidden = dep.Matcher(dep.Change(services=(("default", "reviews.default.svc.cluster.local"),)))
     assert seen.meets(d) and not hidden.meets(d)

@@ -13,8 +13,9 @@ A facet is a small tuple naming one thing a lookup depended on, present or absen
 - ("slices", NS, SVC) the EndpointSlices of a Kubernetes Service; ("pod", NS, NAME) a Pod an
   endpoint refers to (whether or not that Pod exists yet); ("sans", H) the identities of a
   Kubernetes service's workloads (the set: a change meets it only when the set differs);
-- ("dr", H) / ("vs", H) the DestinationRules / VirtualServices claiming host H, ("dr*",) /
-  ("vs*",) one with a wildcard host, ("dr-all",) every DestinationRule;
+- ("dr", H) / ("vs", H) the DestinationRules / VirtualServices claiming host H (a change of one
+  with a wildcard host, ("dr*",) / ("vs*",), meets every such lookup), ("dr-all",) every
+  DestinationRule;
 - ("sidecars", NS) the Sidecars of a namespace (selection runs over all of them);
 - ("security", NS) PeerAuthentications, AuthorizationPolicies, RequestAuthentications of NS;
   ("jwks",) keys fetched for RequestAuthentication;
@@ -103,15 +104,19 @@ class Deps:
     __slots__ = ("facets", "children", "scopes", "named")
 
     def __init__(self) -> None:
+        # Made per generated result and, for EDS, per resource: the lists start empty as ().
         self.facets: set[tuple] = set()
-        self.children: list[Deps] = []  # memoized sub-results it used (their Deps are shared)
-        self.scopes: list[Entry] = []  # Sidecars whose egress it evaluated over every service
+        self.children: list[Deps] | tuple = ()  # memoized sub-results it used (shared Deps)
+        self.scopes: list[Entry] | tuple = ()  # Sidecars whose egress it evaluated over every service
         # Per resource name, for types pushed resource by resource (EDS): name -> its Deps.
         self.named: dict[str, Deps] | None = None
 
     def add_child(self, child: Deps) -> None:
-        if child is not self and child not in self.children:
-            self.children.append(child)
+        children = self.children
+        if not children:
+            self.children = [child]
+        elif children[-1] is not child:  # the same memo asked twice in a row: once is enough
+            children.append(child)
 
     def all_facets(self) -> set[tuple]:
         """Every facet, children and named resources included (for /debug/explain)."""
@@ -142,7 +147,7 @@ def merged_named(old: Deps | None, partial: Deps) -> Deps:
         return partial
     out = Deps()
     out.facets = old.facets | partial.facets
-    out.children = [*old.children, *(c for c in partial.children if c not in old.children)]
+    out.children = [*old.children, *(c for c in partial.children if all(c is not o for o in old.children))]
     out.scopes = [*old.scopes, *(s for s in partial.scopes if s not in old.scopes)]
     out.named = {**old.named, **(partial.named or {})}
     return out
@@ -296,6 +301,9 @@ class Matcher:
         self._seen: dict[int, tuple[Deps, bool]] = {}
         self._scopes: dict[Entry, bool] = {}
         self._named: dict[int, tuple[Deps, frozenset[str]]] = {}
+        # A wildcard-host rule changed: it may now claim any host looked up (lookups record only
+        # their own host, so the common case costs one facet per lookup).
+        self._wild = frozenset(w for w, f in (("dr", DR_WILDCARD), ("vs", VS_WILDCARD)) if f in change.facets)
 
     def meets(self, d: Deps) -> bool:
         if self.change.everything:
@@ -304,6 +312,7 @@ class Matcher:
         if hit is not None and hit[0] is d:
             return hit[1]
         out = (not d.facets.isdisjoint(self.change.facets)
+               or (self._wild and any(f[0] in self._wild for f in d.facets))
                or any(self._scope(s) for s in d.scopes)
                or any(self.meets(c) for c in d.children))
         self._seen[id(d)] = (d, out)

@@ -186,8 +186,8 @@ class PushContext:
                          client_labels: Mapping[str, str] | None = None) -> Entry | None:
         """The rule in force for a client (`client_labels`: its workload's, for workloadSelector
         rules; the generation memo keys proxies by which selectors they match)."""
-        if self._rec:
-            self._rec[-1].facets.update((("dr", host), dep.DR_WILDCARD))
+        if self._rec:  # (a wildcard DestinationRule's change meets every "dr" facet: Matcher)
+            self._rec[-1].facets.add(("dr", host))
         return self.traffic.destination_rule(host, client_namespace, service_namespace, client_labels)
 
     def destination_rules(self) -> Mapping[str, tuple[Entry, ...]]:
@@ -196,8 +196,8 @@ class PushContext:
         return self.traffic.destination_rules
 
     def virtual_service(self, host: str, client_namespace: str = "") -> Entry | None:
-        if self._rec:
-            self._rec[-1].facets.update((("vs", host), dep.VS_WILDCARD))
+        if self._rec:  # (a wildcard VirtualService's change meets every "vs" facet: Matcher)
+            self._rec[-1].facets.add(("vs", host))
         return self.traffic.virtual_service(host, client_namespace)
 
     def gateway_index(self) -> GatewayIndex:
@@ -251,7 +251,7 @@ class PushContext:
                 deps.facets.add(dep.ALL_SERVICES)
                 view = self.full_view
             else:  # every service its egress hosts name, before or after a change
-                deps.scopes.append(sidecar)
+                deps.scopes = [sidecar]
                 view = scoped_view(sidecar, self.services)
             hit = self._views[sidecar] = (view, deps)
         self._note_child(hit[1])
@@ -279,8 +279,16 @@ class PushContext:
         return tuple(out[k] for k in sorted(out))
 
     def service_pods(self, svc: MeshService) -> tuple[Entry, ...]:
-        """The Pods behind a Kubernetes service's endpoints, computed once per push."""
-        return self._memoized(("pods", svc.namespace, svc.name), lambda: self.pods_of(self.service_slices(svc)))
+        """The Pods behind a Kubernetes service's endpoints, computed once per push (EDS asks
+        once per cluster: the hit path is kept short)."""
+        hit = self._memo.get(("pods", svc.namespace, svc.name))
+        if hit is None:
+            with self.recording() as deps:
+                hit = self._memo[("pods", svc.namespace, svc.name)] = (self.pods_of(self.service_slices(svc)), deps)
+        rec = self._rec
+        if rec:
+            rec[-1].add_child(hit[1])
+        return hit[0]
 
     def service_accounts(self, svc: MeshService) -> tuple[str, ...]:
         """The SPIFFE identities a service's workloads run as (what mTLS clients verify): the

@@ -78,8 +78,8 @@ def hosts_of(clusters: dict, name: str) -> list[str] | None:
     """Envoy's own view (/clusters): the host addresses of one cluster, None if it has none."""
     for c in clusters.get("cluster_statuses", []):
         if c["name"] == name:
-            return [f"{h['address']['socket_address']['address']}:{h['address']['socket_address']['port_value']}"
-                    for h in c.get("host_statuses", [])]
+            socks = [h["address"]["socket_address"] for h in c.get("host_statuses", [])]
+            return [f"{a['address']}:{a['port_value']}" for a in socks]
     return None
 
 
@@ -111,7 +111,8 @@ async def test_pod_arriving_after_its_endpoint_slice_fills_the_subset_cluster(tm
             hosts = await subset_hosts()
             return hosts if hosts else None
 
-        hosts = await wait_for(filled, timeout=20, message=f"{subset} gets the Pod's endpoint\n{cp.log_tail()}")
+        hosts = await wait_for(filled, timeout=20,
+                               message=f"{subset} gets the Pod's endpoint\n{cp.log_tail()}")
         assert hosts == [f"127.0.0.1:{backend.port}"]
         # /debug/explain lists the Pod among the CLA's inputs, and Envoy holds the current version.
         ex = await cp.debug(f"/debug/explain?proxyID={NODE}&type=eds&name={subset}")
@@ -197,7 +198,8 @@ async def test_own_service_target_port_moves_the_inbound_listener_of_a_scoped_mt
                        message=f"inbound listener on {old_port}\n{cp.log_tail()}\n{agent.log_tail(20)}")
         cp.write("mesh.yaml", scoped_mesh_yaml(new_port))
         ports = await wait_for(lambda: listening_on(new_port), timeout=20,
-                               message=f"inbound listener moves to {new_port}\n{cp.log_tail()}\n{agent.log_tail(20)}")
+                               message=f"inbound listener moves to {new_port}\n{cp.log_tail()}\n"
+                                       f"{agent.log_tail(20)}")
         assert old_port not in ports
         # Envoy's own config dump agrees: the inbound listener's address is the new targetPort.
         dump = await agent.admin_json("/config_dump?resource=dynamic_listeners")

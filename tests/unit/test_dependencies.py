@@ -36,7 +36,8 @@ async def _server(world: World, proxies: list[Proxy]) -> tuple[DiscoveryServer, 
     conns = [Connection(p, "test", False) for p in proxies]
     for c in conns:
         server.register(c)
-        await subscribe(server, c, {T.CLUSTER: None, T.ENDPOINT: frozenset({REVIEWS, RATINGS}), T.LISTENER: None})
+        watch = {T.CLUSTER: None, T.ENDPOINT: frozenset({REVIEWS, RATINGS}), T.LISTENER: None}
+        await subscribe(server, c, watch)
     return server, conns
 
 
@@ -48,7 +49,8 @@ def _change(world: World, server: DiscoveryServer, doc: dict) -> None:
 async def test_recorded_once_per_generated_result_and_shared_by_its_proxies() -> None:
     world = World()
     world.apply(service("reviews"), service("ratings", cluster_ip="10.96.0.21"),
-                endpoint_slice("reviews-1", "reviews"), endpoint_slice("ratings-1", "ratings", addresses=("10.1.0.2",)))
+                endpoint_slice("reviews-1", "reviews"),
+                endpoint_slice("ratings-1", "ratings", addresses=("10.1.0.2",)))
     replicas = [proxy(pod_name=f"app-{i}", ip=f"10.0.0.{i + 1}") for i in range(20)]
     server, conns = await _server(world, replicas)
     assert server.generated.misses == 3  # one CDS, one EDS, one LDS for twenty proxies
@@ -91,7 +93,7 @@ def test_a_changed_service_meets_a_sidecar_scope_only_when_its_egress_names_it()
                  "spec": {"egress": [{"hosts": ["./ratings.default.svc.cluster.local"]}]}})
     sidecar = world.ctx().sidecar_for("default", {})
     d = dep.Deps()
-    d.scopes.append(sidecar)
+    d.scopes = [sidecar]
     seen = dep.Matcher(dep.Change(services=(("default", "ratings.default.svc.cluster.local"),)))
     hidden = dep.Matcher(dep.Change(services=(("default", "reviews.default.svc.cluster.local"),)))
     assert seen.meets(d) and not hidden.meets(d)
@@ -103,12 +105,13 @@ def test_push_scope_takes_the_whole_eds_along_with_cds() -> None:
     eds.named = {"x": dep.Deps(), "y": dep.Deps()}
     eds.named["y"].facets.add(dep.slices("default", "y"))
     m = dep.Matcher(dep.Change(facets=frozenset({dep.slices("default", "y")})))
-    assert dep.push_scope(m, {T.CLUSTER: cds, T.ENDPOINT: eds}, T.CLUSTER, T.ENDPOINT) == {T.ENDPOINT: frozenset({"y"})}
+    held = {T.CLUSTER: cds, T.ENDPOINT: eds}
+    assert dep.push_scope(m, held, T.CLUSTER, T.ENDPOINT) == {T.ENDPOINT: frozenset({"y"})}
     m = dep.Matcher(dep.Change(facets=frozenset({dep.host("a")})))
-    assert dep.push_scope(m, {T.CLUSTER: cds, T.ENDPOINT: eds}, T.CLUSTER, T.ENDPOINT) == {T.CLUSTER: None,
-                                                                                       T.ENDPOINT: None}
+    assert dep.push_scope(m, held, T.CLUSTER, T.ENDPOINT) == {T.CLUSTER: None, T.ENDPOINT: None}
     # Nothing held yet for a watched type: it is pushed (its answer may still be on the way).
     assert dep.push_scope(m, {T.LISTENER: None}, T.CLUSTER, T.ENDPOINT) == {T.LISTENER: None}
-    assert dep.merge_scopes({T.ENDPOINT: frozenset({"x"})}, {T.ENDPOINT: frozenset({"y"}), T.LISTENER: None}) == {
-        T.ENDPOINT: frozenset({"x", "y"}), T.LISTENER: None}
+    x, y = {T.ENDPOINT: frozenset({"x"})}, {T.ENDPOINT: frozenset({"y"}), T.LISTENER: None}
+    merged = dep.merge_scopes(x, y)
+    assert merged == {T.ENDPOINT: frozenset({"x", "y"}), T.LISTENER: None}
     assert dep.merge_scopes(None, {T.LISTENER: None}) is None

@@ -17,6 +17,10 @@ import re
 from dataclasses import dataclass
 
 CERT_KEYS = (("tls.crt", "tls.key"), ("cert", "key"))
+# How generated config names a Secret for SDS, as istiod: `kubernetes://NAME` (chain and key),
+# `kubernetes://NAME-cacert` (its CA bundle, or that of a Secret named NAME-cacert).
+SDS_PREFIX = "kubernetes://"
+CA_SUFFIX = "-cacert"
 CA_KEYS = ("ca.crt", "cacert")
 _PEM = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----(.*?)-----END \1-----", re.DOTALL)
 _KEY_LABELS = {b"PRIVATE KEY", b"RSA PRIVATE KEY", b"EC PRIVATE KEY"}

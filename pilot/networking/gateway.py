@@ -43,6 +43,7 @@ from envoy.type.matcher.v3 import string_pb2
 from google.protobuf import wrappers_pb2
 
 from pilot.config.mesh import HttpRetryPolicy
+from pilot.model import credentials
 from pilot.model.gateway_api.internal import SEMANTICS
 from pilot.model.gateways import (
     Binding,
@@ -72,8 +73,7 @@ from pilot.networking.routes import HashKey, _apply_hash_policies
 
 TLS_INSPECTOR = "envoy.filters.listener.tls_inspector"
 TLS_TRANSPORT_SOCKET = "envoy.transport_sockets.tls"
-SDS_PREFIX = "kubernetes://"
-CA_SUFFIX = "-cacert"
+SDS_PREFIX, CA_SUFFIX = credentials.SDS_PREFIX, credentials.CA_SUFFIX
 ALPN_HTTP = ("h2", "http/1.1")
 _TLS_VERSIONS = {"TLS_AUTO": common_pb2.TlsParameters.TLS_AUTO, "TLSV1_0": common_pb2.TlsParameters.TLSv1_0,
                  "TLSV1_1": common_pb2.TlsParameters.TLSv1_1, "TLSV1_2": common_pb2.TlsParameters.TLSv1_2,

@@ -15,7 +15,8 @@ from envoy.type.v3 import percent_pb2
 from google.protobuf import wrappers_pb2
 
 from pilot.durations import parse_duration
-from pilot.networking.protos import duration, pack
+from pilot.model.credentials import CA_SUFFIX, SDS_PREFIX
+from pilot.networking.protos import ads_config_source, duration, pack
 
 HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 _FIELDS = ("load_balancer", "connection_pool", "outlier_detection", "tls")
@@ -228,15 +229,29 @@ def apply_outlier_detection(c: cluster_pb2.Cluster, od) -> None:
 
 
 def apply_tls(c: cluster_pb2.Cluster, tls, hostname: str) -> str | None:
-    """SIMPLE and MUTUAL with certificate files. Returns why a mode was not applied, if so.
-    ISTIO_MUTUAL is not applied here: pilot.model.mtls decides it (it needs the client's identity)."""
+    """SIMPLE and MUTUAL with certificate files, or with a Secret (`credentialName`, served over
+    SDS on the ADS stream, as istiod: MUTUAL's chain and key from `kubernetes://NAME`, the CA to
+    verify the server with from `kubernetes://NAME-cacert`). Returns why a mode was not applied,
+    if so. ISTIO_MUTUAL is not applied here: pilot.model.mtls decides it (it needs the client's
+    identity)."""
     if tls.mode == "DISABLE":
         return None
     if tls.mode == "ISTIO_MUTUAL":
         return "ISTIO_MUTUAL applies only to proxies with a mesh identity (connected on 15012)"
     ctx = tls_pb2.UpstreamTlsContext(sni=tls.sni or hostname)
     common = ctx.common_tls_context
-    if tls.mode == "MUTUAL" and tls.client_certificate and tls.private_key:
+    if tls.credential_name:
+        name = SDS_PREFIX + tls.credential_name
+        if tls.mode == "MUTUAL":
+            common.tls_certificate_sds_secret_configs.add(name=name, sds_config=ads_config_source())
+        if not tls.insecure_skip_verify:
+            combined = common.combined_validation_context
+            for san in tls.subject_alt_names:
+                combined.default_validation_context.match_typed_subject_alt_names.add(
+                    san_type=common_pb2.SubjectAltNameMatcher.DNS, matcher=string_pb2.StringMatcher(exact=san))
+            combined.validation_context_sds_secret_config.name = name + CA_SUFFIX
+            combined.validation_context_sds_secret_config.sds_config.CopyFrom(ads_config_source())
+    elif tls.mode == "MUTUAL" and tls.client_certificate and tls.private_key:
         common.tls_certificates.add(certificate_chain=base_pb2.DataSource(filename=tls.client_certificate),
                                     private_key=base_pb2.DataSource(filename=tls.private_key))
     if tls.ca_certificates and not tls.insecure_skip_verify:

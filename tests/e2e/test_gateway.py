@@ -398,7 +398,7 @@ async def _proven(env: GatewayEnv, namespace: str, sa: str) -> grpc.aio.Channel:
     return secure_channel(env.cp, env.cp.root_cert(), (key_pem(key), "".join(chain).encode()))
 
 
-async def test_credentials_only_for_proven_gateways_of_the_secrets_namespace(env: GatewayEnv):
+async def test_credentials_only_for_proven_proxies_of_the_secrets_namespace(env: GatewayEnv):
     ca = make_ca()
     leaf = issue(ca, ["secure.example.com"])
     env.cp.write("secret.yaml", tls_secret_yaml("secure-cert", GW_NS, leaf, ca))
@@ -420,9 +420,14 @@ async def test_credentials_only_for_proven_gateways_of_the_secrets_namespace(env
     assert got["kubernetes://secure-cert"].tls_certificate.certificate_chain.inline_bytes == leaf.cert_pem
     assert got["kubernetes://secure-cert-cacert"].validation_context.trusted_ca.inline_bytes == ca.cert_pem
 
-    # A proven sidecar in that very namespace: an (empty) answer, never the secret.
+    # A proven sidecar of that namespace may be given them too (DestinationRule credentialName;
+    # file mode has no RBAC to narrow it further, Kubernetes mode asks a SubjectAccessReview).
     sidecar = f"sidecar~127.0.0.1~app-1.{GW_NS}~{GW_NS}.svc.cluster.local"
-    assert await _ask_secret(await _proven(env, GW_NS, "app"), _node(sidecar, GW_NS, LABELS), names) == []
+    got = await _ask_secret(await _proven(env, GW_NS, "app"), _node(sidecar, GW_NS, LABELS), names)
+    assert {s.name for s in got} == set(names)
+    # ... but never over plaintext.
+    plain = grpc.aio.insecure_channel(f"127.0.0.1:{env.cp.xds_port}")
+    assert await _ask_secret(plain, _node(sidecar, GW_NS, LABELS), names) == []
 
     # A proven router of another namespace: nothing, whichever way it names the Secret.
     other = "router~127.0.0.1~ingress-1.default~default.svc.cluster.local"

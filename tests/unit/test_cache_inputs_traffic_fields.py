@@ -176,6 +176,30 @@ def test_ca_crl(world: World) -> None:
     assert ctx.common_tls_context.validation_context.crl.filename == "/etc/certs/crl.pem"
 
 
+@pytest.mark.parametrize("mode", ["SIMPLE", "MUTUAL"])
+def test_credential_name_takes_certificates_from_sds(world: World, mode: str) -> None:
+    """istiod's names: MUTUAL's chain and key from kubernetes://NAME, the CA that verifies the
+    server from kubernetes://NAME-cacert, both over the ADS stream; SANs still checked."""
+    p = proxy()
+    tls = {"mode": "SIMPLE", "sni": REVIEWS, "subjectAltNames": [REVIEWS], "credentialName": "reviews-client"}
+    get = (lambda: world.cds(p)[CLUSTER])
+    if mode == "SIMPLE":
+        before, after = with_field(world, dr({"trafficPolicy": {"tls": {"mode": "DISABLE"}}}), "trafficPolicy.tls",
+                                   tls, get)
+    else:  # MUTUAL with files needs a client certificate; with a credential, the Secret has it
+        before, after = with_field(world, dr({"trafficPolicy": {"tls": tls}}), "trafficPolicy.tls.mode", mode, get)
+    ctx = tls_pb2.UpstreamTlsContext()
+    assert cluster(after).transport_socket.typed_config.Unpack(ctx)
+    common = ctx.common_tls_context
+    certs = [(s.name, s.sds_config.HasField("ads")) for s in common.tls_certificate_sds_secret_configs]
+    assert certs == ([("kubernetes://reviews-client", True)] if mode == "MUTUAL" else [])
+    combined = common.combined_validation_context
+    assert combined.validation_context_sds_secret_config.name == "kubernetes://reviews-client-cacert"
+    assert combined.validation_context_sds_secret_config.sds_config.HasField("ads")
+    assert [m.matcher.exact for m in combined.default_validation_context.match_typed_subject_alt_names] == [REVIEWS]
+    assert not common.tls_certificates and not common.HasField("validation_context")
+
+
 # --- DestinationRule workloadSelector ----------------------------------------------------------------
 def max_connections(world: World, p: Proxy) -> int:
     thresholds = cluster(world.cds(p)[CLUSTER]).circuit_breakers.thresholds

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from pilot.config.base import UNSUPPORTED_MARK, K8sObject, StrictModel, Unsupported
+from pilot.config.base import K8sObject, StrictModel, Unsupported
 from pilot.config.networking.common import PortSelector, WorkloadSelector
 from pilot.config.networking.validation import (
     Duration,
@@ -203,10 +203,8 @@ class ClientTLSSettings(StrictModel):
     client_certificate: OptStr = None
     private_key: OptStr = None
     ca_certificates: OptStr = None
-    # istiod serves the Secret to the client sidecar over SDS; not generated here yet. Refused
-    # when set (after istiod's own checks, so their messages come first): accepting it would
-    # leave the cluster plaintext, less secure than written.
-    credential_name: OptStr = Field(default=None, json_schema_extra={UNSUPPORTED_MARK: True})
+    # A Secret of the client's namespace, served to it over SDS (pilot.xds.generators.sds).
+    credential_name: OptStr = None
     subject_alt_names: list[str] = Field(default_factory=list)
     sni: str | None = None
     insecure_skip_verify: bool | None = None
@@ -230,9 +228,6 @@ class ClientTLSSettings(StrictModel):
             if not self.private_key:
                 errs.append("private key required for mutual tls")
         _raise_if(errs)
-        if self.credential_name:
-            _raise_if(["credentialName is not supported (client TLS from a Secret over SDS is not generated "
-                       "yet; use clientCertificate/privateKey/caCertificates files)"])
         return self
 
 

@@ -1,14 +1,17 @@
-"""SDS generator: gateway credentials (`kubernetes://NAME`, `kubernetes://NAME-cacert`) over ADS.
+"""SDS generator: credentials (`kubernetes://NAME`, `kubernetes://NAME-cacert`) over ADS, for
+gateway servers and for DestinationRule client TLS (`tls.credentialName`).
 
 As istiod's SecretGen for credentialName:
-- Only a router whose identity was verified gets secrets: it connected on the secure port
+- Only a proxy whose identity was verified gets secrets: it connected on the secure port
   (15012) with a client certificate or token, and the node's namespace is the one it proved
   (pilot.security.ca_server admits nothing else). Plaintext xDS (15010) never serves a private
-  key, whatever the node id claims: anyone can write a node id.
-- Only Secrets in the router's own namespace (`NAME`, or `NAMESPACE/NAME` naming that same
-  namespace), or in another namespace when a Gateway API Gateway of the router's namespace
-  presents it under a ReferenceGrant. A sidecar, or a router in another namespace, asking for a
-  name gets no resource (the response is sent, empty).
+  key, whatever the node id claims: anyone can write a node id. Proxyless gRPC clients and
+  ztunnel get none (they do not read these resources).
+- Only Secrets in the proxy's own namespace (`NAME`, or `NAMESPACE/NAME` naming that same
+  namespace), or, for a router, in another namespace when a Gateway API Gateway of the router's
+  namespace presents it under a ReferenceGrant. A proxy in another namespace asking for a name
+  gets no resource (the response is sent, empty). In Kubernetes mode the proxy's service
+  account must also be allowed to list Secrets there (pilot.security.secret_access).
 - `kubernetes://NAME` is the certificate chain and key of Secret NAME (tls.crt/tls.key or
   cert/key); `kubernetes://NAME-cacert` is the CA bundle (ca.crt or cacert) of a Secret named
   NAME-cacert if there is one, else of Secret NAME.
@@ -41,8 +44,8 @@ def refusal(proxy: Proxy) -> str | None:
     """Why `proxy` may be given no credential at all, or None. Reads only the proxy's traits
     (the generation memo's key), so a memoized answer is never shared across this line."""
     traits = proxy.traits
-    if traits.type != "router":
-        return "credentials are served only to gateways"
+    if traits.type not in ("router", "sidecar") or traits.generator:
+        return "credentials are served only to Envoy gateways and sidecars"
     if not traits.mesh_tls:
         return ("the proxy has not proved an identity: credentials are served only on the secure xDS port "
                 "(15012) to a client authenticated by certificate or token")
@@ -68,7 +71,8 @@ def _resource(ctx: PushContext, proxy: Proxy, name: str, cache: XdsCache) -> Cac
     namespace, slash, secret_name = ref.rpartition("/")
     if not slash:
         namespace, secret_name = proxy.namespace, ref
-    granted = namespace != proxy.namespace and ctx.allows_credential(proxy.namespace, namespace, secret_name)
+    granted = (namespace != proxy.namespace and proxy.type == "router"
+               and ctx.allows_credential(proxy.namespace, namespace, secret_name))
     if not secret_name or (namespace != proxy.namespace and not granted):
         log.info("secret in another namespace refused", name=name, proxy_namespace=proxy.namespace)
         return None

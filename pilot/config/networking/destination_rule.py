@@ -231,8 +231,8 @@ class ClientTLSSettings(StrictModel):
                 errs.append("private key required for mutual tls")
         _raise_if(errs)
         if self.credential_name:
-            _raise_if(["credentialName is not supported (client TLS from a Secret over SDS is not generated "
-                       "yet; use clientCertificate/privateKey/caCertificates files)"])
+            _raise_if([("credentialName is not supported (client TLS from a Secret over SDS is not generated "
+                       "yet; use clientCertificate/privateKey/caCertificates files)")])
         return self
 
 

@@ -25,7 +25,7 @@ def _git(*args: str) -> str | None:
     if not (_REPO / ".git").exists():
         return None
     try:
-        out = subprocess.run(["git", "-C", str(_REPO), *args], capture_output=True, text=True, timeout=5)
+        out = subprocess.run(["git", "-C", str(_REPO), *args], capture_output=True, text=True, timeout=5, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None

@@ -129,7 +129,7 @@ _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 @functools.cache
 def _crd_of(kind: Kind) -> dict:
-    return yaml.load((CRDS / f"{kind.plural}.{kind.group}.yaml").read_text(), Loader=_LOADER)  # noqa: S506
+    return yaml.load((CRDS / f"{kind.plural}.{kind.group}.yaml").read_text(), Loader=_LOADER)
 
 
 def _schema(kind: Kind, version: str) -> dict:
@@ -215,7 +215,7 @@ def _manifests() -> list[dict]:
                 collect(v, depth + 1)
         elif isinstance(value, str) and "apiVersion" in value:
             try:
-                for doc in yaml.load_all(textwrap.dedent(value), Loader=_LOADER):  # noqa: S506
+                for doc in yaml.load_all(textwrap.dedent(value), Loader=_LOADER):
                     collect(doc, depth + 1)
             except yaml.YAMLError:
                 pass

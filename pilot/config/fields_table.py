@@ -136,8 +136,8 @@ def tables() -> list[tuple[str, str, str, list[Row]]]:
             policy = "refused with its path" if _strict(k.model) else "ignored (not yet parsed strictly)"
         out.append((k.config_kind if k.config_kind == k.kind else f"{k.kind} ({k.config_kind})",
                     _versions(k), policy, kind_rows(k.model)))
-    out.append(("MeshConfig", "`mesh` key of ConfigMap istio, or --meshConfig", "ignored with one warning, "
-                "listed in /debug/mesh (as istiod tolerates them)", kind_rows(MeshConfig, set())))
+    out.append(("MeshConfig", "`mesh` key of ConfigMap istio, or --meshConfig", ("ignored with one warning, "
+                "listed in /debug/mesh (as istiod tolerates them)"), kind_rows(MeshConfig, set())))
     return out
 
 

@@ -136,7 +136,7 @@ def review(admission_review: Any, ctx: InjectionContext, path: str = "/inject") 
     outcome = "failure"
     try:
         resp, outcome = _review(admission_review, ctx, path)
-    except Exception as e:  # noqa: BLE001 - a request must never take the server down; it is refused, and logged
+    except Exception as e:  # a request must never take the server down; it is refused, and logged
         log.exception("injection failed unexpectedly", path=path)
         uid = ""
         if isinstance(admission_review, dict) and isinstance(admission_review.get("request"), dict):

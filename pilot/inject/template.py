@@ -167,7 +167,7 @@ def _build(node: yaml.Node) -> Any:
 def _parse(text: str) -> Any:
     # Parsing the YAML costs several times the rendering; a Deployment's replicas render the same
     # text, so they share one parse. Callers must not mutate what is returned.
-    node = yaml.compose(text, Loader=_Loader)  # noqa: S506 - the C/pure *safe* loader
+    node = yaml.compose(text, Loader=_Loader)
     return None if node is None else _build(node)
 
 

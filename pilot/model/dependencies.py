@@ -101,7 +101,7 @@ def kind(k: str) -> tuple:
 class Deps:
     """What one generated result read. Mutable only while it is being recorded."""
 
-    __slots__ = ("facets", "children", "scopes", "named")
+    __slots__ = ("children", "facets", "named", "scopes")
 
     def __init__(self) -> None:
         # Made per generated result and, for EDS, per resource: the lists start empty as ().

@@ -18,7 +18,7 @@ from pilot.config.networking import ConnectionPoolSettings
 from pilot.model.labels import selects
 from pilot.model.protocol import Protocol, select_protocol
 from pilot.model.proxy import Proxy
-from pilot.model.security_policies import WorkloadPolicies
+from pilot.model.security_policies import NO_POLICIES, WorkloadPolicies
 from pilot.model.services import MeshService, ServicePort
 from pilot.model.store import Entry
 
@@ -42,7 +42,7 @@ class InboundPort:
 class InboundPlan:
     ports: tuple[InboundPort, ...]
     mesh_tls: bool  # the proxy has certificates: TLS chains can be built
-    policies: WorkloadPolicies = WorkloadPolicies()  # authn/authz filters in front of the app
+    policies: WorkloadPolicies = NO_POLICIES  # authn/authz filters in front of the app
     problems: tuple[str, ...] = ()  # ports that could not be served, and why
 
 
@@ -73,7 +73,7 @@ def _endpoint_for(default_endpoint: str, port: int, proxy_ip: str) -> str:
 
 
 def plan_inbound(proxy: Proxy, services: tuple[MeshService, ...], slices_of, sidecar: Entry | None,
-                 mtls_mode, mesh_tls: bool, policies: WorkloadPolicies = WorkloadPolicies()) -> InboundPlan:
+                 mtls_mode, mesh_tls: bool, policies: WorkloadPolicies = NO_POLICIES) -> InboundPlan:
     """`slices_of(svc)`: a service's EndpointSlice entries; `mtls_mode(port) -> str` the
     PeerAuthentication mode for one workload port."""
     ip = proxy.ip_addresses[0] if proxy.ip_addresses else LOCALHOST

@@ -54,7 +54,7 @@ class Locality:
     subzone: str = ""
 
     def label(self) -> str:
-        return "/".join((self.region, self.zone, self.subzone)).rstrip("/")
+        return f"{self.region}/{self.zone}/{self.subzone}".rstrip("/")
 
 
 @dataclass(frozen=True, slots=True)

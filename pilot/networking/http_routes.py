@@ -154,7 +154,7 @@ def _apply_headers(route: rc.Route, headers) -> None:
 def _percent(p, default: float = 100.0) -> percent_pb2.FractionalPercent:
     """An Istio Percent (or its absence: `default`). Millionths keep 0.1% exact."""
     value = p.value if p is not None else default
-    return percent_pb2.FractionalPercent(numerator=int(round(value * 10_000)),
+    return percent_pb2.FractionalPercent(numerator=round(value * 10_000),
                                          denominator=percent_pb2.FractionalPercent.MILLION)
 
 

@@ -24,7 +24,7 @@ from google.protobuf import wrappers_pb2
 
 from pilot.model.inbound import InboundPort
 from pilot.model.mesh_settings import ClusterSettings, ListenerSettings
-from pilot.model.security_policies import WorkloadPolicies
+from pilot.model.security_policies import NO_POLICIES, WorkloadPolicies
 from pilot.model.services import EndpointAddress, Locality
 from pilot.networking import tls
 from pilot.networking.endpoints import cluster_load_assignment
@@ -134,7 +134,7 @@ def _chain(port: InboundPort, secure: bool, settings: ListenerSettings, policies
 
 
 def port_chains(port: InboundPort, mesh_tls: bool, settings: ListenerSettings,
-                policies: WorkloadPolicies = WorkloadPolicies(), trust_domain: TrustDomains = "cluster.local"
+                policies: WorkloadPolicies = NO_POLICIES, trust_domain: TrustDomains = "cluster.local"
                 ) -> list[listener_components_pb2.FilterChain]:
     """The chains serving one workload port. Without certificates only plaintext can be served."""
     mode = port.mtls if mesh_tls else "DISABLE"
@@ -148,7 +148,7 @@ def port_chains(port: InboundPort, mesh_tls: bool, settings: ListenerSettings,
 
 
 def bound_inbound_listener(port: InboundPort, mesh_tls: bool, settings: ListenerSettings,
-                           policies: WorkloadPolicies = WorkloadPolicies(),
+                           policies: WorkloadPolicies = NO_POLICIES,
                            trust_domain: TrustDomains = "cluster.local") -> listener_pb2.Listener:
     """NONE mode: `inbound_IP_PORT` bound on the workload's address."""
     listener = listener_pb2.Listener(
@@ -162,7 +162,7 @@ def bound_inbound_listener(port: InboundPort, mesh_tls: bool, settings: Listener
 
 
 def virtual_inbound_listener(ports: tuple[InboundPort, ...], mesh_tls: bool, settings: ListenerSettings,
-                             policies: WorkloadPolicies = WorkloadPolicies(),
+                             policies: WorkloadPolicies = NO_POLICIES,
                              trust_domain: TrustDomains = "cluster.local") -> listener_pb2.Listener:
     """iptables mode: every inbound connection arrives on 15006; chains match its original port."""
     listener = listener_pb2.Listener(

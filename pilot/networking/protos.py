@@ -15,7 +15,7 @@ def pack(msg: Message) -> any_pb2.Any:
 
 def duration(seconds: float) -> duration_pb2.Duration:
     d = duration_pb2.Duration()
-    d.FromNanoseconds(int(round(seconds * 1e9)))
+    d.FromNanoseconds(round(seconds * 1e9))
     return d
 
 

@@ -57,7 +57,7 @@ _CORE = "tag:yaml.org,2002:"
 # and alias names (libyaml ends them at `:`), tags, directives, tabs, `...` document ends, `?`/`:`
 # starting a token, NEL/LS/PS and BOMs. Text with none of them at a token start is what kubectl
 # and Helm write, and is left to the C parser; the rest goes to the pure 1.2 parser.
-_NOT_PLAIN = re.compile(r"(?:^|[\s\[{,])[&*!%@`?:]|[\t\x85\u2028\u2029\ufeff]|^\.\.\.", re.M)
+_NOT_PLAIN = re.compile(r"(?:^|[\s\[{,])[&*!%@`?:]|[\t\x85\u2028\u2029\ufeff]|^\.\.\.", re.MULTILINE)
 _NULL = re.compile(r"(?:~|null|Null|NULL)?\Z")
 _BOOL = {"true": True, "True": True, "TRUE": True, "false": False, "False": False, "FALSE": False}
 _INT10 = re.compile(r"[-+]?[0-9]+\Z")
@@ -139,9 +139,9 @@ def _resolve_plain(value: str):
     if _INT10.match(value):
         return int(value)
     if _INT8.match(value):
-        return int(value[2:], 8)
+        return int(value, 0)
     if _INT16.match(value):
-        return int(value[2:], 16)
+        return int(value, 0)
     if _FLOAT.match(value):
         return float(value)
     if _INF.match(value):

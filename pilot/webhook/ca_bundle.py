@@ -93,7 +93,7 @@ class CABundleWriter(LeaderWorker):
                 self._wake.clear()
                 try:
                     retry = await self._reconcile()
-                except Exception as e:  # retried; never fatal
+                except Exception as e:  # noqa: BLE001 - retried; never fatal
                     log.warning("could not update the validating webhook configuration", name=self.name,
                                 error=str(e))
                     retry = True
@@ -193,6 +193,6 @@ class CABundleWriter(LeaderWorker):
                     await asyncio.sleep(backoff.next())
             except asyncio.CancelledError:
                 raise
-            except Exception as e:  # the apiserver went away: back off and watch again
+            except Exception as e:  # noqa: BLE001 - the apiserver went away: back off and watch again
                 log.debug("webhook configuration watch ended", error=str(e))
                 await asyncio.sleep(backoff.next())

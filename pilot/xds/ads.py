@@ -191,7 +191,7 @@ class AdsService:
                           "(PILOT_XDS_FIRST_REQUEST_TIMEOUT)") from None
         except (StopAsyncIteration, asyncio.CancelledError):
             return None
-        except Exception as e:  # a client that cannot even send a valid first message
+        except Exception as e:  # noqa: BLE001 - a client that cannot even send a valid first message
             raise Refused("bad_request", INVALID,
                           f"bad request: {shown(str(e), 200)}") from None
 
@@ -244,7 +244,7 @@ class AdsService:
                     len(body)) from None
             except asyncio.CancelledError:
                 raise
-            except Exception as e:  # grpc's write fails once the call is over: the client left
+            except Exception as e:  # noqa: BLE001 - grpc's write fails once the call is over: the client left
                 raise StreamGone(str(e)) from None
             finally:
                 conn.write_ended(ok)
@@ -259,7 +259,7 @@ class AdsService:
                 await conn.queue_request(req, size)  # waits while the worker is behind
         except asyncio.CancelledError:
             return
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any failure here is retried or reported, never fatal
             log.debug("stream read ended", conn=conn.id, error=shown(str(e), 200))
         conn.inbox.put_nowait(_EOF)
 

@@ -55,7 +55,7 @@ SLOW_WRITE = 1.0  # seconds a write may keep its push throttle slot before givin
 class _Slot:
     """One PILOT_PUSH_THROTTLE slot, released at most once (by the write's timer or at the end)."""
 
-    __slots__ = ("_sem", "_held")
+    __slots__ = ("_held", "_sem")
 
     def __init__(self, sem: asyncio.Semaphore) -> None:
         self._sem, self._held = sem, False

@@ -8,6 +8,7 @@ import asyncio
 import shutil
 import statistics
 import time
+from typing import Self
 
 import aiohttp
 import pytest
@@ -67,7 +68,7 @@ class ReadyProbe:
                     self.samples.append((r.status, time.perf_counter() - t))
                 await asyncio.sleep(0.02)
 
-    async def __aenter__(self) -> ReadyProbe:
+    async def __aenter__(self) -> Self:
         self._task = asyncio.create_task(self._run())
         return self
 

@@ -31,8 +31,8 @@ from pilot.model.push_context import PushContext
 from pilot.model.store import Store
 from pilot.sources.files import FileSource
 from tests.e2e.mesh_config import endpoint_slice_yaml, fqdn, service_yaml
-from tests.e2e.test_ca_server import create, csr, key_pem
 from tests.e2e.test_ca_server import channel as secure_channel
+from tests.e2e.test_ca_server import create, csr, key_pem
 from tests.support.agent import PilotAgent
 from tests.support.backends import HttpBackend
 from tests.support.certs import Issued, issue, make_ca, serial_of_der, tls_secret_yaml

@@ -66,7 +66,7 @@ async def routed(port: int, backend: str) -> bool:
 
 
 async def test_envoy_routes_to_endpoints_found_in_kubernetes(cluster):
-    fake, cp, envoy, backends, port = cluster
+    fake, cp, _envoy, backends, port = cluster
     await wait_for(lambda: routed(port, "one"), message="routing from kube EndpointSlices")
     assert (await cp.get("/ready"))[0] == 200
     fake.apply(endpoint_slice("web", backends[1].port))
@@ -74,7 +74,7 @@ async def test_envoy_routes_to_endpoints_found_in_kubernetes(cluster):
 
 
 async def test_a_forced_410_loses_no_update_and_pushes_no_cds_or_lds(cluster):
-    fake, cp, envoy, backends, port = cluster
+    fake, cp, _envoy, backends, port = cluster
     await wait_for(lambda: routed(port, "one"))
     await cp.wait_synced(NODE)
     before = parse_counters(await cp.metrics(), "pilot_xds_pushes")
@@ -91,7 +91,7 @@ async def test_a_forced_410_loses_no_update_and_pushes_no_cds_or_lds(cluster):
 
 
 async def test_serves_the_last_config_while_the_apiserver_is_away_then_catches_up(cluster):
-    fake, cp, envoy, backends, port = cluster
+    fake, cp, _envoy, backends, port = cluster
     await wait_for(lambda: routed(port, "one"))
     await fake.go_away()
     try:
@@ -110,7 +110,7 @@ async def test_serves_the_last_config_while_the_apiserver_is_away_then_catches_u
 
 
 async def test_no_push_for_status_only_or_identical_updates(cluster):
-    fake, cp, envoy, backends, port = cluster
+    fake, cp, _envoy, backends, port = cluster
     await wait_for(lambda: routed(port, "one"))
     await cp.wait_synced(NODE)
     pushes = await cp.debug("/debug/push_status")
@@ -157,7 +157,7 @@ def _ready(cp: ControlPlane):
 
 
 async def test_empty_500s_are_backed_off_not_hammered(cluster):
-    fake, cp, envoy, backends, port = cluster
+    fake, _cp, _envoy, backends, port = cluster
     await wait_for(lambda: routed(port, "one"))
     fault = fake.fail_when(lambda r: r.verb in ("watch", "list") and r.resource == "endpointslices", status=500, body="")
     fake.drop_watches(resource="endpointslices")
@@ -174,7 +174,7 @@ async def test_empty_500s_are_backed_off_not_hammered(cluster):
 
 
 async def test_discovery_selectors_limit_namespaces_without_restart(cluster):
-    fake, cp, envoy, backends, port = cluster
+    fake, cp, _envoy, backends, _port = cluster
     other_port = free_port()
     fake.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}})
     fake.create(service("api", other_port, ns="team-a"))
@@ -207,7 +207,7 @@ async def _lacks(registry, host: str) -> bool:
 async def _routes(port: int, host: str, backend: str) -> bool:
     try:
         status, body = await http_get(f"http://127.0.0.1:{port}/", headers={"Host": host}, timeout=3)
-    except Exception:
+    except Exception:  # noqa: BLE001 - any failure here is retried or reported, never fatal
         return False
     return status == 200 and json.loads(body)["name"] == backend
 
@@ -215,7 +215,7 @@ async def _routes(port: int, host: str, backend: str) -> bool:
 async def test_figures_endpoint_event_to_envoy_ack(cluster, capsys):
     """Measured, not asserted: time from an EndpointSlice write at the apiserver to Envoy's EDS
     ACK as the server saw it."""
-    fake, cp, envoy, backends, port = cluster
+    fake, cp, _envoy, backends, port = cluster
     await wait_for(lambda: routed(port, "one"))
     samples = []
     for i in range(20):
@@ -238,7 +238,7 @@ async def test_figures_endpoint_event_to_envoy_ack(cluster, capsys):
 async def test_a_crd_installed_later_is_picked_up_without_restart(cluster):
     """The networking.istio.io CRDs are missing at start (404): the server is ready anyway and
     serves their objects once they are installed."""
-    fake, cp, envoy, backends, port = cluster
+    fake, cp, _envoy, _backends, port = cluster
     assert (await cp.get("/ready"))[0] == 200
     fake.register_crd("networking.istio.io", "v1", "virtualservices", "VirtualService")
     fake.create({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",

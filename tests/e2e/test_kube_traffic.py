@@ -12,10 +12,10 @@ import pytest
 from tests.e2e.mesh_config import fqdn
 from tests.e2e.test_gateway import tls_request
 from tests.fakes.apiserver import FakeApiServer
+from tests.support.agent import PilotAgent
 from tests.support.backends import HttpBackend, answered_by
 from tests.support.certs import b64, issue, make_ca
 from tests.support.control_plane import ControlPlane
-from tests.support.agent import PilotAgent
 from tests.support.envoy import Envoy
 from tests.support.node import sidecar_node_id
 from tests.support.ports import free_ports
@@ -107,7 +107,7 @@ async def start_gateway(fake, cp, envoys, tmp, server: dict, subset: str, verifi
 
 
 async def test_weighted_split_from_kubernetes(cluster):
-    fake, cp, envoys, backends, port, _, tmp = cluster
+    fake, cp, envoys, _backends, port, _, tmp = cluster
     envoy = Envoy()
     envoys.append(envoy)
     await envoy.start(Envoy.bootstrap(sidecar_node_id("client"), cp.xds_port), tmp)
@@ -131,7 +131,7 @@ async def test_weighted_split_from_kubernetes(cluster):
 
 
 async def test_ingress_gateway_from_kubernetes(cluster):
-    fake, cp, envoys, backends, port, gw_port, tmp = cluster
+    fake, cp, envoys, _backends, _port, gw_port, tmp = cluster
     await start_gateway(fake, cp, envoys, tmp, {"port": {"number": gw_port, "name": "http", "protocol": "HTTP"}}, "v2")
 
     async def served():
@@ -146,7 +146,7 @@ async def test_ingress_gateway_from_kubernetes(cluster):
 async def test_gateway_credential_from_an_opaque_secret(cluster):
     """A generic Secret with tls.crt/tls.key serves HTTPS, as istiod accepts; service-account
     tokens are never even listed by the control plane."""
-    fake, cp, envoys, backends, port, gw_port, tmp = cluster
+    fake, cp, envoys, _backends, _port, gw_port, tmp = cluster
     ca = make_ca()
     leaf = issue(ca, ["shop.example.com"])
     fake.create({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",

@@ -40,8 +40,8 @@ ISTIOD_DASHBOARD_QUERIES = [
     'sum by (pod) (go_memstats_heap_alloc_bytes{app="istiod"})',
     'sum by (pod) (rate(go_memstats_alloc_bytes_total{app="istiod"}[$__rate_interval]))',
     'sum by (pod) (rate(go_memstats_mallocs_total{app="istiod"}[$__rate_interval]))',
-    'sum by (pod) (irate(container_cpu_usage_seconds_total{container="discovery",pod=~"istiod-.*"}'
-    "[$__rate_interval]))",
+    ('sum by (pod) (irate(container_cpu_usage_seconds_total{container="discovery",pod=~"istiod-.*"}'
+    "[$__rate_interval]))"),
     'sum by (pod) (go_goroutines{app="istiod"})',
     "sum by (type) (irate(pilot_xds_pushes[$__rate_interval]))",
     "sum by (type,event) (rate(pilot_k8s_reg_events[$__rate_interval]))",

@@ -81,7 +81,7 @@ def _port(running) -> int:
 
 
 async def test_explain_names_the_config_behind_a_cluster_its_endpoints_and_its_route(running):
-    cp, envoy, backends, port, routed_to = running
+    cp, _envoy, backends, port, routed_to = running
     cluster = f"outbound|{port}||{fqdn('web')}"
     ex = await cp.debug(f"/debug/explain?proxyID={NODE}&type=cds&name={cluster}")
     assert [(o["kind"], o["name"]) for o in ex["built_from"]] == [("Service", "web")]
@@ -118,7 +118,7 @@ def _explained(cp: ControlPlane, type_: str, name: str):
 
 
 async def test_metrics_have_istiod_names_and_move_after_a_push(running):
-    cp, envoy, backends, port, routed_to = running
+    cp, _envoy, backends, _port, routed_to = running
     before = await cp.metrics()
     for name in ("pilot_xds_pushes", "pilot_proxy_convergence_time", "pilot_xds_push_time", "pilot_debounce_time",
                  "pilot_pushcontext_init_seconds", "pilot_proxy_queue_time", "pilot_xds",
@@ -148,7 +148,7 @@ def parse_counters_labelled(text: str, family: str) -> dict[tuple[str, str], flo
 
 
 async def test_pilotctl_agrees_with_envoy(running):
-    cp, envoy, backends, port, _ = running
+    cp, envoy, _backends, port, _ = running
     status = await pilotctl(cp, "proxy-status")
     header, row = status.strip().splitlines()
     assert header.split()[:6] == ["NAME", "CLUSTER", "CDS", "LDS", "EDS", "RDS"]

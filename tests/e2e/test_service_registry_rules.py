@@ -63,8 +63,7 @@ async def test_service_entries_static_dns_and_workload_entries(mesh: Mesh, tmp_p
             """))
 
         async def answered_by(host: str, name: str):
-            async with aiohttp.ClientSession() as s:
-                async with s.get(f"http://127.0.0.1:{mesh.port}/", headers={"Host": host},
+            async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{mesh.port}/", headers={"Host": host},
                                  timeout=aiohttp.ClientTimeout(total=5)) as r:
                     return r.status == 200 and json.loads(await r.text())["name"] == name
 
@@ -126,8 +125,7 @@ async def test_sidecar_egress_scopes_what_a_proxy_sees_and_pushes(mesh: Mesh):
 
 
 async def _status_for(mesh: Mesh, host: str, status: int) -> bool:
-    async with aiohttp.ClientSession() as s:
-        async with s.get(f"http://127.0.0.1:{mesh.port}/", headers={"Host": host},
+    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{mesh.port}/", headers={"Host": host},
                          timeout=aiohttp.ClientTimeout(total=5)) as r:
             return r.status == status
 
@@ -205,8 +203,7 @@ async def test_workload_entries_move_on_the_endpoint_path_and_form_subsets(mesh:
             """))
 
         async def answered(name: str, headers: dict | None = None) -> bool:
-            async with aiohttp.ClientSession() as s:
-                async with s.get(f"http://127.0.0.1:{mesh.port}/", headers={"Host": "app.vm.test", **(headers or {})},
+            async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{mesh.port}/", headers={"Host": "app.vm.test", **(headers or {})},
                                  timeout=aiohttp.ClientTimeout(total=5)) as r:
                     return r.status == 200 and json.loads(await r.text())["name"] == name
 

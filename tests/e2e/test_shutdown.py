@@ -49,7 +49,7 @@ async def test_sigterm_drains_and_exits_cleanly(tmp_path):
                 await call.write(req)
             except grpc.aio.UsageError:
                 pass
-            except Exception:  # the refusal can land before the write completes
+            except Exception:  # noqa: BLE001 - the refusal can land before the write completes
                 await call.wait_for_connection()
             await asyncio.wait_for(call.read(), 10)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE

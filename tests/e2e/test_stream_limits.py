@@ -32,7 +32,7 @@ spec:
 
 
 def metric(text: str, name: str, labels: str = "") -> float:
-    m = re.search(rf"^{re.escape(name)}{re.escape('{' + labels + '}') if labels else ''} (\S+)$", text, re.M)
+    m = re.search(rf"^{re.escape(name)}{re.escape('{' + labels + '}') if labels else ''} (\S+)$", text, re.MULTILINE)
     return float(m.group(1)) if m else 0.0
 
 

@@ -80,7 +80,7 @@ async def test_prefix_and_regex_matches_with_rewrite(mesh: Mesh):
 
     await mesh.until(rewritten, "prefix rewrite")
     assert (await mesh.get("/items/42"))[1] == "v1"
-    status, name, _, body = await mesh.get("/items/abc")
+    status, _name, _, body = await mesh.get("/items/abc")
     assert (status, body) == (404, "no such page")
 
 
@@ -169,7 +169,7 @@ async def test_mirroring_and_header_manipulation(mesh: Mesh):
     mirror = mesh.backends["mirror"]
 
     async def applied():
-        status, name, headers, body = await mesh.get(headers={"x-secret": "s3cr3t"})
+        status, _name, headers, body = await mesh.get(headers={"x-secret": "s3cr3t"})
         sent = json.loads(body)["headers"] if status == 200 else {}
         return headers.get("x-served-by") == "mesh" and sent.get("x-added") == "by-mesh" and "x-secret" not in {
             k.lower() for k in sent}

@@ -97,8 +97,7 @@ class Mesh:
 
     async def get(self, path: str = "/", headers: dict | None = None, timeout: float = 5):
         """(status, backend name or None, response headers, body)."""
-        async with aiohttp.ClientSession() as s:
-            async with s.get(f"http://127.0.0.1:{self.port}{path}", headers={"Host": REVIEWS, **(headers or {})},
+        async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{self.port}{path}", headers={"Host": REVIEWS, **(headers or {})},
                              allow_redirects=False, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
                 body = await r.text()
                 try:

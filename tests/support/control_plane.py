@@ -62,7 +62,7 @@ class ControlPlane:
                 "--portsFile", str(ports_file),
                 *self.extra_args]
         env = {**os.environ, **self.env, "PYTHONPATH": str(REPO_ROOT)}
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
+        self._log = open(self.log_path, "ab")  # noqa: SIM115, ASYNC230 - lives as long as the process; local disk
         self.proc = await asyncio.create_subprocess_exec(*args, stdout=self._log, stderr=self._log, env=env,
                                                          cwd=str(self.workdir))
 

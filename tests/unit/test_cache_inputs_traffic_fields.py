@@ -184,10 +184,10 @@ def test_credential_name_takes_certificates_from_sds(world: World, mode: str) ->
     tls = {"mode": "SIMPLE", "sni": REVIEWS, "subjectAltNames": [REVIEWS], "credentialName": "reviews-client"}
     get = (lambda: world.cds(p)[CLUSTER])
     if mode == "SIMPLE":
-        before, after = with_field(world, dr({"trafficPolicy": {"tls": {"mode": "DISABLE"}}}), "trafficPolicy.tls",
+        _before, after = with_field(world, dr({"trafficPolicy": {"tls": {"mode": "DISABLE"}}}), "trafficPolicy.tls",
                                    tls, get)
     else:  # MUTUAL with files needs a client certificate; with a credential, the Secret has it
-        before, after = with_field(world, dr({"trafficPolicy": {"tls": tls}}), "trafficPolicy.tls.mode", mode, get)
+        _before, after = with_field(world, dr({"trafficPolicy": {"tls": tls}}), "trafficPolicy.tls.mode", mode, get)
     ctx = tls_pb2.UpstreamTlsContext()
     assert cluster(after).transport_socket.typed_config.Unpack(ctx)
     common = ctx.common_tls_context

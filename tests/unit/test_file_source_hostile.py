@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Self
 
 import pytest
 
@@ -137,8 +138,8 @@ SECRET = "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7"
     "text",
     [
         f"apiVersion: v1\nkind: Secret\nmetadata: {{name: s}}\ndata:\n  tls.key: '{SECRET}\n",  # unterminated
-        f"apiVersion: v1\nkind: Secret\nmetadata: {{name: s}}\n"
-        f"data: {{tls.key: {SECRET}, tls.key: {SECRET}}}\n",
+        (f"apiVersion: v1\nkind: Secret\nmetadata: {{name: s}}\n"
+        f"data: {{tls.key: {SECRET}, tls.key: {SECRET}}}\n"),
         f"apiVersion: v1\nkind: Secret\nmetadata: {{name: s}}\ndata:\n  tls.key: {SECRET}\n bad: [\n",
         f"apiVersion: v1\nkind: Secret\nmetadata: {{name: s}}\ndata:\n  tls.key: *{SECRET}\n",
         f"apiVersion: v1\nkind: Secret\nmetadata: {{name: s}}\ndata:\n  tls.key: !{SECRET} x\n",
@@ -310,7 +311,7 @@ class LoopLag:
             await asyncio.sleep(0.01)
             self.samples.append(time.perf_counter() - t - 0.01)
 
-    def __enter__(self) -> LoopLag:
+    def __enter__(self) -> Self:
         self._task = asyncio.create_task(self._run())
         return self
 
@@ -346,7 +347,7 @@ class ControlLag(LoopLag):
     (on a shared 2-core machine an idle loop is sometimes late by 50-500 ms). Assertions allow
     the control's lag on top of their bound, so they fail for our stalls, not the neighbours'."""
 
-    def __enter__(self) -> ControlLag:
+    def __enter__(self) -> Self:
         self._proc = subprocess.Popen([sys.executable, "-c", _CONTROL], stdout=subprocess.PIPE, text=True)
         return self
 

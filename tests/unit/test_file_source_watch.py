@@ -8,6 +8,7 @@ import asyncio
 import os
 import shutil
 from pathlib import Path
+from typing import Self
 
 import pytest
 
@@ -27,7 +28,7 @@ class Watching:
         self.src = src
         self.stop = asyncio.Event()
 
-    async def __aenter__(self) -> Watching:
+    async def __aenter__(self) -> Self:
         self.task = asyncio.create_task(self.src.watch(self.stop))
         await wait_for(lambda: self.src.watch_status()[0], timeout=10, message="watcher running")
         return self

@@ -113,8 +113,8 @@ def listeners(result, name: str = "web") -> dict:
      "spec.rules[0].filters[0].externalAuth: externalAuth is not supported"),
     (route("r", "rules: [{sessionPersistence: {type: Cookie}}]", kind="GRPCRoute"),
      "spec.rules[0].sessionPersistence: sessionPersistence is not supported"),
-    (f"apiVersion: {API}/v1\nkind: GatewayClass\nmetadata: {{name: c}}\nspec: {{controllerName: x, "
-     "parametersRef: {group: '', kind: ConfigMap, name: p}}\n",
+    ((f"apiVersion: {API}/v1\nkind: GatewayClass\nmetadata: {{name: c}}\nspec: {{controllerName: x, "
+     "parametersRef: {group: '', kind: ConfigMap, name: p}}\n"),
      "spec.parametersRef: parametersRef is not supported"),
 ])
 def test_invalid_objects_are_rejected_with_the_reason(doc: str, reason: str):

@@ -16,9 +16,9 @@ from envoy.extensions.transport_sockets.tls.v3 import secret_pb2, tls_pb2
 
 from pilot.config.validation import parse_object
 from pilot.features import Features
+from pilot.model import credentials
 from pilot.model.events import push_request_for
 from pilot.model.proxy import Proxy, parse_node_id
-from pilot.model import credentials
 from pilot.xds.connection import Connection
 from pilot.xds.discovery import GENERATORS, DiscoveryServer
 from pilot.xds.generated import GenerationMemo

@@ -20,7 +20,7 @@ def test_services_clusters_without_endpoints_and_tcp_port_conflicts():
     world.apply(service("web"), endpoint_slice("web-1", "web"), service("db", cluster_ip=None, ports=tcp),
                 service("cache", cluster_ip=None, ports=tcp),
                 service("queue", cluster_ip="10.96.0.30", ports=tcp))
-    server, collector = _server(world)
+    _srv, collector = _server(world)
     v = collector.values()
     assert v["pilot_services"] == 4
     assert v["pilot_eds_no_instances"] == 3  # db, cache, queue

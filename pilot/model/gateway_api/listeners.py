@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pilot.model.credentials import CERT_KEYS
 from pilot.config.gateway_api import GROUP
+from pilot.model.credentials import CERT_KEYS
 from pilot.model.gateway_api.conditions import condition, sorted_conditions
 from pilot.model.gateway_api.references import ReferenceGrants
 from pilot.model.store import Entry

@@ -84,7 +84,7 @@ class Informer:
                 else:
                     log.warning("list/watch failed", kind=self.kind.kind, status=e.status, reason=e.reason)
                 await asyncio.sleep(backoff.next())
-            except Exception as e:  # connection refused, reset, timeouts, bad JSON
+            except Exception as e:  # noqa: BLE001 - connection refused, reset, timeouts, bad JSON
                 log.warning("list/watch failed", kind=self.kind.kind, error=f"{type(e).__name__}: {e}")
                 await asyncio.sleep(backoff.next())
 

@@ -106,7 +106,7 @@ class LeaderElection:
                 log.debug("lease read failed", error=str(e))
                 return False
             lease = None
-        except Exception as e:  # the apiserver is away: keep leading only within renew_deadline
+        except Exception as e:  # noqa: BLE001 - the apiserver is away: keep leading only within renew_deadline
             log.debug("lease read failed", error=str(e))
             return False
         spec_now = {"holderIdentity": self.identity, "leaseDurationSeconds": int(self.lease_duration),
@@ -137,7 +137,7 @@ class LeaderElection:
             if e.status != 409:
                 log.debug("lease write failed", error=str(e))
             return False
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any failure here is retried or reported, never fatal
             log.debug("lease write failed", error=str(e))
             return False
 
@@ -150,6 +150,6 @@ class LeaderElection:
         try:
             await self.kube.request("PUT", f"{self._path}/{self.name}", body=lease, timeout=5)
             log.info("released leadership", lease=self.name)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any failure here is retried or reported, never fatal
             log.warning("could not release the lease", error=str(e))
         await self._lose()

@@ -70,7 +70,7 @@ class RootCertWriter(LeaderWorker):
             for ns in sorted(batch):
                 try:
                     await self._reconcile(ns)
-                except Exception as e:  # retried on the next change or leadership; never fatal
+                except Exception as e:  # noqa: BLE001 - retried on the next change or leadership; never fatal
                     log.warning("could not write the root cert ConfigMap", namespace=ns, error=str(e))
                     self._dirty.add(ns)
             if self._dirty:

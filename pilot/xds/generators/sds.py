@@ -29,10 +29,10 @@ from __future__ import annotations
 from functools import lru_cache
 
 from pilot import logging as plog
+from pilot.model.credentials import CredentialError
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
 from pilot.model.store import Entry
-from pilot.model.credentials import CredentialError
 from pilot.networking.gateway import CA_SUFFIX, SDS_PREFIX, tls_certificate_secret, validation_context_secret
 from pilot.xds.cache import CachedResource, XdsCache
 from pilot.xds.typeurls import SECRET

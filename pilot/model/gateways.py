@@ -357,22 +357,17 @@ class GatewayIndex:
     def certificate(self, entry: Entry) -> CertificateAndKey | CredentialError:
         """The Secret's chain and key, checked; parsed once per push and dropped with this index
         (so with the Secret): private keys are held no longer than they are served."""
-        key = ("certificate", entry.key)
-        hit = self._memo.get(key)
-        if hit is None or hit[0] is not entry:
-            try:
-                value: CertificateAndKey | CredentialError = certificate_and_key(entry.obj.reveal())  # type: ignore[attr-defined]
-            except CredentialError as e:
-                value = e
-            hit = self._memo[key] = (entry, value)
-        return hit[1]
+        return self._credential("certificate", entry, certificate_and_key)
 
     def ca_certificates(self, entry: Entry) -> bytes | CredentialError:
-        key = ("ca", entry.key)
+        return self._credential("ca", entry, ca_bundle)
+
+    def _credential(self, what: str, entry: Entry, parse):
+        key = (what, entry.key)
         hit = self._memo.get(key)
         if hit is None or hit[0] is not entry:
             try:
-                value: bytes | CredentialError = ca_bundle(entry.obj.reveal())  # type: ignore[attr-defined]
+                value = parse(entry.obj.reveal())  # type: ignore[attr-defined]
             except CredentialError as e:
                 value = e
             hit = self._memo[key] = (entry, value)

@@ -99,7 +99,7 @@ def route_configs(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | No
         vss = tuple(dict.fromkeys(s.virtual_service for s in sources))
         hosts = gateway.referenced_hosts(vss, ctx.domain)
         services = tuple(svc for h in sorted(hosts) if (svc := ctx.service(h)) is not None)
-        hashes = _hash_policies(ctx, proxy.namespace, hosts, proxy.labels)
+        hashes = hash_policies(ctx, proxy.namespace, hosts, proxy.labels)
         origins = tuple(dict.fromkeys([ref.origin for ref in rv.servers] + [o for v in vss for o in config_origins(v)]))
         # sourceLabels/sourceNamespace matches test the router itself, as in istiod: only the
         # labels they ask about are inputs, so routers that agree on them share bytes.
@@ -112,9 +112,10 @@ def route_configs(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | No
     return out
 
 
-def _hash_policies(ctx: PushContext, namespace: str, hosts: set[str], labels) -> tuple:
-    """(cluster, hash key) for the destinations whose DestinationRule, as this gateway sees it,
-    asks for consistent hashing (the key must be on the route for RING_HASH/MAGLEV to work)."""
+def hash_policies(ctx: PushContext, namespace: str, hosts, labels) -> tuple:
+    """(cluster, hash key) for the destinations among `hosts` whose DestinationRule, as this
+    client sees it, asks for consistent hashing (the key must be on the route for RING_HASH/MAGLEV
+    to work; the subset's and the port's policy merged in, as for the cluster)."""
     out = []
     for host in sorted(hosts):
         svc = ctx.service(host)

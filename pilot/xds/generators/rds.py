@@ -52,14 +52,5 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
 
 
 def _hash_policies(ctx: PushContext, namespace: str, labels) -> tuple:
-    """(cluster, hash key) for every cluster whose DestinationRule, as this client sees it, asks
-    for consistent hashing (the subset's and the port's policy merged in, as for the cluster)."""
-    out = []
-    for host in ctx.destination_rules():  # (a wildcard host's rule adds no hash policy yet)
-        svc = ctx.service(host)
-        if svc is None:
-            continue
-        dr = ctx.destination_rule(host, namespace, svc.namespace, labels)
-        if dr is not None:
-            out.extend(routes.consistent_hash_keys(dr.obj.spec, host, tuple(p.port for p in svc.ports)))
-    return tuple(sorted(out))
+    """Every host a DestinationRule names (a wildcard host's rule adds no hash policy yet)."""
+    return tuple(sorted(gateway.hash_policies(ctx, namespace, ctx.destination_rules(), labels)))

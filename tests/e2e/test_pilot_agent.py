@@ -23,6 +23,7 @@ from tests.support.wait import wait_for
 from tests.unit.test_authn import Issuer
 
 pytestmark = pytest.mark.timeout(90)
+ENVOY_XDS_MAX_BACKOFF_S = 30  # Envoy's default cap on gRPC xDS stream retries
 
 TRUST_DOMAIN = "example.org"
 MESH = f"trustDomain: {TRUST_DOMAIN}\n"
@@ -101,6 +102,7 @@ async def test_envoy_gets_its_certificate_and_config_over_15012(tmp_path, issuer
             assert md["WORKLOAD_NAME"] == "cart" and md["ISTIO_VERSION"]
 
 
+@pytest.mark.timeout(150)
 async def test_short_lived_certificates_rotate_without_restarting_envoy(tmp_path, issuer):
     # A fixed secure port, so Envoy's bootstrap still points at the control plane after its restart.
     cp = ControlPlane(tmp_path, secure_grpc=True, mesh_config=MESH,
@@ -133,7 +135,9 @@ async def test_short_lived_certificates_rotate_without_restarting_envoy(tmp_path
             # Envoy reconnected to the restarted control plane over TLS with a renewed certificate
             # (the first one has expired by now) and is in sync again.
             assert first.not_valid_after_utc < dt.datetime.now(dt.UTC)
-            await cp.wait_synced(NODE_ID, types=("cluster", "listener"), timeout=20)
+            # Envoy's ADS reconnect backoff grows to 30 s (jittered) while the control plane is
+            # away and its certificate has expired: the reconnect may take that long.
+            await cp.wait_synced(NODE_ID, types=("cluster", "listener"), timeout=ENVOY_XDS_MAX_BACKOFF_S + 15)
             leaf = verify(await held_chain(a), cp.root_cert())
             assert uris(leaf) == [SPIFFE]
             assert a.envoy_pid() == pid, "Envoy was restarted"

@@ -41,11 +41,16 @@ class ControlPlane:
         self.log_path = self.workdir / "pilot.log"
 
     # --- lifecycle ----------------------------------------------------------------------------
-    async def start(self, timeout: float = 20.0) -> Self:
+    # A control plane that fails to start exits, which ends the wait at once (StopWaiting below);
+    # one still running is importing and loading on a loaded machine (15-40 s seen at load 20 on
+    # two cores), so this only bounds a hang.
+    START_TIMEOUT = 60.0
+
+    async def start(self, timeout: float = START_TIMEOUT) -> Self:
         """Start and wait until xDS is served."""
         return await self._start("grpc", timeout)
 
-    async def start_process_only(self, timeout: float = 20.0) -> Self:
+    async def start_process_only(self, timeout: float = START_TIMEOUT) -> Self:
         """Start and wait only until the HTTP endpoints listen (e.g. to watch /ready turn 200)."""
         return await self._start("http", timeout)
 

@@ -19,7 +19,8 @@ As istiod's SecretGen for credentialName:
   and a logged reason, once per Secret revision; it never fails the push. Parsed material lives
   in the PushContext's gateway index (pilot.model.gateways), so no private key outlives the
   push that served it or the Secret it came from.
-Secret changes are full pushes (model/events.py); the resource version is the content hash,
+A Secret change reaches the proxies whose SDS answer read it (recorded, pilot/model/dependencies.py,
+through PushContext.gateway_secret); the resource version is the content hash,
 so a rotated Secret reaches Envoy as a new version of the same name and Envoy swaps the
 certificate without touching the listener.
 """

@@ -52,6 +52,7 @@ from pilot.sources.kube.client import Kube, in_cluster, load_api_client
 from pilot.sources.kube.leader import LeaderElection
 from pilot.sources.kube.source import KubeSource
 from pilot.sources.kube.status_writer import StatusWriter
+from pilot.sources.kube.tags import TagWatcher
 from pilot.sources.kube.writers import RootCertWriter
 from pilot.status.view import GatewayStatusView
 from pilot.webhook.ca_bundle import MUTATING_PATH, CABundleWriter, injector_config_name
@@ -100,7 +101,8 @@ class ControlPlane:
         if features.unknown_env:
             log.warning("environment variables no knob of this control plane reads are ignored",
                         names=list(features.unknown_env))
-        self.mesh = MeshHolder(load_mesh_file(opts.mesh_config), features.pod_namespace)
+        self.mesh = MeshHolder(load_mesh_file(opts.mesh_config), features.pod_namespace,
+                               revision=features.revision)
         self.discovery = DiscoveryServer(self.store, self.mesh, features, opts.domain)
         self.discovery.metrics.registry.register(StateCollector(self.discovery))  # pilot_services, ...
         self.jwks = JwksResolver(self.store, self._jwks_changed, refresh_interval=features.jwt_pub_key_refresh_interval)
@@ -123,6 +125,7 @@ class ControlPlane:
         self.webhook: WebhookServer | None = None
         self.ca_bundle_writer: CABundleWriter | None = None
         self.injector_bundle_writer: CABundleWriter | None = None
+        self.tag_watcher: TagWatcher | None = None
         try:
             self.jwt_rules = authn.parse_jwt_rules(features.jwt_rule)
         except authn.JwtRuleError as e:
@@ -170,6 +173,7 @@ class ControlPlane:
         self._write_ports()
         if self.kube_source is not None:
             await self.kube_source.wait_synced()
+            await self.tag_watcher.wait_synced()
         await self._start_ca()  # after the sync: the mesh's trust domain may come from the ConfigMap
         await self._start_webhook()
         self._write_ports()
@@ -201,8 +205,11 @@ class ControlPlane:
     async def _start_kube(self) -> None:
         self.kube = Kube(await load_api_client(self.opts.kubeconfig, identity=self.identity))
         self.kube_source = KubeSource(self.kube, self.store, self.mesh.configmap_key,
-                                      selectors_of=lambda: self.mesh.peek(self.store).discovery_selectors)
+                                      selectors_of=lambda: self.mesh.peek(self.store).discovery_selectors,
+                                      revision=self.features.revision)
         self.kube_source.start()
+        self.tag_watcher = TagWatcher(self.kube, self.features.revision)
+        self.tag_watcher.start()
         # Credentials go to proven proxies whose service account RBAC lets read Secrets (istiod's rule).
         self.discovery.credential_access = SecretAccess(self.kube).refusal
 
@@ -303,10 +310,21 @@ class ControlPlane:
         holder = InjectorConfigHolder()
         follow_configmap(self.store, holder, namespace=self.features.pod_namespace, revision=self.features.revision)
         ctx = InjectionContext.from_env(
-            holder, namespace_labels(self.store),
-            mesh=lambda: self.mesh.current.model_dump(mode="json", by_alias=True, exclude_none=True),
+            holder, namespace_labels(self.store), mesh=self._mesh_for_injection,
             metrics=InjectionMetrics(self.discovery.metrics.registry))
+        if self.tag_watcher is not None:
+            ctx.tags = self.tag_watcher.current
         return lambda app: add_inject_routes(app, ctx)
+
+    def _mesh_for_injection(self) -> dict:
+        """The MeshConfig as the template reads it. A discoveryAddress nobody wrote is left out,
+        so the injector's own default applies: this revision's Service (istiod-REV), the one
+        the injected proxy must reach to be served by the revision that injected it."""
+        mesh = self.mesh.current
+        out = mesh.model_dump(mode="json", by_alias=True, exclude_none=True)
+        if "discovery_address" not in mesh.default_config.model_fields_set:
+            out.get("defaultConfig", {}).pop("discoveryAddress", None)
+        return out
 
     def _leader_workers(self) -> list:
         return [w for w in (self.root_cert_writer, self.ca_bundle_writer, self.injector_bundle_writer,
@@ -420,6 +438,8 @@ class ControlPlane:
             await w.stop()
         if self.kube_source is not None:
             await self.kube_source.stop()
+        if self.tag_watcher is not None:
+            await self.tag_watcher.stop()
         servers = ([self.secure.stop(grace=1.0)] if self.secure is not None else []) + \
             ([self._grpc.stop(grace=1.0)] if self._grpc is not None else [])
         await asyncio.gather(*servers)

@@ -3,6 +3,7 @@
     pilotctl proxy-status
     pilotctl proxy-config clusters|listeners|routes|endpoints|secrets PROXY [-o json|yaml]
     pilotctl explain PROXY TYPE NAME
+    pilotctl tag set|generate|list|remove ...   (pilot/tagctl.py; reads the cluster, not the debug port)
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import urllib.parse
 import urllib.request
 
 import yaml
+
+from pilot import tagctl
 
 TYPES = {"clusters": "type.googleapis.com/envoy.config.cluster.v3.Cluster",
          "listeners": "type.googleapis.com/envoy.config.listener.v3.Listener",
@@ -221,11 +224,14 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("proxy")
     ex.add_argument("type", help="clusters|listeners|routes|endpoints (or cds, lds, rds, eds)")
     ex.add_argument("name")
+    tagctl.add_parser(sub)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "tag":
+        return tagctl.main(args)
     try:
         if args.command in ("proxy-status", "ps"):
             out = proxy_status(args.addr)

@@ -19,13 +19,15 @@ from pilot import features as feat
 from pilot import logging as plog
 from pilot.cli import Options
 from pilot.config.mesh import MeshConfig, MeshConfigError, parse_mesh_config
+from pilot.gateway_deploy.controller import DeploymentController
+from pilot.gateway_deploy.render import Inputs as GatewayInputs
 from pilot.http.debug_xds import http_view
 from pilot.http.server import build_app
 from pilot.inject.config import InjectorConfigHolder
 from pilot.inject.handler import add_routes as add_inject_routes
 from pilot.inject.metrics import InjectionMetrics
 from pilot.inject.review import InjectionContext
-from pilot.inject.store import follow_configmap, namespace_labels
+from pilot.inject.store import configmap_name, follow_configmap, namespace_labels
 from pilot.loop_lag import lag_metrics, sample_lag
 from pilot.model import push_request as push_reasons
 from pilot.model.mesh import MeshHolder
@@ -126,6 +128,8 @@ class ControlPlane:
         self.ca_bundle_writer: CABundleWriter | None = None
         self.injector_bundle_writer: CABundleWriter | None = None
         self.tag_watcher: TagWatcher | None = None
+        self.injector_config: InjectorConfigHolder | None = None
+        self.gateway_deployer: DeploymentController | None = None
         try:
             self.jwt_rules = authn.parse_jwt_rules(features.jwt_rule)
         except authn.JwtRuleError as e:
@@ -307,7 +311,7 @@ class ControlPlane:
     def _injector(self) -> Callable[[web.Application], None]:
         """The sidecar injector (/inject on the webhook port): its template and values from the
         `istio-sidecar-injector[-REV]` ConfigMap as it changes, Namespace labels from the Store."""
-        holder = InjectorConfigHolder()
+        holder = self.injector_config = InjectorConfigHolder()
         follow_configmap(self.store, holder, namespace=self.features.pod_namespace, revision=self.features.revision)
         ctx = InjectionContext.from_env(
             holder, namespace_labels(self.store), mesh=self._mesh_for_injection,
@@ -326,9 +330,13 @@ class ControlPlane:
             out.get("defaultConfig", {}).pop("discoveryAddress", None)
         return out
 
+    def _gateway_inputs(self) -> GatewayInputs:
+        values = self.injector_config.current.values if self.injector_config is not None else {}
+        return GatewayInputs(revision=self.features.revision, values=values, mesh=self._mesh_for_injection())
+
     def _leader_workers(self) -> list:
         return [w for w in (self.root_cert_writer, self.ca_bundle_writer, self.injector_bundle_writer,
-                            self.status_writer) if w is not None]
+                            self.status_writer, self.gateway_deployer) if w is not None]
 
     def _start_leader_election(self) -> None:
         if self.ca is not None:
@@ -340,6 +348,12 @@ class ControlPlane:
                 path=MUTATING_PATH, name=injector_config_name(self.features.revision), failure_policy=False)
             self.ca_bundle_writer = CABundleWriter(self.kube, self.features.pod_namespace, self.features.revision,
                                                    self.ca.root_cert_pem)
+        if self.tag_watcher is not None:
+            self.gateway_deployer = DeploymentController(
+                self.kube, self.store, self.tag_watcher.current, self._gateway_inputs,
+                resync_keys=frozenset({self.mesh.configmap_key, ConfigKey(
+                    "ConfigMap", self.features.pod_namespace, configmap_name(self.features.revision))}))
+            self.tag_watcher.listeners.append(lambda _state: self.gateway_deployer.resync())
         source = self.kube_source
         status = self.status_writer = StatusWriter(self.kube, source.latest, source.objects_of)
         self.gateway_status.listeners.append(status.offer)

@@ -502,6 +502,29 @@ async def test_required_rules_cover_every_request_the_code_makes_and_nothing_mor
         await labels._watch(await labels._list())  # the watch ends at once (empty stream)
     calls += kube.calls
 
+    # The Gateway deployment controller: create the istio GatewayClass, then for a Gateway read
+    # each of its objects (absent) and apply it.
+    from pilot.gateway_deploy.controller import DeploymentController
+    from pilot.gateway_deploy.render import Inputs
+    from pilot.model.revisions import TagState
+
+    def deployments(method, path, body):
+        if method == "GET":
+            raise ApiError(404, "NotFound")
+        return body
+
+    store = Store()
+    store.apply(parse_object({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+                              "metadata": {"name": "gw", "namespace": "apps", "uid": "u-1"},
+                              "spec": {"gatewayClassName": "istio",
+                                       "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}]}}))
+    kube = RecordingKube(deployments)
+    deployer = DeploymentController(kube, store, lambda: TagState("default"), Inputs)
+    assert await deployer._create_class()
+    await deployer._reconcile(ConfigKey("KubernetesGateway", "apps", "gw"))
+    assert deployer.applies == 3
+    calls += kube.calls
+
     used = {_rbac_of(*c) for c in calls}
     denied = sorted(u for u in used if not _allowed(*u))
     assert denied == [], f"requests the code makes that required_rules() does not grant: {denied}"

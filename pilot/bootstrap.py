@@ -67,6 +67,8 @@ log = plog.get("bootstrap")
 
 # istiod's lease name for its namespace controller, which writes istio-ca-root-cert.
 LEADER_LEASE = "istio-namespace-controller-election"
+# Per revision, suffixed -REVISION: istiod's name for its gateway deployment controller's lease.
+REVISION_LEASE = "istio-gateway-deployment"
 
 
 def split_addr(addr: str, default_host: str = "0.0.0.0") -> tuple[str, int] | None:
@@ -119,7 +121,7 @@ class ControlPlane:
                       if opts.config_dir else None)
         self.kube: Kube | None = None
         self.kube_source: KubeSource | None = None
-        self.leader: LeaderElection | None = None
+        self.leaders: list[LeaderElection] = []
         self.root_cert_writer: RootCertWriter | None = None
         self.status_writer: StatusWriter | None = None
         self.ca: CertificateAuthority | None = None
@@ -335,8 +337,17 @@ class ControlPlane:
         return GatewayInputs(revision=self.features.revision, values=values, mesh=self._mesh_for_injection())
 
     def _leader_workers(self) -> list:
-        return [w for w in (self.root_cert_writer, self.ca_bundle_writer, self.injector_bundle_writer,
-                            self.status_writer, self.gateway_deployer) if w is not None]
+        return self._shared_workers() + self._revision_workers()
+
+    def _shared_workers(self) -> list:
+        """One leader among every revision (istiod's namespace controller lease)."""
+        return [w for w in (self.root_cert_writer, self.status_writer) if w is not None]
+
+    def _revision_workers(self) -> list:
+        """One leader per revision (a per-revision lease, as istiod's gateway deployment
+        controller): each revision keeps its own webhooks' caBundle and deploys its own Gateways."""
+        return [w for w in (self.ca_bundle_writer, self.injector_bundle_writer, self.gateway_deployer)
+                if w is not None]
 
     def _start_leader_election(self) -> None:
         if self.ca is not None:
@@ -358,8 +369,12 @@ class ControlPlane:
         status = self.status_writer = StatusWriter(self.kube, source.latest, source.objects_of)
         self.gateway_status.listeners.append(status.offer)
         status.offer(self.gateway_status.desired)
-        workers = self._leader_workers()
+        f = self.features
+        for lease, workers in ((LEADER_LEASE, self._shared_workers()),
+                               (f"{REVISION_LEASE}-{f.revision or 'default'}", self._revision_workers())):
+            self._elect(lease, workers)
 
+    def _elect(self, lease: str, workers: list) -> None:
         async def started() -> None:
             for w in workers:
                 await w.start()
@@ -369,13 +384,14 @@ class ControlPlane:
                 await w.stop()
 
         if not self.features.enable_leader_election:
-            self._tasks.append(asyncio.create_task(started(), name="always-leader"))
+            self._tasks.append(asyncio.create_task(started(), name=f"always-leader-{lease}"))
             return
         f = self.features
-        self.leader = LeaderElection(self.kube, f.pod_namespace, LEADER_LEASE, self.identity,
-                                     lease_duration=f.leader_lease_duration, renew_deadline=f.leader_renew_deadline,
-                                     retry_period=f.leader_retry_period, on_started=started, on_stopped=stopped)
-        self._tasks.append(asyncio.create_task(self.leader.run(), name="leader-election"))
+        election = LeaderElection(self.kube, f.pod_namespace, lease, self.identity,
+                                  lease_duration=f.leader_lease_duration, renew_deadline=f.leader_renew_deadline,
+                                  retry_period=f.leader_retry_period, on_started=started, on_stopped=stopped)
+        self.leaders.append(election)
+        self._tasks.append(asyncio.create_task(election.run(), name=f"leader-election-{lease}"))
 
     def _namespace_selected(self, namespace: str) -> bool:
         selectors = self.mesh.peek(self.store).discovery_selectors
@@ -436,8 +452,9 @@ class ControlPlane:
         spread over `duration` so proxies do not all reconnect to the other replicas at once."""
         self.draining = True
         await self.ads.drain(duration)
-        if self.leader is not None:
-            await self.leader.release()
+        if self.leaders:
+            for election in self.leaders:
+                await election.release()
         else:
             for w in self._leader_workers():
                 await w.stop()

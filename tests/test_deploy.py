@@ -711,3 +711,45 @@ def test_dockerignore_keeps_the_context_small_but_buildable():
     copied = {w for line in _dockerfile_stages()[1] if line.upper().startswith("COPY ") and "--from" not in line
               for w in line.split()[1:-1]}
     assert copied and not copied & patterns, f"the builder copies something .dockerignore excludes: {copied}"
+
+
+def test_a_revision_install_is_named_and_selected_as_istiods_chart_names_it(objects):
+    from pilot.config.mesh import parse_mesh_config
+    from pilot.deploy_revision import revision_objects
+    from pilot.features import Features
+    from pilot.model.revisions import labels_in_revision
+
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in revision_objects("canary")}
+    assert set(docs) == {
+        ("ServiceAccount", "istiod-canary"), ("ClusterRole", "istiod-canary-istio-system"),
+        ("ClusterRoleBinding", "istiod-canary-istio-system"), ("Role", "istiod-canary"),
+        ("RoleBinding", "istiod-canary"), ("ConfigMap", "istio-canary"),
+        ("ConfigMap", "istio-sidecar-injector-canary"), ("Deployment", "istiod-canary"),
+        ("Service", "istiod-canary"), ("PodDisruptionBudget", "istiod-canary"),
+        ("HorizontalPodAutoscaler", "istiod-canary"), ("MutatingWebhookConfiguration", "istio-sidecar-injector-canary"),
+        ("ValidatingWebhookConfiguration", "istio-validator-canary-istio-system")}
+    deployment, service = docs[("Deployment", "istiod-canary")], docs[("Service", "istiod-canary")]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    # The default revision's Service and Deployment do not select canary pods.
+    base_service = objects[("Service", "istiod")]
+    assert not base_service["spec"]["selector"].items() <= pod_labels.items()
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "istiod-canary"
+    (container,) = pod["containers"]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    assert Features.from_env(env).revision == "canary"
+    assert {"name": "config-volume", "configMap": {"name": "istio-canary", "optional": True}} in pod["volumes"]
+    mesh = parse_mesh_config(docs[("ConfigMap", "istio-canary")]["data"]["mesh"])
+    assert mesh.default_config.discovery_address == "istiod-canary.istio-system.svc:15012"
+    binding = docs[("ClusterRoleBinding", "istiod-canary-istio-system")]
+    assert binding["roleRef"]["name"] == "istiod-canary-istio-system"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "istiod-canary", "namespace": "istio-system"}]
+    for kind, name in (("MutatingWebhookConfiguration", "istio-sidecar-injector-canary"),
+                       ("ValidatingWebhookConfiguration", "istio-validator-canary-istio-system")):
+        assert {w["clientConfig"]["service"]["name"] for w in docs[(kind, name)]["webhooks"]} == {"istiod-canary"}
+    (validator,) = docs[("ValidatingWebhookConfiguration", "istio-validator-canary-istio-system")]["webhooks"]
+    selector = validator["objectSelector"]["matchExpressions"][0]
+    assert selector == {"key": "istio.io/rev", "operator": "In", "values": ["canary"]}
+    assert labels_in_revision({"istio.io/rev": "canary"}, "canary")

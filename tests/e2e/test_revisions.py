@@ -24,7 +24,7 @@ import aiohttp
 import yaml
 from kubernetes_asyncio import client as k8s
 
-from pilot.inject.deploy import mutating_webhook_configuration
+from pilot.deploy_revision import revision_objects
 from tests.fakes.apiserver import FakeApiServer
 from tests.support.admission import apply, container, deployment_pod, env, review_request
 from tests.support.control_plane import ControlPlane
@@ -34,6 +34,12 @@ NET = "networking.istio.io"
 REPO = Path(__file__).resolve().parents[2]
 MWC = "mutatingwebhookconfigurations.admissionregistration.k8s.io"
 VWC = "validatingwebhookconfigurations.admissionregistration.k8s.io"
+FAST_LEASES = {"PILOT_LEADER_LEASE_DURATION": "3s", "PILOT_LEADER_RENEW_DEADLINE": "2s",
+               "PILOT_LEADER_RETRY_PERIOD": "500ms"}
+
+
+def bundles(fake: FakeApiServer, resource: str, name: str) -> set[str]:
+    return {w.get("clientConfig", {}).get("caBundle", "") for w in fake.get(resource, name)["webhooks"]}
 
 
 def virtual_service(name: str, revision: str | None) -> dict:
@@ -100,7 +106,10 @@ async def test_each_revision_serves_its_namespaces_and_config_and_a_tag_moves_th
         fake.register_crd(NET, "v1", "virtualservices", "VirtualService")
         fake.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "istio-system"}})
         fake.create(yaml.safe_load((REPO / "deploy" / "mutatingwebhook.yaml").read_text()))
-        fake.create(mutating_webhook_configuration("canary"))
+        fake.create(yaml.safe_load((REPO / "deploy" / "webhook.yaml").read_text()))
+        for obj in revision_objects("canary"):  # what `python -m pilot.deploy_revision canary` applies
+            if obj["kind"] in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+                fake.create(obj)
         fake.create({"apiVersion": "v1", "kind": "Namespace",
                      "metadata": {"name": "shop", "labels": {"istio.io/rev": "canary"}}})
         fake.create({"apiVersion": "v1", "kind": "Namespace",
@@ -109,12 +118,26 @@ async def test_each_revision_serves_its_namespaces_and_config_and_a_tag_moves_th
             fake.create(virtual_service(name, rev))
         kubeconfig = str(fake.write_kubeconfig(tmp_path / "kubeconfig"))
         planes = {rev: ControlPlane(tmp_path, kubeconfig=kubeconfig, name=f"istiod-{rev}",
-                                    env={"REVISION": rev, "ENABLE_LEADER_ELECTION": "false"})
+                                    env={"REVISION": rev, "POD_NAME": f"istiod-{rev}-1", **FAST_LEASES})
                   for rev in ("default", "canary")}
+        for rev, cp in planes.items():  # the Services istiod and istiod-canary, port 443 -> 15017
+            fake.webhook_services[("istio-system", "istiod" + ("" if rev == "default" else f"-{rev}"), 443)] = \
+                lambda cp=cp: ("127.0.0.1", cp.https_port) if cp.ports.get("https") else None
         async with planes["default"] as default, planes["canary"] as canary, fake.api_client() as api_client:
             core = k8s.CoreV1Api(api_client)
             inject_default = Injector(default, fake, "istiod")
             inject_canary = Injector(canary, fake, "istiod-canary")
+
+            # Each revision's leader keeps its own webhook configurations pointing at the CA.
+            root = fake.get("secrets", "istio-ca-secret", namespace="istio-system")["data"]["ca-cert.pem"]
+            for resource, name in ((MWC, "istio-sidecar-injector"), (MWC, "istio-sidecar-injector-canary"),
+                                   (VWC, "istio-validator-istio-system"),
+                                   (VWC, "istio-validator-canary-istio-system")):
+                await wait_for(lambda r=resource, n=name: bundles(fake, r, n) == {root}, timeout=30,
+                               message=f"{name} caBundle\n{canary.log_tail()}")
+            leases = {fake.get("leases.coordination.k8s.io", f"istio-gateway-deployment-{rev}",
+                               namespace="istio-system")["spec"]["holderIdentity"] for rev in ("default", "canary")}
+            assert leases == {"istiod-default-1", "istiod-canary-1"}
 
             # Config: the revision's own objects and the global ones, never the other revision's.
             assert await configz_names(default) == {"vs-default", "vs-global"}

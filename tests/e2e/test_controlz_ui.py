@@ -151,12 +151,32 @@ def _ads_debug_lines(cp: ControlPlane) -> int:
 
 
 async def test_scope_endpoint_refuses_bad_input_and_other_sites(tmp_path):
-    """What a script or another page gets: a clear refusal, nothing changed."""
+    """What a script or another page gets: a clear refusal, nothing changed. And what the page's
+    data shows of the environment: no credential."""
     import aiohttp
 
-    async with ControlPlane(tmp_path) as cp:
+    secret = "s3cr3t-not-to-be-shown"
+    env = {"MY_API_TOKEN": secret, "UPSTREAM_URL": f"https://user:{secret}@example.test/x",
+           "PILOT_NOT_A_KNOB": "1", "PILOT_PUSH_THROTTLE": "50"}
+    async with ControlPlane(tmp_path, env=env) as cp:
         base = f"http://127.0.0.1:{cp.ports['http']}/debug/scopes"
+        status, body = await cp.get("/debug/controlz")
+        assert status == 200 and secret not in body
+        rows = {e["name"]: e for e in json.loads(body)["env"]}
+        assert rows["MY_API_TOKEN"] == {"name": "MY_API_TOKEN", "value": f"<redacted: {len(secret)} chars>",
+                                        "redacted": True}
+        assert rows["UPSTREAM_URL"]["value"] == "https://user:***@example.test/x"
+        assert rows["PILOT_NOT_A_KNOB"]["unknown"] is True
+        assert rows["PILOT_PUSH_THROTTLE"]["value"] == "50" and rows["PILOT_PUSH_THROTTLE"]["knob"]
         async with aiohttp.ClientSession() as s:
+            # The index: a page of links for a browser, a described list for a program.
+            async with s.get(f"http://127.0.0.1:{cp.ports['http']}/debug", headers={"Accept": "text/html"}) as r:
+                page = await r.text()
+                assert r.content_type == "text/html" and '<a href="/debug/ui">' in page
+            listed = {e["path"]: e for e in (await cp.debug("/debug"))["endpoints"]}
+            assert "ControlZ" in listed["/debug/ui"]["description"]
+            assert listed["/debug/scopes"]["methods"] == ["GET"]
+            assert "ui" in await cp.debug("/debug/list")
             cases = [
                 ("ads", {"json": {"output_level": "loud"}}, 400, "unknown log level"),
                 ("nope", {"json": {"output_level": "debug"}}, 404, "unknown log scope"),

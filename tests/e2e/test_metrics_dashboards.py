@@ -244,6 +244,17 @@ async def test_dashboards_read_only_exported_metrics_and_state_gauges_follow_sta
         ):
             assert any(needed in metric_names(q) for q in ours), needed
 
+        # Every istiod name the operators' issue listed as missing, by its exact name.
+        for name in ("process_resident_memory_bytes", "process_cpu_seconds_total", "istio_build",
+                     "pilot_total_xds_internal_errors", "pilot_xds_expired_nonce", "pilot_xds_send_time",
+                     "pilot_xds_write_timeout", "pilot_services", "pilot_virt_services", "pilot_k8s_reg_events",
+                     "pilot_eds_no_instances", "pilot_conflict_inbound_listener",
+                     "pilot_conflict_outbound_listener_tcp_over_current_tcp", "pilot_info",
+                     "galley_validation_passed", "galley_validation_failed", "sidecar_injection_requests_total",
+                     "sidecar_injection_success_total", "sidecar_injection_failure_total",
+                     "sidecar_injection_skip_total", "citadel_server_csr_sign_err_count"):
+            assert name in names, name
+
         # Values are the state's, not constants.
         build = version.build_info()
         assert sample(text, f'istio_build{{component="pilot",tag="{build["tag"]}"}}') == 1.0

@@ -139,7 +139,7 @@ def sync_state(w: WatchedResource | None) -> str:
 
 def _proxy(conn: Connection) -> dict:
     p = conn.proxy
-    types = {}
+    types: dict[str, dict] = {}
     for type_url, w in sorted(conn.watched.items()):
         types[typeurls.SHORT.get(type_url, type_url)] = {
             "state": sync_state(w), "version_acked": w.version_acked or None, "resources": len(w.sent)}

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.mesh_config import endpoint_slice_yaml, service_yaml
+from tests.e2e.test_ads_protocol import CDS, Sotw
 from tests.support.browser import chromium
 from tests.support.control_plane import ControlPlane
 from tests.support.envoy import Envoy
@@ -23,6 +24,7 @@ from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.timeout(180)
 NODE = sidecar_node_id("ui-1")
+NACKER = "sidecar~10.0.0.9~nacker-1.default~default.svc.cluster.local"
 # Chromium starts in seconds when idle; a loaded two-core machine has been seen to need far more.
 PAGE_DEADLINE = 60.0
 
@@ -79,6 +81,11 @@ async def test_controlz_page_shows_the_proxy_and_changes_a_log_level(tmp_path):
             await envoy.wait_ready()
             await cp.wait_synced(NODE)
             assert (await _scopes(cp))["ads"]["output_level"] == "info"
+            # A second client that rejects its clusters: the page must show who and why.
+            nacker = Sotw(cp.xds_port, NACKER)
+            await nacker.request(CDS)
+            cds = await nacker.read()
+            await nacker.request(CDS, nonce=cds.nonce, error="cluster web: bogus setting (from the test)")
             url = f"http://127.0.0.1:{cp.ports['http']}/debug/ui"
 
             with chromium(tmp_path) as driver:
@@ -91,9 +98,15 @@ async def test_controlz_page_shows_the_proxy_and_changes_a_log_level(tmp_path):
                     wait.until(lambda _d: "SYNCED" in row.text)  # the page's own refresh, with a deadline
                     rejected = driver.find_element(By.ID, "rejected-table").text
                     plot = driver.find_element(By.ID, "push-svg")
-                    return row.text, rejected, plot.get_attribute("innerHTML")
+                    nacks = wait.until(ec.presence_of_element_located((By.ID, "nack-table"))).text
+                    nacker_row = driver.find_element(By.CSS_SELECTOR, f'td[data-proxy="{NACKER}"]').find_element(
+                        By.XPATH, "./..").text
+                    return row.text, rejected, plot.get_attribute("innerHTML"), nacks, nacker_row
 
-                row, rejected, plot = await asyncio.to_thread(load)
+                row, rejected, plot, nacks, nacker_row = await asyncio.to_thread(load)
+                assert "bogus setting (from the test)" in nacks and NACKER in nacks and "cds" in nacks
+                assert "Service/default/web" in nacks  # the config object behind the rejected cluster
+                assert "NACKED" in nacker_row
                 assert "ui-1.default" in row and "sidecar" in row
                 assert "VirtualService" in rejected and "misspelt" in rejected and "timout" in rejected
                 assert "stage-debounce" in plot and "stage-context_build" in plot  # bars of real pushes
@@ -124,8 +137,9 @@ async def test_controlz_page_shows_the_proxy_and_changes_a_log_level(tmp_path):
                         rows = d.find_elements(By.CSS_SELECTOR, "#push-table tbody tr")
                         if not rows or "Service/default/other" not in rows[0].text:
                             return None
-                        proxies, responses, acks, nacks = rows[0].text.split()[-6:-2]
-                        return rows[0] if proxies == "1" and acks == responses != "0" and nacks == "0" else None
+                        # Both clients are pushed; the Envoy ACKs, the other client never answers again.
+                        proxies, responses, acks, nacks = (int(n) for n in rows[0].text.split()[-6:-2])
+                        return rows[0] if proxies == 2 and 1 <= acks < responses and nacks == 0 else None
 
                     newest = wait.until(newest_push)
                     # The proxy table is at the top of the page: inside the captured viewport.
@@ -142,6 +156,7 @@ async def test_controlz_page_shows_the_proxy_and_changes_a_log_level(tmp_path):
                 assert width >= 1000 and height >= 800, (width, height)
                 assert distinct_rows >= 150, f"the screenshot looks blank: {distinct_rows} distinct rows"
         finally:
+            await nacker.close()
             await envoy.stop()
 
 

@@ -28,6 +28,22 @@ NACKER = "sidecar~10.0.0.9~nacker-1.default~default.svc.cluster.local"
 # Chromium starts in seconds when idle; a loaded two-core machine has been seen to need far more.
 PAGE_DEADLINE = 60.0
 
+# What the test reads of the page, in one run of a script on the page's thread.
+SNAPSHOT = """
+const text = (sel) => { const e = document.querySelector(sel); return e ? e.innerText : null; };
+const cell = (id) => document.querySelector('td[data-proxy="' + id + '"]');
+const row = (id) => cell(id) ? cell(id).parentElement.innerText : null;
+const plot = document.getElementById("push-svg");
+const level = document.getElementById("level-ads");
+const status = document.getElementById("scope-status");
+return {proxy: row(arguments[0]), nacker: row(arguments[1]), rejected: text("#rejected-table"),
+        nacks: text("#nack-table"), plot: plot ? plot.innerHTML : null, ads_level: level ? level.value : null,
+        scope_changed: status.getAttribute("data-changed"), scope_status: status.innerText,
+        newest_push: text("#push-table tbody tr"),
+        proxy_bottom: cell(arguments[0]) ? cell(arguments[0]).getBoundingClientRect().bottom : null,
+        viewport: window.innerHeight};
+"""
+
 BAD_VS = textwrap.dedent("""\
     apiVersion: networking.istio.io/v1
     kind: VirtualService
@@ -67,8 +83,8 @@ async def _scopes(cp: ControlPlane) -> dict[str, dict]:
 
 
 async def test_controlz_page_shows_the_proxy_and_changes_a_log_level(tmp_path):
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
     cp = ControlPlane(tmp_path)
@@ -89,35 +105,38 @@ async def test_controlz_page_shows_the_proxy_and_changes_a_log_level(tmp_path):
             url = f"http://127.0.0.1:{cp.ports['http']}/debug/ui"
 
             with chromium(tmp_path) as driver:
-                wait = WebDriverWait(driver, PAGE_DEADLINE)
+                # The page re-renders itself every few seconds, so an element found a moment ago
+                # may be gone: state is read in one script run (atomic on the page's thread).
+                wait = WebDriverWait(driver, PAGE_DEADLINE, ignored_exceptions=(StaleElementReferenceException,))
 
-                def load() -> tuple[str, str, str]:
+                def page() -> dict:
+                    return driver.execute_script(SNAPSHOT, NODE, NACKER)
+
+                def until(ok) -> dict:
+                    return wait.until(lambda _d: (snap := page()) and ok(snap) and snap)
+
+                def load() -> dict:
                     driver.get(url)
-                    cell = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, f'td[data-proxy="{NODE}"]')))
-                    row = cell.find_element(By.XPATH, "./..")
-                    wait.until(lambda _d: "SYNCED" in row.text)  # the page's own refresh, with a deadline
-                    rejected = driver.find_element(By.ID, "rejected-table").text
-                    plot = driver.find_element(By.ID, "push-svg")
-                    nacks = wait.until(ec.presence_of_element_located((By.ID, "nack-table"))).text
-                    nacker_row = driver.find_element(By.CSS_SELECTOR, f'td[data-proxy="{NACKER}"]').find_element(
-                        By.XPATH, "./..").text
-                    return row.text, rejected, plot.get_attribute("innerHTML"), nacks, nacker_row
+                    # The first render, then until the NACK shows (the page's own refresh, with a deadline).
+                    return until(lambda s: "SYNCED" in (s["proxy"] or "") and s["nacks"])
 
-                row, rejected, plot, nacks, nacker_row = await asyncio.to_thread(load)
-                assert "bogus setting (from the test)" in nacks and NACKER in nacks and "cds" in nacks
-                assert "Service/default/web" in nacks  # the config object behind the rejected cluster
-                assert "NACKED" in nacker_row
-                assert "ui-1.default" in row and "sidecar" in row
+                snap = await asyncio.to_thread(load)
+                assert "ui-1.default" in snap["proxy"] and "sidecar" in snap["proxy"]
+                assert "NACKED" in snap["nacker"]
+                assert "bogus setting (from the test)" in snap["nacks"] and NACKER in snap["nacks"]
+                assert "cds" in snap["nacks"] and "Service/default/web" in snap["nacks"]  # the config behind it
+                rejected = snap["rejected"]
                 assert "VirtualService" in rejected and "misspelt" in rejected and "timout" in rejected
-                assert "stage-debounce" in plot and "stage-context_build" in plot  # bars of real pushes
+                assert "stage-debounce" in snap["plot"] and "stage-context_build" in snap["plot"]  # real pushes
+                assert snap["ads_level"] == "info"
 
                 def change_level() -> str:
-                    select = Select(driver.find_element(By.ID, "level-ads"))
-                    assert select.first_selected_option.get_attribute("value") == "info"
-                    select.select_by_value("debug")  # fires the page's change handler
-                    status = wait.until(ec.presence_of_element_located(
-                        (By.CSS_SELECTOR, '#scope-status[data-changed="ads:debug"]')))
-                    return status.text
+                    def pick(d) -> bool:
+                        Select(d.find_element(By.ID, "level-ads")).select_by_value("debug")  # fires onchange
+                        return True
+
+                    wait.until(pick)
+                    return until(lambda s: s["scope_changed"] == "ads:debug")["scope_status"]
 
                 assert await asyncio.to_thread(change_level) == "ads is now at debug"
 
@@ -131,27 +150,25 @@ async def test_controlz_page_shows_the_proxy_and_changes_a_log_level(tmp_path):
                 cp.write("svc2.yaml", service_yaml("other", free_port()))
                 await wait_for(lambda: _ads_debug_lines(cp) > before, 30, message="ADS debug lines after the change")
 
-                def screenshot() -> tuple[Path, bool, str]:
-                    # The page refreshes itself: the push that reached the Envoy shows, with its ACK.
-                    def newest_push(d):  # columns ... PROXIES RESPONSES ACKS NACKS CONVERGED
-                        rows = d.find_elements(By.CSS_SELECTOR, "#push-table tbody tr")
-                        if not rows or "Service/default/other" not in rows[0].text:
-                            return None
-                        # Both clients are pushed; the Envoy ACKs, the other client never answers again.
-                        proxies, responses, acks, nacks = (int(n) for n in rows[0].text.split()[-6:-2])
-                        return rows[0] if proxies == 2 and 1 <= acks < responses and nacks == 0 else None
+                def pushed(s: dict) -> bool:
+                    # Columns ... PROXIES RESPONSES ACKS NACKS CONVERGED. Both clients are pushed;
+                    # the Envoy ACKs, the other client never answers again.
+                    row = s["newest_push"] or ""
+                    if "Service/default/other" not in row:
+                        return False
+                    proxies, responses, acks, nacks = (int(n) for n in row.split()[-6:-2])
+                    return proxies == 2 and 1 <= acks < responses and nacks == 0
 
-                    newest = wait.until(newest_push)
-                    # The proxy table is at the top of the page: inside the captured viewport.
-                    cell = driver.find_element(By.CSS_SELECTOR, f'td[data-proxy="{NODE}"]')
-                    inside = cell.is_displayed() and cell.rect["y"] + cell.rect["height"] < driver.get_window_size()["height"]
+                def screenshot() -> tuple[Path, dict]:
+                    snap = until(pushed)
                     shot = tmp_path / "controlz.png"
                     driver.save_screenshot(str(shot))
-                    return shot, inside, newest.text
+                    return shot, snap
 
-                shot, inside, newest = await asyncio.to_thread(screenshot)
-                assert newest.endswith(" ms") and not newest.endswith(" 0.0 ms"), newest  # converged, measured
-                assert inside, "the proxy row is not in the screenshot"
+                shot, snap = await asyncio.to_thread(screenshot)
+                assert snap["newest_push"].endswith(" ms") and not snap["newest_push"].endswith(" 0.0 ms")
+                # The proxy table is at the top of the page: inside the captured viewport.
+                assert 0 < snap["proxy_bottom"] < snap["viewport"], snap
                 width, height, distinct_rows = png_facts(shot)
                 assert width >= 1000 and height >= 800, (width, height)
                 assert distinct_rows >= 150, f"the screenshot looks blank: {distinct_rows} distinct rows"

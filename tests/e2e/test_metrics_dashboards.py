@@ -245,7 +245,7 @@ async def test_dashboards_read_only_exported_metrics_and_state_gauges_follow_sta
             assert any(needed in metric_names(q) for q in ours), needed
 
         # Every istiod name the operators' issue listed as missing, by its exact name.
-        for name in ("process_resident_memory_bytes", "process_cpu_seconds_total", "istio_build",
+        for name in ("process_resident_memory_bytes", "process_cpu_seconds_total", "python_info", "istio_build",
                      "pilot_total_xds_internal_errors", "pilot_xds_expired_nonce", "pilot_xds_send_time",
                      "pilot_xds_write_timeout", "pilot_services", "pilot_virt_services", "pilot_k8s_reg_events",
                      "pilot_eds_no_instances", "pilot_conflict_inbound_listener",

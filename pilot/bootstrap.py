@@ -57,7 +57,7 @@ from pilot.sources.kube.status_writer import StatusWriter
 from pilot.sources.kube.tags import TagWatcher
 from pilot.sources.kube.writers import RootCertWriter
 from pilot.status.view import GatewayStatusView
-from pilot.webhook.ca_bundle import MUTATING_PATH, CABundleWriter, injector_config_name
+from pilot.webhook.ca_bundle import CABundleWriter, InjectorBundleWriter
 from pilot.webhook.server import WebhookServer
 from pilot.xds.ads import AdsService
 from pilot.xds.discovery import DiscoveryServer
@@ -354,9 +354,8 @@ class ControlPlane:
             self.root_cert_writer = RootCertWriter(self.kube, self.store, self.ca.root_cert_pem,
                                                    namespace_selected=self._namespace_selected)
         if self.webhook is not None:
-            self.injector_bundle_writer = CABundleWriter(
-                self.kube, self.features.pod_namespace, self.features.revision, self.ca.root_cert_pem,
-                path=MUTATING_PATH, name=injector_config_name(self.features.revision), failure_policy=False)
+            self.injector_bundle_writer = InjectorBundleWriter(
+                self.kube, self.features.pod_namespace, self.features.revision, self.ca.root_cert_pem)
             self.ca_bundle_writer = CABundleWriter(self.kube, self.features.pod_namespace, self.features.revision,
                                                    self.ca.root_cert_pem)
         if self.tag_watcher is not None:

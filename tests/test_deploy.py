@@ -481,12 +481,17 @@ async def test_required_rules_cover_every_request_the_code_makes_and_nothing_mor
     calls += kube.calls
 
     # The injector's configuration: the same writer, caBundle only.
-    from pilot.webhook.ca_bundle import MUTATING_PATH, injector_config_name
+    from pilot.webhook.ca_bundle import InjectorBundleWriter
 
-    kube = RecordingKube(webhooks)
-    injector_writer = CABundleWriter(kube, SYSTEM_NS, "default", "PEM", path=MUTATING_PATH,
-                                     name=injector_config_name(), failure_policy=False)
-    assert await injector_writer._reconcile() is False and injector_writer.writes == 1
+    def injector_configs(method, path, body):
+        if method == "GET":  # every configuration labelled with the revision: its own and its tags'
+            return {"items": [{"metadata": {"name": n}, "webhooks": [{"name": "rev.object.sidecar-injector.istio.io"}]}
+                              for n in ("istio-sidecar-injector", "istio-revision-tag-prod")]}
+        return body
+
+    kube = RecordingKube(injector_configs)
+    injector_writer = InjectorBundleWriter(kube, SYSTEM_NS, "default", "PEM")
+    assert await injector_writer._reconcile() is False and injector_writer.writes == 2
     watch = asyncio.create_task(injector_writer._watch())
     while not any(q.get("watch") for _m, _p, q in kube.calls):
         await asyncio.sleep(0)

@@ -191,6 +191,14 @@ async def test_each_revision_serves_its_namespaces_and_config_and_a_tag_moves_th
             assert fake.get("services", "istiod-revision-tag-default", namespace="istio-system")["spec"][
                 "selector"] == {"app": "istiod", "istio.io/rev": "canary"}
 
+            # The canary's leader keeps the tag's caBundle current, as its own (istiod's webhook patcher).
+            assert bundles(fake, MWC, "istio-revision-tag-default") == {root}
+            for w in tag["webhooks"]:
+                w["clientConfig"]["caBundle"] = ""
+            fake.update(tag)
+            await wait_for(lambda: bundles(fake, MWC, "istio-revision-tag-default") == {root}, timeout=20,
+                           message=f"the tag webhook's caBundle restored\n{canary.log_tail()}")
+
             # From now on the canary injects what the default tag selects; the default revision does not.
             async def tagged() -> bool:
                 return (served_by(await inject_canary.injected("shop")) == "istiod-canary.istio-system.svc:15012"

@@ -322,11 +322,11 @@ class ControlPlane:
             ctx.tags = self.tag_watcher.current
         return lambda app: add_inject_routes(app, ctx)
 
-    def _mesh_for_injection(self) -> dict:
+    def _mesh_for_injection(self, mesh: MeshConfig | None = None) -> dict:
         """The MeshConfig as the template reads it. A discoveryAddress nobody wrote is left out,
         so the injector's own default applies: this revision's Service (istiod-REV), the one
         the injected proxy must reach to be served by the revision that injected it."""
-        mesh = self.mesh.current
+        mesh = mesh or self.mesh.current
         out = mesh.model_dump(mode="json", by_alias=True, exclude_none=True)
         if "discovery_address" not in mesh.default_config.model_fields_set:
             out.get("defaultConfig", {}).pop("discoveryAddress", None)
@@ -334,7 +334,9 @@ class ControlPlane:
 
     def _gateway_inputs(self) -> GatewayInputs:
         values = self.injector_config.current.values if self.injector_config is not None else {}
-        return GatewayInputs(revision=self.features.revision, values=values, mesh=self._mesh_for_injection())
+        # The Store's MeshConfig, not the last pushed one: a mesh ConfigMap change redeploys at once.
+        return GatewayInputs(revision=self.features.revision, values=values,
+                             mesh=self._mesh_for_injection(self.mesh.peek(self.store)))
 
     def _leader_workers(self) -> list:
         return self._shared_workers() + self._revision_workers()

@@ -83,9 +83,9 @@ def _infra(gw: Any, labels: bool) -> dict[str, str]:
     return dict(gw.metadata.labels if labels else gw.metadata.annotations)
 
 
-def service_ports(gw: Any) -> list[dict[str, Any]]:
+def service_ports(gw: Any, status_port: int = STATUS_PORT) -> list[dict[str, Any]]:
     """extractServicePorts: the status port, then one port per distinct listener port."""
-    ports = [{"name": "status-port", "port": 15021, "targetPort": STATUS_PORT, "protocol": "TCP",
+    ports = [{"name": "status-port", "port": 15021, "targetPort": status_port, "protocol": "TCP",
               "appProtocol": "tcp"}]
     used, seen = {"status-port"}, set()
     for i, listener in enumerate(gw.spec.listeners):
@@ -136,6 +136,7 @@ def render(gw: Any, class_name: str, inputs: Inputs) -> list[dict[str, Any]]:
     istiod = "istiod" + ("" if revision in ("", "default") else f"-{revision}")
     ns_istio = g.get("istioNamespace") or "istio-system"
     proxy_config = effective_proxy_config(inputs.mesh, {}, revision)
+    status_port = int(proxy_config.get("statusPort") or STATUS_PORT)  # mesh defaultConfig may move it
     trust_domain = inputs.mesh.get("trustDomain") or g.get("trustDomain") or "cluster.local"
     env = [
         {"name": "PILOT_CERT_PROVIDER", "value": g.get("pilotCertProvider") or "istiod"},
@@ -163,7 +164,7 @@ def render(gw: Any, class_name: str, inputs: Inputs) -> list[dict[str, Any]]:
         env.insert(after, {"name": "ISTIO_META_NETWORK", "value": network})
     for key, value in sorted((proxy_config.get("proxyMetadata") or {}).items()):
         env.append({"name": key, "value": str(value)})
-    probe = {"httpGet": {"path": "/healthz/ready", "port": STATUS_PORT, "scheme": "HTTP"}, "timeoutSeconds": 1,
+    probe = {"httpGet": {"path": "/healthz/ready", "port": status_port, "scheme": "HTTP"}, "timeoutSeconds": 1,
              "successThreshold": 1}
     container = {
         "name": "istio-proxy",
@@ -171,7 +172,7 @@ def render(gw: Any, class_name: str, inputs: Inputs) -> list[dict[str, Any]]:
         "securityContext": {"capabilities": {"drop": ["ALL"]}, "allowPrivilegeEscalation": False,
                             "privileged": False, "readOnlyRootFilesystem": True, "runAsUser": 1337,
                             "runAsGroup": 1337, "runAsNonRoot": True},
-        "ports": [{"containerPort": STATUS_PORT, "name": "status-port", "protocol": "TCP"},
+        "ports": [{"containerPort": status_port, "name": "status-port", "protocol": "TCP"},
                   {"containerPort": 15090, "name": "http-envoy-prom", "protocol": "TCP"}],
         "args": ["proxy", "router", "--domain", f"$(POD_NAMESPACE).svc.{proxy.get('clusterDomain') or 'cluster.local'}",
                  "--proxyLogLevel", annotations.get("sidecar.istio.io/logLevel") or proxy.get("logLevel") or "warning",
@@ -220,12 +221,12 @@ def render(gw: Any, class_name: str, inputs: Inputs) -> list[dict[str, Any]]:
     if g.get("imagePullSecrets"):
         pod_spec["imagePullSecrets"] = [{"name": s} for s in g["imagePullSecrets"]]
     pod_annotations = {**infra_annotations, "istio.io/rev": revision or "default",
-                       "prometheus.io/path": "/stats/prometheus", "prometheus.io/port": str(STATUS_PORT),
+                       "prometheus.io/path": "/stats/prometheus", "prometheus.io/port": str(status_port),
                        "prometheus.io/scrape": "true"}
     pod_labels = {"sidecar.istio.io/inject": "false", "service.istio.io/canonical-name": deployment_name,
                   "service.istio.io/canonical-revision": "latest", **managed}
     service_type = annotations.get(SERVICE_TYPE_ANNOTATION) or "LoadBalancer"
-    service_spec: dict[str, Any] = {"ipFamilyPolicy": "PreferDualStack", "ports": service_ports(gw),
+    service_spec: dict[str, Any] = {"ipFamilyPolicy": "PreferDualStack", "ports": service_ports(gw, status_port),
                                     "selector": {GATEWAY_NAME_LABEL: name}, "type": service_type}
     if gw.spec.addresses and service_type == "LoadBalancer":
         service_spec["loadBalancerIP"] = gw.spec.addresses[0].value

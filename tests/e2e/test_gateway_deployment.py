@@ -14,9 +14,15 @@ import pytest
 from kubernetes_asyncio import client as k8s
 
 from pilot.agent.cli import build_parser
+from pilot.inject.config import default_config_text
 from tests.fakes.apiserver import FakeApiServer
+from tests.support.agent import PilotAgent
+from tests.support.backends import HttpBackend, answered_by
 from tests.support.control_plane import ControlPlane
+from tests.support.kubelet import run_container
+from tests.support.ports import free_ports
 from tests.support.wait import wait_for
+from tests.unit.test_authn import Issuer
 
 pytestmark = pytest.mark.timeout(120)
 API = "gateway.networking.k8s.io"
@@ -135,3 +141,82 @@ async def test_a_gateway_gets_its_deployment_service_and_account_and_takes_them_
                                             fake.get("serviceaccounts", "web-sa", namespace="apps"))),
                            timeout=20, message="the Gateway's objects are collected with it")
             assert deployed(fake, "zz-last-istio", "zz-last-istio") is not None  # other Gateways' stay
+
+
+async def test_the_deployed_gateway_pod_runs_as_a_router_and_serves_its_routes(tmp_path):
+    """Be the kubelet for the Deployment the controller wrote: its istio-proxy container (command,
+    env, volumes) run as a process gets a certificate from the control plane, its Envoy gets the
+    Gateway's listener, and an HTTPRoute through it reaches the backend."""
+    issuer = Issuer("ES256")
+    backend = await HttpBackend("shop").start()
+    listener_port, status_port, admin_port = free_ports(3)
+    try:
+        async with FakeApiServer() as fake:
+            for version, plural, kind, namespaced in CRDS:
+                fake.register_crd(API, version, plural, kind, namespaced)
+            for ns in ("istio-system", "apps"):
+                fake.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+            fake.create({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "shop", "namespace": "apps"},
+                         "spec": {"ports": [{"name": "http", "port": 80}]}})
+            fake.create({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+                         "metadata": {"name": "shop-1", "namespace": "apps",
+                                      "labels": {"kubernetes.io/service-name": "shop"}},
+                         "ports": [{"name": "http", "port": backend.port}],
+                         "endpoints": [{"addresses": ["127.0.0.1"]}]})
+            kubeconfig = fake.write_kubeconfig(tmp_path / "kubeconfig")
+            cp = ControlPlane(tmp_path, kubeconfig=kubeconfig, secure_grpc=True,
+                              env={"ENABLE_LEADER_ELECTION": "false", "JWT_RULE": issuer.rule(), "CA_KEY_TYPE": "EC"})
+            async with cp:
+                secure = f"127.0.0.1:{cp.secure_port}"
+                # Here the mesh's Service names do not resolve: point proxies at the secure port.
+                fake.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "istio", "namespace": "istio-system"},
+                             "data": {"mesh": json.dumps({"defaultConfig": {
+                                 "discoveryAddress": secure, "statusPort": status_port,
+                                 "proxyAdminPort": admin_port, "concurrency": 1}})}})
+                fake.create({"apiVersion": "v1", "kind": "ConfigMap",
+                             "metadata": {"name": "istio-sidecar-injector", "namespace": "istio-system"},
+                             "data": {"config": default_config_text(),
+                                      "values": json.dumps({"global": {"caAddress": secure}})}})
+                fake.create(gateway_with_port("web", listener_port))
+                fake.create({"apiVersion": f"{API}/v1", "kind": "HTTPRoute", "metadata": {"name": "shop", "namespace": "apps"},
+                             "spec": {"parentRefs": [{"name": "web"}], "hostnames": ["shop.example.com"],
+                                      "rules": [{"backendRefs": [{"name": "shop", "port": 80}]}]}})
+
+                def rendered():
+                    dep = fake.get("deployments.apps", "web-istio", namespace="apps")
+                    if dep is None:
+                        return None
+                    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+                    discovery = json.loads(env["PROXY_CONFIG"])["discoveryAddress"]
+                    return dep if env["CA_ADDR"] == discovery == secure else None  # the ConfigMaps above
+
+                dep = await wait_for(rendered, timeout=30, message=f"the gateway Deployment\n{cp.log_tail()}")
+                root = await wait_for(lambda: (fake.get("configmaps", "istio-ca-root-cert", namespace="apps")
+                                               or {}).get("data", {}).get("root-cert.pem"), 20, message="root ConfigMap")
+                # The ReplicaSet's pod, as the apiserver stores it once scheduled.
+                pod = {"apiVersion": "v1", "kind": "Pod",
+                       "metadata": {**dep["spec"]["template"]["metadata"], "name": "web-istio-5d8f7c9b6-x2x7q",
+                                    "namespace": "apps", "uid": "pod-uid"},
+                       "spec": {**dep["spec"]["template"]["spec"], "nodeName": "node-1"}}
+                proc = run_container(pod, "istio-proxy", tmp_path / "rootfs",
+                                     token=issuer.token(namespace="apps", sa="web-istio"),
+                                     configmaps={"istio-ca-root-cert": {"root-cert.pem": root}})
+                assert proc.args[:2] == ["proxy", "router"]
+                agent = PilotAgent(proc.cwd, env=proc.env, args=proc.args[2:], proxy_type=proc.args[1])
+                async with agent:
+                    await agent.wait_ready(timeout=60)
+                    probe = pod["spec"]["containers"][0]["readinessProbe"]["httpGet"]
+                    assert probe["port"] == status_port and (await agent.get("status", probe["path"]))[0] == 200
+
+                    async def served():
+                        return await answered_by(f"http://127.0.0.1:{listener_port}/", "shop.example.com")
+
+                    assert await wait_for(served, timeout=30,
+                                          message=f"routed by the deployed gateway\n{agent.log_tail()}") == (200, "shop")
+    finally:
+        await backend.stop()
+
+
+def gateway_with_port(name: str, port: int) -> dict:
+    return {"apiVersion": f"{API}/v1", "kind": "Gateway", "metadata": {"name": name, "namespace": "apps"},
+            "spec": {"gatewayClassName": "istio", "listeners": [{"name": "http", "port": port, "protocol": "HTTP"}]}}

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pilot import logging as plog
 from pilot.model.revisions import DEFAULT_VALIDATOR, TAG_LABEL, TagState, tag_state
 from pilot.sources.kube.backoff import Backoff
-from pilot.sources.kube.client import ApiError, Kube
+from pilot.sources.kube.client import Kube
 from pilot.sources.kube.rbac import Rule
 
 log = plog.get("tags")
@@ -58,8 +58,8 @@ class _Labels:
                 raise
             except Exception as e:  # noqa: BLE001 - apiserver errors and lost connections: retried
                 log.warning("tag watch failed; retrying", path=self.path, error=str(e))
-                if isinstance(e, ApiError) and e.status == 404:
-                    self.synced.set()
+                # Start does not wait on tags it cannot read: the revision alone serves meanwhile.
+                self.synced.set()
             await asyncio.sleep(backoff.next())
 
     async def _list(self) -> str:

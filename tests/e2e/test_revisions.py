@@ -214,6 +214,16 @@ async def test_each_revision_serves_its_namespaces_and_config_and_a_tag_moves_th
             assert lines[0].split() == ["TAG", "REVISION", "NAMESPACES"]
             assert ["default", "canary", "shop"] in [line.split() for line in lines[1:]]
 
+            # `generate` prints what `set` would write and writes nothing.
+            code, out, err = await pilotctl(kubeconfig, "generate", "prod", "--revision", "canary")
+            assert code == 0, err
+            assert [(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(out)] == [
+                ("MutatingWebhookConfiguration", "istio-revision-tag-prod"), ("Service", "istiod-revision-tag-prod")]
+            assert fake.get(MWC, "istio-revision-tag-prod") is None
+            # A tag may not take a revision's name.
+            code, _out, err = await pilotctl(kubeconfig, "set", "canary", "--revision", "default")
+            assert code == 1 and "found existing control plane revision with same name" in err
+
             # A second `set` of the same tag needs --overwrite, as with istioctl.
             code, _out, err = await pilotctl(kubeconfig, "set", "default", "--revision", "canary")
             assert code == 1 and "already exists, and --overwrite is false" in err

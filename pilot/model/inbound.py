@@ -20,6 +20,8 @@ from pilot.model.protocol import Protocol, select_protocol
 from pilot.model.proxy import Proxy
 from pilot.model.security_policies import NO_POLICIES, WorkloadPolicies
 from pilot.model.services import MeshService, ServicePort
+from pilot.config.core import EndpointSlice
+from pilot.config.networking import Sidecar
 from pilot.model.store import Entry
 
 LOCALHOST = "127.0.0.1"
@@ -49,12 +51,12 @@ class InboundPlan:
 NO_INBOUND = InboundPlan((), False)
 
 
-def _named_target(svc_port: ServicePort, slices: tuple[Entry, ...], ips: tuple[str, ...]) -> int | None:
+def _named_target(svc_port: ServicePort, slices: tuple[Entry[EndpointSlice], ...], ips: tuple[str, ...]) -> int | None:
     """A named targetPort is the port the proxy's own endpoint advertises under that name."""
     for entry in slices:
         s = entry.obj
-        port = next((p.port for p in s.ports or () if p.name == svc_port.name and p.port), None)  # type: ignore[attr-defined]
-        if port is not None and any(a in ips for ep in s.endpoints for a in ep.addresses):  # type: ignore[attr-defined]
+        port = next((p.port for p in s.ports or () if p.name == svc_port.name and p.port), None)
+        if port is not None and any(a in ips for ep in s.endpoints for a in ep.addresses):
             return port
     return None
 
@@ -72,7 +74,7 @@ def _endpoint_for(default_endpoint: str, port: int, proxy_ip: str) -> str:
     return f"{host}:{p}"
 
 
-def plan_inbound(proxy: Proxy, services: tuple[MeshService, ...], slices_of, sidecar: Entry | None,
+def plan_inbound(proxy: Proxy, services: tuple[MeshService, ...], slices_of, sidecar: Entry[Sidecar] | None,
                  mtls_mode, mesh_tls: bool, policies: WorkloadPolicies = NO_POLICIES) -> InboundPlan:
     """`slices_of(svc)`: a service's EndpointSlice entries; `mtls_mode(port) -> str` the
     PeerAuthentication mode for one workload port."""
@@ -80,13 +82,15 @@ def plan_inbound(proxy: Proxy, services: tuple[MeshService, ...], slices_of, sid
     none_mode = proxy.interception_mode == "NONE"
     ports: dict[int, InboundPort] = {}
     problems: list[str] = []
-    ingress = sidecar.obj.spec.ingress if sidecar is not None else []  # type: ignore[attr-defined]
-    shared_pool = (sidecar.obj.spec.inbound_connection_pool  # type: ignore[attr-defined]
+    ingress = sidecar.obj.spec.ingress if sidecar is not None else []
+    shared_pool = (sidecar.obj.spec.inbound_connection_pool
                    if sidecar is not None else None)
     if ingress:
-        origin = f"Sidecar/{sidecar.key.namespace}/{sidecar.key.name}"  # type: ignore[union-attr]
+        assert sidecar is not None  # ingress listeners come from it
+        origin = f"Sidecar/{sidecar.key.namespace}/{sidecar.key.name}"
         for listener in ingress:
             p = listener.port
+            assert p is not None  # required (IstioIngressListener._required)
             capture_none = listener.capture_mode == "NONE" or (listener.capture_mode in (None, "DEFAULT") and none_mode)
             bind = (listener.bind or ip) if capture_none else ""
             ports[p.number] = InboundPort(

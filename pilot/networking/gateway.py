@@ -166,7 +166,7 @@ def _tcp_targets(ref: ServerRef, bindings: tuple[Binding, ...], domain: str,
     """The first `tcp` rule of the bound VirtualServices that applies to this server."""
     for b in bindings:
         vs = b.virtual_service
-        for rule in vs.obj.spec.tcp:  # type: ignore[attr-defined]
+        for rule in vs.obj.spec.tcp:
             if not rule.match or any(_match_applies(m, ref.gateway_name, vs.key.namespace, ref.port)
                                      for m in rule.match):
                 return _targets(rule, vs, ref.port, domain, services), config_origins(vs)
@@ -235,7 +235,7 @@ def listener_plan(pv: PortView, bindings: Callable[[ServerRef], tuple[Binding, .
             found = False
             for b in bindings(ref):
                 vs = b.virtual_service
-                for i, rule in enumerate(vs.obj.spec.tls):  # type: ignore[attr-defined]
+                for i, rule in enumerate(vs.obj.spec.tls):
                     names: list[str] = []
                     for m in rule.match:
                         if not _match_applies(m, ref.gateway_name, vs.key.namespace, ref.port):

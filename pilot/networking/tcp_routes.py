@@ -67,7 +67,7 @@ def source_conditions(vss) -> tuple[bool, frozenset[str]]:
     for vs in vss:
         if vs is None:
             continue
-        for rule in (*vs.obj.spec.tcp, *vs.obj.spec.tls):  # type: ignore[attr-defined]
+        for rule in (*vs.obj.spec.tcp, *vs.obj.spec.tls):
             for m in rule.match:
                 namespace = namespace or bool(m.source_namespace)
                 keys.update(m.source_labels)

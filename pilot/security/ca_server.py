@@ -326,7 +326,7 @@ class TlsFront:
         # Registered before any byte is relayed, so no call can arrive ahead of its peer entry.
         relay.key = _grpc_peer(up.get_extra_info("sockname"))
         self.peers[relay.key] = PeerInfo(_grpc_peer(remote), der)
-        relay.up = up  # type: ignore[assignment]
+        relay.up = up
         for chunk in relay.pending:
             up.write(chunk)
         relay.pending.clear()

@@ -67,7 +67,7 @@ def _mesh_tls(ctx: PushContext, svc: MeshService, port: int, dr: Entry | None, s
     tls = effective_policy(dr.obj.spec, subset, port)["tls"] if dr else None  # type: ignore[attr-defined]
     if svc.kind == "ServiceEntry":
         entry = ctx.service_entry(svc)
-        internal = entry is not None and entry.obj.spec.location == "MESH_INTERNAL"  # type: ignore[attr-defined]
+        internal = entry is not None and entry.obj.spec.location == "MESH_INTERNAL"
         eds = svc.resolution == "STATIC" and internal
     else:
         eds = True

@@ -71,7 +71,7 @@ def _sni_clusters(ctx: PushContext, proxy: Proxy, ref) -> tuple[tuple[str, str],
         if not any(h.namespace in ("*", svc.namespace) and host_matches(h.host, svc.hostname) for h in ref.hosts):
             continue
         dr = ctx.destination_rule(svc.hostname, proxy.namespace, svc.namespace, proxy.labels)
-        subsets = [s.name for s in dr.obj.spec.subsets] if dr else []  # type: ignore[attr-defined]
+        subsets = [s.name for s in dr.obj.spec.subsets] if dr else []
         for port in svc.ports:
             if port.protocol.value == "UDP":
                 continue

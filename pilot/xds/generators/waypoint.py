@@ -26,7 +26,7 @@ def waypoint_of(ctx: PushContext, proxy: Proxy) -> Waypoint | None:
         return None
     # Cheap test first: other Gateway API gateways never build the ambient index.
     if not any(e.key.namespace == proxy.namespace and e.key.name == name
-               and e.obj.spec.gateway_class_name == WAYPOINT_CLASS for e in ctx.waypoint_gateways()):  # type: ignore[attr-defined]
+               and e.obj.spec.gateway_class_name == WAYPOINT_CLASS for e in ctx.waypoint_gateways()):
         return None
     waypoints = ambient_index(ctx).waypoints
     return waypoints.by_name.get((proxy.namespace, name)) if waypoints is not None else None

@@ -4,7 +4,7 @@ reason otherwise. Kubernetes readiness probes point here."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import aiohttp
 from aiohttp import web
@@ -19,8 +19,8 @@ PROBE_TIMEOUT = 2.0
 class StatusServer:
     def __init__(self, secrets: SecretManager, envoy: EnvoySupervisor, *, host: str = "0.0.0.0",
                  port: int = 15020, on_port: Callable[[int], None] | None = None,
-                 app_probers: dict[str, app_probes.Prober] | None = None, app_host: str = "127.0.0.1",
-                 app_metrics: dict[str, str] | None = None) -> None:
+                 app_probers: Mapping[str, app_probes.Prober] | None = None, app_host: str = "127.0.0.1",
+                 app_metrics: Mapping[str, str] | None = None) -> None:
         self.secrets = secrets
         self.app_probers = app_probers or {}
         self.app_host = app_host  # the pod IP: apps often listen on it rather than on loopback
@@ -31,6 +31,11 @@ class StatusServer:
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
 
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        assert self._session is not None, "start() opens it before any handler runs"
+        return self._session
+
     async def ready(self, _req: web.Request) -> web.Response:
         if self.secrets.current is None:
             return web.Response(status=503, text="no workload certificate yet\n")
@@ -39,7 +44,7 @@ class StatusServer:
         if not self.envoy.running or not self.envoy.admin_address:
             return web.Response(status=503, text="envoy is not running\n")
         try:
-            async with self._session.get(f"http://{self.envoy.admin_address}/ready",
+            async with self.session.get(f"http://{self.envoy.admin_address}/ready",
                                          timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT)) as r:
                 state = (await r.text()).strip()
                 status = r.status
@@ -53,7 +58,7 @@ class StatusServer:
         prober = self.app_probers.get(req.path)
         if prober is None:
             return web.Response(status=404, text=f"no app prober for {req.path}\n")
-        status, text = await app_probes.run(prober, self.app_host, self._session)
+        status, text = await app_probes.run(prober, self.app_host, self.session)
         return web.Response(status=status, text=text)
 
     async def stats_prometheus(self, _req: web.Request) -> web.Response:
@@ -61,7 +66,7 @@ class StatusServer:
         parts = []
         if self.envoy.admin_address:
             try:
-                async with self._session.get(f"http://{self.envoy.admin_address}/stats/prometheus",
+                async with self.session.get(f"http://{self.envoy.admin_address}/stats/prometheus",
                                              timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT * 2)) as r:
                     if r.status == 200:
                         parts.append(await r.text())
@@ -71,7 +76,7 @@ class StatusServer:
             url = f"http://{self.app_host}:{self.app_metrics['port']}{self.app_metrics['path']}"
             try:
                 timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT * 2)
-                async with self._session.get(url, timeout=timeout) as r:
+                async with self.session.get(url, timeout=timeout) as r:
                     if r.status == 200:
                         parts.append(await r.text())
             except (aiohttp.ClientError, TimeoutError):
@@ -92,7 +97,8 @@ class StatusServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # the real one when 0 was asked
+        # aiohttp keeps the listening server private; it is the only place the bound port is (0 asked)
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         if self.on_port is not None:
             self.on_port(self.port)
         return self.port

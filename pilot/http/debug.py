@@ -7,6 +7,7 @@ import time
 
 from aiohttp import web
 
+from pilot.config.core import Secret
 from pilot.config.gateway_api import GATEWAY_API_KINDS
 from pilot.http import config_dump
 from pilot.http.ambient_debug import AmbientDebug
@@ -141,9 +142,9 @@ class DebugHandlers:
         for kind in store.kinds():
             for e in sorted(store.list(kind), key=lambda e: e.key):
                 obj = e.obj.model_dump(mode="json", by_alias=True, exclude_defaults=True)
-                if kind == "Secret":  # gateway credentials: never show private keys
+                if isinstance(e.obj, Secret):  # gateway credentials: never show private keys
                     obj["data"] = {k: f"<redacted: {len(v.get_secret_value())} base64 chars>"
-                                   for k, v in e.obj.data.items()}  # type: ignore[attr-defined]
+                                   for k, v in e.obj.data.items()}
                 if kind in GATEWAY_API_KINDS:  # the status this controller computes, not a stored one
                     obj.pop("status", None)
                     status = self.gateway_status.get(e.key) if self.gateway_status is not None else None
@@ -212,7 +213,7 @@ class DebugHandlers:
 
     def _inbound_problems(self) -> list[str]:
         """Workload ports connected sidecars cannot serve inbound, and why."""
-        ctx, out = self.server.push_context, []
+        ctx, out = self.server.push_context, list[str]()
         for conn in list(self.server.connections.values()):
             if conn.proxy.type == "sidecar" and not conn.proxy.is_grpc:
                 out.extend(f"{conn.proxy.id}: {p}" for p in ctx.inbound_plan(conn.proxy).problems)
@@ -241,7 +242,7 @@ class DebugHandlers:
         kind, _, rest = ref.partition("/")
         namespace, _, name = rest.partition("/")
         entry = self.server.store.get(ConfigKey(kind, namespace, name))
-        out = {"kind": kind, "namespace": namespace, "name": name}
+        out: dict = {"kind": kind, "namespace": namespace, "name": name}
         if entry is None:
             out["deleted"] = True
         else:
@@ -278,10 +279,10 @@ class DebugHandlers:
             out["proxy_holds"]["last_response_acked"] = bool(w.nonce_sent) and w.nonce_sent == w.nonce_acked
             out["proxy_holds"]["nack"] = _nack(w)
         out["inputs"] = _inputs(deps, name)
-        held = server.held_deps(conn, type_url)
-        if held is not None:
+        held_deps = server.held_deps(conn, type_url)
+        if held_deps is not None:
             # What the server matches changes against for this proxy (the config it was given).
-            out["proxy_holds"]["inputs"] = _inputs(held, name)
+            out["proxy_holds"]["inputs"] = _inputs(held_deps, name)
         if res is not None:
             out["built_from"] = [self._origin(o) for o in res.origins]
             push_version = server.history.built_in(type_url, name, res.version)

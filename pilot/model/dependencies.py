@@ -37,8 +37,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from pilot.model.sidecar_scope import egress_names
 from pilot.config.networking import Sidecar
+from pilot.model.sidecar_scope import egress_names
 from pilot.model.store import ConfigKey, Entry
 
 ALL_SERVICES = ("services",)

@@ -31,13 +31,13 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
+from pilot.config.core import Secret
+from pilot.config.networking import Gateway, VirtualService
 from pilot.config.networking.common import MESH_GATEWAY, UNIX_PREFIX
 from pilot.config.networking.validation import host_matches  # istio host.Name.Matches
 from pilot.model.credentials import CertificateAndKey, CredentialError, ca_bundle, certificate_and_key
 from pilot.model.gateway_api.internal import PARENTS, SCOPE
 from pilot.model.labels import selects
-from pilot.config.core import Secret
-from pilot.config.networking import Gateway, VirtualService
 from pilot.model.store import Entry, Store
 from pilot.model.traffic import resolve_host
 

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pilot.config.networking import ConnectionPoolSettings
+from pilot.config.core import EndpointSlice
+from pilot.config.networking import ConnectionPoolSettings, Sidecar
 from pilot.model.labels import selects
 from pilot.model.protocol import Protocol, select_protocol
 from pilot.model.proxy import Proxy
 from pilot.model.security_policies import NO_POLICIES, WorkloadPolicies
 from pilot.model.services import MeshService, ServicePort
-from pilot.config.core import EndpointSlice
-from pilot.config.networking import Sidecar
 from pilot.model.store import Entry
 
 LOCALHOST = "127.0.0.1"

@@ -12,7 +12,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
+from pilot.config.core import EndpointSlice, Pod, Secret, Service
+from pilot.config.gateway_api import KubernetesGateway
 from pilot.config.mesh import MeshConfig
+from pilot.config.networking import DestinationRule, ServiceEntry, Sidecar, VirtualService, WorkloadEntry
+from pilot.config.security import AuthorizationPolicy
 from pilot.model import dependencies as dep
 from pilot.model.ambient.index import AMBIENT_INPUT_KINDS, AmbientInputs
 from pilot.model.gateway_api import EMPTY as NO_GATEWAY_API
@@ -33,10 +37,6 @@ from pilot.model.services import (
     service_entry_services,
 )
 from pilot.model.sidecar_scope import ServiceView, scoped_view, select_sidecar
-from pilot.config.core import EndpointSlice, Pod, Secret, Service
-from pilot.config.gateway_api import KubernetesGateway
-from pilot.config.networking import DestinationRule, ServiceEntry, Sidecar, VirtualService, WorkloadEntry
-from pilot.config.security import AuthorizationPolicy
 from pilot.model.store import Entry, ObjT, Store
 from pilot.model.traffic import TrafficIndex
 
@@ -62,7 +62,7 @@ class PushContext:
     # (namespace, service name) -> EndpointSlice entries for that service, in a stable order
     slices: Mapping[tuple[str, str], tuple[Entry[EndpointSlice], ...]] = field(default_factory=dict)
     # The MeshConfig slices builders read (the same objects while they do not change).
-    settings: MeshSettings | None = None
+    settings: MeshSettings = field(default_factory=lambda: MeshSettings.of(MeshConfig()))
     traffic: TrafficIndex = field(default_factory=TrafficIndex)
     sidecars: Mapping[str, tuple[Entry[Sidecar], ...]] = field(default_factory=dict)  # by namespace, oldest first
     service_entries: Mapping[tuple[str, str], Entry[ServiceEntry]] = field(default_factory=dict)

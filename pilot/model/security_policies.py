@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from pilot.model.labels import selects
 from pilot.config.security import AuthorizationPolicy, PeerAuthentication, RequestAuthentication
+from pilot.model.labels import selects
 from pilot.model.store import Entry, ObjT, Store
 
 # The kinds that select workloads with `selector` (matchLabels).
@@ -205,15 +205,15 @@ class SecurityIndex:
                     out.append(_problem(e, f"CUSTOM action: extension provider {provider!r} is not defined "
                                            "(extensionProviders are not supported); as istiod does for an "
                                            "unknown provider, requests to the selected workloads are denied"))
-        for ras in self.request_authentications.values():
-            for ra in ras:
-                for i, r in enumerate(ra.obj.spec.rules):
+        for entries in self.request_authentications.values():
+            for e in entries:
+                for i, r in enumerate(e.obj.spec.rules):
                     src = jwks_source(r)
                     if src is None or src in self.jwks.keys:
                         continue
                     where = f"jwksUri {src}" if r.jwks_uri else f"issuer {src} (OpenID discovery)"
                     error = self.jwks.errors.get(src)
-                    out.append(_problem(ra, f"jwtRules[{i}]: the keys of {where} are not fetched "
+                    out.append(_problem(e, f"jwtRules[{i}]: the keys of {where} are not fetched "
                                            f"{'(' + error + ')' if error else '(yet)'}; tokens of issuer "
                                            f"{r.issuer!r} are rejected with 401 until they are"))
         return tuple(sorted(out, key=lambda p: (p["kind"], p["namespace"], p["name"], p["reason"])))

@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from pilot.config.networking import Sidecar
 from pilot.model.labels import selects
 from pilot.model.ports import PortPlan, plan_ports, port_is_http
 from pilot.model.services import MeshService
-from pilot.config.networking import Sidecar
 from pilot.model.store import Entry
 from pilot.model.traffic import host_matches
 

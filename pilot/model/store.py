@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 # The object type an Entry holds. Covariant (entries are immutable), so an Entry[Service] is an
 # Entry[K8sObject]; a bare `Entry` means Entry[K8sObject] (the default), not Entry[Any], so an
 # unparameterised annotation still checks attribute access against the base class.
-T = TypeVar("T", bound=K8sObject, default=K8sObject, covariant=True)
+T_co = TypeVar("T_co", bound=K8sObject, default=K8sObject, covariant=True)
 # A model class as a type parameter (typed Store reads; generic helpers over entries of one kind).
 ObjT = TypeVar("ObjT", bound=K8sObject)
 
@@ -49,9 +49,9 @@ class ConfigKey:
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class Entry(Generic[T]):
+class Entry(Generic[T_co]):
     key: ConfigKey
-    obj: T
+    obj: T_co
     revision: int  # store-wide counter at the time of the last real change
     source: str  # where it came from: "path/to/file.yaml#2" or "kube"
 

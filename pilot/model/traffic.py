@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from pilot.model.labels import selects
 from pilot.config.networking import DestinationRule, VirtualService
 from pilot.config.networking.virtual_service import HTTPRoute, TCPRoute, TLSRoute
+from pilot.model.labels import selects
 from pilot.model.store import Entry, Store
 
 MESH_GATEWAY = "mesh"
@@ -96,9 +96,9 @@ class TrafficIndex:
                 vs[resolve_host(h, e.key.namespace, domain)].append(e)
         dr: dict[str, list[Entry[DestinationRule]]] = defaultdict(list)
         rule_selectors: set[tuple[tuple[str, str], ...]] = set()
-        for d in store.list(DestinationRule):
-            dr[resolve_host(d.obj.spec.host, d.key.namespace, domain)].append(d)
-            if (ws := d.obj.spec.workload_selector) is not None:
+        for e in store.list(DestinationRule):
+            dr[resolve_host(e.obj.spec.host, e.key.namespace, domain)].append(e)
+            if (ws := e.obj.spec.workload_selector) is not None:
                 rule_selectors.add(tuple(sorted(ws.match_labels.items())))
         conflicts = []
         for host, entries in vs.items():

@@ -7,6 +7,7 @@ from envoy.config.core.v3 import protocol_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 from google.protobuf import struct_pb2
 
+from pilot.config.networking import DestinationRule
 from pilot.model.mesh_settings import ClusterSettings
 from pilot.model.mtls import MeshTls
 from pilot.model.services import EndpointAddress, Locality, MeshService, ServicePort
@@ -20,7 +21,7 @@ _HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
 
 def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSettings,
-                     destination_rule: Entry | None = None, subset: str = "",
+                     destination_rule: Entry[DestinationRule] | None = None, subset: str = "",
                      dns_targets: tuple[EndpointAddress, ...] = (),
                      mesh_tls: MeshTls | None = None) -> cluster_pb2.Cluster:
     """`destination_rule` is the DestinationRule in force for this client (its traffic policy and,
@@ -53,7 +54,7 @@ def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSetti
         c.typed_extension_protocol_options[_HTTP_OPTIONS_KEY].CopyFrom(pack(opts))
     sni = tls.outbound_sni(port.port, subset, svc.hostname)
     if destination_rule is not None:
-        policy = effective_policy(destination_rule.obj.spec, subset, port.port)  # type: ignore[attr-defined]
+        policy = effective_policy(destination_rule.obj.spec, subset, port.port)
         apply_policy(c, policy, svc.hostname, port.protocol.is_http2)
         dr_tls = policy["tls"]
         if dr_tls is not None and dr_tls.mode == "ISTIO_MUTUAL" and dr_tls.sni:

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from pilot import logging as plog
+from pilot.config.core import Namespace, Node, Service
+from pilot.config.gateway_api import GatewayClass, KubernetesGateway
 from pilot.model.ambient import policies as pol
 from pilot.model.ambient.services import ServiceSource, kubernetes_service, service_entry_services
 from pilot.model.ambient.types import DEFAULT_CLUSTER_ID, AuthzPolicy, ServiceInfo, WorkloadInfo
@@ -23,8 +25,6 @@ from pilot.model.ambient.workloads import (
     service_entry_workloads,
     workload_entry_workload,
 )
-from pilot.config.core import Namespace, Node, Service
-from pilot.config.gateway_api import GatewayClass, KubernetesGateway
 from pilot.model.store import Entry, ObjT, Store
 
 log = plog.get("ambient")
@@ -180,8 +180,8 @@ class AmbientIndex:
                 aliases[a].append(uid)
             for key, _ in w.services:
                 service_workloads[key].append(uid)
-        for key, info in services.items():
-            for a in info.aliases:
+        for key, s in services.items():
+            for a in s.aliases:
                 aliases[a].append(key)
         return cls(MappingProxyType(workloads), MappingProxyType(services), MappingProxyType(policies),
                    MappingProxyType({k: tuple(v) for k, v in aliases.items()}),

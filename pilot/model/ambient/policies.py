@@ -23,6 +23,7 @@ import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from pilot.config.security import AuthorizationPolicy, PeerAuthentication
 from pilot.model.ambient.types import (
     ALLOW,
     DENY,
@@ -36,7 +37,6 @@ from pilot.model.ambient.types import (
     StringMatch,
 )
 from pilot.model.security_policies import peer_authentication_levels
-from pilot.config.security import AuthorizationPolicy, PeerAuthentication
 from pilot.model.store import Entry
 
 STATIC_STRICT_POLICY = "istio_converted_static_strict"  # '_' cannot appear in Kubernetes names

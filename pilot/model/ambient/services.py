@@ -6,11 +6,11 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+from pilot.config.core import Service
+from pilot.config.networking import ServiceEntry
 from pilot.model.ambient.types import PortMap, ServiceInfo
 from pilot.model.ambient.waypoints import Waypoint, WaypointIndex
 from pilot.model.labels import selects
-from pilot.config.core import Service
-from pilot.config.networking import ServiceEntry
 from pilot.model.store import Entry
 
 

@@ -23,11 +23,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pilot.model.ambient.types import HBONE_PORT, GatewayAddr
-from pilot.model.security_policies import WorkloadPolicies
 from pilot.config.core import Namespace, Pod
 from pilot.config.gateway_api import GatewayClass, KubernetesGateway
 from pilot.config.security import AuthorizationPolicy
+from pilot.model.ambient.types import HBONE_PORT, GatewayAddr
+from pilot.model.security_policies import WorkloadPolicies
 from pilot.model.store import Entry
 
 WAYPOINT_CLASS = "istio-waypoint"

@@ -14,6 +14,8 @@ import re
 from collections.abc import Callable, Mapping
 from functools import lru_cache
 
+from pilot.config.core import Node, Pod
+from pilot.config.networking import ServiceEntry, WorkloadEntry
 from pilot.model.ambient.services import ServiceSource
 from pilot.model.ambient.types import (
     CRONJOB,
@@ -24,8 +26,6 @@ from pilot.model.ambient.types import (
     PortMap,
     WorkloadInfo,
 )
-from pilot.config.core import Node, Pod
-from pilot.config.networking import ServiceEntry, WorkloadEntry
 from pilot.model.store import Entry
 
 DATAPLANE_MODE = "istio.io/dataplane-mode"

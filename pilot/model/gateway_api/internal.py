@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import hashlib
 
-from pilot.config.base import K8sObject, ObjectMeta
+from pilot.config import gateway_api as gwapi
+from pilot.config.base import ObjectMeta
 from pilot.config.networking import (
     Destination,
     Gateway,
@@ -35,7 +36,6 @@ from pilot.config.networking import (
     VirtualService,
     VirtualServiceSpec,
 )
-from pilot.config import gateway_api as gwapi
 from pilot.model.store import ConfigKey, Entry, ObjT
 
 # The route kinds translated (an Entry[Route] is any of them).

@@ -44,6 +44,7 @@ from pilot.model.gateway_api.http import (
     referenced_services,
 )
 from pilot.model.gateway_api.internal import (
+    Route,
     gateway_entry,
     internal_gateway_name,
     tcp_rule,
@@ -61,7 +62,6 @@ from pilot.model.gateway_api.mesh import (
     service_parent,
 )
 from pilot.model.gateway_api.references import INVALID_BACKEND_HOST, Backend, ReferenceGrants, resolve_backend
-from pilot.model.gateway_api.internal import Route
 from pilot.model.store import ConfigKey, Entry, Store, holds
 
 

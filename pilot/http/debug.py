@@ -279,10 +279,10 @@ class DebugHandlers:
             out["proxy_holds"]["last_response_acked"] = bool(w.nonce_sent) and w.nonce_sent == w.nonce_acked
             out["proxy_holds"]["nack"] = _nack(w)
         out["inputs"] = _inputs(deps, name)
-        held_deps = server.held_deps(conn, type_url)
-        if held_deps is not None:
+        held = server.held_deps(conn, type_url)
+        if held is not None:
             # What the server matches changes against for this proxy (the config it was given).
-            out["proxy_holds"]["inputs"] = _inputs(held_deps, name)
+            out["proxy_holds"]["inputs"] = _inputs(held, name)
         if res is not None:
             out["built_from"] = [self._origin(o) for o in res.origins]
             push_version = server.history.built_in(type_url, name, res.version)

@@ -97,7 +97,7 @@ class WaypointIndex:
             if cls_entry is not None:
                 traffic = cls_entry.obj.metadata.labels.get(WAYPOINT_FOR, traffic)
             traffic = e.obj.metadata.labels.get(WAYPOINT_FOR, traffic)
-            allowed, selector = "Same", tuple[tuple[str, str], ...]()
+            allowed, selector = "Same", ()
             if hbone:
                 rn = hbone[0].allowed_routes.namespaces
                 allowed = rn.from_

@@ -7,6 +7,7 @@ import time
 
 from aiohttp import web
 
+from pilot import version
 from pilot.config.gateway_api import GATEWAY_API_KINDS
 from pilot.http import config_dump
 from pilot.http.ambient_debug import AmbientDebug
@@ -95,7 +96,9 @@ class DebugHandlers:
     def _sync_status(self, conn: Connection) -> dict:
         out = {"cluster_id": conn.proxy.metadata.get("CLUSTER_ID", "Kubernetes"), "proxy": conn.proxy.id,
                "proxy_type": conn.proxy.type, "istio_version": conn.proxy.istio_version,
-               "connection_id": conn.id, "delta": conn.delta}
+               "connection_id": conn.id, "delta": conn.delta,
+               # Which replica answers (POD_NAME, else the host name): pilotctl's ISTIOD column.
+               "istiod": version.instance_id()}
         for type_url, field in _SYNC_FIELDS.items():
             w = conn.watched.get(type_url)
             out[f"{field}_sent"] = w.nonce_sent if w else ""

@@ -68,6 +68,7 @@ class Target:
         self.node_id = row["proxy"] if row else proxy
         self.admin: EnvoyAdmin | None = None
         self.admin_problem = ""
+        self.agent: EnvoyAdmin | None = None  # pilot-agent's status port (same GET-JSON client)
         self._find_admin(args, replicas)
 
     @staticmethod
@@ -87,8 +88,12 @@ class Target:
             self.admin = admin
             return
         client = replicas.client(self.replica, self.node_id) or {}
-        proxy_config = client.get("metadata", {}).get("PROXY_CONFIG") or {}
-        port = _port_number(proxy_config.get("proxyAdminPort") if isinstance(proxy_config, dict) else None)
+        proxy_config = client.get("metadata", {}).get("PROXY_CONFIG")
+        if not isinstance(proxy_config, dict):  # not run by an agent: nothing names its ports
+            proxy_config = None
+        self.agent = self._local_agent(proxy_config, args.timeout)
+        # ProxyConfig's default admin port is 15000 (what pilot-agent and istio-agent use).
+        port = _port_number(proxy_config.get("proxyAdminPort", 15000)) if proxy_config is not None else None
         if port is None:
             self.admin_problem = "its node metadata names no admin port (PROXY_CONFIG proxyAdminPort): pass --admin"
             return
@@ -102,6 +107,19 @@ class Target:
             self.admin_problem = f"127.0.0.1:{port} is another proxy's admin ({held}): pass --admin"
             return
         self.admin = admin
+
+    def _local_agent(self, proxy_config: dict | None, timeout: float) -> EnvoyAdmin | None:
+        """The proxy's pilot-agent on this host (its status port, 15020 by default), if it says it
+        serves this node."""
+        port = _port_number(proxy_config.get("statusPort", 15020)) if proxy_config is not None else None
+        if port is None:
+            return None
+        agent = EnvoyAdmin(f"127.0.0.1:{port}", timeout)
+        try:
+            held = agent.get("/debug/secrets")
+        except CtlError:
+            return None
+        return agent if held.get("node") == self.node_id else None
 
     def need_admin(self, what: str) -> EnvoyAdmin:
         if self.admin is None:
@@ -166,6 +184,10 @@ def _kind_data(kind: str, target: Target, args, warn: Warnings) -> tuple[Any, Ca
     if kind == "secrets":
         if target.admin is not None:
             res = resources_of(target.admin.config_dump(), kind)
+            if target.agent is not None:  # what the agent holds but Envoy has not asked for
+                have = {r["name"] for r in res}
+                res += [{**r, "state": "agent"} for r in resources_of(target.agent.get("/debug/secrets"), kind)
+                        if r["name"] not in have]
             rows = tables.secret_rows(res, proxy_side=True)
         else:
             warn.lines.append("note: showing the secrets the control plane serves; the proxy's own (from its "

@@ -204,7 +204,9 @@ def endpoints_table(rows: list[dict], proxy_side: bool) -> str:
 
 
 # --- secrets -------------------------------------------------------------------------------
-_SECRET_STATE = {"dynamic_active_secrets": "ACTIVE", "dynamic_warming_secrets": "WARMING", "static_secrets": "STATIC"}
+# Which list of Envoy's dump holds it; "agent": pilot-agent holds it for SDS, Envoy has not asked.
+_SECRET_STATE = {"dynamic_active_secrets": "ACTIVE", "dynamic_warming_secrets": "WARMING", "static_secrets": "STATIC",
+                 "agent": "AGENT"}
 
 
 def _pem(data_source: dict) -> bytes:

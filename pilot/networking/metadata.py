@@ -15,6 +15,7 @@ and the cluster builder's `services` list:
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from envoy.config.core.v3 import base_pb2
 
@@ -63,15 +64,23 @@ def route_metadata(path: str) -> base_pb2.Metadata:
     return md
 
 
+def set_services(md: base_pb2.Metadata, services) -> Any:
+    """`istio.services`: [{host, name, namespace}] of (host, name, namespace) tuples."""
+    fields = md.filter_metadata[ISTIO].fields
+    values = fields["services"].list_value.values
+    for host, name, namespace in services:
+        svc = values.add().struct_value.fields
+        svc["host"].string_value = host
+        svc["name"].string_value = name
+        svc["namespace"].string_value = namespace
+    return fields
+
+
 def set_cluster_metadata(md: base_pb2.Metadata, host: str, name: str, namespace: str,
                          destination_rule: str = "", subset: str = "", tls_mode: str | None = None) -> None:
     """The outbound cluster's `istio` metadata. `destination_rule` is the rule's `config` path
     ("" for none); `subset` is written only with a rule, as istiod does."""
-    fields = md.filter_metadata[ISTIO].fields
-    svc = fields["services"].list_value.values.add().struct_value.fields
-    svc["host"].string_value = host
-    svc["name"].string_value = name
-    svc["namespace"].string_value = namespace
+    fields = set_services(md, ((host, name, namespace),))
     if destination_rule:
         fields["config"].string_value = destination_rule
         if subset:

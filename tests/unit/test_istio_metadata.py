@@ -13,6 +13,7 @@ from pilot.model.push_context import PushContext
 from pilot.networking.metadata import config_path, kebab
 from pilot.networking.routes import outbound_route_config
 from tests.unit.test_gateway_api import route, store_of
+from tests.unit.test_mtls_generation import mesh_proxy, reviews_service, reviews_slice
 
 from .helpers import World, proxy, service
 
@@ -123,3 +124,16 @@ def test_gateway_api_routes_name_their_http_route():
     [vh] = [v for v in rc.virtual_hosts if REVIEWS in v.domains]
     assert [_istio(r) for r in vh.routes] == [
         {"config": "/apis/gateway.networking.k8s.io/v1/namespaces/default/http-route/split"}]
+
+
+def test_inbound_clusters_name_every_service_that_targets_the_port():
+    w = World()
+    w.apply(reviews_service(), reviews_slice())
+    inbound = w.cds(mesh_proxy())["inbound|9080||"].message(cluster_pb2.Cluster)
+    assert _istio(inbound) == {"services": [{"host": REVIEWS, "name": "reviews", "namespace": "default"}]}
+    # A second Service selecting the same pods on the same target port: both are named.
+    alias = reviews_service()
+    alias["metadata"] = {"name": "reviews-alias", "namespace": "default"}
+    w.apply(alias)
+    inbound = w.cds(mesh_proxy())["inbound|9080||"].message(cluster_pb2.Cluster)
+    assert sorted(s["name"] for s in _istio(inbound)["services"]) == ["reviews", "reviews-alias"]

@@ -257,6 +257,11 @@ class DebugHandlers:
         why, and whether the proxy has (and accepted) the current version."""
         proxy_id, type_url, name = (req.query.get(k, "") for k in ("proxyID", "type", "name"))
         type_url = _TYPE_ALIASES.get(type_url.lower(), type_url)
+        missing = [k for k, v in (("proxyID", proxy_id), ("type", type_url), ("name", name)) if not v]
+        if missing:
+            return _json({"error": f"{', '.join(missing)} required: "
+                                   "/debug/explain?proxyID=POD.NAMESPACE&type=cds|eds|lds|rds|sds&name=NAME"},
+                         status=400)
         conn = self._find(proxy_id)
         if conn is None:
             return _json({"error": f"proxy {proxy_id!r} is not connected"}, status=404)

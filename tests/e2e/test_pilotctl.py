@@ -8,6 +8,8 @@ import asyncio
 import json
 import os
 import sys
+import urllib.error
+import urllib.request
 
 import pytest
 import yaml
@@ -130,6 +132,10 @@ async def test_columns_come_from_real_state(mesh):
     vs_rows = [ln.split() for ln in routes.splitlines()[1:] if "web-vs.default" in ln]
     assert [r[-2:] for r in vs_rows] == [["/v1*", "web-vs.default"], ["/*", "web-vs.default"]]
     assert all(ln.split()[0] == str(port) for ln in routes.splitlines()[1:])
+    # ... which the Envoy holds as sent (its own dump, through --admin).
+    held_routes = await ok(*addrs, "pc", "routes", "back-1.default", "--admin", envoy_b.admin_address)
+    assert [ln.split()[-2:] for ln in held_routes.splitlines() if "web-vs.default" in ln] == \
+        [["/v1*", "web-vs.default"], ["/*", "web-vs.default"]]
 
     # OUTLIER CHECK and STATUS: Envoy's /clusters health flags for each host.
     eps = await ok(*addrs, "pc", "endpoints", "front-1.default", "--cluster", f"outbound|{port}||{web}")
@@ -198,6 +204,29 @@ async def test_bad_input_is_a_message_and_status_1(mesh):
     assert code == 1 and "front-1.default" in out and f"control plane {dead} not read" in err, (out, err)
     # ... but a proxy on a live replica is still found.
     await ok(addrs[0], addrs[1], "--addr", dead, "pc", "clusters", "front-1.default")
+
+
+async def test_debug_endpoints_pilotctl_uses_refuse_bad_queries_clearly(mesh):
+    planes, *_ = mesh
+    cp = planes[0]
+    cases = [("/debug/config_dump", 400, "proxyID is required"),
+             ("/debug/config_dump?proxyID=nobody.default", 404, "Proxy not connected to this Pilot instance"),
+             ("/debug/explain", 400, "proxyID, type, name required"),
+             ("/debug/explain?proxyID=front-1.default&type=cds", 400, "name required"),
+             ("/debug/explain?proxyID=front-1.default&type=bogus&name=x", 400, "unknown type 'bogus'"),
+             ("/debug/explain?proxyID=nobody.default&type=cds&name=x", 404, "is not connected")]
+    for path, status, text in cases:
+        code, body = await asyncio.to_thread(_get, f"http://127.0.0.1:{cp.ports['monitoring']}{path}")
+        assert (code, text in body) == (status, True), (path, code, body)
+        assert "Traceback" not in body
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
 
 
 async def test_completion_script_and_proxy_names(mesh):

@@ -274,6 +274,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--addr", action="append", metavar="HOST:PORT",
                    help=f"a control plane replica's debug address; repeat for several replicas "
                         f"(default: {DEFAULT_ADDR})")
+    p.add_argument("--kubeconfig", metavar="PATH",
+                   help="also find the replicas as the running istiod pods of this cluster (their pod IPs "
+                        "must be reachable; see pilot/pilotctl/discover.py)")
+    p.add_argument("-i", "--istioNamespace", default="istio-system",
+                   help="namespace of the istiod pods, with --kubeconfig (default: %(default)s)")
+    p.add_argument("-l", "--selector", default="app=istiod",
+                   help="label selector of the istiod pods, with --kubeconfig (default: %(default)s)")
+    p.add_argument("--token-file", metavar="PATH",
+                   help="a bearer token for replicas not on localhost (debug endpoints authenticate them)")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds per request (default: %(default)s)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -325,13 +334,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _replicas(args) -> Replicas:
+    addrs = list(args.addr or [])
+    if args.kubeconfig:
+        from pilot.pilotctl.discover import discover
+
+        addrs += discover(args.kubeconfig, args.istioNamespace, args.selector, args.timeout)
+    token = ""
+    if args.token_file:
+        try:
+            with open(args.token_file) as f:
+                token = f.read().strip()
+        except OSError as e:
+            raise CtlError(f"cannot read --token-file {args.token_file}: {e.strerror}") from None
+    return Replicas.of(addrs or [DEFAULT_ADDR], args.timeout, token)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argcomplete.autocomplete(parser)
     args = parser.parse_args(argv)
     warn = Warnings()
     try:
-        replicas = Replicas.of(args.addr or [DEFAULT_ADDR], args.timeout)
+        replicas = _replicas(args) if args.run not in (cmd_jwt, cmd_completion) else Replicas([])
         out = args.run(args, replicas, warn)
     except CtlError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -27,8 +27,10 @@ class NotHere(CtlError):
 
 
 def check_addr(addr: str) -> str:
-    """HOST:PORT, refused with the reason before anything is sent."""
+    """HOST:PORT (or [IPv6]:PORT), refused with the reason before anything is sent."""
     host, sep, port = addr.rpartition(":")
+    if host.startswith("[") != host.endswith("]"):
+        raise CtlError(f"address {addr!r} is not HOST:PORT")
     if not sep or not host:
         raise CtlError(f"address {addr!r} is not HOST:PORT")
     if not port.isdigit() or not 0 < int(port) < 65536:
@@ -36,10 +38,11 @@ def check_addr(addr: str) -> str:
     return addr
 
 
-def _get(base: str, what: str, path: str, timeout: float) -> tuple[int, bytes]:
+def _get(base: str, what: str, path: str, timeout: float, token: str = "") -> tuple[int, bytes]:
     url = f"http://{base}{path}"
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
@@ -61,9 +64,10 @@ class Replica:
 
     addr: str
     timeout: float = 10.0
+    token: str = ""  # for the debug endpoints off localhost (pilot/http/auth.py)
 
     def get(self, path: str) -> Any:
-        status, body = _get(self.addr, "the control plane", path, self.timeout)
+        status, body = _get(self.addr, "the control plane", path, self.timeout, self.token)
         text = body.decode(errors="replace").strip()
         if status == 404 and NOT_CONNECTED in text:
             raise NotHere(text)
@@ -88,8 +92,8 @@ class Replicas:
     down: dict[str, str] = field(default_factory=dict)  # addr -> why it could not be read
 
     @classmethod
-    def of(cls, addrs: list[str], timeout: float = 10.0) -> Replicas:
-        return cls([Replica(check_addr(a), timeout) for a in dict.fromkeys(addrs)])
+    def of(cls, addrs: list[str], timeout: float = 10.0, token: str = "") -> Replicas:
+        return cls([Replica(check_addr(a), timeout, token) for a in dict.fromkeys(addrs)])
 
     def each(self, path: str) -> list[tuple[Replica, Any]]:
         """(replica, answer) of every replica that answered; the others are noted in `down`."""

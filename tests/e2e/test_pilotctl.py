@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from tests.e2e.mesh_config import endpoint_slice_yaml, fqdn, service_yaml
+from tests.fakes.apiserver import FakeApiServer
 from tests.support.backends import HttpBackend
 from tests.support.control_plane import REPO_ROOT, ControlPlane
 from tests.support.envoy import Envoy
@@ -189,6 +190,7 @@ async def test_bad_input_is_a_message_and_status_1(mesh):
          "cannot reach the proxy's Envoy admin"),
         ((*addrs, "pc", "clusters", "front-1.default", "--admin", envoy_b.admin_address), f"is node '{NODE_B}'"),
         (("jwt", "token", "/nonexistent/dir", "--namespace", "a", "--sa", "b"), "run `pilotctl jwt init"),
+        ((*addrs, "--token-file", "/nonexistent/token", "ps"), "cannot read --token-file /nonexistent/token"),
     ]
     for args, message in cases:
         code, out, err = await pilotctl(*args)
@@ -204,6 +206,32 @@ async def test_bad_input_is_a_message_and_status_1(mesh):
     assert code == 1 and "front-1.default" in out and f"control plane {dead} not read" in err, (out, err)
     # ... but a proxy on a live replica is still found.
     await ok(addrs[0], addrs[1], "--addr", dead, "pc", "clusters", "front-1.default")
+
+
+async def test_replicas_found_through_the_kubeconfig(mesh, tmp_path):
+    planes, *_ = mesh
+    async with FakeApiServer() as fake:
+        def istiod(name: str, port: int, phase: str = "Running") -> dict:
+            return {"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": name, "namespace": "istio-system", "labels": {"app": "istiod"}},
+                    "spec": {"containers": [{"name": "discovery", "image": "pilot", "ports": [
+                        {"name": "grpc-xds", "containerPort": 15010},
+                        {"name": "http-monitoring", "containerPort": port}]}]},
+                    "status": {"phase": phase, "podIP": "127.0.0.1"}}
+        fake.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "istio-system"}})
+        for name, cp in zip(("istiod-a", "istiod-b"), planes):
+            fake.create(istiod(name, cp.ports["monitoring"]))
+        fake.create(istiod("istiod-starting", free_port(), phase="Pending"))  # not a replica yet
+        kc = fake.write_kubeconfig(tmp_path / "kubeconfig")
+        rows = json.loads(await ok("--kubeconfig", kc, "ps", "-o", "json"))
+        assert {(r["name"], r["istiod"]) for r in rows} == {("front-1.default", "istiod-a"),
+                                                           ("back-1.default", "istiod-b")}
+        code, _, err = await pilotctl("--kubeconfig", kc, "-i", "elsewhere", "ps")
+        assert code == 1 and "no running pod in elsewhere matches 'app=istiod'" in err, err
+    code, _, err = await pilotctl("--kubeconfig", kc, "ps")  # the API server is gone
+    assert code == 1 and "cannot reach the Kubernetes API" in err and "Traceback" not in err, err
+    code, _, err = await pilotctl("--kubeconfig", str(tmp_path / "missing"), "ps")
+    assert code == 1 and "does not exist" in err, err
 
 
 async def test_debug_endpoints_pilotctl_uses_refuse_bad_queries_clearly(mesh):

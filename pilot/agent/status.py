@@ -4,6 +4,8 @@ reason otherwise. Kubernetes readiness probes point here."""
 
 from __future__ import annotations
 
+import base64
+import datetime as dt
 from collections.abc import Callable, Mapping
 
 import aiohttp
@@ -20,8 +22,9 @@ class StatusServer:
     def __init__(self, secrets: SecretManager, envoy: EnvoySupervisor, *, host: str = "0.0.0.0",
                  port: int = 15020, on_port: Callable[[int], None] | None = None,
                  app_probers: Mapping[str, app_probes.Prober] | None = None, app_host: str = "127.0.0.1",
-                 app_metrics: Mapping[str, str] | None = None) -> None:
+                 app_metrics: Mapping[str, str] | None = None, node_id: str = "") -> None:
         self.secrets = secrets
+        self.node_id = node_id
         self.app_probers = app_probers or {}
         self.app_host = app_host  # the pod IP: apps often listen on it rather than on loopback
         self.app_metrics = app_metrics
@@ -86,11 +89,29 @@ class StatusServer:
         body = "".join(p if p.endswith("\n") else p + "\n" for p in parts)
         return web.Response(text=body, content_type="text/plain", charset="utf-8")
 
+    async def held_secrets(self, _req: web.Request) -> web.Response:
+        """What the agent holds to serve Envoy over SDS (`default`, `ROOTCA`), in Envoy's
+        SecretsConfigDump JSON with the private key left out: pilotctl's view of secrets Envoy has
+        not asked for (yet). Public certificates only, so the status port may serve it."""
+        current = self.secrets.current
+        held = []
+        if current is not None:
+            def b64(pem: str) -> str:
+                return base64.b64encode(pem.encode()).decode()
+            at = dt.datetime.fromtimestamp(current.issued_at, dt.UTC).isoformat().replace("+00:00", "Z")
+            held = [{"name": "default", "version_info": current.version, "last_updated": at, "secret": {
+                        "name": "default", "tls_certificate": {"certificate_chain": {"inline_bytes": b64(current.chain_pem)}}}},
+                    {"name": "ROOTCA", "version_info": current.root_version, "last_updated": at, "secret": {
+                        "name": "ROOTCA", "validation_context": {"trusted_ca": {"inline_bytes": b64(current.root_pem)}}}}]
+        return web.json_response({"node": self.node_id, "configs": [
+            {"@type": "type.googleapis.com/envoy.admin.v3.SecretsConfigDump", "dynamic_active_secrets": held}]})
+
     async def start(self) -> int:
         self._session = aiohttp.ClientSession()
         app = web.Application()
         app.add_routes([web.get("/healthz/ready", self.ready),
                         web.get("/stats/prometheus", self.stats_prometheus),
+                        web.get("/debug/secrets", self.held_secrets),
                         web.get("/app-health/{container}/{kind}", self.app_health),
                         web.post("/app-health/{container}/{kind}", self.app_health)])
         self._runner = web.AppRunner(app, access_log=None)

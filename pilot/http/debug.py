@@ -8,6 +8,7 @@ import time
 
 from aiohttp import web
 
+from pilot import version
 from pilot.config.core import Secret
 from pilot.config.gateway_api import GATEWAY_API_KINDS
 from pilot.http import config_dump
@@ -149,7 +150,9 @@ class DebugHandlers:
     def _sync_status(self, conn: Connection) -> dict:
         out = {"cluster_id": conn.proxy.metadata.get("CLUSTER_ID", "Kubernetes"), "proxy": conn.proxy.id,
                "proxy_type": conn.proxy.type, "istio_version": conn.proxy.istio_version,
-               "connection_id": conn.id, "delta": conn.delta}
+               "connection_id": conn.id, "delta": conn.delta,
+               # Which replica answers (POD_NAME, else the host name): pilotctl's ISTIOD column.
+               "istiod": version.instance_id()}
         for type_url, field in _SYNC_FIELDS.items():
             w = conn.watched.get(type_url)
             out[f"{field}_sent"] = w.nonce_sent if w else ""
@@ -308,6 +311,11 @@ class DebugHandlers:
         why, and whether the proxy has (and accepted) the current version."""
         proxy_id, type_url, name = (req.query.get(k, "") for k in ("proxyID", "type", "name"))
         type_url = _TYPE_ALIASES.get(type_url.lower(), type_url)
+        missing = [k for k, v in (("proxyID", proxy_id), ("type", type_url), ("name", name)) if not v]
+        if missing:
+            return _json({"error": f"{', '.join(missing)} required: "
+                                   "/debug/explain?proxyID=POD.NAMESPACE&type=cds|eds|lds|rds|sds&name=NAME"},
+                         status=400)
         conn = self._find(proxy_id)
         if conn is None:
             return _json({"error": f"proxy {proxy_id!r} is not connected"}, status=404)

@@ -12,7 +12,7 @@ collide with the app it runs next to.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pilot.config.core import EndpointSlice
 from pilot.config.networking import ConnectionPoolSettings, Sidecar
@@ -37,6 +37,9 @@ class InboundPort:
     # The Sidecar's connection pool for this port's inbound cluster: its ingress listener's, else
     # its inboundConnectionPool (istiod's InboundConnectionPoolForPort); None for none.
     pool: ConnectionPoolSettings | None = None
+    # (host, name, namespace) of every Service that targets this port: the inbound cluster's
+    # `istio.services` metadata, as istiod's (telemetry and istioctl read it).
+    services: tuple[tuple[str, str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,12 +117,18 @@ def plan_inbound(proxy: Proxy, services: tuple[MeshService, ...], slices_of, sid
                     problems.append(f"{svc.origin} port {sp.port}: targetPort {sp.target_port!r} "
                                     "is not a port of this workload's endpoints")
                     continue
+            here = (svc.hostname, svc.name, svc.namespace)
             if target in ports:
-                continue  # several services may target one workload port: the first (by host) serves it
+                # Several services may target one workload port: the first (by host) serves it,
+                # every one of them is named in its metadata.
+                if ports[target].origin.startswith("Service/") and here not in ports[target].services:
+                    ports[target] = replace(ports[target], services=(*ports[target].services, here))
+                continue
             if none_mode and ip == LOCALHOST:
                 problems.append(f"{svc.origin} port {sp.port}: the workload address is {LOCALHOST}, where the app "
                                 f"itself listens on {target}; give the proxy its own IP to serve it inbound")
                 continue
             ports[target] = InboundPort(target, sp.protocol, f"{LOCALHOST}:{target}",
-                                        ip if none_mode else "", mtls_mode(target), svc.origin, shared_pool)
+                                        ip if none_mode else "", mtls_mode(target), svc.origin, shared_pool,
+                                        (here,))
     return InboundPlan(tuple(ports[k] for k in sorted(ports)), mesh_tls, policies, tuple(problems))

@@ -70,6 +70,7 @@ from pilot.networking.filters import (
     http_connection_manager,
 )
 from pilot.networking.http_routes import RouteInputs, destination_cluster, virtual_service_routes
+from pilot.networking.metadata import config_path
 from pilot.networking.protos import ads_config_source, pack
 from pilot.networking.routes import HashKey, _apply_hash_policies
 
@@ -374,7 +375,9 @@ def gateway_route_config(name: str, port: int, sources: tuple[VhostSource, ...],
         gateway_api = vs.obj.metadata.annotations.get(SEMANTICS) == "gateway"
         routes = virtual_service_routes(rules, RouteInputs(vs.key.namespace, domain, port, by_host, retry,
                                                            client_namespace, dict(client_labels),
-                                                           gateway_semantics=gateway_api))
+                                                           gateway_semantics=gateway_api,
+                                                           config=config_path(vs.key.kind, vs.key.namespace,
+                                                                              vs.key.name)))
         for host in src.hosts:
             if (host, vs.key) in contributed:
                 continue

@@ -13,6 +13,7 @@ from pilot.model.services import MeshService
 from pilot.model.store import Entry
 from pilot.networking import names
 from pilot.networking.http_routes import RouteInputs, virtual_service_routes
+from pilot.networking.metadata import config_path
 from pilot.networking.protos import duration
 from pilot.networking.retries import retry_policy
 from pilot.networking.traffic_policy import effective_policy
@@ -93,7 +94,7 @@ def outbound_route_config(port: int, services: tuple[MeshService, ...], proxy_na
             inputs = RouteInputs(vs.key.namespace, domain, port, by_host, settings.retry,
                                  proxy_namespace, dict(client_labels),
                                  gateway_semantics=vs.obj.metadata.annotations.get(SEMANTICS) == "gateway",
-                                 sidecar=True)
+                                 sidecar=True, config=config_path(vs.key.kind, vs.key.namespace, vs.key.name))
             vs_routes = virtual_service_routes(vs.obj.spec.http, inputs)
         rc.virtual_hosts.append(service_virtual_host(svc, port, domains, settings, vs_routes))
     if hash_policies:

@@ -46,6 +46,7 @@ from pilot.model.store import Entry
 from pilot.networking import tls
 from pilot.networking.filters import cors_filter, fault_filter, router_filter
 from pilot.networking.http_routes import RouteInputs, virtual_service_routes
+from pilot.networking.metadata import config_path
 from pilot.networking.policy_filters import TrustDomains, inbound_http_filters, inbound_network_filters
 from pilot.networking.protos import ads_config_source, duration, pack
 
@@ -164,7 +165,8 @@ def _http_chain(cluster: str, port: int, policies: WorkloadPolicies, trust_domai
     routes = []
     if vs is not None and vs.obj.spec.http:
         inputs = RouteInputs(vs.key.namespace, routing.domain, port, {s.hostname: s for s in routing.services},
-                             routing.retry or HttpRetryPolicy())
+                             routing.retry or HttpRetryPolicy(),
+                             config=config_path(vs.key.kind, vs.key.namespace, vs.key.name))
         routes = virtual_service_routes(vs.obj.spec.http, inputs)
     if not routes:
         routes = [route_components_pb2.Route(

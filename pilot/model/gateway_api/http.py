@@ -233,7 +233,8 @@ def http_route_rules(route: Entry[HTTPRoute], ctx: RouteRefs, problems: list[Bac
             match = http_match(_http_uri(m.path), _header_matches(m.headers),
                                {q.name: _string(q.type, q.value) for q in _first_query(m.query_params)}, m.method)
             out.append(Candidate(rank(match), GatewayApiRule.model_construct(name=f"{ns}.{name}.{i}.{j}",
-                                                                             match=[match], **fields),
+                                                                             match=[match], origin=str(route.key),
+                                                                             **fields),
                                  str(route.key)))
     return out
 
@@ -270,6 +271,7 @@ def grpc_route_rules(route: Entry[GRPCRoute], ctx: RouteRefs, problems: list[Bac
             match = http_match(_grpc_uri(m.method if m is not None else None),
                                _header_matches(m.headers) if m is not None else {}, {}, None)
             out.append(Candidate(rank(match), GatewayApiRule.model_construct(name=f"{ns}.{name}.{i}.{j}",
-                                                                             match=[match], **fields),
+                                                                             match=[match], origin=str(route.key),
+                                                                             **fields),
                                  str(route.key)))
     return out

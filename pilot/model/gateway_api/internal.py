@@ -59,6 +59,7 @@ class GatewayApiRule(HTTPRoute):
 
     redirect_prefix: str | None = None
     redirect_regex: RegexRewrite | None = None
+    origin: str = ""  # the route it comes from, `Kind/namespace/name`: what its Envoy routes name
 
 
 def _entry(kind: str, obj: ObjT) -> Entry[ObjT]:

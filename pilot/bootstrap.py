@@ -179,6 +179,7 @@ class ControlPlane:
         self._write_ports()
         if self.kube_source is not None:
             await self.kube_source.wait_synced()
+        if self.tag_watcher is not None:
             await self.tag_watcher.wait_synced()
         await self._start_ca()  # after the sync: the mesh's trust domain may come from the ConfigMap
         await self._start_webhook()
@@ -250,12 +251,13 @@ class ControlPlane:
         log.info("CA ready", mode=self.ca.mode, source=(self.features.root_ca_dir if self.ca.mode == "plugged-in"
                                                         else storage.description),
                  root_expires=self.ca.root_expiry.isoformat(timespec="seconds"))
-        if self.ca.mode == PLUGGED_IN:
+        if self.ca.mode == PLUGGED_IN and options.root_ca_dir is not None:
             self._tasks.append(asyncio.create_task(
                 watch_plugged_in_ca(self.ca, options.root_ca_dir, self._on_ca_reload, self._stop), name="ca-reload"))
 
     async def _on_ca_reload(self) -> None:
         """A new signing chain: istiod's own certificate and the root ConfigMaps follow it."""
+        assert self.ca is not None  # its watcher calls this
         m = self.discovery.metrics
         m.root_cert_expiry.set(self.ca.root_expiry.timestamp())
         m.cert_chain_expiry.set(self.ca.cert_chain_expiry.timestamp())
@@ -352,20 +354,21 @@ class ControlPlane:
                 if w is not None]
 
     def _start_leader_election(self) -> None:
+        assert self.kube is not None and self.kube_source is not None  # Kubernetes mode
         if self.ca is not None:
             self.root_cert_writer = RootCertWriter(self.kube, self.store, self.ca.root_cert_pem,
                                                    namespace_selected=self._namespace_selected)
-        if self.webhook is not None:
+        if self.webhook is not None and self.ca is not None:  # (a webhook has a CA)
             self.injector_bundle_writer = InjectorBundleWriter(
                 self.kube, self.features.pod_namespace, self.features.revision, self.ca.root_cert_pem)
             self.ca_bundle_writer = CABundleWriter(self.kube, self.features.pod_namespace, self.features.revision,
                                                    self.ca.root_cert_pem)
         if self.tag_watcher is not None:
-            self.gateway_deployer = DeploymentController(
+            deployer = self.gateway_deployer = DeploymentController(
                 self.kube, self.store, self.tag_watcher.current, self._gateway_inputs,
                 resync_keys=frozenset({self.mesh.configmap_key, ConfigKey(
                     "ConfigMap", self.features.pod_namespace, configmap_name(self.features.revision))}))
-            self.tag_watcher.listeners.append(lambda _state: self.gateway_deployer.resync())
+            self.tag_watcher.listeners.append(lambda _state: deployer.resync())
         source = self.kube_source
         status = self.status_writer = StatusWriter(self.kube, source.latest, source.objects_of)
         self.gateway_status.listeners.append(status.offer)
@@ -388,6 +391,7 @@ class ControlPlane:
             self._tasks.append(asyncio.create_task(started(), name=f"always-leader-{lease}"))
             return
         f = self.features
+        assert self.kube is not None  # Kubernetes mode
         election = LeaderElection(self.kube, f.pod_namespace, lease, self.identity,
                                   lease_duration=f.leader_lease_duration, renew_deadline=f.leader_renew_deadline,
                                   retry_period=f.leader_retry_period, on_started=started, on_stopped=stopped)
@@ -446,7 +450,7 @@ class ControlPlane:
                 await site.start()
             except OSError as e:
                 raise OSError(e.errno, f"--{name}Addr {addr_text}: {e.strerror}") from None
-            self.ports[name] = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            self.ports[name] = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # aiohttp: bound port is private
 
     async def drain(self, duration: float) -> None:
         """SIGTERM: /ready turns 503, new streams are refused, and existing streams are closed

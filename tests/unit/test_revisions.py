@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pilot.inject.deploy import mutating_webhook_configuration
 from pilot.model.revisions import labels_in_revision, tag_state
-from pilot.tagctl import canonical_injector, rows_table, tag_rows, tag_webhook
+from pilot.pilotctl.tag import canonical_injector, rows_table, tag_rows, tag_webhook
 
 
 def test_config_objects_are_read_by_their_revision_and_global_ones_by_all():

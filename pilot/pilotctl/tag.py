@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import copy
 import json
-import sys
 from typing import Any
 
 import yaml
@@ -39,6 +38,7 @@ from pilot.model.revisions import (
     service_name,
     tag_webhook_name,
 )
+from pilot.pilotctl.client import CtlError
 from pilot.sources.kube.client import ApiError, Kube, load_api_client
 
 MUTATING = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
@@ -302,11 +302,15 @@ async def remove_tag(kube: Kube, tag: str, namespace: str, *, skip_confirmation:
 
 # --- the command line ------------------------------------------------------------------------
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """`pilotctl tag ...` (hooked into pilotctl's parser)."""
+    """`pilotctl tag ...` (hooked into pilotctl's parser). The kubeconfig and namespace may be
+    given here or as pilotctl's own `--kubeconfig`/`-i` (separate dests: a subcommand's defaults
+    would otherwise overwrite what was given before it)."""
     tag = sub.add_parser("tag", help="revision tags (istioctl tag): set, generate, list, remove")
-    tag.add_argument("--kubeconfig", default=None, help="kubeconfig (default: $KUBECONFIG or ~/.kube/config)")
-    tag.add_argument("-i", "--istioNamespace", "--istio-namespace", dest="istio_namespace", default="istio-system")
-    actions = tag.add_subparsers(dest="tag_command", required=True)
+    tag.add_argument("--kubeconfig", dest="tag_kubeconfig", default=None,
+                     help="kubeconfig (default: pilotctl's --kubeconfig, else $KUBECONFIG or ~/.kube/config)")
+    tag.add_argument("-i", "--istioNamespace", "--istio-namespace", dest="tag_istio_namespace", default=None,
+                     help="the control plane's namespace (default: pilotctl's -i, istio-system)")
+    actions = tag.add_subparsers(dest="tag_command", required=True, metavar="ACTION")
     for name, help_text in (("set", "create or modify a revision tag"),
                             ("generate", "print the objects `set` would write")):
         p = actions.add_parser(name, help=help_text)
@@ -321,16 +325,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     rm = actions.add_parser("remove", help="delete a revision tag")
     rm.add_argument("tag")
     rm.add_argument("-y", "--skip-confirmation", action="store_true")
+    tag.set_defaults(run=run)
 
 
 async def _run(args: argparse.Namespace) -> str:
     from kubernetes_asyncio import config
 
-    if args.kubeconfig is None:
-        args.kubeconfig = config.KUBE_CONFIG_DEFAULT_LOCATION
-    kube = Kube(await load_api_client(args.kubeconfig, identity="pilotctl"))
+    kubeconfig = args.tag_kubeconfig or getattr(args, "kubeconfig", None) or config.KUBE_CONFIG_DEFAULT_LOCATION
+    ns = args.tag_istio_namespace or getattr(args, "istioNamespace", None) or "istio-system"
+    kube = Kube(await load_api_client(kubeconfig, identity="pilotctl"))
     try:
-        ns = args.istio_namespace
         if args.tag_command in ("set", "generate"):
             kw = {"overwrite": args.overwrite, "webhook_name": args.webhook_name,
                   "auto_inject_namespaces": args.auto_inject_namespaces}
@@ -345,10 +349,9 @@ async def _run(args: argparse.Namespace) -> str:
         await kube.close()
 
 
-def main(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, _replicas: Any = None, _warn: Any = None) -> str:
+    """pilotctl's command interface: the output, or CtlError (one `error: ...` line, exit 1)."""
     try:
-        print(asyncio.run(_run(args)))
+        return asyncio.run(_run(args))
     except (TagError, ApiError) as e:
-        print(f"Error: {e}", file=sys.stderr)
-        return 1
-    return 0
+        raise CtlError(str(e)) from None

@@ -93,9 +93,11 @@ async def configz_names(cp: ControlPlane) -> set[str]:
     return {c["name"] for c in (await cp.debug("/debug/configz"))["configs"] if c["kind"] == "VirtualService"}
 
 
-async def pilotctl(kubeconfig: str, *args: str) -> tuple[int, str, str]:
+async def pilotctl(kubeconfig: str, *args: str, global_flag: bool = False) -> tuple[int, str, str]:
+    """`pilotctl tag --kubeconfig K ARGS`, or with pilotctl's own flag: `pilotctl --kubeconfig K tag ARGS`."""
+    flags = ["--kubeconfig", kubeconfig, "tag"] if global_flag else ["tag", "--kubeconfig", kubeconfig]
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pilot.pilotctl", "tag", "--kubeconfig", kubeconfig, *args,
+        sys.executable, "-m", "pilot.pilotctl", *flags, *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=str(REPO))
     out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
     return proc.returncode, out.decode(), err.decode()
@@ -209,6 +211,9 @@ async def test_each_revision_serves_its_namespaces_and_config_and_a_tag_moves_th
             await wait_for(tagged, timeout=20, message="the default tag moved injection to the canary")
 
             code, out, err = await pilotctl(kubeconfig, "list")
+            # pilotctl's own --kubeconfig (before the command) reaches the tag commands too.
+            code2, out2, err2 = await pilotctl(kubeconfig, "list", global_flag=True)
+            assert (code2, out2) == (code, out), err2
             assert code == 0, err
             lines = out.strip().splitlines()
             assert lines[0].split() == ["TAG", "REVISION", "NAMESPACES"]

@@ -186,6 +186,7 @@ def destination_problems(index: TrafficIndex, known_hosts: set[str], domain: str
             spec = vs.obj.spec  # type: ignore[attr-defined]
             dests = [d.destination for rule in spec.http for d in rule.route]
             dests += [rule.mirror for rule in spec.http if rule.mirror is not None]
+            dests += [m.destination for rule in spec.http for m in rule.mirrors]
             dests += [d.destination for rule in (*spec.tcp, *spec.tls) for d in rule.route]
             for dest in dests:
                 host = resolve_host(dest.host, vs.key.namespace, domain)

@@ -346,8 +346,11 @@ class VhostSource:
     require_tls: bool  # the server's tls.httpsRedirect
 
 
-def _domains(host: str, port: int) -> list[str]:
-    return ["*"] if host == "*" else [host, f"{host}:{port}"]
+def _domains(host: str) -> list[str]:
+    """istiod's gateway domains: the host alone, with the route configuration set to ignore the
+    port in Host (`ignore_port_in_host_matching`), so `HOST:ANY-PORT` matches as well: clients
+    behind a load balancer or port-forward send ports the router's listener does not have."""
+    return [host]
 
 
 def gateway_route_config(name: str, port: int, sources: tuple[VhostSource, ...], retry: HttpRetryPolicy,
@@ -369,19 +372,21 @@ def gateway_route_config(name: str, port: int, sources: tuple[VhostSource, ...],
         gateway_api = vs.obj.metadata.annotations.get(SEMANTICS) == "gateway"
         routes = virtual_service_routes(rules, RouteInputs(vs.key.namespace, domain, port, by_host, retry,
                                                            client_namespace, dict(client_labels),
-                                                           gateway_semantics=gateway_api))
+                                                           gateway_semantics=gateway_api,
+                                                           tls=name.startswith("https.")))
         for host in src.hosts:
             if (host, vs.key) in contributed:
                 continue
             contributed.add((host, vs.key))
             vh = vhosts.get(host)
             if vh is None:
-                vh = route_components_pb2.VirtualHost(name=f"{host}:{port}", domains=_domains(host, port))
+                vh = route_components_pb2.VirtualHost(name=f"{host}:{port}", domains=_domains(host))
                 if src.require_tls:
                     vh.require_tls = route_components_pb2.VirtualHost.ALL
                 vhosts[host] = vh
             vh.routes.extend(routes)
-    rc = route_pb2.RouteConfiguration(name=name, validate_clusters=wrappers_pb2.BoolValue(value=False))
+    rc = route_pb2.RouteConfiguration(name=name, validate_clusters=wrappers_pb2.BoolValue(value=False),
+                                      ignore_port_in_host_matching=True)
     if not vhosts:
         rc.virtual_hosts.add(name=f"blackhole:{port}", domains=["*"])
     for host in sorted(vhosts):
@@ -401,6 +406,8 @@ def referenced_hosts(virtual_services: tuple[Entry, ...], domain: str) -> set[st
                 out.add(resolve_host(d.destination.host, vs.key.namespace, domain))
             if rule.mirror is not None:
                 out.add(resolve_host(rule.mirror.host, vs.key.namespace, domain))
+            for m in rule.mirrors:
+                out.add(resolve_host(m.destination.host, vs.key.namespace, domain))
         for rule in (*spec.tcp, *spec.tls):
             for d in rule.route:
                 out.add(resolve_host(d.destination.host, vs.key.namespace, domain))

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pilot.config.gateway_api import GROUP
-from pilot.model.credentials import CERT_KEYS
+from pilot.model.credentials import CERT_KEYS, key_pair_problem
 from pilot.model.gateway_api.conditions import condition, sorted_conditions
 from pilot.model.gateway_api.references import ReferenceGrants
 from pilot.model.store import Entry
@@ -150,6 +150,12 @@ def _certificate(gateway: Entry, listener, secrets: Mapping[tuple[str, str], Ent
     if not any(c in data and k in data for c, k in CERT_KEYS):
         return "", Verdict(False, "InvalidCertificateRef", f"invalid certificate reference {where}, the secret has "
                                                             "no tls.crt and tls.key")
+    # A listener is never programmed with a certificate Envoy would refuse (its SDS update
+    # NACKed, the listener stuck warming): not PEM, or a key that is not the certificate's.
+    problem = key_pair_problem(secret.obj.reveal())  # type: ignore[attr-defined]
+    if problem:
+        return "", Verdict(False, "InvalidCertificateRef", f"invalid certificate reference {where}, the certificate "
+                                                            f"is malformed: {problem}")
     return (ref.name if ns == gateway.key.namespace else f"{ns}/{ref.name}"), None
 
 

@@ -20,7 +20,8 @@ ports itself, so 0.0.0.0 also serves tests that connect to 127.0.0.1 without roo
   and the mesh root from pilot-agent's SDS (`default`, `ROOTCA`), client certificate required;
   only for routers with a mesh identity.
 - TLS servers in PASSTHROUGH: a chain per SNI of the bound VirtualServices' `tls` routes, to a
-  tcp_proxy (with tls_inspector to read the SNI). TLS servers that terminate route `tcp` rules.
+  tcp_proxy (with tls_inspector to read the SNI). TLS servers that terminate route `tcp` rules
+  (or, for VirtualServices made from TLSRoutes, their `tls` rules, as istiod does).
 - TLS servers in AUTO_PASSTHROUGH: a chain per `outbound_.PORT_.SUBSET_.HOST` SNI of the services
   the server's hosts match, to that cluster (istiod's sni-dnat for multi-network meshes).
 - TCP servers: the first matching `tcp` route of the bound VirtualServices.
@@ -44,7 +45,7 @@ from google.protobuf import wrappers_pb2
 
 from pilot.config.mesh import HttpRetryPolicy
 from pilot.model import credentials
-from pilot.model.gateway_api.internal import SEMANTICS
+from pilot.model.gateway_api.internal import PARENTS, SEMANTICS
 from pilot.model.gateways import (
     Binding,
     PortView,
@@ -163,13 +164,21 @@ def _targets(route, vs: Entry, port: int, domain: str,
 
 def _tcp_targets(ref: ServerRef, bindings: tuple[Binding, ...], domain: str,
                  services: Mapping[str, MeshService]) -> tuple[tuple[tuple[str, int], ...], tuple[str, ...]]:
-    """The first `tcp` rule of the bound VirtualServices that applies to this server."""
+    """The first `tcp` rule of the bound VirtualServices that applies to this server; for a
+    VirtualService made from a TLSRoute (on a TLS listener that terminates: istiod's fallback),
+    its first `tls` rule whose match applies by port and gateway (the SNI was the listener's to
+    check when it chose the certificate)."""
     for b in bindings:
         vs = b.virtual_service
-        for rule in vs.obj.spec.tcp:  # type: ignore[attr-defined]
+        spec = vs.obj.spec  # type: ignore[attr-defined]
+        for rule in spec.tcp:
             if not rule.match or any(_match_applies(m, ref.gateway_name, vs.key.namespace, ref.port)
                                      for m in rule.match):
                 return _targets(rule, vs, ref.port, domain, services), config_origins(vs)
+        if vs.obj.metadata.annotations.get(PARENTS, "").startswith("TLSRoute/"):
+            for rule in spec.tls:
+                if any(_match_applies(m, ref.gateway_name, vs.key.namespace, ref.port) for m in rule.match):
+                    return _targets(rule, vs, ref.port, domain, services), config_origins(vs)
     return (), ()
 
 

@@ -252,16 +252,19 @@ def _resolve_addresses(namespace: str, hosts: list[str], ports: list[int], servi
     """istiod's ResolveGatewayInstances, on Services alone: (HOST:PORT assigned, warnings, all
     usable). A hostname must be a Service of the Gateway's namespace exposing every listener
     port. (Endpoints are not read: a Service's endpoints changing never rewrites status.)"""
-    by_host = {f"{n}.{ns}.svc.{domain}": e for (ns, n), e in services.items() if ns == namespace}
     internal: set[str] = set()
     warnings: list[str] = []
     usable = True
+    suffix = f".svc.{domain}"
     for host in hosts:
-        svc = by_host.get(host)
+        # A Service's hostname is NAME.NAMESPACE.svc.DOMAIN: at most one Service anywhere has it.
+        name, _, rest = host.partition(".")
+        svc_ns = rest[:-len(suffix)] if rest.endswith(suffix) and "." not in rest[:-len(suffix)] else None
+        svc = services.get((namespace, name)) if svc_ns == namespace else None
         if svc is None:
-            elsewhere = sorted(f'"{ns}"' for (ns, n) in services if f"{n}.{ns}.svc.{domain}" == host)
+            elsewhere = svc_ns is not None and (svc_ns, name) in services
             warnings.append(f'hostname "{host}" not found in namespace "{namespace}", but it was found in namespace(s) '
-                            f"{', '.join(elsewhere)}" if elsewhere else f'hostname "{host}" not found')
+                            f'"{svc_ns}"' if elsewhere else f'hostname "{host}" not found')
             usable = False
             continue
         exposed = {p.port for p in svc.obj.spec.ports}  # type: ignore[attr-defined]

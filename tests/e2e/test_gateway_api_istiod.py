@@ -3,7 +3,8 @@ conformance/tests) and istiod expect, through real Envoys: a Host with any port
 (HTTPRouteHostnameIntersection), redirects keeping the listener's port
 (HTTPRouteRedirectPortAndScheme), several mirrors on one rule (HTTPRouteRequestMultipleMirrors),
 malformed certificates refused before they reach Envoy (GatewayInvalidTLSConfiguration), a
-TLSRoute on a terminating TLS listener, and GAMMA TCPRoute/TLSRoute routing sidecar traffic."""
+TLSRoute on a terminating TLS listener (also verifying clients, gateway.istio.io/tls-terminate-mode
+MUTUAL), and GAMMA TCPRoute/TLSRoute routing sidecar traffic."""
 
 from __future__ import annotations
 
@@ -116,12 +117,13 @@ async def test_host_ports_redirect_ports_and_multiple_mirrors(env: GatewayApiEnv
 async def test_malformed_certificates_never_reach_envoy_and_tls_route_on_terminate(env: GatewayApiEnv):
     ca = make_ca()
     good, other = issue(ca, ["good.example.com"]), issue(ca, ["bad.example.com"])
-    terminated = issue(ca, ["t.example.com"])
+    terminated, mutual = issue(ca, ["t.example.com"]), issue(ca, ["m.example.com"])
     hello = base64.b64encode(b"Hello world").decode()
-    https_port, tls_port = free_ports(2)
+    https_port, tls_port, mutual_port = free_ports(3)
     env.cp.write("secrets.yaml", tls_secret_yaml("good", GW_NS, good) + "---\n"
                  + tls_secret_yaml("mismatched", GW_NS, dataclasses.replace(other, key_pem=good.key_pem)) + "---\n"
-                 + tls_secret_yaml("terminated", GW_NS, terminated) + "---\n" + textwrap.dedent(f"""\
+                 + tls_secret_yaml("terminated", GW_NS, terminated) + "---\n"
+                 + tls_secret_yaml("mutual", GW_NS, mutual, ca) + "---\n" + textwrap.dedent(f"""\
                      apiVersion: v1
                      kind: Secret
                      metadata: {{name: hello, namespace: {GW_NS}}}
@@ -155,11 +157,21 @@ async def test_malformed_certificates_never_reach_envoy_and_tls_route_on_termina
           hostname: t.example.com
           tls: {{mode: Terminate, certificateRefs: [{{name: terminated}}]}}
           allowedRoutes: {{namespaces: {{from: All}}}}
+        - name: mutual
+          port: {mutual_port}
+          protocol: TLS
+          hostname: m.example.com
+          tls:
+            mode: Terminate
+            certificateRefs: [{{name: mutual}}]
+            options: {{gateway.istio.io/tls-terminate-mode: MUTUAL}}
+          allowedRoutes: {{namespaces: {{from: All}}}}
         """) + "---\n" + textwrap.dedent(f"""\
         apiVersion: v1
         kind: Service
         metadata: {{name: {GW_NAME}-istio, namespace: {GW_NS}}}
-        spec: {{ports: [{{name: https, port: {https_port}}}, {{name: tls, port: {tls_port}}}]}}
+        spec: {{ports: [{{name: https, port: {https_port}}}, {{name: tls, port: {tls_port}}},
+                        {{name: mutual, port: {mutual_port}}}]}}
         """))
     env.cp.write("route.yaml", route_yaml("HTTPRoute", "secure", f"""\
         parentRefs: [{{name: {GW_NAME}, namespace: {GW_NS}}}]
@@ -168,6 +180,9 @@ async def test_malformed_certificates_never_reach_envoy_and_tls_route_on_termina
         parentRefs: [{{name: {GW_NAME}, namespace: {GW_NS}, sectionName: terminate}}]
         hostnames: [t.example.com]
         rules: [{{backendRefs: [{{name: beta, port: {SERVICE_PORT}}}]}}]
+        """) + "---\n" + route_yaml("TLSRoute", "mutual", f"""\
+        parentRefs: [{{name: {GW_NAME}, namespace: {GW_NS}, sectionName: mutual}}]
+        rules: [{{backendRefs: [{{name: gamma, port: {SERVICE_PORT}}}]}}]
         """))
     await env.start(verified=True)
 
@@ -186,12 +201,6 @@ async def test_malformed_certificates_never_reach_envoy_and_tls_route_on_termina
         with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
             await presented_serial(https_port, sni, ca)
 
-    # Envoy holds only the good certificates and has refused nothing.
-    dump = await env.envoy.config_dump(resource="dynamic_active_secrets")
-    names = {s["name"] for s in dump.get("configs", []) if s["name"].startswith("kubernetes://")}
-    assert names == {"kubernetes://good", "kubernetes://terminated"}, names
-    assert (await env.envoy.stats()).get("listener_manager.lds.update_rejected", 0) == 0
-
     # TLSRoute on the terminating listener: decrypted here, the plain bytes forwarded to beta.
     async def terminated_served():
         r = await request(tls_port, "t.example.com", "/", tls=client_tls(ca))
@@ -204,6 +213,29 @@ async def test_malformed_certificates_never_reach_envoy_and_tls_route_on_termina
     assert [k["kind"] for k in ls["supportedKinds"]] == ["TLSRoute", "TCPRoute"] and ls["attachedRoutes"] == 1
     assert conditions(parent_status(await env.status("TLSRoute", "terminated"), section="terminate")) == {
         "Accepted": ("True", "Accepted"), "ResolvedRefs": ("True", "ResolvedRefs")}
+
+    # gateway.istio.io/tls-terminate-mode MUTUAL: clients must show a certificate of the Secret's CA.
+    client = issue(ca, ["client.example.com"], client=True)
+    (env.tmp_path / "client.pem").write_bytes(client.cert_pem)
+    (env.tmp_path / "client-key.pem").write_bytes(client.key_pem)
+    with_cert = client_tls(ca)
+    with_cert.load_cert_chain(env.tmp_path / "client.pem", env.tmp_path / "client-key.pem")
+
+    async def mutual_served():
+        r = await request(mutual_port, "m.example.com", "/", tls=with_cert)
+        return r.backend == "gamma"
+
+    await env.until(mutual_served, "MUTUAL terminate with a client certificate")
+    with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
+        await request(mutual_port, "m.example.com", "/", tls=client_tls(ca))  # no client certificate
+
+    # Every listener served: Envoy holds only the good certificates and has refused nothing.
+    dump = await env.envoy.config_dump(resource="dynamic_active_secrets")
+    names = {s["name"] for s in dump.get("configs", []) if s["name"].startswith("kubernetes://")}
+    assert names == {"kubernetes://good", "kubernetes://terminated", "kubernetes://mutual",
+                     "kubernetes://mutual-cacert"}, names
+    stats = await env.envoy.stats()
+    assert stats["listener_manager.lds.update_rejected"] == 0 and stats["listener_manager.lds.update_success"] > 0
 
 
 async def test_tcp_and_tls_routes_on_services_route_the_sidecars_connections(tmp_path):

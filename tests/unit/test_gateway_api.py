@@ -95,8 +95,14 @@ def listeners(result, name: str = "web") -> dict:
      "spec.rules[0].filters[0].cors.allowOrigin: unknown field"),
     # Gateway API 1.5/1.6 fields not applied here: refused by name, never ignored
     (gateway("- {name: a, port: 443, protocol: HTTPS, tls: {certificateRefs: [{name: c}], "
+             "options: {gateway.istio.io/tls-cipher-suites: ECDHE-RSA-AES128-GCM-SHA256}}}\n"),
+     "options['gateway.istio.io/tls-cipher-suites']: not supported"),
+    (gateway("- {name: a, port: 443, protocol: HTTPS, tls: {certificateRefs: [{name: c}], "
+             "options: {gateway.istio.io/tls-terminate-mode: ISTIO_SIMPLE}}}\n"),
+     "'ISTIO_SIMPLE' is not supported"),
+    (gateway("- {name: a, port: 443, protocol: TLS, tls: {mode: Passthrough, "
              "options: {gateway.istio.io/tls-terminate-mode: MUTUAL}}}\n"),
-     "spec.listeners[0].tls.options: options is not supported"),
+     "applies to mode Terminate only"),
     (gateway("- {name: a, port: 80, protocol: HTTP}\n",
              extra="  tls: {frontend: {default: {validation: {caCertificateRefs: [{name: ca}]}}}}\n"),
      "spec.tls: tls is not supported"),

@@ -275,3 +275,27 @@ def test_other_controllers_conditions_and_parent_entries_are_kept_in_place():
         ("ResolvedRefs", "t1", 2)]  # new
     # Written again with nothing changed: byte-for-byte the same (never rewritten).
     assert stamp(new, {"parents": merge_parents(new["parents"], ours, "istio.io/gateway-controller")}, "t2") == new
+
+
+def test_tls_terminate_mode_option():
+    ca = make_ca()
+    leaf = issue(ca, ["m.example.com"])
+    mode = "gateway.istio.io/tls-terminate-mode"
+    store = store_of(CLASS, service("web-istio", "infra", 443, 444, 445),
+                     tls_secret_yaml("with-ca", "infra", leaf, ca), tls_secret_yaml("no-ca", "infra", leaf),
+                     gateway(f"- {{name: mutual, port: 443, protocol: HTTPS, tls: {{certificateRefs: [{{name: with-ca}}], "
+                             f"options: {{{mode}: MUTUAL}}}}}}\n"
+                             f"- {{name: no-ca, port: 444, protocol: HTTPS, tls: {{certificateRefs: [{{name: no-ca}}], "
+                             f"options: {{{mode}: OPTIONAL_MUTUAL}}}}}}\n"
+                             f"- {{name: mesh, port: 445, protocol: TLS, tls: {{options: {{{mode}: ISTIO_MUTUAL}}}}}}\n"))
+    result = translate(store, "cluster.local")
+    ls = listeners(result)
+    assert conds(ls["mutual"])["ResolvedRefs"] == ("True", "ResolvedRefs")
+    # Client verification without a CA to verify with: refused here, not left to Envoy.
+    assert conds(ls["no-ca"])["ResolvedRefs"] == ("False", "InvalidCertificateRef")
+    assert "has no ca.crt" in message(ls["no-ca"], "ResolvedRefs")
+    assert conds(ls["mesh"])["ResolvedRefs"] == ("True", "ResolvedRefs")
+    servers = {e.key.name.rsplit("-", 1)[-1]: e.obj.spec.servers[0].tls for e in result.gateways}
+    assert set(servers) == {"mutual", "mesh"}
+    assert (servers["mutual"].mode, servers["mutual"].credential_name) == ("MUTUAL", "with-ca")
+    assert (servers["mesh"].mode, servers["mesh"].credential_name) == ("ISTIO_MUTUAL", None)

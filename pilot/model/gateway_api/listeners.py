@@ -27,7 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pilot.config.gateway_api import GROUP
-from pilot.model.credentials import CERT_KEYS, key_pair_problem
+from pilot.config.gateway_api.gateway import TLS_TERMINATE_MODE
+from pilot.model.credentials import CA_KEYS, CA_SUFFIX, CERT_KEYS, key_pair_problem
 from pilot.model.gateway_api.conditions import condition, sorted_conditions
 from pilot.model.gateway_api.references import ReferenceGrants
 from pilot.model.store import Entry
@@ -58,6 +59,7 @@ class ListenerState:
     conflicted: Verdict  # ok=True: conflicted
     resolved: Verdict
     credential: str = ""  # the internal server's credentialName: NAME, or NAMESPACE/NAME across namespaces
+    tls_mode: str = ""  # a terminating listener's server mode: SIMPLE, MUTUAL, OPTIONAL_MUTUAL, ISTIO_MUTUAL
 
     @property
     def spec(self):
@@ -181,6 +183,22 @@ def _certificate(gateway: Entry, listener, secrets: Mapping[tuple[str, str], Ent
     return (ref.name if ns == gateway.key.namespace else f"{ns}/{ref.name}"), None
 
 
+def _client_ca(credential: str, namespace: str, secrets: Mapping[tuple[str, str], Entry]) -> Verdict | None:
+    """MUTUAL/OPTIONAL_MUTUAL verify clients against the CA the listener's Secret holds (or a
+    Secret NAME-cacert beside it), as an Istio Gateway's credentialName does. Without one the
+    listener is refused here rather than left waiting in Envoy for a CA that never comes."""
+    if "/" in credential:  # a grant names one Secret, not a NAME-cacert beside it
+        return Verdict(False, "InvalidCertificateRef", f"{TLS_TERMINATE_MODE} verifies clients with a CA of the "
+                                                       "Gateway's namespace: the certificate must be there too")
+    for candidate in (credential, credential + CA_SUFFIX):
+        secret = secrets.get((namespace, candidate))
+        if secret is not None and any(k in secret.obj.data for k in CA_KEYS):  # type: ignore[attr-defined]
+            return None
+    return Verdict(False, "InvalidCertificateRef", f"secret {namespace}/{credential} has no ca.crt (nor is there a "
+                                                   f"secret {namespace}/{credential}{CA_SUFFIX}) to verify client "
+                                                   f"certificates ({TLS_TERMINATE_MODE})")
+
+
 def evaluate_listeners(gateway: Entry, secrets: Mapping[tuple[str, str], Entry],
                        grants: ReferenceGrants) -> tuple[ListenerState, ...]:
     out: list[ListenerState] = []
@@ -191,7 +209,7 @@ def evaluate_listeners(gateway: Entry, secrets: Mapping[tuple[str, str], Entry],
         resolved = kind_problem or Verdict(True, "ResolvedRefs", "No errors found")
         accepted = ACCEPTED
         conflicted = Verdict(False, "NoConflicts", "No errors found")
-        credential = ""
+        credential = tls_mode = ""
         cls = _PORT_CLASS.get(listener.protocol)
         if cls is None:
             hint = f'. hint: "{listener.protocol.upper()}" (uppercase) may be supported' \
@@ -212,11 +230,15 @@ def evaluate_listeners(gateway: Entry, secrets: Mapping[tuple[str, str], Entry],
             if conflicted.ok:
                 accepted = Verdict(False, conflicted.reason, conflicted.message)
             elif listener.tls is not None and listener.tls.mode == "Terminate":
-                credential, problem = _certificate(gateway, listener, secrets, grants)
-                if problem is not None:
-                    resolved = problem
+                tls_mode = listener.tls.terminate_mode
+                if tls_mode != "ISTIO_MUTUAL":  # (istiod: the router's own certificate, refs unread)
+                    credential, problem = _certificate(gateway, listener, secrets, grants)
+                    if problem is None and tls_mode != "SIMPLE":
+                        problem = _client_ca(credential, gateway.key.namespace, secrets)
+                    if problem is not None:
+                        resolved = problem
         out.append(ListenerState(gateway, i, kinds if cls is not None else (), accepted, conflicted, resolved,
-                                 credential))
+                                 credential, tls_mode))
     return tuple(out)
 
 

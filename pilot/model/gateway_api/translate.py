@@ -362,9 +362,9 @@ def _internal_gateway(state: GatewayState, ls: ListenerState, p: _Pass) -> Entry
     if spec.protocol == "HTTP":
         protocol, mode = "HTTP", ""
     elif spec.protocol == "HTTPS":
-        protocol, mode = "HTTPS", "SIMPLE"
+        protocol, mode = "HTTPS", ls.tls_mode
     elif spec.protocol == "TLS":
-        protocol, mode = "TLS", ("PASSTHROUGH" if spec.tls.mode == "Passthrough" else "SIMPLE")
+        protocol, mode = "TLS", ("PASSTHROUGH" if spec.tls.mode == "Passthrough" else ls.tls_mode)
     else:
         protocol, mode = "TCP", ""
     return p.gateway(gw.key.namespace, gw.key.name, ls.name, gw.obj.metadata.creation_timestamp, spec.port,

@@ -30,7 +30,7 @@ def _stamp_conditions(previous: list[dict] | None, desired: list[dict], now: str
     for old in previous or ():
         if not isinstance(old, dict):
             continue
-        c = mine.pop(old.get("type"), None)  # type: ignore[arg-type]
+        c = mine.pop(old.get("type"), None)
         if c is None:
             out.append(old)
             continue

@@ -26,7 +26,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pilot.config.gateway_api import GROUP
+from pilot.config.core import Secret, Service
+from pilot.config.gateway_api import GROUP, KubernetesGateway
 from pilot.config.gateway_api.gateway import TLS_TERMINATE_MODE
 from pilot.model.credentials import CA_KEYS, CA_SUFFIX, CERT_KEYS, key_pair_problem
 from pilot.model.gateway_api.conditions import condition, sorted_conditions
@@ -52,7 +53,7 @@ ACCEPTED = Verdict(True, "Accepted", "No errors found")
 
 @dataclass(frozen=True)
 class ListenerState:
-    gateway: Entry  # the KubernetesGateway
+    gateway: Entry[KubernetesGateway]
     index: int
     kinds: tuple[tuple[str, str], ...]  # route (group, kind) that may attach
     accepted: Verdict
@@ -63,7 +64,7 @@ class ListenerState:
 
     @property
     def spec(self):
-        return self.gateway.obj.spec.listeners[self.index]  # type: ignore[attr-defined]
+        return self.gateway.obj.spec.listeners[self.index]
 
     @property
     def name(self) -> str:
@@ -109,7 +110,7 @@ class ListenerState:
 
 @dataclass(frozen=True)
 class GatewayState:
-    entry: Entry
+    entry: Entry[KubernetesGateway]
     class_name: str
     listeners: tuple[ListenerState, ...]
     accepted: Verdict
@@ -134,6 +135,7 @@ class GatewayState:
 
 def _supported_kinds(listener) -> tuple[tuple[tuple[str, str], ...], Verdict | None]:
     proto = listener.protocol
+    native: tuple[tuple[str, str], ...]
     if proto in ("HTTP", "HTTPS"):
         native = HTTP_KINDS
     elif proto == "TLS":
@@ -152,7 +154,7 @@ def _supported_kinds(listener) -> tuple[tuple[tuple[str, str], ...], Verdict | N
     return ok, None
 
 
-def _certificate(gateway: Entry, listener, secrets: Mapping[tuple[str, str], Entry],
+def _certificate(gateway: Entry[KubernetesGateway], listener, secrets: Mapping[tuple[str, str], Entry[Secret]],
                  grants: ReferenceGrants) -> tuple[str, Verdict | None]:
     """The credentialName for a terminating listener, or why there is none."""
     ref = listener.tls.certificate_refs[0] if listener.tls.certificate_refs else None
@@ -170,20 +172,20 @@ def _certificate(gateway: Entry, listener, secrets: Mapping[tuple[str, str], Ent
     if secret is None:
         return "", Verdict(False, "InvalidCertificateRef", f"invalid certificate reference {where}, secret {ns}/"
                                                             f"{ref.name} not found")
-    data = secret.obj.data  # type: ignore[attr-defined]
+    data = secret.obj.data
     if not any(c in data and k in data for c, k in CERT_KEYS):
         return "", Verdict(False, "InvalidCertificateRef", f"invalid certificate reference {where}, the secret has "
                                                             "no tls.crt and tls.key")
     # A listener is never programmed with a certificate Envoy would refuse (its SDS update
     # NACKed, the listener stuck warming): not PEM, or a key that is not the certificate's.
-    problem = key_pair_problem(secret.obj.reveal())  # type: ignore[attr-defined]
+    problem = key_pair_problem(secret.obj.reveal())
     if problem:
         return "", Verdict(False, "InvalidCertificateRef", f"invalid certificate reference {where}, the certificate "
                                                             f"is malformed: {problem}")
     return (ref.name if ns == gateway.key.namespace else f"{ns}/{ref.name}"), None
 
 
-def _client_ca(credential: str, namespace: str, secrets: Mapping[tuple[str, str], Entry]) -> Verdict | None:
+def _client_ca(credential: str, namespace: str, secrets: Mapping[tuple[str, str], Entry[Secret]]) -> Verdict | None:
     """MUTUAL/OPTIONAL_MUTUAL verify clients against the CA the listener's Secret holds (or a
     Secret NAME-cacert beside it), as an Istio Gateway's credentialName does. Without one the
     listener is refused here rather than left waiting in Envoy for a CA that never comes."""
@@ -192,19 +194,19 @@ def _client_ca(credential: str, namespace: str, secrets: Mapping[tuple[str, str]
                                                        "Gateway's namespace: the certificate must be there too")
     for candidate in (credential, credential + CA_SUFFIX):
         secret = secrets.get((namespace, candidate))
-        if secret is not None and any(k in secret.obj.data for k in CA_KEYS):  # type: ignore[attr-defined]
+        if secret is not None and any(k in secret.obj.data for k in CA_KEYS):
             return None
     return Verdict(False, "InvalidCertificateRef", f"secret {namespace}/{credential} has no ca.crt (nor is there a "
                                                    f"secret {namespace}/{credential}{CA_SUFFIX}) to verify client "
                                                    f"certificates ({TLS_TERMINATE_MODE})")
 
 
-def evaluate_listeners(gateway: Entry, secrets: Mapping[tuple[str, str], Entry],
+def evaluate_listeners(gateway: Entry[KubernetesGateway], secrets: Mapping[tuple[str, str], Entry[Secret]],
                        grants: ReferenceGrants) -> tuple[ListenerState, ...]:
     out: list[ListenerState] = []
     port_class: dict[int, str] = {}
     seen_hosts: dict[tuple[int, str], str] = {}
-    for i, listener in enumerate(gateway.obj.spec.listeners):  # type: ignore[attr-defined]
+    for i, listener in enumerate(gateway.obj.spec.listeners):
         kinds, kind_problem = _supported_kinds(listener)
         resolved = kind_problem or Verdict(True, "ResolvedRefs", "No errors found")
         accepted = ACCEPTED
@@ -248,12 +250,12 @@ def _human_join(items: list[str]) -> str:
     return ", ".join(items[:-1]) + ", and " + items[-1]
 
 
-def _gateway_services(gateway: Entry, class_name: str, domain: str) -> tuple[list[str], Verdict | None]:
+def _gateway_services(gateway: Entry[KubernetesGateway], class_name: str, domain: str) -> tuple[list[str], Verdict | None]:
     """istiod's extractGatewayServices: the Service hostnames the Gateway binds to, and why an
     address is refused. No address, or a single IP address (a request for the managed
     deployment's load balancer): the managed `<name>-<class>` Service. Otherwise every Hostname
     address (a short name is a Service in the Gateway's namespace); other types are ignored."""
-    spec = gateway.obj.spec  # type: ignore[attr-defined]
+    spec = gateway.obj.spec
     ns, name = gateway.key.namespace, gateway.key.name
     addresses = spec.addresses
     if not addresses or (len(addresses) == 1 and addresses[0].type == "IPAddress"):
@@ -269,8 +271,8 @@ def _gateway_services(gateway: Entry, class_name: str, domain: str) -> tuple[lis
     return services, None
 
 
-def _resolve_addresses(namespace: str, hosts: list[str], ports: list[int], services: Mapping[tuple[str, str], Entry],
-                       domain: str) -> tuple[list[str], list[str], bool]:
+def _resolve_addresses(namespace: str, hosts: list[str], ports: list[int],
+                       services: Mapping[tuple[str, str], Entry[Service]], domain: str) -> tuple[list[str], list[str], bool]:
     """istiod's ResolveGatewayInstances, on Services alone: (HOST:PORT assigned, warnings, all
     usable). A hostname must be a Service of the Gateway's namespace exposing every listener
     port. (Endpoints are not read: a Service's endpoints changing never rewrites status.)"""
@@ -289,7 +291,7 @@ def _resolve_addresses(namespace: str, hosts: list[str], ports: list[int], servi
                             f'"{svc_ns}"' if elsewhere else f'hostname "{host}" not found')
             usable = False
             continue
-        exposed = {p.port for p in svc.obj.spec.ports}  # type: ignore[attr-defined]
+        exposed = {p.port for p in svc.obj.spec.ports}
         for port in ports:
             if port in exposed:
                 internal.add(f"{host}:{port}")
@@ -311,8 +313,9 @@ def _programmed(internal: list[str], warnings: list[str], usable: bool) -> Verdi
     return Verdict(True, "Programmed", "Resource programmed")
 
 
-def evaluate_gateway(gateway: Entry, class_name: str, services: Mapping[tuple[str, str], Entry],
-                     secrets: Mapping[tuple[str, str], Entry], grants: ReferenceGrants, domain: str) -> GatewayState:
+def evaluate_gateway(gateway: Entry[KubernetesGateway], class_name: str,
+                     services: Mapping[tuple[str, str], Entry[Service]],
+                     secrets: Mapping[tuple[str, str], Entry[Secret]], grants: ReferenceGrants, domain: str) -> GatewayState:
     """As istiod's GatewayCollection: with no usable address at all the Gateway is refused whole
     (no listener served or reported); an ignored address alone refuses Accepted, its listeners
     still served. Accepted says ListenersNotValid when some listener cannot be served."""

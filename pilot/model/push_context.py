@@ -7,8 +7,7 @@ that shares the services and replaces only the endpoint index.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
@@ -45,6 +44,23 @@ CONTEXT_KINDS = ENDPOINT_KINDS | AMBIENT_INPUT_KINDS | frozenset({
     "Service", "ServiceEntry", "VirtualService", "DestinationRule", "Sidecar", "Gateway", "Secret",
     "PeerAuthentication", "AuthorizationPolicy", "RequestAuthentication", "Namespace",
     "GatewayClass", "KubernetesGateway", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute", "ReferenceGrant"})
+
+
+class _Recording:
+    """`with ctx.recording() as deps:` without a generator's frame (it runs for every generated
+    result and memoized sub-result of a push)."""
+
+    __slots__ = ("deps", "stack")
+
+    def __init__(self, stack: list, deps: dep.Deps) -> None:
+        self.stack, self.deps = stack, deps
+
+    def __enter__(self) -> dep.Deps:
+        self.stack.append(self.deps)
+        return self.deps
+
+    def __exit__(self, *exc: object) -> None:
+        self.stack.pop()
 
 
 @dataclass(frozen=True)
@@ -124,16 +140,10 @@ class PushContext:
         )
 
     # --- dependency recording (pilot/model/dependencies.py) ------------------------------------
-    @contextmanager
-    def recording(self, deps: dep.Deps | None = None) -> Iterator[dep.Deps]:
+    def recording(self, deps: dep.Deps | None = None) -> _Recording:
         """Note into `deps` what the accessors are asked while the block runs (generation is
         synchronous, so a stack is enough; nested recordings note into the innermost)."""
-        deps = dep.Deps() if deps is None else deps
-        self._rec.append(deps)
-        try:
-            yield deps
-        finally:
-            self._rec.pop()
+        return _Recording(self._rec, dep.Deps() if deps is None else deps)
 
     def begin_resource(self, name: str) -> bool:
         """Within a recording: what is read until `end_resource` is the Deps of resource `name`

@@ -19,6 +19,8 @@ from pilot.model.credentials import CA_SUFFIX, SDS_PREFIX
 from pilot.networking.protos import ads_config_source, duration, pack
 
 HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+# istiod's defaultLBAlgorithm: outbound clusters without a `simple` balancer use least request.
+DEFAULT_LB_POLICY = cluster_pb2.Cluster.LEAST_REQUEST
 _FIELDS = ("load_balancer", "connection_pool", "outlier_detection", "tls")
 _POLICY_ONLY = ("retry_budget", "proxy_protocol")  # not in port-level settings
 
@@ -89,7 +91,8 @@ def apply_load_balancer(c: cluster_pb2.Cluster, lb) -> None:
         return
     c.lb_policy = {"LEAST_CONN": cluster_pb2.Cluster.LEAST_REQUEST,
                    "LEAST_REQUEST": cluster_pb2.Cluster.LEAST_REQUEST,
-                   "RANDOM": cluster_pb2.Cluster.RANDOM}.get(lb.simple or "", cluster_pb2.Cluster.ROUND_ROBIN)
+                   "RANDOM": cluster_pb2.Cluster.RANDOM,
+                   "ROUND_ROBIN": cluster_pb2.Cluster.ROUND_ROBIN}.get(lb.simple or "", DEFAULT_LB_POLICY)
     slow_start = _slow_start(lb)
     if slow_start is not None:  # istiod: only the round-robin and least-request balancers warm up
         if c.lb_policy == cluster_pb2.Cluster.ROUND_ROBIN:
@@ -113,13 +116,23 @@ def _store_http_options(c: cluster_pb2.Cluster, opts: http_protocol_options_pb2.
     c.typed_extension_protocol_options[HTTP_OPTIONS_KEY].CopyFrom(pack(opts))
 
 
-def apply_h2_upgrade(c: cluster_pb2.Cluster, pool) -> None:
-    """istiod's shouldH2Upgrade for a DestinationRule's `h2UpgradePolicy: UPGRADE`: talk HTTP/2
-    to the upstream whatever the client spoke (useClientProtocol wins over it). DO_NOT_UPGRADE
-    and DEFAULT keep the port's protocol: this mesh does not upgrade by default."""
+def should_h2_upgrade(pool, mesh_upgrade: bool, port_is_http: bool) -> bool:
+    """istiod's shouldH2Upgrade (outbound clusters only): useClientProtocol never upgrades; a
+    DestinationRule's `h2UpgradePolicy` UPGRADE or DO_NOT_UPGRADE decides; otherwise the mesh's
+    `h2UpgradePolicy` does, for ports declared HTTP (not for TCP or sniffed ones)."""
     http = pool.http if pool is not None else None
-    if http is None or http.use_client_protocol or http.h2_upgrade_policy != "UPGRADE":
-        return
+    if http is not None:
+        if http.use_client_protocol:
+            return False
+        if http.h2_upgrade_policy == "UPGRADE":
+            return True
+        if http.h2_upgrade_policy == "DO_NOT_UPGRADE":
+            return False
+    return port_is_http and mesh_upgrade
+
+
+def apply_h2_upgrade(c: cluster_pb2.Cluster) -> None:
+    """Talk HTTP/2 to the upstream whatever the client spoke (a port already HTTP/2 keeps its options)."""
     opts = _http_options(c)
     if not opts.HasField("explicit_http_config") and not opts.HasField("use_downstream_protocol_config"):
         opts.explicit_http_config.http2_protocol_options.SetInParent()
@@ -293,9 +306,8 @@ def apply_proxy_protocol(c: cluster_pb2.Cluster, proxy_protocol) -> None:
 
 
 def apply_policy(c: cluster_pb2.Cluster, policy: dict, hostname: str, http2: bool) -> None:
-    # istiod's order: the HTTP/2 upgrade first, so the pool's HTTP/2 settings find it.
+    """`http2`: the cluster talks HTTP/2 upstream (its port's protocol, or the upgrade above)."""
     if policy["connection_pool"] is not None:
-        apply_h2_upgrade(c, policy["connection_pool"])
         apply_connection_pool(c, policy["connection_pool"], http2)
     if policy["load_balancer"] is not None:
         apply_load_balancer(c, policy["load_balancer"])

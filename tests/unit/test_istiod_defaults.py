@@ -1,0 +1,156 @@
+"""Defaults istiod applies where the user wrote nothing (or only part): the outbound load
+balancer, MeshConfig h2UpgradePolicy, and fault injection without a percentage.
+
+Each is checked against istio/istio pilot/pkg/networking/core (cluster_traffic_policy.go:
+applyLoadBalancer / defaultLBAlgorithm, shouldH2Upgrade; route/route.go: TranslateFault) and,
+for the fault percentages, against a real Envoy (an abort without a percentage aborts nothing).
+"""
+
+from __future__ import annotations
+
+import pytest
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.route.v3 import route_pb2
+from envoy.extensions.filters.http.fault.v3 import fault_pb2
+from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
+from envoy.type.v3 import percent_pb2
+
+from pilot.config.mesh import MeshConfig
+
+from .helpers import World, endpoint_slice, mesh_configmap, proxy, service
+from .test_cache_inputs_traffic_fields import CLUSTER, dr, http_options
+
+REVIEWS = "reviews.default.svc.cluster.local"
+TCP_CLUSTER = "outbound|3306||db.default.svc.cluster.local"
+
+
+@pytest.fixture
+def world() -> World:
+    w = World()
+    w.apply(service("reviews"), endpoint_slice("reviews-1", "reviews", addresses=("10.1.0.1",), port=9080),
+            service("db", cluster_ip="10.96.0.30", ports=[{"name": "tcp", "port": 3306, "targetPort": 3306}]))
+    return w
+
+
+def clusters(world: World, p=None) -> dict[str, cluster_pb2.Cluster]:
+    return {n: r.message(cluster_pb2.Cluster) for n, r in world.cds(p or proxy()).items()}
+
+
+# --- the load balancer ---------------------------------------------------------------------------
+
+def test_outbound_clusters_balance_by_least_request_unless_told_otherwise(world: World) -> None:
+    got = clusters(world)
+    assert got[CLUSTER].lb_policy == cluster_pb2.Cluster.LEAST_REQUEST
+    assert got[TCP_CLUSTER].lb_policy == cluster_pb2.Cluster.LEAST_REQUEST
+    assert got["PassthroughCluster"].lb_policy == cluster_pb2.Cluster.CLUSTER_PROVIDED
+    # A rule that says nothing of balancing keeps the default; one that names a balancer wins.
+    world.apply(dr({"trafficPolicy": {"connectionPool": {"tcp": {"maxConnections": 5}}}}))
+    assert clusters(world)[CLUSTER].lb_policy == cluster_pb2.Cluster.LEAST_REQUEST
+    world.apply(dr({"trafficPolicy": {"loadBalancer": {"simple": "ROUND_ROBIN"}}}))
+    assert clusters(world)[CLUSTER].lb_policy == cluster_pb2.Cluster.ROUND_ROBIN
+    world.apply(dr({"trafficPolicy": {"loadBalancer": {"simple": "RANDOM"}}}))
+    assert clusters(world)[CLUSTER].lb_policy == cluster_pb2.Cluster.RANDOM
+
+
+def test_warmup_without_a_balancer_warms_the_default_least_request_balancer(world: World) -> None:
+    world.apply(dr({"trafficPolicy": {"loadBalancer": {"warmup": {"duration": "30s"}}}}))
+    c = clusters(world)[CLUSTER]
+    assert c.lb_policy == cluster_pb2.Cluster.LEAST_REQUEST
+    assert c.least_request_lb_config.slow_start_config.slow_start_window.seconds == 30
+    assert not c.HasField("round_robin_lb_config")
+
+
+# --- MeshConfig h2UpgradePolicy --------------------------------------------------------------------
+
+def _speaks_h2(c: cluster_pb2.Cluster) -> bool:
+    key = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+    return key in c.typed_extension_protocol_options and \
+        http_options(c).explicit_http_config.HasField("http2_protocol_options")
+
+
+def _upgrade_mesh(world: World, policy: str | None) -> None:
+    world.apply(mesh_configmap({} if policy is None else {"h2UpgradePolicy": policy}))
+
+
+def test_mesh_h2_upgrade_policy_upgrades_http_ports_only(world: World) -> None:
+    assert not _speaks_h2(clusters(world)[CLUSTER])
+    _upgrade_mesh(world, "UPGRADE")
+    got = clusters(world)
+    assert _speaks_h2(got[CLUSTER])
+    assert not _speaks_h2(got[TCP_CLUSTER])  # istiod: never a non-HTTP (or sniffed) port
+    _upgrade_mesh(world, "DO_NOT_UPGRADE")
+    assert not _speaks_h2(clusters(world)[CLUSTER])
+
+
+def test_a_destination_rule_overrides_the_mesh_h2_upgrade_policy(world: World) -> None:
+    _upgrade_mesh(world, "UPGRADE")
+    world.apply(dr({"trafficPolicy": {"connectionPool": {"http": {"h2UpgradePolicy": "DO_NOT_UPGRADE"}}}}))
+    assert not _speaks_h2(clusters(world)[CLUSTER])
+    world.apply(dr({"trafficPolicy": {"connectionPool": {"http": {"useClientProtocol": True}}}}))
+    c = clusters(world)[CLUSTER]
+    assert not _speaks_h2(c) and http_options(c).HasField("use_downstream_protocol_config")
+    world.apply(dr({"trafficPolicy": {"connectionPool": {"http": {"h2UpgradePolicy": "DEFAULT",
+                                                                    "maxConcurrentStreams": 7}}}}))
+    c = clusters(world)[CLUSTER]  # DEFAULT defers to the mesh: upgraded, so the stream limit applies
+    assert _speaks_h2(c)
+    assert http_options(c).explicit_http_config.http2_protocol_options.max_concurrent_streams.value == 7
+    # Without the mesh upgrade, a rule's UPGRADE still upgrades (even a TCP port, as istiod).
+    _upgrade_mesh(world, None)
+    world.apply(dr({"trafficPolicy": {"connectionPool": {"http": {"h2UpgradePolicy": "UPGRADE"}}}}))
+    assert _speaks_h2(clusters(world)[CLUSTER])
+
+
+def _alpn(world: World) -> list[str]:
+    p = proxy(interception="REDIRECT")
+    p.identity = "spiffe://cluster.local/ns/default/sa/app"
+    c = clusters(world, p)[CLUSTER]
+    (match,) = [m for m in c.transport_socket_matches if m.name == "tlsMode-istio"]
+    ctx = tls_pb2.UpstreamTlsContext()
+    match.transport_socket.typed_config.Unpack(ctx)
+    return list(ctx.common_tls_context.alpn_protocols)
+
+
+def test_an_upgraded_mtls_cluster_offers_h2_in_its_alpn(world: World) -> None:
+    assert "h2" not in _alpn(world)
+    _upgrade_mesh(world, "UPGRADE")
+    assert _alpn(world)[-2:] == ["istio", "h2"]  # istiod's ALPNInMeshH2
+
+
+def test_an_unknown_mesh_h2_upgrade_policy_is_refused() -> None:
+    with pytest.raises(ValueError, match="h2UpgradePolicy"):
+        MeshConfig.model_validate({"h2UpgradePolicy": "SOMETIMES"})
+
+
+# --- fault injection percentages ------------------------------------------------------------------
+
+def _fault(world: World, fault: dict) -> fault_pb2.HTTPFault:
+    world.apply({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+                 "metadata": {"name": "reviews", "namespace": "default"},
+                 "spec": {"hosts": ["reviews"],
+                          "http": [{"fault": fault, "route": [{"destination": {"host": "reviews"}}]}]}})
+    for r in world.rds(proxy(), {"9080"}).values():
+        for vh in r.message(route_pb2.RouteConfiguration).virtual_hosts:
+            for route in vh.routes:
+                cfg = route.typed_per_filter_config.get("envoy.filters.http.fault")
+                if cfg is not None:
+                    out = fault_pb2.HTTPFault()
+                    cfg.Unpack(out)
+                    return out
+    raise AssertionError("no fault filter config on the route")
+
+
+def test_a_delay_without_percentage_delays_no_request_as_istiod_writes_it(world: World) -> None:
+    f = _fault(world, {"delay": {"fixedDelay": "2s"}})
+    assert (f.delay.percentage.numerator, f.delay.percentage.denominator) == (0, percent_pb2.FractionalPercent.HUNDRED)
+    f = _fault(world, {"delay": {"fixedDelay": "2s", "percent": 30}})
+    assert (f.delay.percentage.numerator, f.delay.percentage.denominator) == (30, percent_pb2.FractionalPercent.HUNDRED)
+    f = _fault(world, {"delay": {"fixedDelay": "2s", "percentage": {"value": 12.5}}})
+    assert (f.delay.percentage.numerator, f.delay.percentage.denominator) == \
+        (125_000, percent_pb2.FractionalPercent.MILLION)
+
+
+def test_an_abort_without_percentage_leaves_envoys_percentage_unset(world: World) -> None:
+    f = _fault(world, {"abort": {"httpStatus": 418}})
+    assert f.abort.http_status == 418 and not f.abort.HasField("percentage")
+    f = _fault(world, {"abort": {"httpStatus": 418, "percentage": {"value": 100}}})
+    assert f.abort.percentage.numerator == 1_000_000

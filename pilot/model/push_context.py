@@ -33,7 +33,7 @@ from pilot.model.services import (
 )
 from pilot.model.sidecar_scope import ServiceView, scoped_view, select_sidecar
 from pilot.model.store import Entry, Store
-from pilot.model.traffic import TrafficIndex
+from pilot.model.traffic import TrafficIndex, effective_policy
 
 # Store kinds an endpoint-only refresh (`with_endpoints`) covers: a change of only these keeps
 # every other index (services, traffic rules, gateways, policies) and rebuilds these.
@@ -359,10 +359,19 @@ class PushContext:
         def plan() -> InboundPlan:
             made = plan_inbound(proxy, self.services_in(proxy.namespace), self.service_slices, sidecar,
                                 lambda port: self.mtls_mode(proxy.namespace, labels, port), mesh_tls,
-                                self.workload_policies(proxy.namespace, labels))
+                                self.workload_policies(proxy.namespace, labels),
+                                lambda svc, port: self._inbound_rule_pool(proxy.namespace, svc, port))
             return self._memo.setdefault(("plan", made), made)  # equal plans: one object
 
         return self._memoized(key, plan)
+
+    def _inbound_rule_pool(self, namespace: str, svc: MeshService, port: int):
+        """istiod's SidecarScope.DestinationRule(inbound, ...): the rule without a workloadSelector
+        (selectors are honoured outbound only), its connection pool for the service port."""
+        rule = self.destination_rule(svc.hostname, namespace, svc.namespace)
+        if rule is None:
+            return None
+        return effective_policy(rule.obj.spec, "", port)["connection_pool"]  # type: ignore[attr-defined]
 
     def gateway_port_map(self, proxy: Proxy) -> tuple[tuple[int, int], ...]:
         """(port, targetPort) of the Services in a router's namespace that select it."""

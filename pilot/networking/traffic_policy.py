@@ -16,35 +16,12 @@ from google.protobuf import wrappers_pb2
 
 from pilot.durations import parse_duration
 from pilot.model.credentials import CA_SUFFIX, SDS_PREFIX
+from pilot.model.traffic import effective_policy  # noqa: F401 - the builders' import path
 from pilot.networking.protos import ads_config_source, duration, pack
 
 HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 # istiod's defaultLBAlgorithm: outbound clusters without a `simple` balancer use least request.
 DEFAULT_LB_POLICY = cluster_pb2.Cluster.LEAST_REQUEST
-_FIELDS = ("load_balancer", "connection_pool", "outlier_detection", "tls")
-_POLICY_ONLY = ("retry_budget", "proxy_protocol")  # not in port-level settings
-
-
-def effective_policy(spec, subset: str, port: int) -> dict:
-    """The policy parts in force for (subset, port): {field: value or None}."""
-    layers = [spec.traffic_policy]
-    if subset:
-        layers.append(next((s.traffic_policy for s in spec.subsets if s.name == subset), None))
-    out: dict = {f: None for f in (*_FIELDS, *_POLICY_ONLY)}
-    for layer in layers:
-        if layer is None:
-            continue
-        for f in (*_FIELDS, *_POLICY_ONLY):
-            if getattr(layer, f) is not None:
-                out[f] = getattr(layer, f)
-        for pls in layer.port_level_settings:
-            if pls.port is not None and pls.port.number == port:
-                for f in _FIELDS:
-                    if getattr(pls, f) is not None:
-                        out[f] = getattr(pls, f)
-    return out
-
-
 def _uint(v: int | None) -> wrappers_pb2.UInt32Value | None:
     return wrappers_pb2.UInt32Value(value=v) if v is not None else None
 

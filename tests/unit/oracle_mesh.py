@@ -307,6 +307,10 @@ def slots() -> dict[str, list[dict | None]]:
             destination_rule(
                 "reviews", "reviews", {**SUBSETS, "trafficPolicy": {"tls": {"mode": "DISABLE"}}}
             ),
+            # Its pool shapes the reviews servers' inbound cluster too (istiod's buildInboundCluster)
+            destination_rule(
+                "reviews", "reviews", {**SUBSETS, "trafficPolicy": {"connectionPool": {"tcp": {"maxConnections": 7}}}}
+            ),
             None,
         ],
         "dr/ratings": [

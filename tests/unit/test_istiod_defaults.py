@@ -154,3 +154,54 @@ def test_an_abort_without_percentage_leaves_envoys_percentage_unset(world: World
     assert f.abort.http_status == 418 and not f.abort.HasField("percentage")
     f = _fault(world, {"abort": {"httpStatus": 418, "percentage": {"value": 100}}})
     assert f.abort.percentage.numerator == 1_000_000
+
+
+# --- DestinationRule connection pools on inbound clusters ------------------------------------------
+
+def _server(world: World, labels: dict | None = None):
+    """A sidecar with a mesh identity, selected by Service reviews (inbound|9080||)."""
+    svc = service("reviews")
+    svc["spec"]["selector"] = {"app": "reviews"}
+    world.apply(svc)
+    p = proxy(interception="REDIRECT", pod_name="reviews-1", ip="10.1.0.1")
+    p.identity = "spiffe://cluster.local/ns/default/sa/reviews"
+    p.metadata["LABELS"] = labels or {"app": "reviews"}
+    return p
+
+
+def _inbound(world: World, p) -> cluster_pb2.Cluster:
+    return clusters(world, p)["inbound|9080||"]
+
+
+def test_a_destination_rules_connection_pool_shapes_the_servers_inbound_cluster(world: World) -> None:
+    """istiod's buildInboundCluster: the server gets the same limits as its clients, so it has
+    the capacity they are allowed to use (connection pool only; no balancer, no TLS inbound)."""
+    p = _server(world)
+    assert not _inbound(world, p).HasField("circuit_breakers")
+    world.apply(dr({"trafficPolicy": {
+        "connectionPool": {"tcp": {"maxConnections": 17}, "http": {"idleTimeout": "20s"}},
+        "loadBalancer": {"simple": "RANDOM"}, "tls": {"mode": "ISTIO_MUTUAL"}}}))
+    c = _inbound(world, p)
+    assert c.circuit_breakers.thresholds[0].max_connections.value == 17
+    assert http_options(c).common_http_protocol_options.idle_timeout.seconds == 20
+    assert c.lb_policy == cluster_pb2.Cluster.ROUND_ROBIN and not c.HasField("transport_socket")
+    # Port-level settings for the service port win, as outbound.
+    world.apply(dr({"trafficPolicy": {"connectionPool": {"tcp": {"maxConnections": 17}},
+                                      "portLevelSettings": [{"port": {"number": 9080},
+                                                             "connectionPool": {"tcp": {"maxConnections": 4}}}]}}))
+    assert _inbound(world, p).circuit_breakers.thresholds[0].max_connections.value == 4
+
+
+def test_a_sidecars_inbound_pool_wins_over_the_rules_and_selector_rules_stay_outbound(world: World) -> None:
+    p = _server(world)
+    world.apply(dr({"trafficPolicy": {"connectionPool": {"tcp": {"maxConnections": 17}}}}))
+    world.apply({"apiVersion": "networking.istio.io/v1", "kind": "Sidecar",
+                 "metadata": {"name": "reviews", "namespace": "default"},
+                 "spec": {"workloadSelector": {"labels": {"app": "reviews"}},
+                          "inboundConnectionPool": {"tcp": {"maxConnections": 3}}}})
+    assert _inbound(world, p).circuit_breakers.thresholds[0].max_connections.value == 3
+    # A rule with a workloadSelector is honoured outbound only (istiod's SidecarScope.DestinationRule).
+    world.store.delete(next(e.key for e in world.store.list("Sidecar")))
+    world.apply(dr({"workloadSelector": {"matchLabels": {"app": "reviews"}},
+                    "trafficPolicy": {"connectionPool": {"tcp": {"maxConnections": 9}}}}, name="selected"))
+    assert _inbound(world, p).circuit_breakers.thresholds[0].max_connections.value == 17

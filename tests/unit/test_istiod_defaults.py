@@ -1,8 +1,11 @@
-"""Defaults istiod applies where the user wrote nothing (or only part): the outbound load
-balancer, MeshConfig h2UpgradePolicy, and fault injection without a percentage.
+"""Fields istiod applies in full where this project once applied them in part, and defaults it
+applies where the user wrote nothing: the outbound load balancer, MeshConfig h2UpgradePolicy,
+fault injection without a percentage, DestinationRule connection pools on inbound clusters, a
+Sidecar egress listener's protocol.
 
 Each is checked against istio/istio pilot/pkg/networking/core (cluster_traffic_policy.go:
-applyLoadBalancer / defaultLBAlgorithm, shouldH2Upgrade; route/route.go: TranslateFault) and,
+applyLoadBalancer / defaultLBAlgorithm, shouldH2Upgrade, applyTrafficPolicy; cluster_builder.go:
+buildInboundCluster; listener.go: buildSidecarOutboundListeners; route/route.go: TranslateFault) and,
 for the fault percentages, against a real Envoy (an abort without a percentage aborts nothing).
 """
 
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
 from envoy.extensions.filters.http.fault.v3 import fault_pb2
 from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
@@ -205,3 +209,37 @@ def test_a_sidecars_inbound_pool_wins_over_the_rules_and_selector_rules_stay_out
     world.apply(dr({"workloadSelector": {"matchLabels": {"app": "reviews"}},
                     "trafficPolicy": {"connectionPool": {"tcp": {"maxConnections": 9}}}}, name="selected"))
     assert _inbound(world, p).circuit_breakers.thresholds[0].max_connections.value == 17
+
+
+# --- Sidecar egress listener protocol ----------------------------------------------------------------
+
+def _egress_sidecar(world: World, port: int, protocol: str, host: str) -> None:
+    world.apply({"apiVersion": "networking.istio.io/v1", "kind": "Sidecar",
+                 "metadata": {"name": "default", "namespace": "default"},
+                 "spec": {"egress": [{"port": {"number": port, "protocol": protocol, "name": "egress"},
+                                      "hosts": [f"./{host}"]}, {"hosts": ["./*"]}]}})
+
+
+def _network_filters(world: World, port: int) -> list[str]:
+    for r in world.lds(proxy()).values():
+        lis = r.message(listener_pb2.Listener)
+        if lis.address.socket_address.port_value == port:
+            return [f.name for fc in lis.filter_chains for f in fc.filters]
+    raise AssertionError(f"no listener on port {port}")
+
+
+def test_an_egress_listeners_protocol_decides_how_its_port_is_served(world: World) -> None:
+    """istiod builds a port-specific egress listener with the protocol it declares."""
+    assert _network_filters(world, 9080) == ["envoy.filters.network.http_connection_manager"]
+    assert _network_filters(world, 3306) == ["envoy.filters.network.tcp_proxy"]
+    _egress_sidecar(world, 9080, "TCP", "reviews.default.svc.cluster.local")
+    assert _network_filters(world, 9080) == ["envoy.filters.network.tcp_proxy"]
+    routes = world.rds(proxy(), {"9080"}).values()
+    assert not any("reviews" in d for r in routes
+                   for vh in r.message(route_pb2.RouteConfiguration).virtual_hosts for d in vh.domains)
+    _egress_sidecar(world, 3306, "HTTP", "db.default.svc.cluster.local")
+    assert _network_filters(world, 3306) == ["envoy.filters.network.http_connection_manager"]
+    vhosts = world.rds(proxy(), {"3306"})["3306"].message(route_pb2.RouteConfiguration).virtual_hosts
+    assert any("db.default.svc.cluster.local:3306" in vh.domains for vh in vhosts)
+    # The service's own cluster keeps the service's protocol (istiod builds clusters from services).
+    assert not _speaks_h2(clusters(world)[TCP_CLUSTER])

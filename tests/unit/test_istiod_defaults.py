@@ -243,3 +243,35 @@ def test_an_egress_listeners_protocol_decides_how_its_port_is_served(world: Worl
     assert any("db.default.svc.cluster.local:3306" in vh.domains for vh in vhosts)
     # The service's own cluster keeps the service's protocol (istiod builds clusters from services).
     assert not _speaks_h2(clusters(world)[TCP_CLUSTER])
+
+
+# --- ServiceEntry addresses -----------------------------------------------------------------------
+
+def _service_entry(protocol: str, number: int) -> dict:
+    return {"apiVersion": "networking.istio.io/v1", "kind": "ServiceEntry",
+            "metadata": {"name": "legacy", "namespace": "default"},
+            "spec": {"hosts": ["legacy.internal"], "location": "MESH_INTERNAL", "resolution": "STATIC",
+                     "addresses": ["10.20.0.1", "10.20.0.2", "192.168.0.0/16", "10.9.9.9/32", "2001:db8::5"],
+                     "endpoints": [{"address": "10.30.0.1"}],
+                     "ports": [{"number": number, "name": protocol.lower(), "protocol": protocol}]}}
+
+
+def test_every_service_entry_address_reaches_a_tcp_service(world: World) -> None:
+    """istiod makes one service per (host, address): each address and CIDR matches the service's
+    chain (a /32 is the address itself)."""
+    world.apply(_service_entry("TCP", 5432))
+    p = proxy(interception="REDIRECT")
+    (lis,) = [r.message(listener_pb2.Listener) for r in world.lds(p).values()
+              if r.message(listener_pb2.Listener).address.socket_address.port_value == 5432]
+    ranges = {(pr.address_prefix, pr.prefix_len.value) for fc in lis.filter_chains
+              for pr in fc.filter_chain_match.prefix_ranges}
+    assert ranges == {("10.20.0.1", 32), ("10.20.0.2", 32), ("192.168.0.0", 16), ("10.9.9.9", 32),
+                      ("2001:db8::5", 128)}
+
+
+def test_every_service_entry_ip_is_a_domain_of_an_http_service(world: World) -> None:
+    world.apply(_service_entry("HTTP", 8081))
+    vhosts = world.rds(proxy(), {"8081"})["8081"].message(route_pb2.RouteConfiguration).virtual_hosts
+    (vh,) = [v for v in vhosts if "legacy.internal" in v.domains]
+    assert {"10.20.0.1", "10.20.0.2:8081", "10.9.9.9", "[2001:db8::5]", "[2001:db8::5]:8081"} <= set(vh.domains)
+    assert not any("/" in d for d in vh.domains)  # a CIDR is no Host a client sends

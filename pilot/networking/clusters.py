@@ -16,6 +16,7 @@ from pilot.networking.endpoints import cluster_load_assignment
 from pilot.networking.protos import ads_config_source, duration, pack
 from pilot.networking.traffic_policy import (
     DEFAULT_LB_POLICY,
+    apply_default_circuit_breakers,
     apply_h2_upgrade,
     apply_policy,
     apply_proxy_protocol,
@@ -58,6 +59,7 @@ def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSetti
         opts = http_protocol_options_pb2.HttpProtocolOptions()
         opts.explicit_http_config.http2_protocol_options.CopyFrom(protocol_pb2.Http2ProtocolOptions())
         c.typed_extension_protocol_options[_HTTP_OPTIONS_KEY].CopyFrom(pack(opts))
+    apply_default_circuit_breakers(c)  # istiod's, until a connection pool says otherwise
     sni = tls.outbound_sni(port.port, subset, svc.hostname)
     policy = None
     if destination_rule is not None:
@@ -101,9 +103,11 @@ def blackhole_cluster(settings: ClusterSettings) -> cluster_pb2.Cluster:
 
 
 def passthrough_cluster(settings: ClusterSettings) -> cluster_pb2.Cluster:
-    return cluster_pb2.Cluster(
+    c = cluster_pb2.Cluster(
         name=names.PASSTHROUGH_CLUSTER,
         type=cluster_pb2.Cluster.ORIGINAL_DST,
         lb_policy=cluster_pb2.Cluster.CLUSTER_PROVIDED,
         connect_timeout=duration(settings.connect_timeout_s),
     )
+    apply_default_circuit_breakers(c)  # istiod's buildDefaultPassthroughCluster
+    return c

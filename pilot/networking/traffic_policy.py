@@ -128,25 +128,44 @@ def _tcp_keepalive(c: cluster_pb2.Cluster, keepalive) -> None:
         ka.keepalive_interval.value = int(parse_duration(keepalive.interval))
 
 
+MAX_UINT32 = 2**32 - 1
+
+
+def default_thresholds() -> circuit_breaker_pb2.CircuitBreakers.Thresholds:
+    """istiod's getDefaultCircuitBreakerThresholds: no limit of its own (Envoy's defaults, 1024
+    connections and requests and 3 parallel retries, turn pod churn into 503s), remaining
+    capacity tracked. Every outbound, inbound and passthrough cluster starts from these; a
+    connection pool overrides the limits it sets."""
+    return circuit_breaker_pb2.CircuitBreakers.Thresholds(
+        priority=base_pb2.DEFAULT, max_connections=_uint(MAX_UINT32), max_pending_requests=_uint(MAX_UINT32),
+        max_requests=_uint(MAX_UINT32), max_retries=_uint(MAX_UINT32), track_remaining=True)
+
+
+def apply_default_circuit_breakers(c: cluster_pb2.Cluster) -> None:
+    del c.circuit_breakers.thresholds[:]
+    c.circuit_breakers.thresholds.append(default_thresholds())
+
+
 def apply_connection_pool(c: cluster_pb2.Cluster, pool, http2: bool) -> None:
     """istiod's applyConnectionPool. An HTTP/2 port's explicit HTTP/2 options (or those of
     h2UpgradePolicy) are already on the cluster: maxConcurrentStreams applies to them only.
     `http2` is kept for callers; the cluster itself says which protocol it speaks."""
-    thresholds = circuit_breaker_pb2.CircuitBreakers.Thresholds(priority=base_pb2.DEFAULT)
+    thresholds = default_thresholds()
     idle_timeout = None
     max_connection_duration = None
     h = pool.http
     if h is not None:
-        if h.http1_max_pending_requests is not None:
+        # istiod: a zero (or absent) limit keeps the default (it cannot tell unset from zero).
+        if h.http1_max_pending_requests:
             thresholds.max_pending_requests.value = h.http1_max_pending_requests
-        if h.http2_max_requests is not None:
+        if h.http2_max_requests:
             thresholds.max_requests.value = h.http2_max_requests
-        if h.max_retries is not None:
+        if h.max_retries:
             thresholds.max_retries.value = h.max_retries
         idle_timeout = h.idle_timeout
     if pool.tcp is not None:
         t = pool.tcp
-        if t.max_connections is not None:
+        if t.max_connections:
             thresholds.max_connections.value = t.max_connections
         if t.connect_timeout:
             c.connect_timeout.CopyFrom(duration(parse_duration(t.connect_timeout)))
@@ -179,6 +198,7 @@ def apply_connection_pool(c: cluster_pb2.Cluster, pool, http2: bool) -> None:
         opts.use_downstream_protocol_config.http_protocol_options.CopyFrom(http1)
         opts.use_downstream_protocol_config.http2_protocol_options.SetInParent()
         _store_http_options(c, opts)
+    del c.circuit_breakers.thresholds[:]
     c.circuit_breakers.thresholds.append(thresholds)
 
 

@@ -40,7 +40,25 @@ def clusters(world: World, p=None) -> dict[str, cluster_pb2.Cluster]:
     return {n: r.message(cluster_pb2.Cluster) for n, r in world.cds(p or proxy()).items()}
 
 
-# --- the load balancer ---------------------------------------------------------------------------
+# --- the load balancer and circuit breakers ------------------------------------------------------
+MAX = 2**32 - 1
+
+
+def test_every_cluster_starts_from_istiods_circuit_breaker_thresholds(world: World) -> None:
+    """getDefaultCircuitBreakerThresholds: no limits of istiod's own (Envoy's 1024 connections
+    and 3 parallel retries would turn pod churn into 503s), remaining capacity tracked; a
+    connection pool overrides only what it sets, and a zero keeps the default (as istiod)."""
+    p = _server(world)
+    got = clusters(world, p)
+    for name in (CLUSTER, TCP_CLUSTER, "PassthroughCluster", "InboundPassthroughCluster", "inbound|9080||"):
+        (t,) = got[name].circuit_breakers.thresholds
+        assert (t.max_connections.value, t.max_pending_requests.value, t.max_requests.value, t.max_retries.value,
+                t.track_remaining) == (MAX, MAX, MAX, MAX, True), name
+    assert not got["BlackHoleCluster"].HasField("circuit_breakers")
+    world.apply(dr({"trafficPolicy": {"connectionPool": {"http": {"http2MaxRequests": 50, "maxRetries": 0}}}}))
+    (t,) = clusters(world)[CLUSTER].circuit_breakers.thresholds
+    assert (t.max_requests.value, t.max_retries.value, t.max_connections.value) == (50, MAX, MAX)
+
 
 def test_outbound_clusters_balance_by_least_request_unless_told_otherwise(world: World) -> None:
     got = clusters(world)
@@ -181,7 +199,7 @@ def test_a_destination_rules_connection_pool_shapes_the_servers_inbound_cluster(
     """istiod's buildInboundCluster: the server gets the same limits as its clients, so it has
     the capacity they are allowed to use (connection pool only; no balancer, no TLS inbound)."""
     p = _server(world)
-    assert not _inbound(world, p).HasField("circuit_breakers")
+    assert _inbound(world, p).circuit_breakers.thresholds[0].max_connections.value == MAX
     world.apply(dr({"trafficPolicy": {
         "connectionPool": {"tcp": {"maxConnections": 17}, "http": {"idleTimeout": "20s"}},
         "loadBalancer": {"simple": "RANDOM"}, "tls": {"mode": "ISTIO_MUTUAL"}}}))

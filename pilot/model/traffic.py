@@ -192,6 +192,7 @@ def destination_problems(index: TrafficIndex, known_hosts: set[str], domain: str
             spec = vs.obj.spec
             dests = [d.destination for rule in spec.http for d in rule.route]
             dests += [rule.mirror for rule in spec.http if rule.mirror is not None]
+            dests += [m.destination for rule in spec.http for m in rule.mirrors]
             dests += [d.destination for rule in _rules(vs.obj)[len(spec.http):] for d in rule.route]  # tcp, tls
             for dest in dests:
                 host = resolve_host(dest.host, vs.key.namespace, domain)

@@ -58,6 +58,7 @@ class RouteInputs:
     gateway_semantics: bool = False  # rules translated from Gateway API routes (see the module doc)
     sidecar: bool = False  # routes for sidecars (the `mesh` gateway): matches for other gateways are dropped
     config: str = ""  # the VirtualService's `config` path, written into each route's istio metadata
+    tls: bool = False  # the requests arrive over TLS (a redirect without a scheme keeps https)
 
 
 def _source_ok(match, inputs: RouteInputs) -> bool:
@@ -254,6 +255,11 @@ def _action(rule, inputs: RouteInputs, route: rc.Route, match) -> None:
             action.port_redirect = inputs.port  # (FROM_PROTOCOL_DEFAULT is Envoy's own behaviour)
         if r.scheme:
             action.scheme_redirect = r.scheme
+        if r.port or r.derive_port:
+            # istiod: never an explicit :80 for http or :443 for https (the scheme's own port).
+            scheme = r.scheme or ("https" if inputs.tls else "http")
+            if (action.port_redirect, scheme) in ((80, "http"), (443, "https")):
+                action.port_redirect = 0
         if isinstance(rule, GatewayApiRule):
             if rule.redirect_prefix is not None:
                 action.prefix_rewrite = rule.redirect_prefix

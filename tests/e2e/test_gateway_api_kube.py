@@ -170,4 +170,9 @@ async def test_status_written_by_the_leader_only_when_changed_and_never_pushing(
         "lastTransitionTime"]  # an unchanged condition keeps its transition time
     assert accepted["observedGeneration"] == fake.get(f"httproutes.{API}", "shop", namespace="default")[
         "metadata"]["generation"] == 2
-    assert (await request(port, "shop.example.com", "/")).status == 500
+    # The status is written from the same PushContext the push is made from, but the push can
+    # reach Envoy after the write: wait for it.
+    async def refused():
+        return (await request(port, "shop.example.com", "/")).status == 500
+
+    await wait_for(refused, 20, message="the route without its backend answers 500")

@@ -61,20 +61,42 @@ class AllowedRoutes(StrictModel):
     kinds: list[RouteGroupKind] = Field(default_factory=list)
 
 
+TLS_TERMINATE_MODE = "gateway.istio.io/tls-terminate-mode"
+# istiod's values: MUTUAL / OPTIONAL_MUTUAL verify client certificates against the CA of the
+# listener's Secret (`ca.crt`, or a Secret NAME-cacert); ISTIO_MUTUAL terminates mesh mTLS with
+# the router's own workload certificate (no certificateRefs needed).
+TLS_TERMINATE_MODES = ("MUTUAL", "OPTIONAL_MUTUAL", "ISTIO_MUTUAL")
+
+
 class GatewayTLSConfig(StrictModel):
     mode: Literal["Terminate", "Passthrough"] = "Terminate"
     certificate_refs: list[SecretObjectReference] = Field(default_factory=list)
-    # istiod reads options such as gateway.istio.io/tls-terminate-mode (MUTUAL: require client
-    # certificates) and cipher suites; ignoring them would serve weaker TLS than asked.
-    options: Unsupported = None
+    # Of the options istiod reads, only gateway.istio.io/tls-terminate-mode is applied; any
+    # other (cipher suites...) is refused by name: ignoring it would serve other TLS than asked.
+    options: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _refs(self) -> GatewayTLSConfig:
-        if self.mode == "Terminate" and not self.certificate_refs:
+        if self.mode == "Terminate" and not self.certificate_refs and not self.options:
             _fail("certificateRefs or options must be specified when mode is Terminate")
         if len(self.certificate_refs) > 64:
             _fail("at most 64 certificateRefs")
+        if len(self.options) > 16:
+            _fail("at most 16 options")
+        for key, value in self.options.items():
+            if key != TLS_TERMINATE_MODE:
+                _fail(f"options[{key!r}]: not supported (only {TLS_TERMINATE_MODE} is)")
+            if self.mode != "Terminate":
+                _fail(f"options[{key!r}]: applies to mode Terminate only")
+            if value not in TLS_TERMINATE_MODES:
+                _fail(f"options[{key!r}]: {value!r} is not supported (one of {', '.join(TLS_TERMINATE_MODES)}; "
+                      "ISTIO_SIMPLE's built-in certificate is not)")
         return self
+
+    @property
+    def terminate_mode(self) -> str:
+        """The server's TLS mode when terminating: SIMPLE unless the option says otherwise."""
+        return self.options.get(TLS_TERMINATE_MODE, "SIMPLE")
 
 
 class Listener(StrictModel):

@@ -37,7 +37,7 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
                     mesh_tls = _mesh_tls(ctx, svc, port.port, dr, subset, sans) if has_identity else None
                     out.append(cache.resource(CLUSTER, name, clusters.outbound_cluster,
                                               svc, port, ctx.settings.clusters, dr, subset, targets, mesh_tls,
-                                              origins=origins))
+                                              proxy.is_grpc, origins=origins))
     if proxy.type == "sidecar" and not proxy.is_grpc:
         plan = ctx.inbound_plan(proxy)
         for port in plan.ports:

@@ -1,0 +1,266 @@
+"""EnvoyFilter: validation (refused with path and reason), application per operation and context,
+selection and order, and the shared-bytes cache (patched resources keyed by their patches, the
+rest still shared)."""
+
+from __future__ import annotations
+
+import pytest
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.listener.v3 import listener_pb2
+from envoy.config.route.v3 import route_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+
+from pilot.config.validation import parse_object
+from pilot.model import dependencies as dep
+from pilot.model.store import ConfigKey
+
+from .helpers import World, endpoint_slice, proxy, service
+
+REVIEWS = "reviews.default.svc.cluster.local"
+REVIEWS_CLUSTER = f"outbound|9080||{REVIEWS}"
+RATINGS_CLUSTER = "outbound|9080||ratings.default.svc.cluster.local"
+LUA = "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua"
+HCM_NAME = "envoy.filters.network.http_connection_manager"
+ROUTER = "envoy.filters.http.router"
+
+
+def envoy_filter(name: str, patches: list[dict], namespace: str = "default", selector: dict | None = None,
+                 priority: int | None = None, created: str = "2026-01-01T00:00:00Z") -> dict:
+    spec: dict = {"configPatches": patches}
+    if selector is not None:
+        spec["workloadSelector"] = {"labels": selector}
+    if priority is not None:
+        spec["priority"] = priority
+    return {"apiVersion": "networking.istio.io/v1alpha3", "kind": "EnvoyFilter",
+            "metadata": {"name": name, "namespace": namespace, "creationTimestamp": created}, "spec": spec}
+
+
+def lua_before_router(code: str = "function envoy_on_response(h) h:headers():add('x-ef', '1') end",
+                      context: str = "SIDECAR_OUTBOUND") -> dict:
+    return {"applyTo": "HTTP_FILTER",
+            "match": {"context": context, "listener": {"filterChain": {"filter": {
+                "name": HCM_NAME, "subFilter": {"name": ROUTER}}}}},
+            "patch": {"operation": "INSERT_BEFORE", "value": {
+                "name": "envoy.filters.http.lua", "typed_config": {"@type": LUA, "inlineCode": code}}}}
+
+
+def connect_timeout(seconds: str, service_host: str = REVIEWS) -> dict:
+    return {"applyTo": "CLUSTER", "match": {"context": "SIDECAR_OUTBOUND", "cluster": {"service": service_host}},
+            "patch": {"operation": "MERGE", "value": {"connect_timeout": seconds}}}
+
+
+@pytest.fixture
+def world() -> World:
+    w = World()
+    w.apply(service("reviews", cluster_ip="10.96.0.20"), service("ratings", cluster_ip="10.96.0.21"),
+            endpoint_slice("reviews-1", "reviews", addresses=("10.1.0.1",)),
+            endpoint_slice("ratings-1", "ratings", addresses=("10.1.0.2",)))
+    return w
+
+
+def labelled(labels: dict[str, str], **kw):
+    p = proxy(**kw)
+    p.metadata = {**p.metadata, "LABELS": labels}
+    return p
+
+
+def http_filters(res) -> list[str]:
+    listener = res.message(listener_pb2.Listener)
+    hcm = hcm_pb2.HttpConnectionManager()
+    for fc in listener.filter_chains:
+        for f in fc.filters:
+            if f.name == HCM_NAME:
+                f.typed_config.Unpack(hcm)
+                return [h.name for h in hcm.http_filters]
+    raise AssertionError("no HTTP connection manager")
+
+
+# --- validation ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(("patch", "reason"), [
+    ({"applyTo": "NOT_A_THING", "patch": {"operation": "MERGE", "value": {}}}, "applyTo"),
+    ({"applyTo": "HTTP_FILTER", "patch": {"operation": "ADD", "value": {
+        "name": "x", "typed_config": {"@type": "type.googleapis.com/envoy.nope.v3.Missing"}}}},
+     "Can not find message descriptor by type_url: type.googleapis.com/envoy.nope.v3.Missing"),
+    ({"applyTo": "HTTP_FILTER", "patch": {"operation": "ADD", "value": {
+        "name": "x", "typed_config": {"@type": LUA, "inlineCod": "x"}}}}, 'has no field named "inlineCod"'),
+    ({"applyTo": "CLUSTER", "patch": {"operation": "MERGE", "value": {"connect_timeout": "soon"}}},
+     "invalid CLUSTER value"),
+    ({"applyTo": "CLUSTER", "patch": {"operation": "INSERT_BEFORE", "value": {"name": "c"}}}, "INSERT_BEFORE"),
+    ({"applyTo": "CLUSTER", "match": {"listener": {"portNumber": 80}},
+      "patch": {"operation": "MERGE", "value": {}}}, "only a cluster match"),
+    ({"applyTo": "HTTP_FILTER", "patch": {"operation": "ADD"}}, "needs a patch value"),
+    ({"applyTo": "HTTP_FILTER", "patch": {"operation": "ADD", "filterClass": "AUTHZ", "value": {"name": "x"}}},
+     "filterClass is not supported"),
+    ({"applyTo": "LISTENER", "match": {"proxy": {"proxyVersion": "1.2("}},
+      "patch": {"operation": "MERGE", "value": {}}}, "proxy version"),
+])
+def test_bad_envoy_filters_are_refused_with_path_and_reason(patch, reason):
+    with pytest.raises(Exception) as err:
+        parse_object(envoy_filter("bad", [patch]))
+    assert reason in str(err.value)
+    assert "configPatches" in str(err.value)
+
+
+def test_bootstrap_and_extension_config_are_refused_by_name():
+    for to in ("BOOTSTRAP", "EXTENSION_CONFIG"):
+        with pytest.raises(Exception) as err:
+            parse_object(envoy_filter("bad", [{"applyTo": to, "patch": {"operation": "MERGE", "value": {}}}]))
+        assert "applyTo" in str(err.value)
+
+
+def test_the_value_is_converted_once_per_revision():
+    obj = parse_object(envoy_filter("ef", [lua_before_router()]))
+    p = obj.spec.config_patches[0]
+    assert p.message is p.message and p.message.typed_config.type_url == LUA
+
+
+# --- application --------------------------------------------------------------------------------
+def test_insert_before_router_adds_the_lua_filter_to_outbound_http_listeners(world):
+    p = proxy()
+    before = world.lds(p)
+    name = next(n for n in before if n.endswith("_9080"))
+    assert "envoy.filters.http.lua" not in http_filters(before[name])
+    world.apply(envoy_filter("lua", [lua_before_router()]))
+    after = world.lds(p)
+    filters = http_filters(after[name])
+    assert filters.index("envoy.filters.http.lua") == filters.index(ROUTER) - 1
+    assert "EnvoyFilter/default/lua" in after[name].origins
+
+
+def test_cluster_merge_changes_connect_timeout_of_the_matched_cluster_only(world):
+    p = proxy()
+    before = world.cds(p)
+    world.apply(envoy_filter("timeout", [connect_timeout("7s")]))
+    after = world.cds(p)
+    assert after[REVIEWS_CLUSTER].message(cluster_pb2.Cluster).connect_timeout.seconds == 7
+    # Untouched clusters are the same shared objects as before.
+    assert after[RATINGS_CLUSTER] is before[RATINGS_CLUSTER]
+
+
+def test_remove_add_and_replace(world):
+    p = proxy()
+    world.apply(envoy_filter("ops", [
+        {"applyTo": "CLUSTER", "match": {"cluster": {"name": RATINGS_CLUSTER}}, "patch": {"operation": "REMOVE"}},
+        {"applyTo": "CLUSTER", "match": {"context": "SIDECAR_OUTBOUND"},
+         "patch": {"operation": "ADD", "value": {"name": "extra", "type": "STATIC", "connect_timeout": "1s"}}},
+        {"applyTo": "HTTP_FILTER", "match": {"listener": {"filterChain": {"filter": {
+            "name": HCM_NAME, "subFilter": {"name": ROUTER}}}}},
+         "patch": {"operation": "INSERT_FIRST", "value": {"name": "envoy.filters.http.cors", "typed_config": {
+             "@type": "type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors"}}}},
+        {"applyTo": "HTTP_FILTER", "match": {"listener": {"filterChain": {"filter": {
+            "name": HCM_NAME, "subFilter": {"name": "envoy.filters.http.cors"}}}}},
+         "patch": {"operation": "REMOVE"}},
+    ]))
+    clusters = world.cds(p)
+    assert RATINGS_CLUSTER not in clusters and "extra" in clusters
+    name = next(n for n in world.lds(p) if n.endswith("_9080"))
+    assert "envoy.filters.http.cors" not in http_filters(world.lds(p)[name])
+
+
+def test_route_configuration_virtual_host_and_route_patches(world):
+    p = proxy()
+    world.apply(envoy_filter("routes", [
+        {"applyTo": "ROUTE_CONFIGURATION", "match": {"routeConfiguration": {"portNumber": 9080}},
+         "patch": {"operation": "MERGE", "value": {"response_headers_to_add": [
+             {"header": {"key": "x-rc", "value": "1"}}]}}},
+        {"applyTo": "VIRTUAL_HOST", "match": {"routeConfiguration": {"portNumber": 9080}},
+         "patch": {"operation": "ADD", "value": {"name": "added", "domains": ["added.example"],
+                                                   "routes": [{"match": {"prefix": "/"},
+                                                               "direct_response": {"status": 204}}]}}},
+        {"applyTo": "HTTP_ROUTE", "match": {"routeConfiguration": {"vhost": {"name": f"{REVIEWS}:9080"}}},
+         "patch": {"operation": "INSERT_FIRST", "value": {"name": "first", "match": {"prefix": "/x"},
+                                                          "direct_response": {"status": 418}}}},
+    ]))
+    rc = world.rds(p, {"9080"})["9080"].message(route_pb2.RouteConfiguration)
+    assert rc.response_headers_to_add[0].header.key == "x-rc"
+    assert any(v.name == "added" for v in rc.virtual_hosts)
+    reviews = next(v for v in rc.virtual_hosts if v.name == f"{REVIEWS}:9080")
+    assert reviews.routes[0].name == "first" and len(reviews.routes) > 1
+    # As in istiod, route patches apply to the virtual hosts generated, not to ones a patch adds.
+    assert all(r.name != "first" for r in next(v for v in rc.virtual_hosts if v.name == "added").routes)
+
+
+def test_context_inbound_does_not_touch_outbound(world):
+    p = proxy()
+    world.apply(envoy_filter("in", [lua_before_router(context="SIDECAR_INBOUND"),
+                                    {**connect_timeout("9s"), "match": {"context": "SIDECAR_INBOUND"}}]))
+    ctx = world.ctx()
+    clusters = world.cds(p, ctx)
+    assert clusters[REVIEWS_CLUSTER].message(cluster_pb2.Cluster).connect_timeout.seconds != 9
+    name = next(n for n in world.lds(p, ctx) if n.endswith("_9080"))
+    assert "envoy.filters.http.lua" not in http_filters(world.lds(p, ctx)[name])
+
+
+# --- selection, order, proxy match --------------------------------------------------------------
+def test_workload_selector_namespace_and_root_namespace(world):
+    world.apply(service("reviews", "other", cluster_ip="10.96.1.20"))
+    a, b = labelled({"app": "a"}), labelled({"app": "b"})
+    elsewhere = labelled({"app": "a"}, namespace="other")
+    world.apply(envoy_filter("sel", [connect_timeout("3s")], selector={"app": "a"}))
+    ctx = world.ctx()
+    assert world.cds(a, ctx)[REVIEWS_CLUSTER].message(cluster_pb2.Cluster).connect_timeout.seconds == 3
+    assert world.cds(b, ctx)[REVIEWS_CLUSTER].message(cluster_pb2.Cluster).connect_timeout.seconds != 3
+    assert world.cds(elsewhere, ctx)[REVIEWS_CLUSTER].message(cluster_pb2.Cluster).connect_timeout.seconds != 3
+    world.apply(envoy_filter("mesh", [connect_timeout("4s")], namespace="istio-system", priority=10))
+    ctx = world.ctx()
+    # Root namespace: everywhere; priority 10 applies after the namespace's priority 0 filter.
+    assert world.cds(elsewhere, ctx)[REVIEWS_CLUSTER].message(cluster_pb2.Cluster).connect_timeout.seconds == 4
+    assert world.cds(a, ctx)[REVIEWS_CLUSTER].message(cluster_pb2.Cluster).connect_timeout.seconds == 4
+
+
+def test_priority_then_age_orders_merges(world):
+    p = proxy()
+    world.apply(envoy_filter("old", [connect_timeout("5s")], created="2026-01-01T00:00:00Z"),
+                envoy_filter("new", [connect_timeout("6s")], created="2026-02-01T00:00:00Z"))
+    assert world.cds(p)[REVIEWS_CLUSTER].message(cluster_pb2.Cluster).connect_timeout.seconds == 6
+    world.apply(envoy_filter("new", [connect_timeout("6s")], created="2026-02-01T00:00:00Z", priority=-1))
+    assert world.cds(p)[REVIEWS_CLUSTER].message(cluster_pb2.Cluster).connect_timeout.seconds == 5
+
+
+def test_proxy_version_and_metadata_match(world):
+    p = proxy()
+    p.metadata = {**p.metadata, "ISTIO_VERSION": "1.30.1", "ROLE": "edge"}
+    patch = connect_timeout("8s")
+    patch["match"]["proxy"] = {"proxyVersion": r"^1\.29", "metadata": {"ROLE": "edge"}}
+    world.apply(envoy_filter("v", [patch]))
+    assert world.cds(p)[REVIEWS_CLUSTER].message(cluster_pb2.Cluster).connect_timeout.seconds != 8
+    patch["match"]["proxy"]["proxyVersion"] = r"^1\.30"
+    world.apply(envoy_filter("v", [patch]))
+    assert world.cds(p)[REVIEWS_CLUSTER].message(cluster_pb2.Cluster).connect_timeout.seconds == 8
+
+
+# --- cache ------------------------------------------------------------------------------------------
+def test_patched_bytes_are_shared_by_proxies_with_the_same_patches_and_keyed_by_revision(world):
+    world.apply(envoy_filter("sel", [connect_timeout("3s")], selector={"app": "a"}))
+    ctx = world.ctx()
+    a1, a2 = labelled({"app": "a"}, pod_name="a1"), labelled({"app": "a"}, pod_name="a2")
+    b = labelled({"app": "b"}, pod_name="b1")
+    ca1, ca2, cb = world.cds(a1, ctx), world.cds(a2, ctx), world.cds(b, ctx)
+    assert ca1[REVIEWS_CLUSTER] is ca2[REVIEWS_CLUSTER]
+    assert ca1[REVIEWS_CLUSTER].version != cb[REVIEWS_CLUSTER].version
+    assert ca1[RATINGS_CLUSTER] is cb[RATINGS_CLUSTER]  # no filter touches it: one object for all
+    builds = world.cache.misses
+    world.ctx()
+    assert world.cds(a1)[REVIEWS_CLUSTER] is ca1[REVIEWS_CLUSTER]  # a new push, same inputs: cached
+    assert world.cache.misses == builds
+    world.apply(envoy_filter("sel", [connect_timeout("4s")], selector={"app": "a"}))
+    assert world.cds(a1)[REVIEWS_CLUSTER].message(cluster_pb2.Cluster).connect_timeout.seconds == 4
+
+
+def test_an_envoy_filter_change_meets_the_proxies_of_its_namespace_and_root_only(world):
+    p, elsewhere = proxy(), proxy("other")
+    ctx = world.ctx()
+    with ctx.recording() as d_here:
+        world.cds(p, ctx)
+    with ctx.recording() as d_there:
+        world.cds(elsewhere, ctx)
+    world.apply(envoy_filter("ef", [connect_timeout("3s")]))
+    new = world.ctx()
+    change = dep.change_of([ConfigKey("EnvoyFilter", "default", "ef")], ctx, new, mesh_changed=False,
+                           service_endpoints_kind="EndpointSlice", ambient_kinds=frozenset())
+    m = dep.Matcher(change)
+    assert m.meets(d_here) and not m.meets(d_there)
+    root = dep.change_of([ConfigKey("EnvoyFilter", "istio-system", "ef")], ctx, new, mesh_changed=False,
+                         service_endpoints_kind="EndpointSlice", ambient_kinds=frozenset())
+    assert dep.Matcher(root).meets(d_there)
+

@@ -285,7 +285,24 @@ def _patch_chain(listener: listener_pb2.Listener, fc: listener_components_pb2.Fi
         for f in fc.filters:
             if f.name == HCM and f.HasField("typed_config"):
                 _patch_http_filters(f, [r for r in http if _filter_matches(r, f.name)])
+    routes = [r for r in refs if r.patch.apply_to in ROUTE_KINDS]
+    if routes:  # only inbound listeners get these (the caller's choice): their route config is inline
+        for f in fc.filters:
+            if f.name == HCM and f.HasField("typed_config"):
+                _patch_inline_routes(f, routes)
     return True
+
+
+def _patch_inline_routes(f: listener_components_pb2.Filter, refs: list[PatchRef]) -> None:
+    """istiod patches an inbound HCM's own route configuration (`inbound|PORT||`) in the
+    SIDECAR_INBOUND context, as it patches RDS route configurations for outbound."""
+    hcm = hcm_pb2.HttpConnectionManager()
+    if not f.typed_config.Unpack(hcm) or not hcm.HasField("route_config"):
+        return
+    rel = tuple(r for r in refs if route_config_matches(r, hcm.route_config.name, "SIDECAR_INBOUND"))
+    if rel:
+        patch_route_config(hcm.route_config, rel)
+        f.typed_config.CopyFrom(pack(hcm))
 
 
 def _merge_filter(f: Message, patch: Message) -> None:

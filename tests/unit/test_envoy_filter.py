@@ -264,3 +264,95 @@ def test_an_envoy_filter_change_meets_the_proxies_of_its_namespace_and_root_only
                          service_endpoints_kind="EndpointSlice", ambient_kinds=frozenset())
     assert dep.Matcher(root).meets(d_there)
 
+
+
+# --- contexts: inbound, gateway; listener-level operations ---------------------------------------
+def inbound_world() -> tuple[World, object]:
+    w = World()
+    s = service("reviews", cluster_ip="10.96.0.20")
+    s["spec"]["selector"] = {"app": "reviews"}
+    w.apply(s, endpoint_slice("reviews-1", "reviews", addresses=("10.0.0.1",), port=9080))
+    p = labelled({"app": "reviews"}, interception="REDIRECT")
+    p.identity = "spiffe://cluster.local/ns/default/sa/reviews"
+    return w, p
+
+
+def test_inbound_context_patches_inbound_listeners_clusters_and_their_inline_routes():
+    w, p = inbound_world()
+    w.apply(envoy_filter("in", [
+        lua_before_router(context="SIDECAR_INBOUND"),
+        {"applyTo": "CLUSTER", "match": {"context": "SIDECAR_INBOUND", "cluster": {"portNumber": 9080}},
+         "patch": {"operation": "MERGE", "value": {"connect_timeout": "2s"}}},
+        {"applyTo": "VIRTUAL_HOST", "match": {"context": "SIDECAR_INBOUND",
+                                              "routeConfiguration": {"portNumber": 9080}},
+         "patch": {"operation": "MERGE", "value": {"response_headers_to_add": [
+             {"header": {"key": "x-inbound", "value": "1"}}]}}},
+    ]))
+    ctx = w.ctx()
+    listeners = w.lds(p, ctx)
+    assert "envoy.filters.http.lua" in http_filters(listeners["virtualInbound"])
+    outbound = next(n for n in listeners if n.endswith("_9080"))
+    assert "envoy.filters.http.lua" not in http_filters(listeners[outbound])
+    clusters = w.cds(p, ctx)
+    assert clusters["inbound|9080||"].message(cluster_pb2.Cluster).connect_timeout.seconds == 2
+    assert clusters[REVIEWS_CLUSTER].message(cluster_pb2.Cluster).connect_timeout.seconds != 2
+    vi = listeners["virtualInbound"].message(listener_pb2.Listener)
+    hosts = []
+    for fc in vi.filter_chains:
+        for f in fc.filters:
+            if f.name == HCM_NAME:
+                hcm = hcm_pb2.HttpConnectionManager()
+                f.typed_config.Unpack(hcm)
+                hosts.extend(h.key for vh in hcm.route_config.virtual_hosts for h in
+                             [x.header for x in vh.response_headers_to_add])
+    assert "x-inbound" in hosts
+
+
+def test_gateway_context_and_listener_add_and_listener_filter():
+    w = World()
+    w.apply(service("reviews", cluster_ip="10.96.0.20"),
+            {"apiVersion": "networking.istio.io/v1", "kind": "Gateway",
+             "metadata": {"name": "gw", "namespace": "istio-system"},
+             "spec": {"selector": {"istio": "ingressgateway"},
+                      "servers": [{"port": {"number": 8080, "name": "http", "protocol": "HTTP"}, "hosts": ["*"]}]}},
+            envoy_filter("gw", [
+                {"applyTo": "LISTENER", "match": {"context": "GATEWAY", "listener": {"portNumber": 8080}},
+                 "patch": {"operation": "MERGE", "value": {"per_connection_buffer_limit_bytes": 32768}}},
+                {"applyTo": "LISTENER_FILTER", "match": {"context": "GATEWAY", "listener": {"portNumber": 8080}},
+                 "patch": {"operation": "INSERT_FIRST", "value": {
+                     "name": "envoy.filters.listener.tls_inspector", "typed_config": {
+                         "@type": "type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector"}}}},
+                {"applyTo": "LISTENER", "match": {"context": "GATEWAY"},
+                 "patch": {"operation": "ADD", "value": {
+                     "name": "extra", "address": {"socket_address": {"address": "0.0.0.0", "port_value": 9999}}}}},
+                {"applyTo": "ROUTE_CONFIGURATION", "match": {"context": "GATEWAY",
+                                                             "routeConfiguration": {"portNumber": 8080}},
+                 "patch": {"operation": "MERGE", "value": {"response_headers_to_add": [
+                     {"header": {"key": "x-gw", "value": "1"}}]}}},
+            ], namespace="istio-system", selector={"istio": "ingressgateway"}))
+    gw = labelled({"istio": "ingressgateway"}, namespace="istio-system", ptype="router", pod_name="gw-1")
+    ctx = w.ctx()
+    listeners = w.lds(gw, ctx)
+    main = listeners["0.0.0.0_8080"].message(listener_pb2.Listener)
+    assert main.per_connection_buffer_limit_bytes.value == 32768
+    assert main.listener_filters[0].name == "envoy.filters.listener.tls_inspector"
+    assert "extra" in listeners
+    rc = w.rds(gw, {"http.8080"}, ctx)["http.8080"].message(route_pb2.RouteConfiguration)
+    assert rc.response_headers_to_add[0].header.key == "x-gw"
+    # A sidecar in the root namespace is not a gateway: none of this applies to it.
+    side = labelled({"istio": "ingressgateway"}, namespace="istio-system", pod_name="side-1")
+    assert "extra" not in w.lds(side, ctx)
+
+
+def test_listener_remove_and_filter_chain_match_by_name():
+    w, p = inbound_world()
+    w.apply(envoy_filter("rm", [
+        {"applyTo": "LISTENER", "match": {"context": "SIDECAR_OUTBOUND", "listener": {"portNumber": 9080}},
+         "patch": {"operation": "REMOVE"}},
+        {"applyTo": "FILTER_CHAIN", "match": {"context": "SIDECAR_INBOUND", "listener": {
+            "filterChain": {"name": "inbound|9080||-mtls"}}}, "patch": {"operation": "REMOVE"}},
+    ]))
+    listeners = w.lds(p)
+    assert not any(n.endswith("_9080") and n.startswith("0.0.0.0") for n in listeners)
+    chains = [fc.name for fc in listeners["virtualInbound"].message(listener_pb2.Listener).filter_chains]
+    assert "inbound|9080||-mtls" not in chains and "inbound|9080||" in chains, chains

@@ -31,7 +31,9 @@ from pilot.xds.typeurls import CLUSTER, LISTENER, ROUTE
 
 _MESSAGES: dict[str, type[Message]] = {LISTENER: listener_pb2.Listener, ROUTE: route_pb2.RouteConfiguration,
                                        CLUSTER: cluster_pb2.Cluster}
-_KINDS = {LISTENER: patching.LISTENER_KINDS, ROUTE: patching.ROUTE_KINDS, CLUSTER: patching.CLUSTER_KINDS}
+# Listeners take route patches too: an inbound HTTP listener's route configuration is inline.
+_KINDS = {LISTENER: patching.LISTENER_KINDS | patching.ROUTE_KINDS, ROUTE: patching.ROUTE_KINDS,
+          CLUSTER: patching.CLUSTER_KINDS}
 
 Generate = Callable[[PushContext, Proxy, frozenset[str] | None, XdsCache], list[CachedResource]]
 
@@ -76,6 +78,8 @@ def _listener_port(any_bytes: bytes) -> int:
 
 def _top_match(type_url: str, ref: PatchRef, res: CachedResource, context: str) -> bool:
     if type_url == LISTENER:
+        if ref.patch.apply_to in patching.ROUTE_KINDS:  # matched on the inline route config inside
+            return context == "SIDECAR_INBOUND"
         return patching.listener_matches(ref, res.name, _listener_port(res.any_bytes))
     if type_url == ROUTE:
         return patching.route_config_matches(ref, res.name, context)

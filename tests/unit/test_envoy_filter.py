@@ -4,15 +4,25 @@ rest still shared)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+
 import pytest
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 
+from pilot.config.kinds import BY_NAME
 from pilot.config.validation import parse_object
 from pilot.model import dependencies as dep
-from pilot.model.store import ConfigKey
+from pilot.model.store import ConfigKey, Store
+from pilot.sources.kube.client import Kube
+from pilot.sources.kube.informer import Informer
+from pilot.sources.kube.source import WATCHED_KINDS
+from pilot.webhook.admission import review_bytes, rules
+from tests.fakes.apiserver import FakeApiServer
+from tests.support.wait import wait_for
 
 from .helpers import World, endpoint_slice, proxy, service
 
@@ -356,3 +366,48 @@ def test_listener_remove_and_filter_chain_match_by_name():
     assert not any(n.endswith("_9080") and n.startswith("0.0.0.0") for n in listeners)
     chains = [fc.name for fc in listeners["virtualInbound"].message(listener_pb2.Listener).filter_chains]
     assert "inbound|9080||-mtls" not in chains and "inbound|9080||" in chains, chains
+
+
+# --- Kubernetes mode ---------------------------------------------------------------------------
+async def test_envoy_filters_are_watched_in_kubernetes_mode_and_bad_ones_refused_with_reason():
+    assert "EnvoyFilter" in WATCHED_KINDS
+    kind = BY_NAME["EnvoyFilter"]
+    async with FakeApiServer() as fake:
+        fake.register_crd("networking.istio.io", "v1alpha3", kind.plural, "EnvoyFilter")
+        good = envoy_filter("good", [lua_before_router()])
+        good["metadata"].pop("creationTimestamp")
+        bad = envoy_filter("bad", [{"applyTo": "HTTP_FILTER", "patch": {"operation": "ADD", "value": {
+            "name": "x", "typed_config": {"@type": "type.googleapis.com/envoy.nope.v3.Missing"}}}}])
+        bad["metadata"].pop("creationTimestamp")
+        fake.create(good)
+        fake.create(bad)
+        store = Store()
+        kube = Kube(fake.api_client())
+        informer = Informer(kube, kind, store)
+        task = asyncio.create_task(informer.run())
+        try:
+            await wait_for(lambda: informer.synced.is_set(), timeout=10)
+            assert [e.key.name for e in store.list("EnvoyFilter")] == ["good"]
+            reasons = {r.name: r.reason for r in store.rejections()}
+            assert "Can not find message descriptor by type_url" in reasons["bad"]
+            assert reasons["bad"].startswith("spec.configPatches[0]")
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await kube.close()
+
+
+def test_the_webhook_refuses_a_bad_envoy_filter_with_the_file_mode_reason():
+    bad = envoy_filter("bad", [{"applyTo": "HTTP_FILTER", "patch": {"operation": "ADD", "value": {
+        "name": "x", "typed_config": {"@type": LUA, "inlineCod": "x"}}}}])
+    body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u-1", "operation": "CREATE", "namespace": "default", "object": bad}}
+    out = json.loads(review_bytes(json.dumps(body).encode(), "application/json").body)["response"]
+    with pytest.raises(Exception) as err:
+        parse_object(bad)
+    assert out["allowed"] is False
+    assert out["status"]["message"] == f"configuration is invalid: {err.value.reason}"
+    assert 'has no field named "inlineCod"' in out["status"]["message"]
+    good = {**body, "request": {**body["request"], "object": envoy_filter("good", [lua_before_router()])}}
+    assert json.loads(review_bytes(json.dumps(good).encode(), "application/json").body)["response"]["allowed"]
+    assert any("envoyfilters" in r["resources"] for r in rules())

@@ -20,13 +20,21 @@ from pilot.model.proxy import Proxy
 from pilot.model.store import ConfigKey, Entry
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class PatchRef:
-    """One configPatch of one EnvoyFilter revision. Entries compare by key and revision, so a
-    PatchRef is a cache-key input that stays equal across pushes while the object is unchanged."""
+    """One configPatch of one EnvoyFilter revision, as a cache-key input that stays equal across
+    pushes while the object is unchanged: equal when it is the same parsed object (the Store
+    keeps the object of an unchanged entry), which is stronger than equal (key, revision) across
+    Stores (tests build several). The reference keeps the object, so its id is not reused."""
 
     entry: Entry
     index: int
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PatchRef) and self.index == other.index and self.entry.obj is other.entry.obj
+
+    def __hash__(self) -> int:
+        return hash((id(self.entry.obj), self.index))
 
     @property
     def patch(self) -> EnvoyConfigObjectPatch:
@@ -37,8 +45,56 @@ class PatchRef:
         return f"EnvoyFilter/{self.entry.key.namespace}/{self.entry.key.name}"
 
 
-ProxyPatches = tuple[PatchRef, ...]
-NO_PATCHES: ProxyPatches = ()
+class PatchSet:
+    """The patches one proxy gets, in order: equal sets are one interned object (its hash kept),
+    so it is a cheap cache-key and memo-key input, and what was worked out for a resource given
+    this set (`memo`: which patches meet it) is reused by every proxy and push given the same set."""
+
+    __slots__ = ("_hash", "memo", "refs")
+
+    def __init__(self, refs: tuple[PatchRef, ...]) -> None:
+        self.refs = refs
+        self._hash = hash(refs)
+        self.memo: dict = {}
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, PatchSet) and self.refs == other.refs)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __bool__(self) -> bool:
+        return bool(self.refs)
+
+    def __len__(self) -> int:
+        return len(self.refs)
+
+    def __iter__(self):
+        return iter(self.refs)
+
+    def __repr__(self) -> str:
+        return f"PatchSet({', '.join(f'{r.origin}#{r.index}' for r in self.refs)})"
+
+    @property
+    def origins(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(r.origin for r in self.refs))
+
+
+_INTERNED: dict[tuple[PatchRef, ...], PatchSet] = {}
+_MAX_INTERNED = 4096  # distinct patch lists alive at once; beyond it, start over (only a memo is lost)
+
+
+def patch_set(refs: tuple[PatchRef, ...]) -> PatchSet:
+    found = _INTERNED.get(refs)
+    if found is None:
+        if len(_INTERNED) >= _MAX_INTERNED:
+            _INTERNED.clear()
+        found = _INTERNED[refs] = PatchSet(refs)
+    return found
+
+
+NO_PATCHES = patch_set(())
+ProxyPatches = PatchSet
 
 
 def index(entries: list[Entry], disabled: frozenset[tuple[ConfigKey, int]] = frozenset()
@@ -72,7 +128,15 @@ def select(by_namespace: Mapping[str, tuple[Entry, ...]] | Mapping[str, list[Ent
         for i, p in enumerate(e.obj.spec.config_patches):  # type: ignore[attr-defined]
             if _proxy_matches(p, proxy, version):
                 out.append(PatchRef(e, i))
-    return tuple(out)
+    return patch_set(tuple(out))
+
+
+def metadata_keys(by_namespace: Mapping[str, tuple[Entry, ...]]) -> tuple[str, ...]:
+    """Every node metadata key some patch's `match.proxy.metadata` tests."""
+    keys = {k for entries in by_namespace.values() for e in entries
+            for p in e.obj.spec.config_patches  # type: ignore[attr-defined]
+            if p.match.proxy is not None for k in p.match.proxy.metadata}
+    return tuple(sorted(keys))
 
 
 def _proxy_matches(p: EnvoyConfigObjectPatch, proxy: Proxy, version: str) -> bool:

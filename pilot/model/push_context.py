@@ -260,7 +260,17 @@ class PushContext:
         hit = self._memo.get(("envoy-patches", id(proxy)))
         if hit is not None and hit[0] is proxy and hit[1] is proxy.metadata:
             return hit[2]
-        out = ef.select(self.envoy_filters, root, proxy)
+        # Proxies that agree on what selection reads (namespace, labels, version, the metadata
+        # keys some patch matches on) get the same patches: worked out once for all of them.
+        meta_keys = self._memo.get("envoy-meta-keys")
+        if meta_keys is None:
+            meta_keys = self._memo["envoy-meta-keys"] = ef.metadata_keys(self.envoy_filters)
+        meta = proxy.metadata
+        key = ("envoy-select", proxy.namespace, frozenset(proxy.labels.items()), proxy.istio_version,
+               tuple(str(meta.get(k, "")) for k in meta_keys))
+        out = self._memo.get(key)
+        if out is None:
+            out = self._memo[key] = ef.select(self.envoy_filters, root, proxy)
         self._memo[("envoy-patches", id(proxy))] = (proxy, proxy.metadata, out)
         return out
 

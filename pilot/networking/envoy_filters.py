@@ -226,7 +226,7 @@ def _by(refs: Iterable[PatchRef], kind: str) -> list[PatchRef]:
     return [r for r in refs if r.patch.apply_to == kind]
 
 
-def patch_listener(listener: listener_pb2.Listener, refs: tuple[PatchRef, ...]) -> listener_pb2.Listener:
+def patch_listener(listener: listener_pb2.Listener, refs: Iterable[PatchRef]) -> listener_pb2.Listener:
     """`refs`: the patches whose context and listener match this listener (LISTENER REMOVE and
     ADD are the caller's: they decide whether the resource exists at all)."""
     port = listener.address.socket_address.port_value
@@ -259,7 +259,7 @@ def _patch_listener_filters(listener: listener_pb2.Listener, refs: list[PatchRef
 
 
 def _patch_chain(listener: listener_pb2.Listener, fc: listener_components_pb2.FilterChain,
-                 refs: tuple[PatchRef, ...]) -> bool:
+                 refs: Iterable[PatchRef]) -> bool:
     """Patch one filter chain in place; False when a patch removes it."""
     for ref in _by(refs, "FILTER_CHAIN"):
         if not _chain_matches(ref, listener, fc):
@@ -391,7 +391,7 @@ def _route_matches(ref: PatchRef, r: route_components_pb2.Route) -> bool:
     return True
 
 
-def patch_route_config(rc: route_pb2.RouteConfiguration, refs: tuple[PatchRef, ...]) -> route_pb2.RouteConfiguration:
+def patch_route_config(rc: route_pb2.RouteConfiguration, refs: Iterable[PatchRef]) -> route_pb2.RouteConfiguration:
     """`refs`: the patches whose context and route configuration match this one."""
     for ref in _by(refs, "ROUTE_CONFIGURATION"):
         if ref.patch.patch.operation == "MERGE":
@@ -465,7 +465,7 @@ def cluster_matches(ref: PatchRef, name: str) -> bool:
     return not cm.port_number or (port.isdigit() and int(port) == cm.port_number)
 
 
-def patch_cluster(c: cluster_pb2.Cluster, refs: tuple[PatchRef, ...]) -> cluster_pb2.Cluster:
+def patch_cluster(c: cluster_pb2.Cluster, refs: Iterable[PatchRef]) -> cluster_pb2.Cluster:
     """MERGE patches in order (REMOVE and ADD are the caller's). A transport socket is merged as
     istiod's mergeTransportSocketCluster does: into the one with the same name, else replaced."""
     for ref in refs:

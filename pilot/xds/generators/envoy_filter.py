@@ -13,7 +13,7 @@ EnvoyFilters among their origins, which is how a NACK is traced back to them (di
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import lru_cache, wraps
+from functools import wraps
 
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.listener.v3 import listener_pb2
@@ -21,12 +21,13 @@ from envoy.config.route.v3 import route_pb2
 from google.protobuf import any_pb2
 from google.protobuf.message import Message
 
-from pilot.model.envoy_filters import PatchRef
+from pilot.model.envoy_filters import NO_PATCHES, PatchRef, PatchSet, patch_set
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
 from pilot.networking import envoy_filters as patching
 from pilot.networking.inbound import INBOUND_PASSTHROUGH_CLUSTER, VIRTUAL_INBOUND_LISTENER
 from pilot.xds.cache import CachedResource, XdsCache
+from pilot.xds.generators import waypoint
 from pilot.xds.typeurls import CLUSTER, LISTENER, ROUTE
 
 _MESSAGES: dict[str, type[Message]] = {LISTENER: listener_pb2.Listener, ROUTE: route_pb2.RouteConfiguration,
@@ -38,26 +39,37 @@ _KINDS = {LISTENER: patching.LISTENER_KINDS | patching.ROUTE_KINDS, ROUTE: patch
 Generate = Callable[[PushContext, Proxy, frozenset[str] | None, XdsCache], list[CachedResource]]
 
 
+def patches_for(ctx: PushContext, proxy: Proxy, type_url: str) -> PatchSet:
+    """The patches of this type's resources the proxy gets (in order): what its generated output
+    depends on from EnvoyFilters, so part of the generation memo's key (pilot/xds/generated.py)."""
+    kinds = _KINDS.get(type_url)
+    if kinds is None or proxy.is_grpc:
+        return NO_PATCHES  # istiod patches Envoy's config, not proxyless gRPC's
+    patches = ctx.envoy_patches(proxy)
+    if not patches:
+        return NO_PATCHES
+    if proxy.traits.gateway_name and waypoint.waypoint_of(ctx, proxy) is not None:
+        return NO_PATCHES  # istiod reaches waypoints through targetRefs only (refused here)
+    mine = patches.memo.get(type_url)
+    if mine is None:  # once per patch set
+        mine = patches.memo[type_url] = patch_set(tuple(r for r in patches if r.patch.apply_to in kinds))
+    return mine
+
+
 def patched(type_url: str) -> Callable[[Generate], Generate]:
     def wrap(generate: Generate) -> Generate:
         @wraps(generate)
         def run(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
                 cache: XdsCache) -> list[CachedResource]:
             out = generate(ctx, proxy, requested, cache)
-            if proxy.is_grpc:
-                return out  # istiod patches Envoy's config, not proxyless gRPC's
-            refs = ctx.envoy_patches(proxy)
-            if not refs:
-                return out
-            kinds = _KINDS[type_url]
-            refs = tuple(r for r in refs if r.patch.apply_to in kinds)
-            return apply(type_url, proxy, out, refs, requested, cache) if refs else out
+            mine = patches_for(ctx, proxy, type_url)
+            return apply(type_url, proxy.type == "router", out, mine, requested, cache) if mine else out
         return run
     return wrap
 
 
-def context_of(type_url: str, proxy: Proxy, name: str) -> str:
-    if proxy.type == "router":
+def context_of(type_url: str, router: bool, name: str) -> str:
+    if router:
         return "GATEWAY"
     if type_url == LISTENER:
         inbound = name == VIRTUAL_INBOUND_LISTENER or name.startswith("inbound_")
@@ -68,60 +80,87 @@ def context_of(type_url: str, proxy: Proxy, name: str) -> str:
     return "SIDECAR_INBOUND" if inbound else "SIDECAR_OUTBOUND"
 
 
-@lru_cache(maxsize=8192)
 def _listener_port(any_bytes: bytes) -> int:
-    """A listener's port, read once per content (bytes hash once; CPython keeps it)."""
     listener = listener_pb2.Listener()
     listener.ParseFromString(any_pb2.Any.FromString(any_bytes).value)
     return listener.address.socket_address.port_value
 
 
-def _top_match(type_url: str, ref: PatchRef, res: CachedResource, context: str) -> bool:
+def _top_match(type_url: str, ref: PatchRef, res: CachedResource, context: str, port: Callable[[], int]) -> bool:
     if type_url == LISTENER:
         if ref.patch.apply_to in patching.ROUTE_KINDS:  # matched on the inline route config inside
             return context == "SIDECAR_INBOUND"
-        return patching.listener_matches(ref, res.name, _listener_port(res.any_bytes))
+        return patching.listener_matches(ref, res.name, port())
     if type_url == ROUTE:
         return patching.route_config_matches(ref, res.name, context)
     return patching.cluster_matches(ref, res.name)
 
 
-def _removes(type_url: str, ref: PatchRef) -> bool:
-    return ref.patch.patch.operation == "REMOVE" and ref.patch.apply_to in ("LISTENER", "CLUSTER")
+_REMOVED = object()
+_MAX_MEMO = 50_000  # resource decisions kept per patch set
 
 
-def apply(type_url: str, proxy: Proxy, resources: list[CachedResource], refs: tuple[PatchRef, ...],
+def _decide(type_url: str, router: bool, res: CachedResource, patches: PatchSet):
+    """None: no patch meets the resource; _REMOVED; else (the patches that do, origins)."""
+    context = context_of(type_url, router, res.name)
+    port_seen: list[int] = []
+
+    def port() -> int:
+        if not port_seen:
+            port_seen.append(_listener_port(res.any_bytes))
+        return port_seen[0]
+
+    rel = tuple(r for r in patches if patching.context_matches(r, context) and _top_match(type_url, r, res, context, port))
+    if any(r.patch.patch.operation == "REMOVE" and r.patch.apply_to in ("LISTENER", "CLUSTER") for r in rel):
+        return _REMOVED
+    rel = tuple(r for r in rel if not (r.patch.patch.operation == "ADD" and r.patch.apply_to in ("LISTENER", "CLUSTER")))
+    if not rel:
+        return None
+    return patch_set(rel), tuple(dict.fromkeys((*res.origins, *(r.origin for r in rel))))
+
+
+def apply(type_url: str, router: bool, resources: list[CachedResource], patches: PatchSet,
           requested: frozenset[str] | None, cache: XdsCache) -> list[CachedResource]:
+    memo = patches.memo
     out: list[CachedResource] = []
     for res in resources:
-        context = context_of(type_url, proxy, res.name)
-        rel = tuple(r for r in refs if patching.context_matches(r, context) and _top_match(type_url, r, res, context))
-        if not rel:
+        # Which patches meet a resource depends on its name and context only, and for a listener
+        # on its port too (its content): a new cluster or route version reuses the decision.
+        key = (type_url, router, res.name, res.version) if type_url == LISTENER else (type_url, router, res.name)
+        found = memo.get(key, memo)
+        if found is memo:
+            if len(memo) >= _MAX_MEMO:
+                memo.clear()
+            found = memo[key] = _decide(type_url, router, res, patches)
+        if found is None:
             out.append(res)
-            continue
-        if any(_removes(type_url, r) for r in rel):
-            continue
-        rel = tuple(r for r in rel if not (r.patch.patch.operation == "ADD" and r.patch.apply_to in ("LISTENER", "CLUSTER")))
-        if not rel:
-            out.append(res)
-            continue
-        origins = tuple(dict.fromkeys((*res.origins, *(r.origin for r in rel))))
-        out.append(cache.resource(type_url, res.name, _patch, type_url, res.any_bytes, rel, origins=origins))
+        elif found is not _REMOVED:
+            rel, origins = found
+            out.append(cache.resource(type_url, res.name, _patch, type_url, res.any_bytes, rel, origins=origins))
     if type_url in (LISTENER, CLUSTER):
-        kind = "LISTENER" if type_url == LISTENER else "CLUSTER"
-        contexts = ("GATEWAY",) if proxy.type == "router" else ("SIDECAR_OUTBOUND", "SIDECAR_INBOUND")
-        for ref in refs:
-            if ref.patch.apply_to != kind or ref.patch.patch.operation != "ADD":
-                continue
-            if not any(patching.add_context_matches(ref, c) for c in contexts):
-                continue
-            name = ref.patch.message.name  # type: ignore[union-attr]
-            if requested is None or name in requested:
-                out.append(cache.resource(type_url, name, _added, ref, origins=(ref.origin,)))
+        out.extend(_adds(type_url, router, patches, requested, cache))
     return out
 
 
-def _patch(type_url: str, any_bytes: bytes, refs: tuple[PatchRef, ...]) -> Message:
+def _adds(type_url: str, router: bool, patches: PatchSet, requested: frozenset[str] | None,
+          cache: XdsCache) -> list[CachedResource]:
+    key = ("adds", type_url, router)
+    refs = patches.memo.get(key)
+    if refs is None:
+        kind = "LISTENER" if type_url == LISTENER else "CLUSTER"
+        contexts = ("GATEWAY",) if router else ("SIDECAR_OUTBOUND", "SIDECAR_INBOUND")
+        refs = patches.memo[key] = tuple(
+            r for r in patches if r.patch.apply_to == kind and r.patch.patch.operation == "ADD"
+            and any(patching.add_context_matches(r, c) for c in contexts))
+    out = []
+    for ref in refs:
+        name = ref.patch.message.name  # type: ignore[union-attr]
+        if requested is None or name in requested:
+            out.append(cache.resource(type_url, name, _added, ref, origins=(ref.origin,)))
+    return out
+
+
+def _patch(type_url: str, any_bytes: bytes, refs: PatchSet) -> Message:
     msg = _MESSAGES[type_url]()
     msg.ParseFromString(any_pb2.Any.FromString(any_bytes).value)
     if type_url == LISTENER:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pilot.config.networking.envoy_filter import EnvoyConfigObjectPatch
+from pilot.config.networking.envoy_filter import EnvoyConfigObjectPatch, EnvoyFilter
 from pilot.model.labels import selects
 from pilot.model.proxy import Proxy
 from pilot.model.store import ConfigKey, Entry
@@ -27,7 +27,7 @@ class PatchRef:
     keeps the object of an unchanged entry), which is stronger than equal (key, revision) across
     Stores (tests build several). The reference keeps the object, so its id is not reused."""
 
-    entry: Entry
+    entry: Entry[EnvoyFilter]
     index: int
 
     def __eq__(self, other: object) -> bool:
@@ -38,7 +38,7 @@ class PatchRef:
 
     @property
     def patch(self) -> EnvoyConfigObjectPatch:
-        return self.entry.obj.spec.config_patches[self.index]  # type: ignore[attr-defined]
+        return self.entry.obj.spec.config_patches[self.index]
 
     @property
     def origin(self) -> str:
@@ -97,23 +97,23 @@ NO_PATCHES = patch_set(())
 ProxyPatches = PatchSet
 
 
-def index(entries: list[Entry], disabled: frozenset[tuple[ConfigKey, int]] = frozenset()
-          ) -> Mapping[str, tuple[Entry, ...]]:
+def index(entries: list[Entry[EnvoyFilter]], disabled: frozenset[tuple[ConfigKey, int]] = frozenset()
+          ) -> Mapping[str, tuple[Entry[EnvoyFilter], ...]]:
     """EnvoyFilters by namespace, without the revisions a proxy rejected (see DiscoveryServer)."""
-    out: dict[str, list[Entry]] = {}
+    out: dict[str, list[Entry[EnvoyFilter]]] = {}
     for e in entries:
         if (e.key, e.revision) not in disabled:
             out.setdefault(e.key.namespace, []).append(e)
-    return out
+    return {ns: tuple(v) for ns, v in out.items()}
 
 
-def select(by_namespace: Mapping[str, tuple[Entry, ...]] | Mapping[str, list[Entry]], root_namespace: str,
+def select(by_namespace: Mapping[str, tuple[Entry[EnvoyFilter], ...]] | Mapping[str, list[Entry[EnvoyFilter]]], root_namespace: str,
            proxy: Proxy) -> ProxyPatches:
     labels = proxy.labels
-    chosen: list[tuple[tuple, Entry]] = []
+    chosen: list[tuple[tuple, Entry[EnvoyFilter]]] = []
     for ns in dict.fromkeys((root_namespace, proxy.namespace)):
         for e in by_namespace.get(ns, ()):
-            spec = e.obj.spec  # type: ignore[attr-defined]
+            spec = e.obj.spec
             sel = spec.workload_selector
             if sel is not None and sel.labels and not selects(sel.labels, labels):
                 continue
@@ -125,16 +125,16 @@ def select(by_namespace: Mapping[str, tuple[Entry, ...]] | Mapping[str, list[Ent
     version = proxy.istio_version
     out = []
     for _, e in chosen:
-        for i, p in enumerate(e.obj.spec.config_patches):  # type: ignore[attr-defined]
+        for i, p in enumerate(e.obj.spec.config_patches):
             if _proxy_matches(p, proxy, version):
                 out.append(PatchRef(e, i))
     return patch_set(tuple(out))
 
 
-def metadata_keys(by_namespace: Mapping[str, tuple[Entry, ...]]) -> tuple[str, ...]:
+def metadata_keys(by_namespace: Mapping[str, tuple[Entry[EnvoyFilter], ...]]) -> tuple[str, ...]:
     """Every node metadata key some patch's `match.proxy.metadata` tests."""
     keys = {k for entries in by_namespace.values() for e in entries
-            for p in e.obj.spec.config_patches  # type: ignore[attr-defined]
+            for p in e.obj.spec.config_patches
             if p.match.proxy is not None for k in p.match.proxy.metadata}
     return tuple(sorted(keys))
 

@@ -17,7 +17,8 @@ as opaque bytes.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from functools import partial
+from typing import Any, TypeVar
 
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
@@ -41,7 +42,9 @@ T = TypeVar("T", bound=Message)
 
 
 # --- merge (istio pkg/proto/merge) --------------------------------------------------------------
-def merge(dst: Message, src: Message) -> None:
+def merge(dst: Message, src: Message | None) -> None:
+    if src is None:  # a patch without a value: nothing to merge
+        return
     for fd, value in src.ListFields():
         if fd.is_repeated:
             target = getattr(dst, fd.name)
@@ -106,7 +109,11 @@ def _value(ref: PatchRef) -> Message:
 
 
 # --- list operations (istiod's insertBeforeFunc & co.) ------------------------------------------
-def _ordered_op(items: list, ref: PatchRef, has_match: bool, matches: Callable[[Message], bool],
+def _named(name: str) -> Callable[[Any], bool]:
+    return lambda item: bool(item.name == name)
+
+
+def _ordered_op(items: list, ref: PatchRef, has_match: bool, matches: Callable[[Any], bool],
                 first_needs_match: bool = False) -> list:
     op = ref.patch.patch.operation
     if op == "ADD":
@@ -212,6 +219,10 @@ def _filter_matches(ref: PatchRef, name: str) -> bool:
     return ref.patch.match.listener.filter_chain.filter.name == name  # type: ignore[union-attr]
 
 
+def _filter_matches_msg(ref: PatchRef, f: Any) -> bool:
+    return _filter_matches(ref, f.name)
+
+
 def _has_sub_filter_match(ref: PatchRef) -> bool:
     return _has_filter_match(ref) and ref.patch.match.listener.filter_chain.filter.sub_filter is not None  # type: ignore[union-attr]
 
@@ -220,6 +231,10 @@ def _sub_filter_matches(ref: PatchRef, name: str) -> bool:
     if not _has_sub_filter_match(ref):
         return True
     return ref.patch.match.listener.filter_chain.filter.sub_filter.name == name  # type: ignore[union-attr]
+
+
+def _sub_filter_matches_msg(ref: PatchRef, h: Any) -> bool:
+    return _sub_filter_matches(ref, h.name)
 
 
 def _by(refs: Iterable[PatchRef], kind: str) -> list[PatchRef]:
@@ -232,13 +247,13 @@ def patch_listener(listener: listener_pb2.Listener, refs: Iterable[PatchRef]) ->
     port = listener.address.socket_address.port_value
     for ref in _by(refs, "LISTENER"):
         if ref.patch.patch.operation == "MERGE" and listener_matches(ref, listener.name, port):
-            merge(listener, ref.patch.message)  # type: ignore[arg-type]
+            merge(listener, ref.patch.message)
     _patch_listener_filters(listener, _by(refs, "LISTENER_FILTER"))
     chains = list(listener.filter_chains)
     kept = [fc for fc in chains if _patch_chain(listener, fc, refs)]
     for ref in _by(refs, "FILTER_CHAIN"):
         if ref.patch.patch.operation == "ADD":
-            kept.append(_value(ref))  # type: ignore[arg-type]
+            kept.append(_value(ref))
     if len(kept) != len(chains) or any(a is not b for a, b in zip(kept, chains, strict=False)):
         _set_repeated(listener, "filter_chains", kept)
     if (listener.HasField("default_filter_chain") and listener.default_filter_chain.filters
@@ -254,7 +269,7 @@ def _patch_listener_filters(listener: listener_pb2.Listener, refs: list[PatchRef
     for ref in refs:
         lm = ref.patch.match.listener
         wanted = lm.listener_filter if lm is not None else ""
-        items = _ordered_op(items, ref, bool(wanted), lambda f, w=wanted: f.name == w)
+        items = _ordered_op(items, ref, bool(wanted), _named(wanted))
     _set_repeated(listener, "listener_filters", items)
 
 
@@ -268,18 +283,18 @@ def _patch_chain(listener: listener_pb2.Listener, fc: listener_components_pb2.Fi
         if op == "REMOVE":
             return False
         if op == "MERGE":
-            merge(fc, ref.patch.message)  # type: ignore[arg-type]
+            merge(fc, ref.patch.message)
     network = [r for r in _by(refs, "NETWORK_FILTER") if _chain_matches(r, listener, fc)]
     if network:
         items = list(fc.filters)
         for ref in network:
             if ref.patch.patch.operation != "MERGE":
-                items = _ordered_op(items, ref, _has_filter_match(ref), lambda f, r=ref: _filter_matches(r, f.name))
+                items = _ordered_op(items, ref, _has_filter_match(ref), partial(_filter_matches_msg, ref))
         _set_repeated(fc, "filters", items)
         for f in fc.filters:
             for ref in network:
                 if ref.patch.patch.operation == "MERGE" and _filter_matches(ref, f.name):
-                    _merge_filter(f, ref.patch.message)  # type: ignore[arg-type]
+                    _merge_filter(f, ref.patch.message)
     http = [r for r in _by(refs, "HTTP_FILTER") if _chain_matches(r, listener, fc)]
     if http:
         for f in fc.filters:
@@ -305,7 +320,7 @@ def _patch_inline_routes(f: listener_components_pb2.Filter, refs: list[PatchRef]
         f.typed_config.CopyFrom(pack(hcm))
 
 
-def _merge_filter(f: Message, patch: Message) -> None:
+def _merge_filter(f: Any, patch: Any) -> None:
     """A network or HTTP filter MERGE: the name may be replaced, the typed config merged as the
     message it holds (istiod skips filters without a typed config)."""
     if not f.HasField("typed_config"):
@@ -325,12 +340,12 @@ def _patch_http_filters(f: listener_components_pb2.Filter, refs: list[PatchRef])
     items = list(hcm.http_filters)
     for ref in refs:
         if ref.patch.patch.operation != "MERGE":
-            items = _ordered_op(items, ref, _has_sub_filter_match(ref), lambda h, r=ref: _sub_filter_matches(r, h.name))
+            items = _ordered_op(items, ref, _has_sub_filter_match(ref), partial(_sub_filter_matches_msg, ref))
     _set_repeated(hcm, "http_filters", items)
     for h in hcm.http_filters:
         for ref in refs:
             if ref.patch.patch.operation == "MERGE" and _sub_filter_matches(ref, h.name):
-                _merge_filter(h, ref.patch.message)  # type: ignore[arg-type]
+                _merge_filter(h, ref.patch.message)
     f.typed_config.CopyFrom(pack(hcm))
 
 
@@ -381,9 +396,10 @@ _ACTIONS = {"route": "ROUTE", "redirect": "REDIRECT", "direct_response": "DIRECT
 
 
 def _route_matches(ref: PatchRef, r: route_components_pb2.Route) -> bool:
-    if not _has_route_match(ref):
+    rm = ref.patch.match.route_configuration
+    m = rm.vhost.route if rm is not None and rm.vhost is not None else None
+    if m is None:
         return True
-    m = ref.patch.match.route_configuration.vhost.route  # type: ignore[union-attr]
     if m.name and m.name != r.name:
         return False
     if m.action != "ANY":
@@ -395,7 +411,7 @@ def patch_route_config(rc: route_pb2.RouteConfiguration, refs: Iterable[PatchRef
     """`refs`: the patches whose context and route configuration match this one."""
     for ref in _by(refs, "ROUTE_CONFIGURATION"):
         if ref.patch.patch.operation == "MERGE":
-            merge(rc, ref.patch.message)  # type: ignore[arg-type]
+            merge(rc, ref.patch.message)
     vh_refs, route_refs = _by(refs, "VIRTUAL_HOST"), _by(refs, "HTTP_ROUTE")
     if not vh_refs and not route_refs:
         return rc
@@ -409,9 +425,9 @@ def patch_route_config(rc: route_pb2.RouteConfiguration, refs: Iterable[PatchRef
             if op == "REMOVE":
                 kept = None
             elif op == "MERGE":
-                merge(kept, ref.patch.message)  # type: ignore[arg-type]
+                merge(kept, ref.patch.message)
             elif op == "REPLACE":
-                kept = _value(ref)  # type: ignore[assignment]
+                kept = _value(ref)
         if kept is not None:
             _patch_routes(kept, [r for r in route_refs if _vhost_matches(r, kept)])
             hosts.append(kept)
@@ -436,12 +452,12 @@ def _patch_routes(vh: route_components_pb2.VirtualHost, refs: list[PatchRef]) ->
                 keep = False
                 break
             if op == "MERGE":
-                merge(r, ref.patch.message)  # type: ignore[arg-type]
+                merge(r, ref.patch.message)
         if keep:
             items.append(r)
     for ref in refs:
         if ref.patch.patch.operation in ("ADD", "INSERT_AFTER", "INSERT_BEFORE", "INSERT_FIRST"):
-            items = _ordered_op(items, ref, _has_route_match(ref), lambda r, p=ref: _route_matches(p, r),
+            items = _ordered_op(items, ref, _has_route_match(ref), partial(_route_matches, ref),
                                 first_needs_match=True)
     _set_repeated(vh, "routes", items)
 
@@ -471,7 +487,7 @@ def patch_cluster(c: cluster_pb2.Cluster, refs: Iterable[PatchRef]) -> cluster_p
     for ref in refs:
         if ref.patch.patch.operation != "MERGE":
             continue
-        value: cluster_pb2.Cluster = ref.patch.message  # type: ignore[assignment]
+        value: cluster_pb2.Cluster = ref.patch.message
         if value.HasField("transport_socket"):
             if c.transport_socket_matches:
                 same = [m.transport_socket for m in c.transport_socket_matches
@@ -488,6 +504,6 @@ def patch_cluster(c: cluster_pb2.Cluster, refs: Iterable[PatchRef]) -> cluster_p
     return c
 
 
-def _merge_socket(dst: Message, src: Message) -> None:
+def _merge_socket(dst: Any, src: Any) -> None:
     if dst.HasField("typed_config") and src.HasField("typed_config"):
         dst.typed_config.CopyFrom(merge_any(dst.typed_config, src.typed_config))

@@ -31,7 +31,7 @@ from pilot.durations import parse_duration
 from pilot.model.gateway_api.internal import GatewayApiRule
 from pilot.model.services import MeshService
 from pilot.model.traffic import MESH_GATEWAY, resolve_host
-from pilot.networking import names
+from pilot.networking import metadata, names
 from pilot.networking.protos import duration, pack
 from pilot.networking.retries import retry_policy
 
@@ -57,6 +57,8 @@ class RouteInputs:
     client_labels: Mapping[str, str] | None = None  # None: source matching not evaluated
     gateway_semantics: bool = False  # rules translated from Gateway API routes (see the module doc)
     sidecar: bool = False  # routes for sidecars (the `mesh` gateway): matches for other gateways are dropped
+    config: str = ""  # the VirtualService's `config` path, written into each route's istio metadata
+    tls: bool = False  # the requests arrive over TLS (a redirect without a scheme keeps https)
 
 
 def _source_ok(match, inputs: RouteInputs) -> bool:
@@ -247,6 +249,11 @@ def _action(rule, inputs: RouteInputs, route: rc.Route, match) -> None:
             action.port_redirect = inputs.port  # (FROM_PROTOCOL_DEFAULT is Envoy's own behaviour)
         if r.scheme:
             action.scheme_redirect = r.scheme
+        if r.port or r.derive_port:
+            # istiod: never an explicit :80 for http or :443 for https (the scheme's own port).
+            scheme = r.scheme or ("https" if inputs.tls else "http")
+            if (action.port_redirect, scheme) in ((80, "http"), (443, "https")):
+                action.port_redirect = 0
         if isinstance(rule, GatewayApiRule):
             if rule.redirect_prefix is not None:
                 action.prefix_rewrite = rule.redirect_prefix
@@ -346,6 +353,12 @@ def http_rule_routes(rule, index: int, inputs: RouteInputs) -> list[rc.Route]:
             route.typed_per_filter_config[FAULT_FILTER].CopyFrom(pack(_fault(rule.fault)))
         if rule.cors_policy is not None:
             route.typed_per_filter_config[CORS_FILTER].CopyFrom(pack(_cors(rule.cors_policy)))
+        # istiod's BuildConfigInfoMetadata: which object this route came from (istioctl's VIRTUAL
+        # SERVICE column). A rule translated from Gateway API names its HTTPRoute/GRPCRoute.
+        origin = rule.origin if isinstance(rule, GatewayApiRule) else ""
+        path = metadata.origin_path(origin) if origin else inputs.config
+        if path:
+            route.metadata.CopyFrom(metadata.route_metadata(path))
         out.append(route)
     return out
 

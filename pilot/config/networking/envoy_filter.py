@@ -159,9 +159,10 @@ class EnvoyConfigObjectPatch(StrictModel):
         if op == "ADD" and to == "ROUTE_CONFIGURATION":
             _fail("Envoy filter: ROUTE_CONFIGURATION supports MERGE only (routes come from RDS names)")
         if op in ("ADD", "MERGE", "REPLACE") or op in _INSERTS:
-            if self.patch.value is None:
+            value = self.patch.value
+            if value is None:
                 _fail(f"Envoy filter: {op} of {to} needs a patch value")
-            self._message = to_message(to, self.patch.value)
+            self._message = to_message(to, value or {})
             if op == "ADD" and to in ("LISTENER", "CLUSTER") and not getattr(self._message, "name", ""):
                 _fail(f"Envoy filter: an added {to.lower()} needs a name")
         if m.proxy is not None:

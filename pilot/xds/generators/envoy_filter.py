@@ -154,7 +154,7 @@ def _adds(type_url: str, router: bool, patches: PatchSet, requested: frozenset[s
             and any(patching.add_context_matches(r, c) for c in contexts))
     out = []
     for ref in refs:
-        name = ref.patch.message.name  # type: ignore[union-attr]
+        name = ref.patch.message.name
         if requested is None or name in requested:
             out.append(cache.resource(type_url, name, _added, ref, origins=(ref.origin,)))
     return out
@@ -164,10 +164,10 @@ def _patch(type_url: str, any_bytes: bytes, refs: PatchSet) -> Message:
     msg = _MESSAGES[type_url]()
     msg.ParseFromString(any_pb2.Any.FromString(any_bytes).value)
     if type_url == LISTENER:
-        return patching.patch_listener(msg, refs)  # type: ignore[arg-type]
+        return patching.patch_listener(msg, refs)
     if type_url == ROUTE:
-        return patching.patch_route_config(msg, refs)  # type: ignore[arg-type]
-    return patching.patch_cluster(msg, refs)  # type: ignore[arg-type]
+        return patching.patch_route_config(msg, refs)
+    return patching.patch_cluster(msg, refs)
 
 
 def _added(ref: PatchRef) -> Message:

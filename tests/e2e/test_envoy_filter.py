@@ -150,6 +150,20 @@ async def test_envoy_filter_operations_with_a_real_envoy(tmp_path):
         cp.remove("remove.yaml")
         await wait_for(lambda: answered("lua"), 20, message="lua back")
 
+        # A typed_config of a type no installed proto defines: refused at validation, in
+        # /debug/configz with the object and the reason; nothing else changes.
+        cp.write("unknown.yaml", lua_filter(port, ADD_HEADER, name="unknown").replace(
+            "envoy.extensions.filters.http.lua.v3.Lua", "envoy.extensions.filters.http.nope.v3.Nope"))
+
+        async def refused():
+            rows = [r for r in (await cp.debug("/debug/configz"))["rejected"] if r.get("name") == "unknown"]
+            return rows or None
+
+        rows = await wait_for(refused, 20, message=f"unknown type refused\n{cp.log_tail(10)}")
+        assert rows[0]["kind"] == "EnvoyFilter" and "envoy.extensions.filters.http.nope.v3.Nope" in rows[0]["reason"]
+        assert "configPatches[0]" in rows[0]["reason"], rows[0]
+        assert (await call(port)) == (200, "lua")
+
         # A patch Envoy rejects: reported, the listener generated without it, no NACK loop.
         cp.write("bad.yaml", lua_filter(port, "this is not lua (", name="broken", filter_name="lua.broken"))
 

@@ -21,6 +21,9 @@ from pilot.sources.kube.client import Kube
 from pilot.sources.kube.informer import Informer
 from pilot.sources.kube.source import WATCHED_KINDS
 from pilot.webhook.admission import review_bytes, rules
+from pilot.xds.discovery import GENERATORS
+from pilot.xds.generated import GenerationMemo
+from pilot.xds.typeurls import CLUSTER, LISTENER
 from tests.fakes.apiserver import FakeApiServer
 from tests.support.wait import wait_for
 
@@ -411,3 +414,18 @@ def test_the_webhook_refuses_a_bad_envoy_filter_with_the_file_mode_reason():
     good = {**body, "request": {**body["request"], "object": envoy_filter("good", [lua_before_router()])}}
     assert json.loads(review_bytes(json.dumps(good).encode(), "application/json").body)["response"]["allowed"]
     assert any("envoyfilters" in r["resources"] for r in rules())
+
+
+def test_a_listener_filter_does_not_split_the_clusters_proxies_share(world):
+    """The generation memo keys each type by that type's patches only: a workload given a Lua
+    filter still shares its CDS output (one generation for both) with its unselected peers."""
+    world.apply(envoy_filter("lua", [lua_before_router()], selector={"app": "a"}))
+    ctx = world.ctx()
+    memo = GenerationMemo(GENERATORS, world.cache)
+    a, b = labelled({"app": "a"}, pod_name="a1"), labelled({"app": "b"}, pod_name="b1")
+    assert memo.generate(ctx, CLUSTER, a, None) is memo.generate(ctx, CLUSTER, b, None)
+    la, lb = memo.generate(ctx, LISTENER, a, None), memo.generate(ctx, LISTENER, b, None)
+    assert la is not lb
+    name = next(r.name for r in la.resources if r.name.endswith("_9080"))
+    assert "envoy.filters.http.lua" in http_filters(next(r for r in la.resources if r.name == name))
+    assert "envoy.filters.http.lua" not in http_filters(next(r for r in lb.resources if r.name == name))

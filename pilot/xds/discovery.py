@@ -544,7 +544,10 @@ class DiscoveryServer:
         log.warning("proxy rejected config", proxy=conn.proxy.id, type=short, nonce=nonce,
                     accepted_version=shown(version), error=_printable(message), resources=list(names_)[:10],
                     config=list(origins)[:10])
-        self._reject_envoy_filters(conn, short, origins, message)
+        # Only a resource Envoy names is blamed on its EnvoyFilters: a NACK for another reason
+        # must not switch off a filter that merely patched something else in the same response.
+        if any(r.name in message for r in named):
+            self._reject_envoy_filters(conn, short, origins, message)
 
     def _reject_envoy_filters(self, conn: Connection, short: str, origins: tuple[str, ...], message: str) -> None:
         """A NACKed resource that EnvoyFilters patched: the most recently changed of them (the

@@ -1,4 +1,4 @@
-"""EnvoyFilter with a real Envoy: a Lua HTTP filter inserted before the router adds a response
+"""EnvoyFilter with a real Envoy (SotW and delta): a Lua HTTP filter inserted before the router adds a response
 header to real traffic, a cluster MERGE changes connect_timeout, a REMOVE (higher priority) takes
 the Lua filter out again, and a patch Envoy NACKs (Lua that does not compile) is reported in
 /debug/push_status while the proxy's config moves on without it (no NACK loop: the proxy ends
@@ -107,7 +107,8 @@ async def connect_timeout(envoy: Envoy, port: int) -> str | None:
     return None
 
 
-async def test_envoy_filter_operations_with_a_real_envoy(tmp_path):
+@pytest.mark.parametrize("delta", [False, True], ids=["sotw", "delta"])
+async def test_envoy_filter_operations_with_a_real_envoy(tmp_path, delta):
     backend = await HttpBackend("a").start()
     cp = ControlPlane(tmp_path)
     port = free_port()
@@ -117,7 +118,7 @@ async def test_envoy_filter_operations_with_a_real_envoy(tmp_path):
     envoy = Envoy()
     try:
         await cp.start()
-        await envoy.start(Envoy.bootstrap(node_id, cp.xds_port), tmp_path)
+        await envoy.start(Envoy.bootstrap(node_id, cp.xds_port, delta=delta), tmp_path)
         await envoy.wait_ready()
 
         async def answered(header: str | None):

@@ -1,6 +1,7 @@
-"""EnvoyFilter with a real Envoy (SotW and delta): a Lua HTTP filter inserted before the router adds a response
-header to real traffic, a cluster MERGE changes connect_timeout, a REMOVE (higher priority) takes
-the Lua filter out again, and a patch Envoy NACKs (Lua that does not compile) is reported in
+"""EnvoyFilter with a real Envoy, over SotW and delta: a Lua HTTP filter inserted before the
+router adds a response header to real traffic, a cluster MERGE changes connect_timeout, a REMOVE
+(higher priority) takes the Lua filter out again, a typed_config of an unknown type is refused in
+/debug/configz, and a patch Envoy NACKs (Lua that does not compile) is reported in
 /debug/push_status while the proxy's config moves on without it (no NACK loop: the proxy ends
 ACKing the current version)."""
 

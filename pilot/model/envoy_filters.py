@@ -2,8 +2,8 @@
 
 An EnvoyFilter in the root namespace applies to every proxy its workloadSelector selects, one in
 another namespace to that namespace's proxies; no selector selects all of them. Patches apply in
-order of `priority`, then age (creationTimestamp), root namespace first on ties, then name, so the
-order is the same on every replica. Proxy-level conditions (`match.proxy`: version regex and
+istiod's order: `priority`, then the root namespace's before the proxy namespace's, then age
+(creationTimestamp), then `name.namespace`, so the order is the same on every replica. Proxy-level conditions (`match.proxy`: version regex and
 metadata) are evaluated here, once per proxy and push; what remains to match (listener, route
 configuration, cluster, context) depends only on the generated resource, so the result of applying
 a patch list to a resource is shared by every proxy given that list.
@@ -117,7 +117,9 @@ def select(by_namespace: Mapping[str, tuple[Entry[EnvoyFilter], ...]] | Mapping[
             sel = spec.workload_selector
             if sel is not None and sel.labels and not selects(sel.labels, labels):
                 continue
-            order = (spec.priority, e.obj.metadata.creation_timestamp, ns != root_namespace, e.key.name)
+            # istiod's order: priority, the root namespace's first, age, then name.namespace.
+            order = (spec.priority, ns != root_namespace, e.obj.metadata.creation_timestamp,
+                     f"{e.key.name}.{e.key.namespace}")
             chosen.append((order, e))
     if not chosen:
         return NO_PATCHES

@@ -230,6 +230,15 @@ def test_priority_then_age_orders_merges(world):
     assert world.cds(p)[REVIEWS_CLUSTER].message(cluster_pb2.Cluster).connect_timeout.seconds == 5
 
 
+def test_at_equal_priority_the_root_namespace_applies_first_whatever_the_age(world):
+    p = proxy()
+    world.apply(envoy_filter("ns", [connect_timeout("5s")], created="2026-01-01T00:00:00Z"),
+                envoy_filter("root", [connect_timeout("6s")], namespace="istio-system",
+                             created="2026-02-01T00:00:00Z"))
+    # The root namespace's is younger but applies first: the namespace's MERGE has the last word.
+    assert world.cds(p)[REVIEWS_CLUSTER].message(cluster_pb2.Cluster).connect_timeout.seconds == 5
+
+
 def test_proxy_version_and_metadata_match(world):
     p = proxy()
     p.metadata = {**p.metadata, "ISTIO_VERSION": "1.30.1", "ROLE": "edge"}

@@ -146,7 +146,8 @@ def _proxy_matches(p: EnvoyConfigObjectPatch, proxy: Proxy, version: str) -> boo
     if m is None:
         return True
     regex = p.version_regex
-    if regex is not None and not regex.search(version):
+    # A proxy that sends no ISTIO_VERSION never matches a version regex (istiod's proxyMatch).
+    if regex is not None and (not version or not regex.search(version)):
         return False
     meta = proxy.metadata
     return all(str(meta.get(k, "")) == v for k, v in m.metadata.items()) if m.metadata else True

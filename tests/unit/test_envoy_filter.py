@@ -249,6 +249,11 @@ def test_proxy_version_and_metadata_match(world):
     patch["match"]["proxy"]["proxyVersion"] = r"^1\.30"
     world.apply(envoy_filter("v", [patch]))
     assert world.cds(p)[REVIEWS_CLUSTER].message(cluster_pb2.Cluster).connect_timeout.seconds == 8
+    # No ISTIO_VERSION: a version regex, even ".*", does not match.
+    patch["match"]["proxy"] = {"proxyVersion": ".*"}
+    world.apply(envoy_filter("v", [patch]))
+    assert world.cds(proxy())[REVIEWS_CLUSTER].message(cluster_pb2.Cluster).connect_timeout.seconds != 8
+    assert world.cds(p)[REVIEWS_CLUSTER].message(cluster_pb2.Cluster).connect_timeout.seconds == 8
 
 
 # --- cache ------------------------------------------------------------------------------------------

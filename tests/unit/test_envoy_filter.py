@@ -101,7 +101,15 @@ def http_filters(res) -> list[str]:
     ({"applyTo": "CLUSTER", "patch": {"operation": "INSERT_BEFORE", "value": {"name": "c"}}}, "INSERT_BEFORE"),
     ({"applyTo": "CLUSTER", "match": {"listener": {"portNumber": 80}},
       "patch": {"operation": "MERGE", "value": {}}}, "only a cluster match"),
-    ({"applyTo": "HTTP_FILTER", "patch": {"operation": "ADD"}}, "needs a patch value"),
+    ({"applyTo": "HTTP_FILTER", "patch": {"operation": "ADD"}}, "missing patch value for non-remove operation"),
+    ({"applyTo": "NETWORK_FILTER", "match": {"listener": {"filterChain": {"filter": {"subFilter": {"name": "x"}}}}},
+      "patch": {"operation": "REMOVE"}}, "filter match has no name to match on"),
+    ({"applyTo": "NETWORK_FILTER", "match": {"listener": {"filterChain": {"filter": {
+        "name": HCM_NAME, "subFilter": {"name": "x"}}}}}, "patch": {"operation": "REMOVE"}},
+     "subfilter match can be used with applyTo HTTP_FILTER only"),
+    ({"applyTo": "HTTP_FILTER", "match": {"listener": {"filterChain": {"filter": {
+        "name": "envoy.filters.network.tcp_proxy", "subFilter": {"name": "x"}}}}}, "patch": {"operation": "REMOVE"}},
+     "subfilter match requires filter match with"),
     ({"applyTo": "HTTP_FILTER", "patch": {"operation": "ADD", "filterClass": "AUTHZ", "value": {"name": "x"}}},
      "filterClass is not supported"),
     ({"applyTo": "LISTENER", "match": {"proxy": {"proxyVersion": "1.2("}},
@@ -443,3 +451,11 @@ def test_a_listener_filter_does_not_split_the_clusters_proxies_share(world):
     name = next(r.name for r in la.resources if r.name.endswith("_9080"))
     assert "envoy.filters.http.lua" in http_filters(next(r for r in la.resources if r.name == name))
     assert "envoy.filters.http.lua" not in http_filters(next(r for r in lb.resources if r.name == name))
+
+
+def test_an_envoy_filter_without_patches_is_valid_and_changes_nothing(world):
+    p = proxy()
+    before = world.cds(p)
+    world.apply(envoy_filter("empty", []))
+    after = world.cds(p)
+    assert all(after[n] is before[n] for n in before)

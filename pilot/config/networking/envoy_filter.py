@@ -1,12 +1,17 @@
 """EnvoyFilter (networking.istio.io v1alpha3): patches applied to generated Envoy config.
 
 Validation follows istiod's ValidateEnvoyFilter, and, as istiod does with its JSON-to-proto
-(xds.BuildXDSObjectFromStruct, strict at validation), every patch `value` is turned into the Envoy
+(xds.BuildXDSObjectFromStruct), every patch `value` is turned into the Envoy
 message its `applyTo` names here, once per object revision: a `typed_config` of a type the
 descriptor pool does not know, or a field the message lacks, refuses the object with the patch's
 path and the protobuf parser's reason. The converted message rides on the (frozen) patch, so
 generation never parses a Struct per proxy, and its identity is stable while the revision lives
 (cache keys use it).
+
+Where this is stricter than istiod, on purpose: an unknown field in a value is refused (istiod
+only warns, its strict pass being a warning); operations istiod accepts but never performs (an
+insert into clusters, ADD of a route configuration, REPLACE outside filters and virtual hosts)
+are refused; `targetRefs` is refused (see EnvoyFilterSpec).
 """
 
 from __future__ import annotations
@@ -45,7 +50,9 @@ VALUE_TYPES: dict[str, type[Message]] = {
     "CLUSTER": cluster_pb2.Cluster,
     "LISTENER_FILTER": listener_components_pb2.ListenerFilter,
 }
-# istiod's ValidateEnvoyFilter: the insert operations exist only for ordered lists.
+HCM = "envoy.filters.network.http_connection_manager"
+# The insert operations exist only for ordered lists, REPLACE only where istiod implements it;
+# istiod accepts the others and ignores them: refused here (applied or refused, never dropped).
 _INSERTS = {"INSERT_BEFORE", "INSERT_AFTER", "INSERT_FIRST"}
 _ORDERED = {"LISTENER_FILTER", "NETWORK_FILTER", "HTTP_FILTER", "HTTP_ROUTE"}
 _LISTENER_KINDS = {"LISTENER", "FILTER_CHAIN", "NETWORK_FILTER", "HTTP_FILTER", "LISTENER_FILTER"}
@@ -150,6 +157,17 @@ class EnvoyConfigObjectPatch(StrictModel):
             _fail(f"Envoy filter: applyTo {to} can have only a routeConfiguration match")
         if to == "CLUSTER" and (m.listener is not None or m.route_configuration is not None):
             _fail("Envoy filter: applyTo CLUSTER can have only a cluster match")
+        fm = m.listener.filter_chain.filter if m.listener is not None and m.listener.filter_chain else None
+        if fm is not None:  # istiod's rules for filter and sub-filter matches
+            if not fm.name:
+                _fail("Envoy filter: filter match has no name to match on")
+            if fm.sub_filter is not None:
+                if to != "HTTP_FILTER":
+                    _fail("Envoy filter: subfilter match can be used with applyTo HTTP_FILTER only")
+                if fm.name not in (HCM, "envoy.http_connection_manager"):
+                    _fail(f"Envoy filter: subfilter match requires filter match with {HCM}")
+                if not fm.sub_filter.name:
+                    _fail("Envoy filter: subfilter match has no name to match on")
         if op in _INSERTS and to not in _ORDERED:
             _fail(f"Envoy filter: {op} is supported only for LISTENER_FILTER, NETWORK_FILTER, HTTP_FILTER "
                   f"and HTTP_ROUTE, not {to}")
@@ -161,7 +179,7 @@ class EnvoyConfigObjectPatch(StrictModel):
         if op in ("ADD", "MERGE", "REPLACE") or op in _INSERTS:
             value = self.patch.value
             if value is None:
-                _fail(f"Envoy filter: {op} of {to} needs a patch value")
+                _fail(f"Envoy filter: missing patch value for non-remove operation ({op} of {to})")
             self._message = to_message(to, value or {})
             if op == "ADD" and to in ("LISTENER", "CLUSTER") and not getattr(self._message, "name", ""):
                 _fail(f"Envoy filter: an added {to.lower()} needs a name")
@@ -180,15 +198,11 @@ class EnvoyConfigObjectPatch(StrictModel):
 
 class EnvoyFilterSpec(StrictModel):
     workload_selector: NetworkingWorkloadSelector | None = None
-    target_refs: Unsupported = None  # waypoint/gateway targeting: refused until generated
-    config_patches: list[EnvoyConfigObjectPatch] = Field(default_factory=list)
+    # istiod 1.30 accepts targetRefs but never matches such a filter (its getMatchedEnvoyFilters
+    # skips them): accepted and never applied would be a silent drop, so it is refused.
+    target_refs: Unsupported = None
+    config_patches: list[EnvoyConfigObjectPatch] = Field(default_factory=list)  # empty: valid, no effect
     priority: int = 0
-
-    @model_validator(mode="after")
-    def _patches(self) -> EnvoyFilterSpec:
-        if not self.config_patches:
-            _fail("Envoy filter: configPatches must not be empty")
-        return self
 
 
 class EnvoyFilter(K8sObject):

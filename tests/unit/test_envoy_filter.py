@@ -15,16 +15,19 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import http_con
 
 from pilot.config.kinds import BY_NAME
 from pilot.config.validation import parse_object
+from pilot.features import Features
 from pilot.model import dependencies as dep
 from pilot.model.store import ConfigKey, Store
 from pilot.sources.kube.client import Kube
 from pilot.sources.kube.informer import Informer
 from pilot.sources.kube.source import WATCHED_KINDS
 from pilot.webhook.admission import review_bytes, rules
-from pilot.xds.discovery import GENERATORS
+from pilot.xds.connection import Connection
+from pilot.xds.discovery import GENERATORS, DiscoveryServer
 from pilot.xds.generated import GenerationMemo
 from pilot.xds.typeurls import CLUSTER, LISTENER
 from tests.fakes.apiserver import FakeApiServer
+from tests.support.scoping import pushed, subscribe
 from tests.support.wait import wait_for
 
 from .helpers import World, endpoint_slice, proxy, service
@@ -459,3 +462,54 @@ def test_an_envoy_filter_without_patches_is_valid_and_changes_nothing(world):
     world.apply(envoy_filter("empty", []))
     after = world.cds(p)
     assert all(after[n] is before[n] for n in before)
+
+
+# --- pushes: who is regenerated, who is sent something -----------------------------------------
+async def test_an_envoy_filter_change_is_sent_exactly_to_the_proxies_it_selects_or_selected(world):
+    """The push scope of a namespace's EnvoyFilter is its namespace (the root namespace's: every
+    proxy); of those, only the proxies whose bytes change get a response."""
+    world.mesh.refresh(world.store)
+    server = DiscoveryServer(world.store, world.mesh, Features.from_env({}))
+    server.debouncer.enqueue = lambda req: requests.append(req)  # pushes are started by hand
+    requests: list = []
+    server.rebuild()
+    a = labelled({"app": "a"}, pod_name="a1")
+    b = labelled({"app": "b"}, pod_name="b1")
+    other = labelled({"app": "a"}, namespace="other", pod_name="o1")
+    conns = [Connection(p, "test", delta=False) for p in (a, b, other)]
+    for conn in conns:
+        server.register(conn)
+        await subscribe(server, conn, {CLUSTER: None})
+    requests.clear()
+
+    sent: dict[str, int] = {}
+
+    def sender(conn):
+        async def send(body: bytes) -> None:
+            sent[conn.proxy.pod_name] = sent.get(conn.proxy.pod_name, 0) + 1
+        return send
+
+    async def step(*docs):
+        sent.clear()
+        world.apply(*docs)
+        req = requests[0]
+        for r in requests[1:]:
+            req = req.merge(r)
+        requests.clear()
+        server.push(req)
+        scopes = {c.proxy.pod_name: pushed(server, c) for c in conns}
+        for conn in conns:
+            r = conn.take_push()
+            if r is not None:
+                await server.push_connection(conn, r, sender(conn))
+        return {n for n, s in scopes.items() if s != {}}, set(sent)
+
+    scoped, got = await step(envoy_filter("sel", [connect_timeout("3s")], selector={"app": "a"}))
+    assert scoped == {"a1", "b1"} and got == {"a1"}
+    # Now selecting b instead: a loses the patch, b gains it; the other namespace is untouched.
+    scoped, got = await step(envoy_filter("sel", [connect_timeout("3s")], selector={"app": "b"}))
+    assert scoped == {"a1", "b1"} and got == {"a1", "b1"}
+    # The root namespace's reaches every proxy's scope; b's own filter applies after it (root
+    # first at equal priority) and keeps its 3 s, so b's bytes do not change and it is sent nothing.
+    scoped, got = await step(envoy_filter("mesh", [connect_timeout("4s")], namespace="istio-system"))
+    assert scoped == {"a1", "b1", "o1"} and got == {"a1", "o1"}

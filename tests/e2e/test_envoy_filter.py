@@ -3,7 +3,8 @@ router adds a response header to real traffic, a cluster MERGE changes connect_t
 (higher priority) takes the Lua filter out again, a typed_config of an unknown type is refused in
 /debug/configz, and a patch Envoy NACKs (Lua that does not compile) is reported in
 /debug/push_status while the proxy's config moves on without it (no NACK loop: the proxy ends
-ACKing the current version)."""
+ACKing the current version). On an ingress gateway (a router), GATEWAY-context patches: a
+header-mutation filter before the router and a route configuration MERGE, both seen on responses."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import aiohttp
 import pytest
 
 from tests.e2e.mesh_config import endpoint_slice_yaml, fqdn, service_yaml
+from tests.e2e.test_gateway import GatewayEnv, gateway_yaml, virtual_service_yaml
 from tests.support.backends import HttpBackend
 from tests.support.control_plane import ControlPlane
 from tests.support.envoy import Envoy
@@ -201,3 +203,92 @@ async def test_envoy_filter_operations_with_a_real_envoy(tmp_path, delta):
         await cp.stop()
         await backend.stop()
 
+
+
+GATEWAY_FILTER = textwrap.dedent("""\
+    apiVersion: networking.istio.io/v1alpha3
+    kind: EnvoyFilter
+    metadata: {{name: gateway-headers, namespace: istio-system}}
+    spec:
+      workloadSelector: {{labels: {{istio: ingressgateway}}}}
+      configPatches:
+      - applyTo: HTTP_FILTER
+        match:
+          context: GATEWAY
+          listener:
+            portNumber: {port}
+            filterChain:
+              filter:
+                name: {hcm}
+                subFilter: {{name: envoy.filters.http.router}}
+        patch:
+          operation: INSERT_BEFORE
+          value:
+            name: envoy.filters.http.header_mutation
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation
+              mutations:
+                response_mutations:
+                - append: {{header: {{key: x-gateway-filter, value: header-mutation}}}}
+      - applyTo: ROUTE_CONFIGURATION
+        match: {{context: GATEWAY, routeConfiguration: {{portNumber: {port}}}}}
+        patch:
+          operation: MERGE
+          value: {{response_headers_to_add: [{{header: {{key: x-gateway-route, value: merged}}}}]}}
+      - applyTo: HTTP_FILTER
+        match: {{context: SIDECAR_OUTBOUND}}
+        patch:
+          operation: INSERT_FIRST
+          value:
+            name: sidecar-only
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation
+    """)
+
+
+async def test_gateway_context_header_mutation_filter_and_route_merge(tmp_path):
+    backends = {n: await HttpBackend(n).start() for n in ("alpha", "beta")}
+    env = GatewayEnv(tmp_path, backends)
+    port = free_port()
+    env.cp.write("gateway.yaml", gateway_yaml("web", f"""\
+        - port: {{number: {port}, name: http, protocol: HTTP}}
+          hosts: ["*/shop.example.com"]
+        """))
+    env.cp.write("vs.yaml", virtual_service_yaml("shop", """\
+        hosts: [shop.example.com]
+        gateways: [istio-system/web]
+        http:
+        - route: [{destination: {host: alpha}}]
+        """))
+    try:
+        await env.start()
+
+        async def answered():
+            try:
+                async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as s, \
+                        s.get(f"http://127.0.0.1:{port}/", headers={"Host": "shop.example.com"}) as r:
+                    await r.read()
+                    return r.status, r.headers.get("x-gateway-filter"), r.headers.get("x-gateway-route")
+            except aiohttp.ClientError:
+                return None
+
+        await env.until(lambda: _is(answered, (200, None, None)), "gateway routes")
+        env.cp.write("ef.yaml", GATEWAY_FILTER.format(port=port, hcm=HCM))
+        await env.until(lambda: _is(answered, (200, "header-mutation", "merged")), "gateway patched")
+        dump = await env.envoy.config_dump(resource="dynamic_listeners")
+        names = [h["name"] for c in dump["configs"]
+                 for fc in c["active_state"]["listener"]["filter_chains"] for f in fc["filters"]
+                 if f["name"] == HCM for h in f["typed_config"]["http_filters"]]
+        # The SIDECAR_OUTBOUND patch of the same object does not reach a gateway.
+        assert "sidecar-only" not in names and names.index("envoy.filters.http.header_mutation") == \
+            names.index("envoy.filters.http.router") - 1, names
+    finally:
+        await env.envoy.stop()
+        await env.cp.stop()
+        for b in backends.values():
+            await b.stop()
+
+
+async def _is(probe, want):
+    got = await probe()
+    return got == want

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from envoy.config.cluster.v3 import cluster_pb2
@@ -513,3 +517,21 @@ async def test_an_envoy_filter_change_is_sent_exactly_to_the_proxies_it_selects_
     # first at equal priority) and keeps its 3 s, so b's bytes do not change and it is sent nothing.
     scoped, got = await step(envoy_filter("mesh", [connect_timeout("4s")], namespace="istio-system"))
     assert scoped == {"a1", "b1", "o1"} and got == {"a1", "o1"}
+
+
+def test_an_envoy_filter_parsed_in_another_process_makes_its_types_known_here(tmp_path):
+    """The file source parses in a worker process and pickles the objects back: the process that
+    unpickles one (and renders config dumps as JSON) must know the Envoy types its values name."""
+    path = tmp_path / "ef.pickle"
+    path.write_bytes(pickle.dumps(parse_object(envoy_filter("lua", [lua_before_router()]))))
+    code = ("import pickle, sys\n"
+            "from google.protobuf import descriptor_pool\n"
+            "pool = descriptor_pool.Default()\n"
+            "name = 'envoy.extensions.filters.http.lua.v3.Lua'\n"
+            "try:\n    pool.FindMessageTypeByName(name); sys.exit('known before unpickling')\n"
+            "except KeyError:\n    pass\n"
+            "pickle.loads(open(sys.argv[1], 'rb').read())\n"
+            "pool.FindMessageTypeByName(name)\n")
+    run = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[2], check=False)
+    assert run.returncode == 0, run.stderr or run.stdout

@@ -187,6 +187,13 @@ class EnvoyConfigObjectPatch(StrictModel):
             self._version = m.proxy.compiled()
         return self
 
+    def __setstate__(self, state: dict[Any, Any]) -> None:
+        # Parsed in the file source's worker process and unpickled here: the types its value
+        # names must be known to this process's pool too (config dumps render them as JSON).
+        super().__setstate__(state)
+        if self.patch.value is not None:
+            _load_types(self.patch.value)
+
     @property
     def message(self) -> Message | None:
         return self._message

@@ -142,6 +142,10 @@ async def test_envoy_filter_operations_with_a_real_envoy(tmp_path, delta):
         assert filters is not None and filters.index("envoy.filters.http.lua") == filters.index(
             "envoy.filters.http.router") - 1, filters
 
+        # The control plane's own config dump for the proxy renders the patched listener, Lua included.
+        status, text = await cp.get(f"/debug/config_dump?proxyID={node_id}")
+        assert status == 200 and "envoy.extensions.filters.http.lua.v3.Lua" in text, text[:500]
+
         async def timeout_is_7s():
             return await connect_timeout(envoy, port) == "7s"
 

@@ -129,6 +129,15 @@ def test_bad_envoy_filters_are_refused_with_path_and_reason(patch, reason):
     assert "configPatches" in str(err.value)
 
 
+def test_a_type_url_never_imports_a_module_outside_the_proto_packages():
+    bad = envoy_filter("bad", [{"applyTo": "HTTP_FILTER", "patch": {"operation": "ADD", "value": {
+        "name": "x", "typed_config": {"@type": "type.googleapis.com/this.Zen"}}}}])
+    with pytest.raises(Exception) as err:
+        parse_object(bad)
+    assert "Can not find message descriptor" in str(err.value)
+    assert "this" not in sys.modules  # (importing it would print the Zen of Python)
+
+
 def test_bootstrap_and_extension_config_are_refused_by_name():
     for to in ("BOOTSTRAP", "EXTENSION_CONFIG"):
         with pytest.raises(Exception) as err:

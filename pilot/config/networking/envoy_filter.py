@@ -248,6 +248,8 @@ def _load_types(value: Any) -> None:
 
 
 _loaded: set[str] = set()
+# The top-level packages of the generated proto modules installed (xds-protos, protobuf).
+_PROTO_ROOTS = frozenset({"envoy", "xds", "udpa", "google", "opentelemetry", "opencensus", "cel", "validate"})
 
 
 def ensure_type(type_url: str) -> bool:
@@ -261,6 +263,8 @@ def ensure_type(type_url: str) -> bool:
     except KeyError:
         pass
     parts = full.split(".")
+    if parts[0] not in _PROTO_ROOTS:
+        return False  # a type URL is user input: only proto packages are ever imported for it
     for cut in range(len(parts) - 1, 0, -1):  # nested messages: try shorter packages too
         package = ".".join(parts[:cut])
         if package in _loaded:

@@ -269,11 +269,11 @@ def ensure_type(type_url: str) -> bool:
         package = ".".join(parts[:cut])
         if package in _loaded:
             continue
-        _loaded.add(package)
         try:
             mod = importlib.import_module(package)
         except ImportError:
-            continue
+            continue  # (not remembered: the set holds real packages only, not whatever users wrote)
+        _loaded.add(package)
         for info in pkgutil.iter_modules(getattr(mod, "__path__", [])):
             if info.name.endswith("_pb2"):
                 try:

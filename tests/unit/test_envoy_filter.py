@@ -544,3 +544,12 @@ def test_an_envoy_filter_parsed_in_another_process_makes_its_types_known_here(tm
     run = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120,
                          cwd=Path(__file__).resolve().parents[2], check=False)
     assert run.returncode == 0, run.stderr or run.stdout
+
+
+def test_a_port_on_virtual_inbound_matches_the_filter_chains_destination_port():
+    for port, applied in ((9080, True), (9081, False)):
+        w, p = inbound_world()
+        patch = lua_before_router(context="SIDECAR_INBOUND")
+        patch["match"]["listener"]["portNumber"] = port
+        w.apply(envoy_filter("in", [patch]))
+        assert ("envoy.filters.http.lua" in http_filters(w.lds(p)["virtualInbound"])) is applied

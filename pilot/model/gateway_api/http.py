@@ -280,7 +280,8 @@ def grpc_route_rules(route: Entry[GRPCRoute], ctx: RouteRefs, problems: list[Bac
     out = []
     for i, rule in enumerate(route.obj.spec.rules):
         fields = _rule_fields(rule, "GRPCRoute", ns, None, ctx, problems, unsupported)
-        for m in rule.matches or [None]:
+        matches: list = list(rule.matches) or [None]  # a rule without matches matches every method
+        for m in matches:
             match = http_match(_grpc_uri(m.method if m is not None else None),
                                _header_matches(m.headers) if m is not None else {}, {}, None)
             out.append(Candidate(rank(match), GatewayApiRule.model_construct(name=_rule_name(rule, ns, name, i),

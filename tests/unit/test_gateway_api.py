@@ -287,6 +287,24 @@ def test_precedence_across_routes_and_wildcard_hosts():
         "HTTPRoute/default/exact"
 
 
+def test_route_names_are_istiods_the_rule_name_or_namespace_name_index():
+    """istiod's convertHTTPRoute: a rule's `name` names its routes; an unnamed rule's are
+    NAMESPACE.NAME.RULE_INDEX, the same for each of its matches (split into one route each)."""
+    store = store_of(CLASS, SVC, gateway("- {name: http, port: 80, protocol: HTTP}\n"),
+                     route("r", """\
+                         parentRefs: [{name: web, namespace: infra}]
+                         rules:
+                         - name: login
+                           matches: [{path: {value: /login}}]
+                           backendRefs: [{name: alpha, port: 80}]
+                         - matches: [{path: {value: /a}}, {path: {value: /b}}]
+                           backendRefs: [{name: alpha, port: 80}]
+                         """, namespace="infra"))
+    result = translate(store, "cluster.local")
+    (vs,) = result.virtual_services
+    assert sorted(r.name for r in vs.obj.spec.http) == ["infra.r.1", "infra.r.1", "login"]
+
+
 def test_generated_entries_are_stable_cache_inputs_and_namespace_scoped():
     base = [CLASS, SVC.replace("default", "infra"), gateway("- {name: http, port: 80, protocol: HTTP}\n"),
             route("r", "parentRefs: [{name: web, namespace: infra}]\nrules: [{backendRefs: [{name: alpha, port: 80}]}]",

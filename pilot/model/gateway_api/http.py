@@ -236,14 +236,20 @@ def http_route_rules(route: Entry[HTTPRoute], ctx: RouteRefs, problems: list[Bac
         prefix = rule.matches[0].path.value if len(rule.matches) == 1 and rule.matches[0].path.type == "PathPrefix" \
             else None
         fields = _rule_fields(rule, "HTTPRoute", ns, prefix, ctx, problems, unsupported)
-        for j, m in enumerate(rule.matches):
+        for m in rule.matches:
             match = http_match(_http_uri(m.path), _header_matches(m.headers),
                                {q.name: _string(q.type, q.value) for q in _first_query(m.query_params)}, m.method)
-            out.append(Candidate(rank(match), GatewayApiRule.model_construct(name=f"{ns}.{name}.{i}.{j}",
+            out.append(Candidate(rank(match), GatewayApiRule.model_construct(name=_rule_name(rule, ns, name, i),
                                                                              match=[match], origin=str(route.key),
                                                                              **fields),
                                  str(route.key)))
     return out
+
+
+def _rule_name(rule, ns: str, name: str, index: int) -> str:
+    """istiod's route name: the rule's `name`, else NAMESPACE.NAME.RULE_INDEX (each match of a
+    rule is split into its own route of the same name)."""
+    return rule.name or f"{ns}.{name}.{index}"
 
 
 def _first_query(params) -> list:
@@ -274,10 +280,11 @@ def grpc_route_rules(route: Entry[GRPCRoute], ctx: RouteRefs, problems: list[Bac
     out = []
     for i, rule in enumerate(route.obj.spec.rules):
         fields = _rule_fields(rule, "GRPCRoute", ns, None, ctx, problems, unsupported)
-        for j, m in enumerate(rule.matches or [None]):
+        matches: list = list(rule.matches) or [None]  # a rule without matches matches every method
+        for m in matches:
             match = http_match(_grpc_uri(m.method if m is not None else None),
                                _header_matches(m.headers) if m is not None else {}, {}, None)
-            out.append(Candidate(rank(match), GatewayApiRule.model_construct(name=f"{ns}.{name}.{i}.{j}",
+            out.append(Candidate(rank(match), GatewayApiRule.model_construct(name=_rule_name(rule, ns, name, i),
                                                                              match=[match], origin=str(route.key),
                                                                              **fields),
                                  str(route.key)))

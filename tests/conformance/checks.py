@@ -1,0 +1,278 @@
+"""The two kinds of expectation the upstream tests make, as this runner reads them from
+cases.yaml: object status (conditions on a Gateway, its listeners, a route's parents) and
+requests through the gateway with the response (and the request the backend saw) they must get.
+
+Both are eventually consistent, as upstream's are: a status check polls until it holds
+(upstream's GatewayMustHaveCondition etc.), a request must be answered as expected
+RequiredConsecutiveSuccesses (3) times in a row within MaxTimeToConsistency (30 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from tests.conformance.cluster import Cluster
+
+GW_GROUP = "gateway.networking.k8s.io"
+INFRA_NS = "gateway-conformance-infra"
+CONSECUTIVE = 3
+STATUS_TIMEOUT = 30.0  # upstream's defaults are 60 s (GatewayMustHaveCondition) and 30 s (routes)
+CONSISTENCY_TIMEOUT = 30.0
+
+
+class CheckFailed(AssertionError):
+    pass
+
+
+def split_name(ref: str, default_ns: str = INFRA_NS) -> tuple[str, str]:
+    ns, sep, name = ref.partition("/")
+    return (ns, name) if sep else (default_ns, ref)
+
+
+async def _poll(check, timeout: float, what: str) -> None:
+    """Run `check` (returns None when it holds, else a description) until it holds or time runs out."""
+    deadline = time.monotonic() + timeout
+    problem = "never checked"
+    while time.monotonic() < deadline:
+        problem = await check()
+        if problem is None:
+            return
+        await asyncio.sleep(0.2)
+    raise CheckFailed(f"{what}: {problem}")
+
+
+# --- status -------------------------------------------------------------------------------------
+
+def _conditions_problem(conditions: list[dict], want: list[list[str]]) -> str | None:
+    have = {c["type"]: c for c in conditions}
+    for w in want:
+        ctype, cstatus, reason = (list(w) + [None])[:3]
+        c = have.get(ctype)
+        if c is None or c["status"] != cstatus or (reason is not None and c.get("reason") != reason):
+            got = {t: (c["status"], c.get("reason")) for t, c in have.items()}
+            return f"want {ctype}={cstatus}" + (f"/{reason}" if reason else "") + f", have {got}"
+    return None
+
+
+def _parent_matches(entry: dict, ns: str, name: str, section: str | None, route_ns: str) -> bool:
+    ref = entry["parentRef"]
+    return (ref["name"] == name and ref.get("namespace", route_ns) == ns
+            and ref.get("sectionName") == section and ref.get("kind", "Gateway") == "Gateway")
+
+
+async def check_status(cluster: Cluster, spec: dict, timeout: float = STATUS_TIMEOUT) -> None:
+    kind = spec["kind"]
+    ns, name = split_name(spec["name"])
+
+    async def check() -> str | None:
+        status = await cluster.status(kind, ns, name)
+        if status is None:
+            return f"no {kind} {ns}/{name} in /debug/gatewayz"
+        if kind in ("Gateway", "GatewayClass"):
+            if "listener" in spec:
+                ls = next((x for x in status.get("listeners", []) if x["name"] == spec["listener"]), None)
+                if ls is None:
+                    return f"no listener {spec['listener']} in {status.get('listeners')}"
+                if "attachedRoutes" in spec and ls.get("attachedRoutes") != spec["attachedRoutes"]:
+                    return f"attachedRoutes {ls.get('attachedRoutes')}, want {spec['attachedRoutes']}"
+                if "supportedKinds" in spec:
+                    kinds = sorted(k["kind"] for k in ls.get("supportedKinds", []))
+                    if kinds != sorted(spec["supportedKinds"]):
+                        return f"supportedKinds {kinds}, want {spec['supportedKinds']}"
+                return _conditions_problem(ls.get("conditions", []), spec.get("conditions", []))
+            if "listeners" in spec:  # the exact set of listener names in status
+                names = sorted(x["name"] for x in status.get("listeners", []))
+                if names != sorted(spec["listeners"]):
+                    return f"listeners {names}, want {sorted(spec['listeners'])}"
+            if "allListeners" in spec:  # every listener has these conditions
+                for ls in status.get("listeners", []):
+                    problem = _conditions_problem(ls.get("conditions", []), spec["allListeners"])
+                    if problem:
+                        return f"listener {ls['name']}: {problem}"
+                if not status.get("listeners"):
+                    return "no listeners in status"
+            return _conditions_problem(status.get("conditions", []), spec.get("conditions", []))
+        # a route
+        parents = status.get("parents", [])
+        if spec.get("noAcceptedParents"):
+            accepted = [p for p in parents if any(c["type"] == "Accepted" and c["status"] == "True"
+                                                  for c in p.get("conditions", []))]
+            return f"accepted parents {accepted}" if accepted else None
+        pns, pname = split_name(spec["parent"])
+        section = spec.get("section")
+        entry = next((p for p in parents if _parent_matches(p, pns, pname, section, ns)), None)
+        if entry is None:
+            return f"no parent {pns}/{pname}/{section} in {[p['parentRef'] for p in parents]}"
+        return _conditions_problem(entry.get("conditions", []), spec.get("conditions", []))
+
+    await _poll(check, timeout, f"{kind} {ns}/{name} {spec}")
+
+
+async def check_accepted(cluster: Cluster, spec: dict) -> None:
+    """upstream GatewayAndRoutesMustBeAccepted (+ ResolvedRefs True with `resolvedRefs: true`): every
+    route's parents are exactly the Gateway (or the listed sections of it), Accepted; every listener
+    of the Gateway Accepted, Programmed and ResolvedRefs."""
+    gns, gname = split_name(spec["gateway"])
+    sections = spec.get("sections", [None])
+    kind = spec.get("kind", "HTTPRoute")
+    for route in spec.get("routes", []):
+        rns, rname = split_name(route)
+
+        async def check(rns=rns, rname=rname) -> str | None:
+            status = await cluster.status(kind, rns, rname)
+            if status is None:
+                return "no status"
+            parents = status.get("parents", [])
+            if len(parents) != len(sections):
+                return f"parents {[p['parentRef'] for p in parents]}, want {gns}/{gname} sections {sections}"
+            for section in sections:
+                entry = next((p for p in parents if _parent_matches(p, gns, gname, section, rns)), None)
+                if entry is None:
+                    return f"no parent {gname}/{section}"
+                if entry.get("controllerName") != "istio.io/gateway-controller":
+                    return f"controllerName {entry.get('controllerName')}"
+                want = [["Accepted", "True", "Accepted"]]
+                if spec.get("resolvedRefs"):
+                    want.append(["ResolvedRefs", "True", "ResolvedRefs"])
+                problem = _conditions_problem(entry.get("conditions", []), want)
+                if problem:
+                    return problem
+            return None
+
+        await _poll(check, STATUS_TIMEOUT, f"{kind} {rns}/{rname} accepted by {gns}/{gname}")
+    await check_status(cluster, {"kind": "Gateway", "name": f"{gns}/{gname}", "allListeners": [
+        ["ResolvedRefs", "True"], ["Accepted", "True"], ["Programmed", "True"]]})
+
+
+# --- requests -----------------------------------------------------------------------------------
+
+async def _round_trip(port: int, req: dict, tls: bool) -> tuple[int, dict[str, list[str]], Any]:
+    host = req["host"]
+    headers = {"Host": host, **{k: str(v) for k, v in (req.get("headers") or {}).items()}}
+    if req.get("backendSetResponseHeaders"):
+        headers["X-Echo-Set-Header"] = ",".join(f"{k}:{v}" for k, v in req["backendSetResponseHeaders"].items())
+    ctx = None
+    if tls:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    scheme = "https" if tls else "http"
+    timeout = aiohttp.ClientTimeout(total=req.get("timeout", 10))
+    async with aiohttp.ClientSession(timeout=timeout, auto_decompress=False) as s, s.request(
+            req.get("method", "GET"), f"{scheme}://127.0.0.1:{port}{req.get('path', '/')}", headers=headers,
+            allow_redirects=False, ssl=ctx if tls else False,
+            server_hostname=req.get("sni", host.split(":")[0]) if tls else None) as r:
+        text = await r.text()
+        rh: dict[str, list[str]] = {}
+        for k, v in r.headers.items():
+            rh.setdefault(k.lower(), []).append(v)
+        try:
+            body = json.loads(text)
+        except ValueError:
+            body = None
+        return r.status, rh, body
+
+
+def compare(req: dict, exp: dict, status: int, headers: dict[str, list[str]], body: Any, scheme: str) -> str | None:
+    """upstream CompareRoundTrip, over our data's names."""
+    want_status = exp.get("status", 200)
+    want_status = want_status if isinstance(want_status, list) else [want_status]
+    if status not in want_status:
+        return f"status {status}, want {want_status} (body {str(body)[:200]})"
+    if status in (200, 204):
+        if not isinstance(body, dict):
+            return "no echo body"
+        er = {"path": req.get("path", "/"), "method": req.get("method", "GET"), **(exp.get("request") or {})}
+        if "host" in er and er["host"] != body["host"]:
+            return f"backend saw host {body['host']}, want {er['host']}"
+        if er["path"] != body["path"]:
+            return f"backend saw path {body['path']}, want {er['path']}"
+        if er["method"] != body["method"]:
+            return f"backend saw method {body['method']}, want {er['method']}"
+        if exp.get("namespace", INFRA_NS) != body["namespace"]:
+            return f"namespace {body['namespace']}, want {exp.get('namespace', INFRA_NS)}"
+        seen = {k.lower(): v for k, v in body.get("headers", {}).items()}
+        want_headers = er.get("headers", req.get("headers") if "request" not in exp else None) or {}
+        for name, value in want_headers.items():
+            if ",".join(seen.get(name.lower(), [])) != str(value) and name.lower() not in ("host",):
+                return f"backend saw {name}: {seen.get(name.lower())}, want {value}"
+        for name in er.get("absentHeaders", []):
+            if name.lower() in seen:
+                return f"backend saw {name}: {seen[name.lower()]}, want it absent"
+        for name, value in (exp.get("headers") or {}).items():
+            if ",".join(headers.get(name.lower(), [])) != str(value):
+                return f"response {name}: {headers.get(name.lower())}, want {value}"
+        for name in exp.get("absentHeaders", []):
+            if name.lower() in headers:
+                return f"response {name}: {headers[name.lower()]}, want it absent"
+        if not body["pod"].startswith(exp.get("backend", "")):
+            return f"answered by {body['pod']}, want {exp.get('backend')}"
+    elif 300 <= status < 400 and "redirect" in exp:
+        loc = (headers.get("location") or [""])[0]
+        u = urlsplit(loc)
+        want = exp["redirect"]
+        got_scheme, got_host, got_port = u.scheme, u.hostname or "", str(u.port or "")
+        if "host" in want and want["host"] != got_host:
+            return f"redirect host {got_host!r}, want {want['host']!r} ({loc})"
+        w_scheme = want.get("scheme", scheme)
+        if w_scheme != got_scheme:
+            return f"redirect scheme {got_scheme!r}, want {w_scheme!r} ({loc})"
+        if "port" in want:
+            if str(want["port"]) != got_port:
+                return f"redirect port {got_port!r}, want {want['port']!r} ({loc})"
+        elif got_port not in ("", {"http": "80", "https": "443"}.get(got_scheme, "")):
+            return f"redirect port {got_port!r}, want the scheme's default or none ({loc})"
+        w_path = want.get("path", req.get("path", "/").split("?")[0])
+        if w_path != u.path:
+            return f"redirect path {u.path!r}, want {w_path!r} ({loc})"
+    return None
+
+
+async def check_request(cluster: Cluster, default_gateway: str, item: dict,
+                        timeout: float = CONSISTENCY_TIMEOUT) -> None:
+    gns, gname = split_name(item.get("gateway", default_gateway))
+    req = dict(item.get("request") or {})
+    exp = item.get("response") or {}
+    gw = cluster.objects.get(("Gateway", gns, gname))
+    if gw is None:
+        raise CheckFailed(f"no Gateway {gns}/{gname} applied")
+    listeners = gw["spec"]["listeners"]
+    listener = next((x for x in listeners if x["name"] == item["listener"]), None) if "listener" in item \
+        else listeners[0]
+    port = item.get("port", listener["port"])
+    tls = listener["protocol"] in ("HTTPS", "TLS")
+    scheme = "https" if tls else "http"
+    if "host" not in req:
+        # upstream sends the Gateway's address as Host (without the scheme's default port)
+        addr = f"{gname}-istio.{gns}.svc.cluster.local"
+        req["host"] = addr if port == (443 if tls else 80) else f"{addr}:{port}"
+    await cluster.router_for(gns, gname)
+    deadline = time.monotonic() + timeout
+    streak, problem = 0, "never tried"
+    while time.monotonic() < deadline and streak < CONSECUTIVE:
+        try:
+            status, headers, body = await _round_trip(port, req, tls)
+            problem = compare(req, exp, status, headers, body, scheme)
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            problem = f"{type(e).__name__}: {e}"
+        if problem is None:
+            streak += 1
+        else:
+            streak = 0
+            await asyncio.sleep(0.2)
+    if streak < CONSECUTIVE:
+        raise CheckFailed(f"{req.get('method', 'GET')} {req['host']}{req.get('path', '/')} via :{port}: {problem}")
+    for mirror in exp.get("mirroredTo", []):
+        mns, mname = split_name(mirror)
+        echo = cluster.echoes.get((mns, mname))
+        path = req.get("path", "/")
+        seen = echo is not None and any(r["path"] == path for r in echo.requests)
+        if not seen:
+            raise CheckFailed(f"no mirrored {path} at {mns}/{mname}")

@@ -1,0 +1,137 @@
+"""Runs the upstream Gateway API conformance tests, as translated into cases.yaml, against the
+file-mode control plane with real router Envoys, and writes the ConformanceReport.
+
+cases.yaml (ours) names every upstream test of the vendored release with its features; a test
+either has `steps` (the upstream test's checks, in order), or says why it is not translated
+(`untranslated`: reported as skipped). `expectedFailure` marks a test known to fail, with why:
+it still runs and is reported as it comes out; only an unexpected outcome fails the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from tests.conformance import checks, report
+from tests.conformance.cluster import Cluster, load_manifests
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "gateway-api-conformance"
+UPSTREAM = DATA / "upstream"
+REPO = Path(__file__).resolve().parents[2]
+REPORT_PATH = REPO / "docs" / "gateway-api-conformance.yaml"
+README = REPO / "README.md"
+
+
+def load_cases() -> dict:
+    return yaml.safe_load((DATA / "cases.yaml").read_text())
+
+
+async def run_case(cluster: Cluster, name: str, case: dict) -> tuple[str, str]:
+    for echo in cluster.echoes.values():
+        echo.requests.clear()
+    applied: list = []
+    try:
+        for m in case.get("manifests", []):
+            applied += await cluster.apply(load_manifests(UPSTREAM / m))
+        gateway = case.get("gateway", "same-namespace")
+        for step in case["steps"]:
+            if "accepted" in step:
+                await checks.check_accepted(cluster, step["accepted"])
+            elif "status" in step:
+                await checks.check_status(cluster, step["status"])
+            elif "request" in step or "response" in step:
+                await checks.check_request(cluster, gateway, step)
+            elif "apply" in step:
+                applied += await cluster.apply(load_manifests(UPSTREAM / step["apply"]))
+            elif "patch" in step:  # a change to an applied object, as the Go test's Update does
+                p = step["patch"]
+                k = (p["kind"], *checks.split_name(p["name"]))
+                doc = cluster.objects[k]
+                _merge(doc, p["merge"])
+                await cluster.apply([doc])
+            else:
+                raise ValueError(f"{name}: unknown step {step}")
+        return report.SUCCEEDED, ""
+    except checks.CheckFailed as e:
+        return report.FAILED, str(e)
+    finally:
+        await cluster.stop_router()
+        cluster.delete(applied)
+
+
+def _merge(doc: dict, patch: dict) -> None:
+    for k, v in patch.items():
+        if isinstance(v, dict) and isinstance(doc.get(k), dict):
+            _merge(doc[k], v)
+        else:
+            doc[k] = v
+
+
+async def run(names: list[str] | None, workdir: Path, *, verbose: bool = True) -> tuple[list[report.Result], dict]:
+    data = load_cases()
+    supported = set(data["supportedFeatures"])
+    cluster = Cluster(workdir)
+    results: list[report.Result] = []
+    await cluster.start()
+    try:
+        await cluster.apply(load_manifests(UPSTREAM / "base" / "manifests.yaml"))
+        for name, case in data["tests"].items():
+            if names and name not in names:
+                continue
+            feats = case["features"]
+            if not set(feats) <= supported:
+                results.append(report.Result(name, feats, case.get("provisional", False), report.NOT_SUPPORTED))
+                continue
+            if "untranslated" in case:
+                results.append(report.Result(name, feats, case.get("provisional", False), report.SKIPPED,
+                                             case["untranslated"]))
+                continue
+            t0 = time.monotonic()
+            outcome, detail = await run_case(cluster, name, case)
+            results.append(report.Result(name, feats, case.get("provisional", False), outcome, detail))
+            if verbose:
+                mark = "expected-fail" if case.get("expectedFailure") and outcome == report.FAILED else outcome
+                print(f"{mark:>14} {name} ({time.monotonic() - t0:.1f}s) {detail[:300]}", flush=True)
+    finally:
+        await cluster.stop()
+    return results, data
+
+
+def unexpected(results: list[report.Result], data: dict) -> list[str]:
+    out = []
+    for r in results:
+        expected_fail = bool(data["tests"][r.name].get("expectedFailure"))
+        if r.result == report.FAILED and not expected_fail:
+            out.append(f"{r.name} failed: {r.detail}")
+        elif r.result == report.SUCCEEDED and expected_fail:
+            out.append(f"{r.name} passed although marked expectedFailure: flip it in cases.yaml")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tests.conformance", description=__doc__)
+    ap.add_argument("--run", action="append", help="only this upstream test (repeatable); no report is written")
+    ap.add_argument("--report", type=Path, default=REPORT_PATH)
+    ap.add_argument("--no-readme", action="store_true", help="do not rewrite the README's conformance statement")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="gwconf-") as tmp:
+        results, data = asyncio.run(run(args.run, Path(tmp)))
+    if not args.run:
+        from pilot import __version__
+        rep = report.build(results, profiles=data["profiles"], supported=set(data["supportedFeatures"]),
+                           gateway_api_version=data["upstream"]["tag"], implementation_version=__version__)
+        args.report.write_text(report.dump(rep))
+        if not args.no_readme:
+            README.write_text(report.replace_readme_block(README.read_text(), report.readme_block(rep)))
+        for p in rep["profiles"]:
+            print(f"{p['name']}: {p['summary']}")
+    bad = unexpected(results, data)
+    for b in bad:
+        print("UNEXPECTED:", b, file=sys.stderr)
+    return 1 if bad else 0

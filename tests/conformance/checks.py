@@ -64,7 +64,7 @@ def _conditions_problem(conditions: list[dict], want: list[list[str]]) -> str | 
 def _parent_matches(entry: dict, ns: str, name: str, section: str | None, route_ns: str) -> bool:
     ref = entry["parentRef"]
     return (ref["name"] == name and ref.get("namespace", route_ns) == ns
-            and ref.get("sectionName") == section and ref.get("kind", "Gateway") == "Gateway")
+            and (section is None or ref.get("sectionName") == section) and ref.get("kind", "Gateway") == "Gateway")
 
 
 async def check_status(cluster: Cluster, spec: dict, timeout: float = STATUS_TIMEOUT) -> None:
@@ -130,12 +130,15 @@ async def check_accepted(cluster: Cluster, spec: dict) -> None:
             if status is None:
                 return "no status"
             parents = status.get("parents", [])
+            # As upstream's parentsForRouteMatch: as many parents as listeners named, matched by
+            # group, kind, name and namespace (not sectionName), from our controller, Accepted.
             if len(parents) != len(sections):
-                return f"parents {[p['parentRef'] for p in parents]}, want {gns}/{gname} sections {sections}"
-            for section in sections:
-                entry = next((p for p in parents if _parent_matches(p, gns, gname, section, rns)), None)
-                if entry is None:
-                    return f"no parent {gname}/{section}"
+                return f"parents {[p['parentRef'] for p in parents]}, want {len(sections)} for {gns}/{gname}"
+            for entry in parents:
+                ref = entry["parentRef"]
+                if (ref.get("group"), ref.get("kind"), ref["name"]) != (GW_GROUP, "Gateway", gname) \
+                        or ref.get("namespace", rns) != gns:
+                    return f"parent {ref}, want {gns}/{gname}"
                 if entry.get("controllerName") != "istio.io/gateway-controller":
                     return f"controllerName {entry.get('controllerName')}"
                 want = [["Accepted", "True", "Accepted"]]
@@ -189,7 +192,11 @@ def compare(req: dict, exp: dict, status: int, headers: dict[str, list[str]], bo
     if status in (200, 204):
         if not isinstance(body, dict):
             return "no echo body"
-        er = {"path": req.get("path", "/"), "method": req.get("method", "GET"), **(exp.get("request") or {})}
+        # Without an expected request, the backend must see the request as sent (upstream's default).
+        er = dict(exp["request"]) if "request" in exp else {k: v for k, v in req.items() if k in ("host", "headers")
+                                                             and not (k == "host" and req.get("_host_default"))}
+        er.setdefault("path", req.get("path", "/"))
+        er.setdefault("method", req.get("method", "GET"))
         if "host" in er and er["host"] != body["host"]:
             return f"backend saw host {body['host']}, want {er['host']}"
         if er["path"] != body["path"]:
@@ -199,7 +206,7 @@ def compare(req: dict, exp: dict, status: int, headers: dict[str, list[str]], bo
         if exp.get("namespace", INFRA_NS) != body["namespace"]:
             return f"namespace {body['namespace']}, want {exp.get('namespace', INFRA_NS)}"
         seen = {k.lower(): v for k, v in body.get("headers", {}).items()}
-        want_headers = er.get("headers", req.get("headers") if "request" not in exp else None) or {}
+        want_headers = er.get("headers") or {}
         for name, value in want_headers.items():
             if ",".join(seen.get(name.lower(), [])) != str(value) and name.lower() not in ("host",):
                 return f"backend saw {name}: {seen.get(name.lower())}, want {value}"
@@ -253,6 +260,7 @@ async def check_request(cluster: Cluster, default_gateway: str, item: dict,
         # upstream sends the Gateway's address as Host (without the scheme's default port)
         addr = f"{gname}-istio.{gns}.svc.cluster.local"
         req["host"] = addr if port == (443 if tls else 80) else f"{addr}:{port}"
+        req["_host_default"] = True
     await cluster.router_for(gns, gname)
     deadline = time.monotonic() + timeout
     streak, problem = 0, "never tried"

@@ -47,6 +47,9 @@ async def run_case(cluster: Cluster, name: str, case: dict) -> tuple[str, str]:
                 await checks.check_status(cluster, step["status"])
             elif "request" in step or "response" in step:
                 await checks.check_request(cluster, gateway, step)
+            elif "requests" in step:
+                for item in step["requests"]:
+                    await checks.check_request(cluster, gateway, expand({**step.get("via", {}), **item}))
             elif "apply" in step:
                 applied += await cluster.apply(load_manifests(UPSTREAM / step["apply"]))
             elif "patch" in step:  # a change to an applied object, as the Go test's Update does
@@ -63,6 +66,24 @@ async def run_case(cluster: Cluster, name: str, case: dict) -> tuple[str, str]:
     finally:
         await cluster.stop_router()
         cluster.delete(applied)
+
+
+REQUEST_KEYS = {"host", "path", "method", "headers", "backendSetResponseHeaders", "sni"}
+RESPONSE_KEYS = {"status": "status", "backend": "backend", "namespace": "namespace", "seen": "request",
+                 "responseHeaders": "headers", "absentResponseHeaders": "absentHeaders", "redirect": "redirect",
+                 "mirroredTo": "mirroredTo"}
+VIA_KEYS = {"gateway", "listener", "port"}
+
+
+def expand(item: dict) -> dict:
+    """A compact request line ({path, headers, backend, status, seen, ...}) as a request step."""
+    out: dict = {k: item[k] for k in VIA_KEYS & item.keys()}
+    out["request"] = {k: item[k] for k in REQUEST_KEYS & item.keys()}
+    out["response"] = {RESPONSE_KEYS[k]: item[k] for k in RESPONSE_KEYS.keys() & item.keys()}
+    unknown = item.keys() - REQUEST_KEYS - RESPONSE_KEYS.keys() - VIA_KEYS
+    if unknown:
+        raise ValueError(f"unknown request keys {sorted(unknown)} in {item}")
+    return out
 
 
 def _merge(doc: dict, patch: dict) -> None:

@@ -85,7 +85,8 @@ async def test_http_route_by_host_and_path_and_its_status(env: GatewayApiEnv):
                                     "Programmed": ("True", "Programmed"), "ResolvedRefs": ("True", "ResolvedRefs")}
     route = await env.status("HTTPRoute", "shop")
     parent = parent_status(route)
-    assert parent["parentRef"] == {"name": GW_NAME, "namespace": GW_NS}
+    assert parent["parentRef"] == {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": GW_NAME,
+                                   "namespace": GW_NS}
     assert parent["controllerName"] == "istio.io/gateway-controller"
     assert conditions(parent) == {"Accepted": OK, "ResolvedRefs": ("True", "ResolvedRefs")}
 

@@ -222,7 +222,9 @@ def test_route_parent_reasons_and_backend_problems():
 
     assert conds(parent("bad-port"))["Accepted"] == ("False", "NoMatchingParent")
     assert parent("bad-port")["conditions"][0]["message"] == "port 81 not found"
-    assert parent("bad-port")["parentRef"] == {"name": "web", "namespace": "infra", "port": 81}
+    # group and kind as the apiserver stores them (CRD defaults), though the route left them out
+    assert parent("bad-port")["parentRef"] == {"group": "gateway.networking.k8s.io", "kind": "Gateway",
+                                               "name": "web", "namespace": "infra", "port": 81}
     assert conds(parent("bad-kind")) == {"Accepted": ("True", "Accepted"), "ResolvedRefs": ("False", "InvalidKind")}
     assert conds(parent("no-port"))["ResolvedRefs"] == ("False", "BackendNotFound")
     assert ConfigKey("HTTPRoute", "default", "elsewhere") not in result.statuses  # not ours to report on

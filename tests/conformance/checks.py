@@ -91,6 +91,10 @@ async def check_status(cluster: Cluster, spec: dict, timeout: float = STATUS_TIM
                 names = sorted(x["name"] for x in status.get("listeners", []))
                 if names != sorted(spec["listeners"]):
                     return f"listeners {names}, want {sorted(spec['listeners'])}"
+            if spec.get("zeroRoutes"):  # upstream GatewayMustHaveZeroRoutes
+                counts = {x["name"]: x.get("attachedRoutes") for x in status.get("listeners", [])}
+                if any(counts.values()):
+                    return f"attachedRoutes {counts}, want 0"
             if "allListeners" in spec:  # every listener has these conditions
                 for ls in status.get("listeners", []):
                     problem = _conditions_problem(ls.get("conditions", []), spec["allListeners"])

@@ -52,6 +52,9 @@ async def run_case(cluster: Cluster, name: str, case: dict) -> tuple[str, str]:
                     await checks.check_request(cluster, gateway, expand({**step.get("via", {}), **item}))
             elif "apply" in step:
                 applied += await cluster.apply(load_manifests(UPSTREAM / step["apply"]))
+            elif "delete" in step:
+                kind, ref = step["delete"]
+                cluster.delete([(kind, *checks.split_name(ref))])
             elif "patch" in step:  # a change to an applied object, as the Go test's Update does
                 p = step["patch"]
                 k = (p["kind"], *checks.split_name(p["name"]))

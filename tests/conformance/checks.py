@@ -281,10 +281,13 @@ async def check_request(cluster: Cluster, default_gateway: str, item: dict,
             await asyncio.sleep(0.2)
     if streak < CONSECUTIVE:
         raise CheckFailed(f"{req.get('method', 'GET')} {req['host']}{req.get('path', '/')} via :{port}: {problem}")
-    for mirror in exp.get("mirroredTo", []):
+    for mirror in exp.get("mirroredTo", []):  # mirrors are sent alongside: poll (upstream reads echo logs)
         mns, mname = split_name(mirror)
-        echo = cluster.echoes.get((mns, mname))
         path = req.get("path", "/")
-        seen = echo is not None and any(r["path"] == path for r in echo.requests)
-        if not seen:
-            raise CheckFailed(f"no mirrored {path} at {mns}/{mname}")
+
+        async def mirrored(mns=mns, mname=mname, path=path) -> str | None:
+            echo = cluster.echoes.get((mns, mname))
+            seen = echo is not None and any(r["path"] == path for r in echo.requests)
+            return None if seen else f"no mirrored {path} at {mns}/{mname}"
+
+        await _poll(mirrored, 10.0, "mirror")

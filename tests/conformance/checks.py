@@ -83,8 +83,10 @@ async def check_status(cluster: Cluster, spec: dict, timeout: float = STATUS_TIM
                 if "attachedRoutes" in spec and ls.get("attachedRoutes") != spec["attachedRoutes"]:
                     return f"attachedRoutes {ls.get('attachedRoutes')}, want {spec['attachedRoutes']}"
                 if "supportedKinds" in spec:
+                    # as upstream's listenersMatch: the expected kinds are present (empty: none at all)
                     kinds = sorted(k["kind"] for k in ls.get("supportedKinds", []))
-                    if kinds != sorted(spec["supportedKinds"]):
+                    want = spec["supportedKinds"]
+                    if (not want and kinds) or not set(want) <= set(kinds):
                         return f"supportedKinds {kinds}, want {spec['supportedKinds']}"
                 return _conditions_problem(ls.get("conditions", []), spec.get("conditions", []))
             if "listeners" in spec:  # the exact set of listener names in status

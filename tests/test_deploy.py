@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 SYSTEM_NS = "istio-system"
 
-# ARCHITECTURE.md section 4 "Ports": 8080 /ready + debug, 15010 xDS, 15012 TLS xDS + CA,
+# docs/architecture.md, Contracts, "Ports": 8080 /ready + debug, 15010 xDS, 15012 TLS xDS + CA,
 # 15014 metrics, 15017 webhooks. The Service exposes the webhooks on 443 as istiod's does.
 PORTS = {8080, 15010, 15012, 15014, 15017}
 SERVICE_PORTS = {"grpc-xds": (15010, 15010), "https-dns": (15012, 15012),

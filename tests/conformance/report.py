@@ -129,10 +129,10 @@ README_END = "<!-- conformance-report:end -->"
 def readme_block(report: dict) -> str:
     """The README's statement of the result, from the report alone."""
     lines = [README_BEGIN,
-             f"Gateway API conformance: upstream suite **{report['gatewayAPIVersion']}** "
-             f"({report['gatewayAPIChannel']} channel, mode `{report['mode']}`), run by `make conformance` "
-             f"against the file-mode control plane and real router Envoys "
-             f"(report: `docs/gateway-api-conformance.yaml`, {report['date'][:10]}).",
+             (f"Gateway API conformance: upstream suite **{report['gatewayAPIVersion']}** "
+              f"({report['gatewayAPIChannel']} channel, mode `{report['mode']}`), run by `make conformance` "
+              "against the file-mode control plane and real router Envoys "
+              f"(report: `docs/gateway-api-conformance.yaml`, {report['date'][:10]})."),
              "",
              "| Profile | Core (passed / failed / skipped) | Extended (passed / failed / skipped) |",
              "|---|---|---|"]

@@ -65,8 +65,10 @@ crds: $(STAMP)
 docs: $(STAMP)
 	$(BIN)/python -m pilot.config.fields_table --write docs/fields.md
 
+## ruff, then mypy on pilot/ (configured in pyproject.toml: [tool.mypy]).
 lint: $(STAMP)
 	$(BIN)/ruff check pilot tests benchmarks
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

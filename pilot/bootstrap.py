@@ -237,12 +237,13 @@ class ControlPlane:
         log.info("CA ready", mode=self.ca.mode, source=(self.features.root_ca_dir if self.ca.mode == "plugged-in"
                                                         else storage.description),
                  root_expires=self.ca.root_expiry.isoformat(timespec="seconds"))
-        if self.ca.mode == PLUGGED_IN:
+        if self.ca.mode == PLUGGED_IN and options.root_ca_dir is not None:
             self._tasks.append(asyncio.create_task(
                 watch_plugged_in_ca(self.ca, options.root_ca_dir, self._on_ca_reload, self._stop), name="ca-reload"))
 
     async def _on_ca_reload(self) -> None:
         """A new signing chain: istiod's own certificate and the root ConfigMaps follow it."""
+        assert self.ca is not None  # its watcher calls this
         m = self.discovery.metrics
         m.root_cert_expiry.set(self.ca.root_expiry.timestamp())
         m.cert_chain_expiry.set(self.ca.cert_chain_expiry.timestamp())
@@ -313,10 +314,11 @@ class ControlPlane:
                             self.status_writer) if w is not None]
 
     def _start_leader_election(self) -> None:
+        assert self.kube is not None and self.kube_source is not None  # Kubernetes mode
         if self.ca is not None:
             self.root_cert_writer = RootCertWriter(self.kube, self.store, self.ca.root_cert_pem,
                                                    namespace_selected=self._namespace_selected)
-        if self.webhook is not None:
+        if self.webhook is not None and self.ca is not None:  # (a webhook has a CA)
             self.injector_bundle_writer = CABundleWriter(
                 self.kube, self.features.pod_namespace, self.features.revision, self.ca.root_cert_pem,
                 path=MUTATING_PATH, name=injector_config_name(self.features.revision), failure_policy=False)
@@ -397,7 +399,7 @@ class ControlPlane:
                 await site.start()
             except OSError as e:
                 raise OSError(e.errno, f"--{name}Addr {addr_text}: {e.strerror}") from None
-            self.ports[name] = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            self.ports[name] = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # aiohttp: bound port is private
 
     async def drain(self, duration: float) -> None:
         """SIGTERM: /ready turns 503, new streams are refused, and existing streams are closed

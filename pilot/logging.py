@@ -127,7 +127,7 @@ def configure(level: int | Levels = logging.INFO, as_json: bool = False) -> None
     levels = _current = level if isinstance(level, Levels) else Levels(level)
     _as_json = as_json
     renderer = structlog.processors.JSONRenderer() if as_json else structlog.dev.ConsoleRenderer(colors=False)
-    processors = [structlog.contextvars.merge_contextvars]
+    processors: list[structlog.typing.Processor] = [structlog.contextvars.merge_contextvars]
     if levels.scopes:  # only then does a line's scope decide; otherwise the bound logger filters alone
         processors.append(_scope_filter(levels))
     processors += [

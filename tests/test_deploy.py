@@ -506,7 +506,8 @@ def test_every_module_that_calls_the_apiserver_declares_its_rbac():
     informer_modules = {"informer.py"}  # list+watch comes from the kind registry
     offenders = []
     for path in sorted((ROOT / "pilot").rglob("*.py")):
-        if "gen" in path.relative_to(ROOT / "pilot").parts:
+        # pilotctl lists istiod pods with the user's own kubeconfig, never istiod's service account.
+        if {"gen", "pilotctl"} & set(path.relative_to(ROOT / "pilot").parts):
             continue
         text = path.read_text()
         if re.search(r"\bkube\.(request|open)\(", text) and path.name not in declaring | informer_modules:

@@ -8,6 +8,8 @@ import time
 
 from aiohttp import web
 
+from pilot import version
+from pilot.config.core import Secret
 from pilot.config.gateway_api import GATEWAY_API_KINDS
 from pilot.http import config_dump
 from pilot.http.ambient_debug import AmbientDebug
@@ -148,7 +150,9 @@ class DebugHandlers:
     def _sync_status(self, conn: Connection) -> dict:
         out = {"cluster_id": conn.proxy.metadata.get("CLUSTER_ID", "Kubernetes"), "proxy": conn.proxy.id,
                "proxy_type": conn.proxy.type, "istio_version": conn.proxy.istio_version,
-               "connection_id": conn.id, "delta": conn.delta}
+               "connection_id": conn.id, "delta": conn.delta,
+               # Which replica answers (POD_NAME, else the host name): pilotctl's ISTIOD column.
+               "istiod": version.instance_id()}
         for type_url, field in _SYNC_FIELDS.items():
             w = conn.watched.get(type_url)
             out[f"{field}_sent"] = w.nonce_sent if w else ""
@@ -194,9 +198,9 @@ class DebugHandlers:
         for kind in store.kinds():
             for e in sorted(store.list(kind), key=lambda e: e.key):
                 obj = e.obj.model_dump(mode="json", by_alias=True, exclude_defaults=True)
-                if kind == "Secret":  # gateway credentials: never show private keys
+                if isinstance(e.obj, Secret):  # gateway credentials: never show private keys
                     obj["data"] = {k: f"<redacted: {len(v.get_secret_value())} base64 chars>"
-                                   for k, v in e.obj.data.items()}  # type: ignore[attr-defined]
+                                   for k, v in e.obj.data.items()}
                 if kind in GATEWAY_API_KINDS:  # the status this controller computes, not a stored one
                     obj.pop("status", None)
                     status = self.gateway_status.get(e.key) if self.gateway_status is not None else None
@@ -265,7 +269,7 @@ class DebugHandlers:
 
     def _inbound_problems(self) -> list[str]:
         """Workload ports connected sidecars cannot serve inbound, and why."""
-        ctx, out = self.server.push_context, []
+        ctx, out = self.server.push_context, list[str]()
         for conn in list(self.server.connections.values()):
             if conn.proxy.type == "sidecar" and not conn.proxy.is_grpc:
                 out.extend(f"{conn.proxy.id}: {p}" for p in ctx.inbound_plan(conn.proxy).problems)
@@ -294,7 +298,7 @@ class DebugHandlers:
         kind, _, rest = ref.partition("/")
         namespace, _, name = rest.partition("/")
         entry = self.server.store.get(ConfigKey(kind, namespace, name))
-        out = {"kind": kind, "namespace": namespace, "name": name}
+        out: dict = {"kind": kind, "namespace": namespace, "name": name}
         if entry is None:
             out["deleted"] = True
         else:
@@ -307,6 +311,11 @@ class DebugHandlers:
         why, and whether the proxy has (and accepted) the current version."""
         proxy_id, type_url, name = (req.query.get(k, "") for k in ("proxyID", "type", "name"))
         type_url = _TYPE_ALIASES.get(type_url.lower(), type_url)
+        missing = [k for k, v in (("proxyID", proxy_id), ("type", type_url), ("name", name)) if not v]
+        if missing:
+            return _json({"error": f"{', '.join(missing)} required: "
+                                   "/debug/explain?proxyID=POD.NAMESPACE&type=cds|eds|lds|rds|sds&name=NAME"},
+                         status=400)
         conn = self._find(proxy_id)
         if conn is None:
             return _json({"error": f"proxy {proxy_id!r} is not connected"}, status=404)

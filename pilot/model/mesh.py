@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 
 from pilot import logging as plog
+from pilot.config.core import ConfigMap
 from pilot.config.mesh import MeshConfig, MeshConfigError, parse_mesh_config
 from pilot.config.validation import Rejection
 from pilot.model.store import ConfigKey, Store
@@ -50,23 +51,23 @@ class MeshHolder:
 
     def peek(self, store: Store) -> MeshConfig:
         """The MeshConfig the Store holds right now (before the next push applies it)."""
-        entry = store.get(self.configmap_key)
+        entry = store.get(self.configmap_key, ConfigMap)
         if entry is None:
             return self.file_mesh
         try:
-            return parse_mesh_config(entry.obj.data.get(MESH_KEY, ""))  # type: ignore[attr-defined]
+            return parse_mesh_config(entry.obj.data.get(MESH_KEY, ""))
         except MeshConfigError:
             return self.current
 
     def refresh(self, store: Store) -> bool:
         """Re-read the ConfigMap; return True when the MeshConfig in force changed."""
-        entry = store.get(self.configmap_key)
+        entry = store.get(self.configmap_key, ConfigMap)
         if entry is None:
             mesh, source = self.file_mesh, "file"
             unsupported = mesh.unsupported
             store.set_rejections("meshconfig", [])
         else:
-            data = entry.obj.data  # type: ignore[attr-defined]
+            data = entry.obj.data
             try:
                 mesh = parse_mesh_config(data.get(MESH_KEY, ""))
                 source = f"configmap {self.system_namespace}/{MESH_CONFIGMAP}"

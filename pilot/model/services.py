@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pilot.config.core import EndpointSlice, Service
+from pilot.config.core import EndpointSlice, Pod, Service
+from pilot.config.networking import ServiceEntry, WorkloadEntry
 from pilot.model.labels import selects
 from pilot.model.protocol import Protocol, select_protocol
 from pilot.model.store import Entry
@@ -67,8 +68,8 @@ class EndpointAddress:
     weight: int = 1  # a WorkloadEntry's weight (Envoy's load_balancing_weight, at least 1)
 
 
-def mesh_service(entry: Entry, domain: str) -> MeshService:
-    svc: Service = entry.obj  # type: ignore[assignment]
+def mesh_service(entry: Entry[Service], domain: str) -> MeshService:
+    svc = entry.obj
     ns, name = svc.metadata.namespace, svc.metadata.name
     cluster_ip = svc.spec.cluster_ip if svc.spec.cluster_ip not in (None, "", "None") else None
     ports = tuple(
@@ -90,9 +91,9 @@ def _slice_port(slice_: EndpointSlice, svc_port: ServicePort) -> int | None:
     return None
 
 
-def endpoints_for_port(slices: tuple[Entry, ...], svc_port: ServicePort,
+def endpoints_for_port(slices: tuple[Entry[EndpointSlice], ...], svc_port: ServicePort,
                        subset_labels: tuple[tuple[str, str], ...] = (),
-                       pods: tuple[Entry, ...] = ()) -> tuple[EndpointAddress, ...]:
+                       pods: tuple[Entry[Pod], ...] = ()) -> tuple[EndpointAddress, ...]:
     """Ready endpoints of one service port across all its slices, deduplicated, stable order.
     With `subset_labels`, only endpoints whose Pod (in `pods`) carries all those labels. A Pod's
     `security.istio.io/tlsMode` label becomes its endpoint's tls_mode."""
@@ -100,7 +101,7 @@ def endpoints_for_port(slices: tuple[Entry, ...], svc_port: ServicePort,
     seen: set[tuple[str, int]] = set()
     out: list[EndpointAddress] = []
     for entry in slices:
-        s: EndpointSlice = entry.obj  # type: ignore[assignment]
+        s = entry.obj
         if s.address_type == "FQDN":
             continue
         port = _slice_port(s, svc_port)
@@ -125,10 +126,10 @@ def endpoints_for_port(slices: tuple[Entry, ...], svc_port: ServicePort,
     return tuple(out)
 
 
-def service_entry_services(entry: Entry) -> list[MeshService]:
+def service_entry_services(entry: Entry[ServiceEntry]) -> list[MeshService]:
     """One MeshService per host of a ServiceEntry; `name` is the ServiceEntry's."""
     se = entry.obj
-    spec = se.spec  # type: ignore[attr-defined]
+    spec = se.spec
     ports = tuple(ServicePort(p.name, p.number, select_protocol(p.name, p.protocol.lower() or None), p.target_port)
                   for p in spec.ports)
     address = next((a for a in spec.addresses if "/" not in a), None)
@@ -136,19 +137,20 @@ def service_entry_services(entry: Entry) -> list[MeshService]:
                         kind="ServiceEntry", resolution=spec.resolution) for host in spec.hosts]
 
 
-def service_entry_endpoints(entry: Entry, port: ServicePort, workload_entries: tuple[Entry, ...] = (),
+def service_entry_endpoints(entry: Entry[ServiceEntry], port: ServicePort,
+                            workload_entries: tuple[Entry[WorkloadEntry], ...] = (),
                             subset_labels: tuple[tuple[str, str], ...] = ()) -> tuple[EndpointAddress, ...]:
     """Inline endpoints of a ServiceEntry, or the WorkloadEntries its workloadSelector picks
     (with `subset_labels`, only those carrying them). An endpoint's port is its
     `ports[port name]`, else the port's targetPort, else its number."""
-    spec = entry.obj.spec  # type: ignore[attr-defined]
+    spec = entry.obj.spec
     workloads = list(spec.endpoints)
     if spec.workload_selector is not None:
         selector = spec.workload_selector.match_labels
         for we in workload_entries:
-            labels = we.obj.spec.labels  # type: ignore[attr-defined]
+            labels = we.obj.spec.labels
             if selects(selector, labels):
-                workloads.append(we.obj.spec)  # type: ignore[attr-defined]
+                workloads.append(we.obj.spec)
     out: list[EndpointAddress] = []
     for w in workloads:
         if not w.address or w.address.startswith("unix://"):

@@ -11,38 +11,39 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from pilot.config.networking import Sidecar
 from pilot.model.labels import selects
-from pilot.model.ports import PortPlan, plan_ports
+from pilot.model.ports import PortPlan, plan_ports, port_is_http
 from pilot.model.services import MeshService
 from pilot.model.store import Entry
 from pilot.model.traffic import host_matches
 
 
-def select_sidecar(sidecars: Mapping[str, tuple[Entry, ...]], namespace: str, labels: Mapping[str, str],
-                   root_namespace: str) -> Entry | None:
+def select_sidecar(sidecars: Mapping[str, tuple[Entry[Sidecar], ...]], namespace: str, labels: Mapping[str, str],
+                   root_namespace: str) -> Entry[Sidecar] | None:
     local = sidecars.get(namespace, ())
     for e in local:
-        selector = e.obj.spec.workload_selector  # type: ignore[attr-defined]
+        selector = e.obj.spec.workload_selector
         if selector is not None and selector.match_labels and selects(selector.match_labels, labels):
             return e
     for e in local:
-        selector = e.obj.spec.workload_selector  # type: ignore[attr-defined]
+        selector = e.obj.spec.workload_selector
         if selector is None or not selector.match_labels:
             return e
     for e in sidecars.get(root_namespace, ()):
-        selector = e.obj.spec.workload_selector  # type: ignore[attr-defined]
+        selector = e.obj.spec.workload_selector
         if selector is None or not selector.match_labels:
             return e
     return None
 
 
-def egress_visible(sidecar: Entry, svc: MeshService) -> bool:
+def egress_visible(sidecar: Entry[Sidecar], svc: MeshService) -> bool:
     """Does any egress `namespace/host` of the Sidecar name this service?"""
     return egress_names(sidecar, svc.namespace, svc.hostname)
 
 
-def egress_names(sidecar: Entry, namespace: str, hostname: str) -> bool:
-    spec = sidecar.obj.spec  # type: ignore[attr-defined]
+def egress_names(sidecar: Entry[Sidecar], namespace: str, hostname: str) -> bool:
+    spec = sidecar.obj.spec
     if not spec.egress:
         return True  # a Sidecar without egress listeners does not limit what is seen
     return any(_listener_names(listener, sidecar.key.namespace, namespace, hostname) for listener in spec.egress)
@@ -86,7 +87,7 @@ class ServiceView:
                     by_port.setdefault(p.port, []).append(svc)
         ports = MappingProxyType({p: tuple(v) for p, v in sorted(by_port.items())})
         plans, conflicts = plan_ports(ports)
-        http = MappingProxyType({p: tuple(s for s in v if s.port(p).protocol.is_http) for p, v in ports.items()})
+        http = MappingProxyType({p: tuple(s for s in v if port_is_http(s, p)) for p, v in ports.items()})
         return cls(services, ports, http, tuple(plans), registry_only, tuple(conflicts),
                    MappingProxyType(dict(binds or {})))
 
@@ -95,10 +96,10 @@ class ServiceView:
 LOCALHOST = "127.0.0.1"
 
 
-def scoped_view(sidecar: Entry, services: tuple[MeshService, ...]) -> ServiceView:
+def scoped_view(sidecar: Entry[Sidecar], services: tuple[MeshService, ...]) -> ServiceView:
     """istiod's egress listeners: one with a port owns that port (only its hosts are reached
     there, on its `bind` address when set); the one without a port covers every other port."""
-    spec = sidecar.obj.spec  # type: ignore[attr-defined]
+    spec = sidecar.obj.spec
     policy = spec.outbound_traffic_policy
     registry_only = None if policy is None else policy.mode == "REGISTRY_ONLY"
     if not spec.egress:

@@ -7,11 +7,12 @@ from envoy.config.core.v3 import protocol_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 from google.protobuf import struct_pb2
 
+from pilot.config.networking import DestinationRule
 from pilot.model.mesh_settings import ClusterSettings
 from pilot.model.mtls import MeshTls
 from pilot.model.services import EndpointAddress, Locality, MeshService, ServicePort
 from pilot.model.store import Entry
-from pilot.networking import names, tls
+from pilot.networking import metadata, names, tls
 from pilot.networking.endpoints import cluster_load_assignment
 from pilot.networking.protos import ads_config_source, duration, pack
 from pilot.networking.traffic_policy import apply_policy, apply_proxy_protocol, effective_policy
@@ -20,7 +21,7 @@ _HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
 
 def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSettings,
-                     destination_rule: Entry | None = None, subset: str = "",
+                     destination_rule: Entry[DestinationRule] | None = None, subset: str = "",
                      dns_targets: tuple[EndpointAddress, ...] = (),
                      mesh_tls: MeshTls | None = None) -> cluster_pb2.Cluster:
     """`destination_rule` is the DestinationRule in force for this client (its traffic policy and,
@@ -52,16 +53,24 @@ def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSetti
         opts.explicit_http_config.http2_protocol_options.CopyFrom(protocol_pb2.Http2ProtocolOptions())
         c.typed_extension_protocol_options[_HTTP_OPTIONS_KEY].CopyFrom(pack(opts))
     sni = tls.outbound_sni(port.port, subset, svc.hostname)
+    dr_path, dr_tls = "", None
     if destination_rule is not None:
-        policy = effective_policy(destination_rule.obj.spec, subset, port.port)  # type: ignore[attr-defined]
+        policy = effective_policy(destination_rule.obj.spec, subset, port.port)
         apply_policy(c, policy, svc.hostname, port.protocol.is_http2)
         dr_tls = policy["tls"]
+        key = destination_rule.key
+        dr_path = metadata.config_path(key.kind, key.namespace, key.name)
         if dr_tls is not None and dr_tls.mode == "ISTIO_MUTUAL" and dr_tls.sni:
             sni = dr_tls.sni  # istiod: a DestinationRule's sni wins for ISTIO_MUTUAL too
     if mesh_tls is not None:
         apply_mesh_tls(c, mesh_tls, sni, port.protocol.is_http2)
     if destination_rule is not None and policy["proxy_protocol"] is not None:
         apply_proxy_protocol(c, policy["proxy_protocol"])  # around whichever TLS the cluster got
+    # What istioctl's DESTINATION RULE column and telemetry read (pilot.networking.metadata).
+    # A ServiceEntry host's short name is the host itself in istiod.
+    short = svc.hostname if svc.kind == "ServiceEntry" else svc.name
+    metadata.set_cluster_metadata(c.metadata, svc.hostname, short, svc.namespace, dr_path, subset,
+                                  dr_tls.mode if dr_tls is not None else None)
     return c
 
 

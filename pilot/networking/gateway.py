@@ -43,6 +43,8 @@ from envoy.type.matcher.v3 import string_pb2
 from google.protobuf import wrappers_pb2
 
 from pilot.config.mesh import HttpRetryPolicy
+from pilot.config.networking import VirtualService
+from pilot.config.networking.virtual_service import TCPRoute, TLSRoute
 from pilot.model import credentials
 from pilot.model.gateway_api.internal import SEMANTICS
 from pilot.model.gateways import (
@@ -68,6 +70,7 @@ from pilot.networking.filters import (
     http_connection_manager,
 )
 from pilot.networking.http_routes import RouteInputs, destination_cluster, virtual_service_routes
+from pilot.networking.metadata import config_path
 from pilot.networking.protos import ads_config_source, pack
 from pilot.networking.routes import HashKey, _apply_hash_policies
 
@@ -152,9 +155,12 @@ def _match_applies(m, gateway: str, namespace: str, port: int) -> bool:
     return any((r := resolve_gateway_name(g, namespace)) is not None and f"{r[0]}/{r[1]}" == gateway for g in gws)
 
 
-def _targets(route, vs: Entry, port: int, domain: str,
+_NO_RETRY_READ = HttpRetryPolicy()  # tcp/tls destinations read no retry policy (RouteInputs needs one)
+
+
+def _targets(route, vs: Entry[VirtualService], port: int, domain: str,
              services: Mapping[str, MeshService]) -> tuple[tuple[str, int], ...]:
-    inputs = RouteInputs(vs.key.namespace, domain, port, services, None)  # type: ignore[arg-type]
+    inputs = RouteInputs(vs.key.namespace, domain, port, services, _NO_RETRY_READ)
     dests = list(route.route)
     if len(dests) == 1:
         return ((destination_cluster(dests[0].destination, inputs), 100),)
@@ -166,7 +172,7 @@ def _tcp_targets(ref: ServerRef, bindings: tuple[Binding, ...], domain: str,
     """The first `tcp` rule of the bound VirtualServices that applies to this server."""
     for b in bindings:
         vs = b.virtual_service
-        for rule in vs.obj.spec.tcp:  # type: ignore[attr-defined]
+        for rule in vs.obj.spec.tcp:
             if not rule.match or any(_match_applies(m, ref.gateway_name, vs.key.namespace, ref.port)
                                      for m in rule.match):
                 return _targets(rule, vs, ref.port, domain, services), config_origins(vs)
@@ -235,7 +241,7 @@ def listener_plan(pv: PortView, bindings: Callable[[ServerRef], tuple[Binding, .
             found = False
             for b in bindings(ref):
                 vs = b.virtual_service
-                for i, rule in enumerate(vs.obj.spec.tls):  # type: ignore[attr-defined]
+                for i, rule in enumerate(vs.obj.spec.tls):
                     names: list[str] = []
                     for m in rule.match:
                         if not _match_applies(m, ref.gateway_name, vs.key.namespace, ref.port):
@@ -341,7 +347,7 @@ class VhostSource:
     """A VirtualService routing for some hosts of a server (in server order, oldest first)."""
 
     gateway: str  # NAMESPACE/NAME of the server's Gateway (match-level `gateways` filter)
-    virtual_service: Entry
+    virtual_service: Entry[VirtualService]
     hosts: tuple[str, ...]
     require_tls: bool  # the server's tls.httpsRedirect
 
@@ -363,13 +369,15 @@ def gateway_route_config(name: str, port: int, sources: tuple[VhostSource, ...],
     contributed: set = set()
     for src in sources:
         vs = src.virtual_service
-        rules = _rules_for_gateway(vs.obj.spec.http, src.gateway, vs.key.namespace, port)  # type: ignore[attr-defined]
+        rules = _rules_for_gateway(vs.obj.spec.http, src.gateway, vs.key.namespace, port)
         if not rules:
             continue
         gateway_api = vs.obj.metadata.annotations.get(SEMANTICS) == "gateway"
         routes = virtual_service_routes(rules, RouteInputs(vs.key.namespace, domain, port, by_host, retry,
                                                            client_namespace, dict(client_labels),
-                                                           gateway_semantics=gateway_api))
+                                                           gateway_semantics=gateway_api,
+                                                           config=config_path(vs.key.kind, vs.key.namespace,
+                                                                              vs.key.name)))
         for host in src.hosts:
             if (host, vs.key) in contributed:
                 continue
@@ -391,17 +399,18 @@ def gateway_route_config(name: str, port: int, sources: tuple[VhostSource, ...],
     return rc
 
 
-def referenced_hosts(virtual_services: tuple[Entry, ...], domain: str) -> set[str]:
+def referenced_hosts(virtual_services: tuple[Entry[VirtualService], ...], domain: str) -> set[str]:
     """Every destination host (resolved) a set of VirtualServices routes to."""
     out: set[str] = set()
     for vs in virtual_services:
-        spec = vs.obj.spec  # type: ignore[attr-defined]
+        spec = vs.obj.spec
         for rule in spec.http:
             for d in rule.route:
                 out.add(resolve_host(d.destination.host, vs.key.namespace, domain))
             if rule.mirror is not None:
                 out.add(resolve_host(rule.mirror.host, vs.key.namespace, domain))
-        for rule in (*spec.tcp, *spec.tls):
+        l4: list[TCPRoute | TLSRoute] = [*spec.tcp, *spec.tls]
+        for rule in l4:
             for d in rule.route:
                 out.add(resolve_host(d.destination.host, vs.key.namespace, domain))
     return out

@@ -31,7 +31,7 @@ from pilot.durations import parse_duration
 from pilot.model.gateway_api.internal import GatewayApiRule
 from pilot.model.services import MeshService
 from pilot.model.traffic import MESH_GATEWAY, resolve_host
-from pilot.networking import names
+from pilot.networking import metadata, names
 from pilot.networking.protos import duration, pack
 from pilot.networking.retries import retry_policy
 
@@ -57,6 +57,7 @@ class RouteInputs:
     client_labels: Mapping[str, str] | None = None  # None: source matching not evaluated
     gateway_semantics: bool = False  # rules translated from Gateway API routes (see the module doc)
     sidecar: bool = False  # routes for sidecars (the `mesh` gateway): matches for other gateways are dropped
+    config: str = ""  # the VirtualService's `config` path, written into each route's istio metadata
 
 
 def _source_ok(match, inputs: RouteInputs) -> bool:
@@ -346,6 +347,12 @@ def http_rule_routes(rule, index: int, inputs: RouteInputs) -> list[rc.Route]:
             route.typed_per_filter_config[FAULT_FILTER].CopyFrom(pack(_fault(rule.fault)))
         if rule.cors_policy is not None:
             route.typed_per_filter_config[CORS_FILTER].CopyFrom(pack(_cors(rule.cors_policy)))
+        # istiod's BuildConfigInfoMetadata: which object this route came from (istioctl's VIRTUAL
+        # SERVICE column). A rule translated from Gateway API names its HTTPRoute/GRPCRoute.
+        origin = rule.origin if isinstance(rule, GatewayApiRule) else ""
+        path = metadata.origin_path(origin) if origin else inputs.config
+        if path:
+            route.metadata.CopyFrom(metadata.route_metadata(path))
         out.append(route)
     return out
 

@@ -26,7 +26,7 @@ from pilot.model.inbound import InboundPort
 from pilot.model.mesh_settings import ClusterSettings, ListenerSettings
 from pilot.model.security_policies import NO_POLICIES, WorkloadPolicies
 from pilot.model.services import EndpointAddress, Locality
-from pilot.networking import tls
+from pilot.networking import metadata, tls
 from pilot.networking.endpoints import cluster_load_assignment
 from pilot.networking.filters import access_logs, hcm_network_filter, router_filter, tcp_proxy_filter
 from pilot.networking.policy_filters import TrustDomains, inbound_http_filters, inbound_network_filters
@@ -78,6 +78,8 @@ def inbound_cluster(port: InboundPort, settings: ClusterSettings) -> cluster_pb2
         # The Sidecar's inbound limits, as istiod applies them to the inbound cluster (no h2
         # upgrade inbound: the app speaks what it speaks).
         apply_connection_pool(c, port.pool, port.protocol.is_http2)
+    if port.services:
+        metadata.set_services(c.metadata, port.services)
     return c
 
 

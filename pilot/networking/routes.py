@@ -5,6 +5,7 @@ from __future__ import annotations
 from envoy.config.route.v3 import route_components_pb2, route_pb2
 from google.protobuf import wrappers_pb2
 
+from pilot.config.networking import VirtualService
 from pilot.durations import parse_duration
 from pilot.model.gateway_api.internal import SEMANTICS
 from pilot.model.mesh_settings import RouteSettings
@@ -12,6 +13,7 @@ from pilot.model.services import MeshService
 from pilot.model.store import Entry
 from pilot.networking import names
 from pilot.networking.http_routes import RouteInputs, virtual_service_routes
+from pilot.networking.metadata import config_path
 from pilot.networking.protos import duration
 from pilot.networking.retries import retry_policy
 from pilot.networking.traffic_policy import effective_policy
@@ -69,7 +71,7 @@ def _catch_all(settings: RouteSettings) -> route_components_pb2.VirtualHost:
 
 
 def outbound_route_config(port: int, services: tuple[MeshService, ...], proxy_namespace: str,
-                          settings: RouteSettings, virtual_services: tuple[Entry | None, ...] = (),
+                          settings: RouteSettings, virtual_services: tuple[Entry[VirtualService] | None, ...] = (),
                           all_services: tuple[MeshService, ...] = (), domain: str = "cluster.local",
                           hash_policies: tuple[tuple[str, HashKey], ...] = (),
                           client_labels: tuple[tuple[str, str], ...] = ()) -> route_pb2.RouteConfiguration:
@@ -92,8 +94,8 @@ def outbound_route_config(port: int, services: tuple[MeshService, ...], proxy_na
             inputs = RouteInputs(vs.key.namespace, domain, port, by_host, settings.retry,
                                  proxy_namespace, dict(client_labels),
                                  gateway_semantics=vs.obj.metadata.annotations.get(SEMANTICS) == "gateway",
-                                 sidecar=True)
-            vs_routes = virtual_service_routes(vs.obj.spec.http, inputs)  # type: ignore[attr-defined]
+                                 sidecar=True, config=config_path(vs.key.kind, vs.key.namespace, vs.key.name))
+            vs_routes = virtual_service_routes(vs.obj.spec.http, inputs)
         rc.virtual_hosts.append(service_virtual_host(svc, port, domains, settings, vs_routes))
     if hash_policies:
         _apply_hash_policies(rc, dict(hash_policies))

@@ -23,8 +23,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pilot.config.gateway_api import first_per_name
+from pilot.config.core import Service
+from pilot.config.gateway_api import GRPCRoute, HTTPRoute, first_per_name
 from pilot.config.networking import (
+    Headers,
     HTTPDirectResponse,
     HTTPRedirect,
     HTTPRetry,
@@ -34,6 +36,7 @@ from pilot.config.networking import (
 )
 from pilot.model.gateway_api.internal import (
     GatewayApiRule,
+    Route,
     destination,
     header_operations,
     headers,
@@ -58,17 +61,17 @@ class Candidate:
 class RouteRefs:
     """What resolving references needs (the same for every rule of every route in one pass)."""
 
-    services: Mapping[tuple[str, str], Entry]
+    services: Mapping[tuple[str, str], Entry[Service]]
     grants: ReferenceGrants
     domain: str
 
 
-def referenced_services(route: Entry) -> tuple[tuple[str, str], ...]:
+def referenced_services(route: Entry[Route]) -> tuple[tuple[str, str], ...]:
     """(namespace, name) of every Service a route's backendRefs and mirrors may name: what its
     translation reads of the registry."""
     ns = route.key.namespace
     out = []
-    for rule in route.obj.spec.rules:  # type: ignore[attr-defined]
+    for rule in route.obj.spec.rules:
         refs = list(rule.backend_refs)
         refs += [f.request_mirror.backend_ref for f in getattr(rule, "filters", ()) if f.type == "RequestMirror"]
         out += [(r.namespace or ns, r.name) for r in refs]
@@ -109,7 +112,7 @@ def _prefix_rewrite(prefix: str, replacement: str) -> tuple[str | None, RegexRew
 
 
 def _backends(refs, kind: str, namespace: str, ctx: RouteRefs, problems: list[Backend],
-              unsupported: list[str]) -> list[tuple[Backend, object]]:
+              unsupported: list[str]) -> list[tuple[Backend, Headers | None]]:
     """Each backendRef resolved, with the header operations of its own filters."""
     out = []
     for ref in refs:
@@ -129,7 +132,7 @@ def _backends(refs, kind: str, namespace: str, ctx: RouteRefs, problems: list[Ba
     return out
 
 
-def _destinations(backends: list[tuple[Backend, object]]):
+def _destinations(backends: list[tuple[Backend, Headers | None]]):
     """VirtualService destinations for the backends with weight, invalid shares pooled on one
     never-existing cluster; None when nothing can serve (answer 500)."""
     live = [(b, h) for b, h in backends if b.weight > 0]
@@ -218,11 +221,11 @@ def _http_uri(path):
     return string_match(prefix=path.value)
 
 
-def http_route_rules(route: Entry, ctx: RouteRefs, problems: list[Backend],
+def http_route_rules(route: Entry[HTTPRoute], ctx: RouteRefs, problems: list[Backend],
                      unsupported: list[str]) -> list[Candidate]:
     ns, name = route.key.namespace, route.key.name
     out = []
-    for i, rule in enumerate(route.obj.spec.rules):  # type: ignore[attr-defined]
+    for i, rule in enumerate(route.obj.spec.rules):
         prefix = rule.matches[0].path.value if len(rule.matches) == 1 and rule.matches[0].path.type == "PathPrefix" \
             else None
         fields = _rule_fields(rule, "HTTPRoute", ns, prefix, ctx, problems, unsupported)
@@ -230,7 +233,8 @@ def http_route_rules(route: Entry, ctx: RouteRefs, problems: list[Backend],
             match = http_match(_http_uri(m.path), _header_matches(m.headers),
                                {q.name: _string(q.type, q.value) for q in _first_query(m.query_params)}, m.method)
             out.append(Candidate(rank(match), GatewayApiRule.model_construct(name=f"{ns}.{name}.{i}.{j}",
-                                                                             match=[match], **fields),
+                                                                             match=[match], origin=str(route.key),
+                                                                             **fields),
                                  str(route.key)))
     return out
 
@@ -257,16 +261,17 @@ def _grpc_uri(method):
     return string_match(regex=f"/{method.service or '[^/]+'}/{method.method or '[^/]+'}")
 
 
-def grpc_route_rules(route: Entry, ctx: RouteRefs, problems: list[Backend],
+def grpc_route_rules(route: Entry[GRPCRoute], ctx: RouteRefs, problems: list[Backend],
                      unsupported: list[str]) -> list[Candidate]:
     ns, name = route.key.namespace, route.key.name
     out = []
-    for i, rule in enumerate(route.obj.spec.rules):  # type: ignore[attr-defined]
+    for i, rule in enumerate(route.obj.spec.rules):
         fields = _rule_fields(rule, "GRPCRoute", ns, None, ctx, problems, unsupported)
         for j, m in enumerate(rule.matches or [None]):
             match = http_match(_grpc_uri(m.method if m is not None else None),
                                _header_matches(m.headers) if m is not None else {}, {}, None)
             out.append(Candidate(rank(match), GatewayApiRule.model_construct(name=f"{ns}.{name}.{i}.{j}",
-                                                                             match=[match], **fields),
+                                                                             match=[match], origin=str(route.key),
+                                                                             **fields),
                                  str(route.key)))
     return out

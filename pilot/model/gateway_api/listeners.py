@@ -22,7 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pilot.config.gateway_api import GROUP
+from pilot.config.core import Secret, Service
+from pilot.config.gateway_api import GROUP, KubernetesGateway
 from pilot.model.credentials import CERT_KEYS
 from pilot.model.gateway_api.conditions import condition, sorted_conditions
 from pilot.model.gateway_api.references import ReferenceGrants
@@ -46,7 +47,7 @@ ACCEPTED = Verdict(True, "Accepted", "No errors found")
 
 @dataclass(frozen=True)
 class ListenerState:
-    gateway: Entry  # the KubernetesGateway
+    gateway: Entry[KubernetesGateway]
     index: int
     kinds: tuple[tuple[str, str], ...]  # route (group, kind) that may attach
     accepted: Verdict
@@ -56,7 +57,7 @@ class ListenerState:
 
     @property
     def spec(self):
-        return self.gateway.obj.spec.listeners[self.index]  # type: ignore[attr-defined]
+        return self.gateway.obj.spec.listeners[self.index]
 
     @property
     def name(self) -> str:
@@ -88,7 +89,7 @@ class ListenerState:
 
 @dataclass(frozen=True)
 class GatewayState:
-    entry: Entry
+    entry: Entry[KubernetesGateway]
     class_name: str
     listeners: tuple[ListenerState, ...]
     accepted: Verdict
@@ -110,6 +111,7 @@ class GatewayState:
 
 def _supported_kinds(listener) -> tuple[tuple[tuple[str, str], ...], Verdict | None]:
     proto = listener.protocol
+    native: tuple[tuple[str, str], ...]
     if proto in ("HTTP", "HTTPS"):
         native = HTTP_KINDS
     elif proto == "TLS":
@@ -128,7 +130,7 @@ def _supported_kinds(listener) -> tuple[tuple[tuple[str, str], ...], Verdict | N
     return ok, None
 
 
-def _certificate(gateway: Entry, listener, secrets: Mapping[tuple[str, str], Entry],
+def _certificate(gateway: Entry[KubernetesGateway], listener, secrets: Mapping[tuple[str, str], Entry[Secret]],
                  grants: ReferenceGrants) -> tuple[str, Verdict | None]:
     """The credentialName for a terminating listener, or why there is none."""
     ref = listener.tls.certificate_refs[0] if listener.tls.certificate_refs else None
@@ -146,19 +148,19 @@ def _certificate(gateway: Entry, listener, secrets: Mapping[tuple[str, str], Ent
     if secret is None:
         return "", Verdict(False, "InvalidCertificateRef", f"invalid certificate reference {where}, secret {ns}/"
                                                             f"{ref.name} not found")
-    data = secret.obj.data  # type: ignore[attr-defined]
+    data = secret.obj.data
     if not any(c in data and k in data for c, k in CERT_KEYS):
         return "", Verdict(False, "InvalidCertificateRef", f"invalid certificate reference {where}, the secret has "
                                                             "no tls.crt and tls.key")
     return (ref.name if ns == gateway.key.namespace else f"{ns}/{ref.name}"), None
 
 
-def evaluate_listeners(gateway: Entry, secrets: Mapping[tuple[str, str], Entry],
+def evaluate_listeners(gateway: Entry[KubernetesGateway], secrets: Mapping[tuple[str, str], Entry[Secret]],
                        grants: ReferenceGrants) -> tuple[ListenerState, ...]:
     out: list[ListenerState] = []
     port_class: dict[int, str] = {}
     seen_hosts: dict[tuple[int, str], str] = {}
-    for i, listener in enumerate(gateway.obj.spec.listeners):  # type: ignore[attr-defined]
+    for i, listener in enumerate(gateway.obj.spec.listeners):
         kinds, kind_problem = _supported_kinds(listener)
         resolved = kind_problem or Verdict(True, "ResolvedRefs", "No errors found")
         accepted = ACCEPTED
@@ -192,9 +194,10 @@ def evaluate_listeners(gateway: Entry, secrets: Mapping[tuple[str, str], Entry],
     return tuple(out)
 
 
-def evaluate_gateway(gateway: Entry, class_name: str, services: Mapping[tuple[str, str], Entry],
-                     secrets: Mapping[tuple[str, str], Entry], grants: ReferenceGrants, domain: str) -> GatewayState:
-    spec = gateway.obj.spec  # type: ignore[attr-defined]
+def evaluate_gateway(gateway: Entry[KubernetesGateway], class_name: str,
+                     services: Mapping[tuple[str, str], Entry[Service]],
+                     secrets: Mapping[tuple[str, str], Entry[Secret]], grants: ReferenceGrants, domain: str) -> GatewayState:
+    spec = gateway.obj.spec
     ns, name = gateway.key.namespace, gateway.key.name
     listeners = evaluate_listeners(gateway, secrets, grants)
     ips = [a.value for a in spec.addresses if a.type != "Hostname"]

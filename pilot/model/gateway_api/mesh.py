@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from pilot.config.core import Service
 from pilot.model.gateway_api.http import Candidate
 from pilot.model.gateway_api.internal import INTERNAL_SUFFIX
 from pilot.model.gateway_api.listeners import Verdict
@@ -29,14 +30,14 @@ def is_service_parent(ref) -> bool:
 
 
 def service_parent(ref, route_namespace: str,
-                   services: Mapping[tuple[str, str], Entry]) -> tuple[tuple[str, str] | None, Verdict]:
+                   services: Mapping[tuple[str, str], Entry[Service]]) -> tuple[tuple[str, str] | None, Verdict]:
     """The (namespace, name) of the Service a parentRef attaches the route to, or None, with
     the parent's Accepted verdict."""
     key = (ref.namespace or route_namespace, ref.name)
     svc = services.get(key)
     if svc is None:
         return None, Verdict(False, "NoMatchingParent", f'parent service: "{ref.name}" not found')
-    if ref.port is not None and all(p.port != ref.port for p in svc.obj.spec.ports):  # type: ignore[attr-defined]
+    if ref.port is not None and all(p.port != ref.port for p in svc.obj.spec.ports):
         return None, Verdict(False, "NoMatchingParent", f"port {ref.port} not found")
     return key, Verdict(True, "Accepted", "Route was valid")
 

@@ -20,7 +20,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from pilot.config.gateway_api import CONTROLLER_NAME, DEFAULT_CLASS
+from pilot.config.core import Namespace, Secret, Service
+from pilot.config.gateway_api import (
+    CONTROLLER_NAME,
+    DEFAULT_CLASS,
+    GatewayClass,
+    GRPCRoute,
+    HTTPRoute,
+    KubernetesGateway,
+    ReferenceGrant,
+    TCPRoute,
+    TLSRoute,
+)
+from pilot.config.networking import Gateway, VirtualService
 from pilot.model.gateway_api.attach import Attachment, attach
 from pilot.model.gateway_api.conditions import Status, condition, sorted_conditions
 from pilot.model.gateway_api.hostnames import matches
@@ -32,6 +44,7 @@ from pilot.model.gateway_api.http import (
     referenced_services,
 )
 from pilot.model.gateway_api.internal import (
+    Route,
     gateway_entry,
     internal_gateway_name,
     tcp_rule,
@@ -49,7 +62,7 @@ from pilot.model.gateway_api.mesh import (
     service_parent,
 )
 from pilot.model.gateway_api.references import INVALID_BACKEND_HOST, Backend, ReferenceGrants, resolve_backend
-from pilot.model.store import ConfigKey, Entry, Store
+from pilot.model.store import ConfigKey, Entry, Store, holds
 
 
 @dataclass(eq=False)
@@ -60,16 +73,16 @@ class TranslationMemo:
     redoes almost nothing, and unchanged generated Entries stay the very same objects."""
 
     routes: dict[ConfigKey, tuple[tuple, tuple]] = field(default_factory=dict)
-    virtual_services: dict[str, tuple[tuple, Entry]] = field(default_factory=dict)
-    gateways: dict[tuple, Entry] = field(default_factory=dict)
+    virtual_services: dict[str, tuple[tuple, Entry[VirtualService]]] = field(default_factory=dict)
+    gateways: dict[tuple, Entry[Gateway]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class GatewayApiResult:
-    gateways: tuple[Entry, ...] = ()  # internal networking.istio.io Gateways
-    virtual_services: tuple[Entry, ...] = ()
+    gateways: tuple[Entry[Gateway], ...] = ()  # internal networking.istio.io Gateways
+    virtual_services: tuple[Entry[VirtualService], ...] = ()
     # GAMMA: VirtualServices bound to `mesh`, from routes whose parent is a Service (sidecars')
-    mesh_virtual_services: tuple[Entry, ...] = ()
+    mesh_virtual_services: tuple[Entry[VirtualService], ...] = ()
     statuses: Mapping[ConfigKey, Status] = field(default_factory=dict)  # without lastTransitionTime
     # (gateway namespace, secret namespace, secret name): Secrets in other namespaces that a
     # ReferenceGrant lets this namespace's gateways present (served over SDS).
@@ -87,13 +100,13 @@ def _age(e: Entry) -> tuple:
     return (e.obj.metadata.creation_timestamp, e.key.namespace, e.key.name)
 
 
-def _our_classes(classes: list[Entry]) -> dict[str, Entry | None]:
-    ours: dict[str, Entry | None] = {}
+def _our_classes(classes: list[Entry[GatewayClass]]) -> dict[str, Entry[GatewayClass] | None]:
+    ours: dict[str, Entry[GatewayClass] | None] = {}
     named = {e.key.name: e for e in classes}
     if DEFAULT_CLASS not in named:
         ours[DEFAULT_CLASS] = None
     for e in classes:
-        if e.obj.spec.controller_name == CONTROLLER_NAME:  # type: ignore[attr-defined]
+        if e.obj.spec.controller_name == CONTROLLER_NAME:
             ours[e.key.name] = e
     return ours
 
@@ -116,18 +129,18 @@ class _Pass:
     gateways: dict[tuple[str, str], GatewayState]
     previous: TranslationMemo
     memo: TranslationMemo
-    grants: tuple[Entry, ...]
+    grants: tuple[Entry[ReferenceGrant], ...]
     http: dict[tuple[ConfigKey, str], dict[str, list[tuple[int, Candidate]]]] = field(
         default_factory=lambda: defaultdict(lambda: defaultdict(list)))
-    l4: list[tuple[ListenerState, Entry, tuple[str, ...], tuple]] = field(default_factory=list)
+    l4: list[tuple[ListenerState, Entry[Route], tuple[str, ...], tuple]] = field(default_factory=list)
     # (Gateway, listener name) -> the routes attached to it (its status's attachedRoutes)
     attached: dict[tuple[ConfigKey, str], set[ConfigKey]] = field(default_factory=lambda: defaultdict(set))
     statuses: dict[ConfigKey, Status] = field(default_factory=dict)
     # GAMMA: (route namespace, Service namespace, Service name) -> (order, route, candidates)
-    mesh: dict[tuple[str, str, str], list[tuple[int, Entry, tuple[Candidate, ...]]]] = field(
+    mesh: dict[tuple[str, str, str], list[tuple[int, Entry[Route], tuple[Candidate, ...]]]] = field(
         default_factory=lambda: defaultdict(list))
 
-    def _rules(self, route: Entry) -> tuple:
+    def _rules(self, route: Entry[Route]) -> tuple:
         """(candidates, l4 targets, backend problems, unsupported filters) of a route, reused from
         the previous translation when nothing it reads changed."""
         services = self.refs.services
@@ -143,9 +156,9 @@ class _Pass:
         unsupported: list[str] = []
         candidates: list[Candidate] = []
         l4_targets: list[tuple[str, int, int]] = []
-        if route.key.kind == "HTTPRoute":
+        if holds(route, HTTPRoute):
             candidates = http_route_rules(route, self.refs, problems, unsupported)
-        elif route.key.kind == "GRPCRoute":
+        elif holds(route, GRPCRoute):
             candidates = grpc_route_rules(route, self.refs, problems, unsupported)
         else:
             l4_targets = self._l4_targets(route, problems)
@@ -153,8 +166,8 @@ class _Pass:
         self.memo.routes[route.key] = (signature, out)
         return out
 
-    def route(self, route: Entry, order: int) -> None:
-        spec = route.obj.spec  # type: ignore[attr-defined]
+    def route(self, route: Entry[Route], order: int) -> None:
+        spec = route.obj.spec
         kind = route.key.kind
         candidates, l4_targets, problems, unsupported = self._rules(route)
         gen = route.obj.metadata.generation
@@ -179,7 +192,7 @@ class _Pass:
         if parents:  # a route naming none of our Gateways is someone else's to report on
             self.statuses[route.key] = {"parents": parents}
 
-    def _mesh_parent(self, route: Entry, order: int, ref, candidates: tuple[Candidate, ...],
+    def _mesh_parent(self, route: Entry[Route], order: int, ref, candidates: tuple[Candidate, ...],
                      problems: tuple, unsupported: tuple, gen: int) -> dict:
         svc, verdict = service_parent(ref, route.key.namespace, self.refs.services)
         if svc is not None:
@@ -188,7 +201,7 @@ class _Pass:
                 "conditions": sorted_conditions([condition("Accepted", verdict.ok, verdict.reason, verdict.message, gen),
                                                  _resolved(list(problems), list(unsupported), gen)])}
 
-    def _attach(self, route: Entry, order: int, a: Attachment, candidates: tuple[Candidate, ...],
+    def _attach(self, route: Entry[Route], order: int, a: Attachment, candidates: tuple[Candidate, ...],
                 l4_targets: tuple[tuple[str, int, int], ...]) -> None:
         key = (a.listener.gateway.key, a.listener.name)
         if route.key in self.attached[key]:
@@ -204,10 +217,11 @@ class _Pass:
 
     def virtual_service(self, namespace: str, name: str, gateway: str, hosts: tuple[str, ...],
                         parents: tuple[str, ...], created: str, http: tuple = (), l4: tuple = (),
-                        kind: str = "HTTPRoute", export: tuple[str, ...] = ()) -> Entry:
+                        kind: str = "HTTPRoute", export: tuple[str, ...] = ()) -> Entry[VirtualService]:
         signature = (namespace, gateway, hosts, parents, created, http, l4, kind, export)
         hit = self.previous.virtual_services.get(name)
         if hit is None or hit[0] != signature:
+            extra: dict[str, list]
             if kind == "TLSRoute":
                 extra = {"tls": [tls_rule(list(hosts), list(l4))]}
             elif kind == "TCPRoute":
@@ -219,13 +233,13 @@ class _Pass:
         self.memo.virtual_services[name] = hit
         return hit[1]
 
-    def gateway(self, *args) -> Entry:
+    def gateway(self, *args) -> Entry[Gateway]:
         entry = self.previous.gateways.get(args) or gateway_entry(*args)
         self.memo.gateways[args] = entry
         return entry
 
-    def _l4_targets(self, route: Entry, problems: list[Backend]) -> list[tuple[str, int, int]]:
-        rules = route.obj.spec.rules  # type: ignore[attr-defined]
+    def _l4_targets(self, route: Entry[Route], problems: list[Backend]) -> list[tuple[str, int, int]]:
+        rules = route.obj.spec.rules
         out = []
         for ref in rules[0].backend_refs if rules else ():
             b = resolve_backend(ref, route.key.kind, route.key.namespace, self.refs.services, self.refs.grants,
@@ -242,7 +256,7 @@ def _http_rules(by_host: Mapping[str, list[tuple[int, Candidate]]], host: str,
                 wildcards: list[str]) -> tuple[Candidate, ...]:
     """The rules for one hostname: its own, then those of the wildcards covering it (`wildcards`:
     this listener's, most specific first)."""
-    out = []
+    out: list[Candidate] = []
     for h in (host, *(w for w in wildcards if w != host and matches(w, host))):
         out.extend(c for _, c in sorted(by_host[h], key=lambda oc: (oc[1].rank, oc[0])))
     return tuple(out)
@@ -250,36 +264,37 @@ def _http_rules(by_host: Mapping[str, list[tuple[int, Candidate]]], host: str,
 
 def translate(store: Store, domain: str, previous: GatewayApiResult | None = None) -> GatewayApiResult:
     """`previous`: the last result from this Store, whose memo spares unchanged work."""
-    classes = store.list("GatewayClass")
+    classes = store.list(GatewayClass)
     ours = _our_classes(classes)
     statuses: dict[ConfigKey, Status] = {}
     for entry in ours.values():
         if entry is not None:
             statuses[entry.key] = {"conditions": [condition("Accepted", True, "Accepted", "Handled by Istio controller",
                                                             entry.obj.metadata.generation)]}
-    kube_gateways = [g for g in store.list("KubernetesGateway")
-                     if g.obj.spec.gateway_class_name in ours]  # type: ignore[attr-defined]
-    routes = [r for kind in ("HTTPRoute", "GRPCRoute", "TLSRoute", "TCPRoute") for r in store.list(kind)]
+    kube_gateways = [g for g in store.list(KubernetesGateway)
+                     if g.obj.spec.gateway_class_name in ours]
+    routes: list[Entry[Route]] = [*store.list(HTTPRoute), *store.list(GRPCRoute), *store.list(TLSRoute),
+                                  *store.list(TCPRoute)]
     if not kube_gateways and not any(is_service_parent(ref) for r in routes
-                                     for ref in r.obj.spec.parent_refs):  # type: ignore[attr-defined]
+                                     for ref in r.obj.spec.parent_refs):
         return GatewayApiResult(statuses=MappingProxyType(statuses)) if statuses else EMPTY
-    services = {(e.key.namespace, e.key.name): e for e in store.list("Service")}
-    secrets = {(e.key.namespace, e.key.name): e for e in store.list("Secret")}
-    grant_entries = tuple(sorted(store.list("ReferenceGrant"), key=lambda e: e.key))
+    services = {(e.key.namespace, e.key.name): e for e in store.list(Service)}
+    secrets = {(e.key.namespace, e.key.name): e for e in store.list(Secret)}
+    grant_entries = tuple(sorted(store.list(ReferenceGrant), key=lambda e: e.key))
     grants = ReferenceGrants.of(list(grant_entries))
-    labels = {e.key.name: e.obj.metadata.labels for e in store.list("Namespace")}
+    labels = {e.key.name: e.obj.metadata.labels for e in store.list(Namespace)}
     states = {}
     for g in sorted(kube_gateways, key=_age):
         states[(g.key.namespace, g.key.name)] = evaluate_gateway(
-            g, g.obj.spec.gateway_class_name, services, secrets, grants, domain)  # type: ignore[attr-defined]
+            g, g.obj.spec.gateway_class_name, services, secrets, grants, domain)
     p = _Pass(RouteRefs(services, grants, domain), labels, states,
               previous.memo if previous is not None else TranslationMemo(), TranslationMemo(), grant_entries)
     for order, route in enumerate(sorted(routes, key=_age)):
         p.route(route, order)
     statuses.update(p.statuses)
 
-    gateways: list[Entry] = []
-    virtual_services: list[Entry] = []
+    gateways: list[Entry[Gateway]] = []
+    virtual_services: list[Entry[VirtualService]] = []
     credentials: set[tuple[str, str, str]] = set()
     for state in states.values():
         statuses[state.entry.key] = state.status({ls.name: len(p.attached.get((state.entry.key, ls.name), ()))
@@ -305,7 +320,7 @@ def translate(store: Store, domain: str, previous: GatewayApiResult | None = Non
                             MappingProxyType(statuses), frozenset(credentials), p.memo)
 
 
-def _mesh_virtual_services(p: _Pass, domain: str) -> tuple[Entry, ...]:
+def _mesh_virtual_services(p: _Pass, domain: str) -> tuple[Entry[VirtualService], ...]:
     """One VirtualService per (route namespace, Service): its routes' rules in precedence order.
     Its creationTimestamp is its oldest route's, which places it among VirtualServices for the
     same host (oldest first)."""
@@ -322,7 +337,7 @@ def _mesh_virtual_services(p: _Pass, domain: str) -> tuple[Entry, ...]:
     return tuple(out)
 
 
-def _internal_gateway(state: GatewayState, ls: ListenerState, p: _Pass) -> Entry:
+def _internal_gateway(state: GatewayState, ls: ListenerState, p: _Pass) -> Entry[Gateway]:
     spec = ls.spec
     gw = state.entry
     if spec.protocol == "HTTP":
@@ -337,7 +352,7 @@ def _internal_gateway(state: GatewayState, ls: ListenerState, p: _Pass) -> Entry
                      protocol, spec.hostname, mode, ls.credential)
 
 
-def _http_virtual_services(state: GatewayState, ls: ListenerState, p: _Pass) -> list[Entry]:
+def _http_virtual_services(state: GatewayState, ls: ListenerState, p: _Pass) -> list[Entry[VirtualService]]:
     by_host = p.http.get((state.entry.key, ls.name))
     if not by_host:
         return []

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pilot import logging as plog
 from pilot.config.base import K8sObject
 from pilot.config.gateway_api import CONTROLLER_NAME, ROUTE_KINDS
+from pilot.config.gateway_api.common import GatewayApiObject
 from pilot.config.kinds import BY_NAME
 from pilot.model.gateway_api.conditions import Status, stamp
 from pilot.model.store import ConfigKey
@@ -78,7 +79,7 @@ class StatusWriter(LeaderWorker):
         for kind in ROUTE_KINDS:  # routes that stopped naming our Gateways: drop our parents
             for obj in list(self.objects_of(kind)):
                 key = ConfigKey.of(obj)
-                if key not in desired and _ours(obj.status.get("parents")):  # type: ignore[attr-defined]
+                if key not in desired and isinstance(obj, GatewayApiObject) and _ours(obj.status.get("parents")):
                     ok &= await self._reconcile(key, {"parents": []})
         self._written = {k: v for k, v in self._written.items() if k in desired}  # forget deleted objects
         return ok
@@ -87,7 +88,8 @@ class StatusWriter(LeaderWorker):
         obj = self.lookup(key)
         if obj is None:
             return True  # gone, or not seen yet: its next event brings another push
-        current: Status = obj.status or {}  # type: ignore[attr-defined]
+        assert isinstance(obj, GatewayApiObject)  # statuses are written for Gateway API objects only
+        current: Status = obj.status or {}
         rv = obj.metadata.resource_version
         if key.kind in ROUTE_KINDS:
             others = [p for p in current.get("parents") or () if p.get("controllerName") != CONTROLLER_NAME]

@@ -40,7 +40,9 @@ async def run_case(cluster: Cluster, name: str, case: dict) -> tuple[str, str]:
         for m in case.get("manifests", []):
             applied += await cluster.apply(load_manifests(UPSTREAM / m))
         gateway = case.get("gateway", "same-namespace")
-        for step in case["steps"]:
+        # `stepsOf`: the same checks as another test (upstream reuses a Test func with other manifests)
+        steps = case["steps"] if "steps" in case else load_cases()["tests"][case["stepsOf"]]["steps"]
+        for step in steps:
             if "accepted" in step:
                 await checks.check_accepted(cluster, step["accepted"])
             elif "status" in step:

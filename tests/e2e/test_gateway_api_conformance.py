@@ -42,7 +42,8 @@ async def test_fast_subset_of_upstream_conformance(tmp_path):
 def test_cases_name_every_upstream_test_once_with_known_steps():
     data = runner.load_cases()
     for name, case in data["tests"].items():
-        assert ("steps" in case) != ("untranslated" in case), name
+        assert sum(k in case for k in ("steps", "stepsOf", "untranslated")) == 1, name
+        assert "stepsOf" not in case or "steps" in data["tests"][case["stepsOf"]], name
         for m in case.get("manifests", []):
             assert (runner.UPSTREAM / m).is_file(), (name, m)
         for step in case.get("steps", []):

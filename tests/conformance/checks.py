@@ -273,9 +273,11 @@ async def check_request(cluster: Cluster, default_gateway: str, item: dict,
     while time.monotonic() < deadline and streak < CONSECUTIVE:
         try:
             status, headers, body = await _round_trip(port, req, tls)
-            problem = compare(req, exp, status, headers, body, scheme)
+            problem = "connection accepted, want it rejected" if exp.get("rejected") \
+                else compare(req, exp, status, headers, body, scheme)
         except (aiohttp.ClientError, OSError, TimeoutError) as e:
-            problem = f"{type(e).__name__}: {e}"
+            # upstream MakeTLSConnectionAndExpectEventuallyConnectionRejection: the handshake fails
+            problem = None if exp.get("rejected") else f"{type(e).__name__}: {e}"
         if problem is None:
             streak += 1
         else:

@@ -76,7 +76,7 @@ async def run_case(cluster: Cluster, name: str, case: dict) -> tuple[str, str]:
 REQUEST_KEYS = {"host", "path", "method", "headers", "backendSetResponseHeaders", "sni"}
 RESPONSE_KEYS = {"status": "status", "backend": "backend", "namespace": "namespace", "seen": "request",
                  "responseHeaders": "headers", "absentResponseHeaders": "absentHeaders", "redirect": "redirect",
-                 "mirroredTo": "mirroredTo"}
+                 "mirroredTo": "mirroredTo", "rejected": "rejected"}
 VIA_KEYS = {"gateway", "listener", "port"}
 
 

@@ -11,7 +11,7 @@ import yaml
 from pilot.config.validation import InvalidObject, parse_object
 from pilot.model.gateway_api import translate
 from pilot.model.gateway_api.conditions import stamp
-from pilot.model.gateway_api.hostnames import intersect
+from pilot.model.gateway_api.hostnames import intersect, isolate
 from pilot.model.gateways import GatewayIndex
 from pilot.model.store import ConfigKey, Store
 from tests.support.certs import issue, make_ca, tls_secret_yaml
@@ -242,6 +242,22 @@ def test_route_parent_reasons_and_backend_problems():
 ])
 def test_hostname_intersection(listener, route_hosts, want):
     assert intersect(listener, route_hosts) == want
+
+
+# GatewayHTTPListenerIsolation (upstream's gateway-http-listener-isolation-with-hostname-intersection):
+# listeners "", *.example.com, *.foo.example.com, abc.foo.example.com on one port.
+SIBLINGS = [None, "*.example.com", "*.foo.example.com", "abc.foo.example.com"]
+
+
+@pytest.mark.parametrize(("own", "hosts", "want"), [
+    (None, ["bar.com", "*.example.com", "*.foo.example.com"], ["bar.com"]),
+    (None, ["*"], ["*"]),  # any host: Envoy still picks the more specific virtual hosts first
+    ("*.example.com", ["*.example.com", "*.foo.example.com"], ["*.example.com"]),
+    ("*.foo.example.com", ["*.foo.example.com"], ["*.foo.example.com"]),  # broader than abc.foo: kept
+    ("abc.foo.example.com", ["abc.foo.example.com"], ["abc.foo.example.com"]),
+])
+def test_listener_isolation_keeps_hostnames_off_broader_listeners(own, hosts, want):
+    assert isolate(own, hosts, [s for s in SIBLINGS if s != own]) == want
 
 
 def test_precedence_across_routes_and_wildcard_hosts():

@@ -69,12 +69,22 @@ def _parent_matches(entry: dict, ns: str, name: str, section: str | None, route_
 
 async def check_status(cluster: Cluster, spec: dict, timeout: float = STATUS_TIMEOUT) -> None:
     kind = spec["kind"]
-    ns, name = split_name(spec["name"])
+    ns, name = ("", spec["name"]) if kind == "GatewayClass" else split_name(spec["name"])
 
     async def check() -> str | None:
         status = await cluster.status(kind, ns, name)
         if status is None:
             return f"no {kind} {ns}/{name} in /debug/gatewayz"
+        if spec.get("latest"):  # upstream *MustHaveLatestConditions: observedGeneration is current
+            gen = cluster.objects[(kind, ns, name)]["metadata"]["generation"]
+            conds = list(status.get("conditions", []))
+            for part in ("listeners", "parents"):
+                for x in status.get(part, []):
+                    conds += x.get("conditions", [])
+            stale = [(c["type"], c.get("observedGeneration")) for c in conds if c.get("observedGeneration") != gen]
+            if stale or not conds:
+                return f"conditions {stale or 'none'} not at generation {gen}"
+            return None
         if kind in ("Gateway", "GatewayClass"):
             if "listener" in spec:
                 ls = next((x for x in status.get("listeners", []) if x["name"] == spec["listener"]), None)
@@ -295,3 +305,44 @@ async def check_request(cluster: Cluster, default_gateway: str, item: dict,
             return None if seen else f"no mirrored {path} at {mns}/{mname}"
 
         await _poll(mirrored, 10.0, "mirror")
+
+
+async def check_distribution(cluster: Cluster, default_gateway: str, spec: dict) -> None:
+    """upstream weight.TestWeightedDistribution: 500 requests, 10 at a time, each answered 200; the
+    share of each backend within 0.05 of its weight (retried up to MaxTestRetries times). With
+    `backendHeader`: each request's backend saw that header naming itself (upstream
+    HTTPRouteRequestHeaderModifierBackendWeights)."""
+    gns, gname = split_name(spec.get("gateway", default_gateway))
+    gw = cluster.objects[("Gateway", gns, gname)]
+    port = gw["spec"]["listeners"][0]["port"]
+    req = {"host": f"{gname}-istio.{gns}.svc.cluster.local", "path": spec.get("path", "/")}
+    await cluster.router_for(gns, gname)
+    total, weights = spec.get("requests", 500), spec.get("weights")
+    problem = "never tried"
+    for _ in range(spec.get("retries", 10)):
+        sem = asyncio.Semaphore(10)
+
+        async def one() -> str:
+            async with sem:
+                status, _headers, body = await _round_trip(port, req, False)
+            if status != 200 or not isinstance(body, dict):
+                raise CheckFailed(f"status {status}")
+            if "backendHeader" in spec:
+                seen = {k.lower(): v for k, v in body["headers"].items()}.get(spec["backendHeader"].lower(), [])
+                if len(seen) != 1 or not body["pod"].startswith(seen[0]):
+                    raise CheckFailed(f"{spec['backendHeader']}: {seen} sent to {body['pod']}")
+            return body["pod"]
+
+        try:
+            pods = await asyncio.gather(*(one() for _ in range(total)))
+        except (CheckFailed, aiohttp.ClientError, OSError, TimeoutError) as e:
+            problem = str(e)
+            continue
+        if weights is None:
+            return
+        counts = {b: sum(p.startswith(b) for p in pods) / total for b in weights}
+        off = {b: got for b, got in counts.items() if abs(got - weights[b]) > 0.05}
+        if not off:
+            return
+        problem = f"shares {counts}, want {weights} (+/-0.05)"
+    raise CheckFailed(f"distribution through {gname}: {problem}")

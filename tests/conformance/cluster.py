@@ -30,6 +30,7 @@ from tests.support.verified_router import start_verified_router
 from tests.unit.test_authn import Issuer
 
 GATEWAY_CLASS = "istio"
+CONTROLLER = "istio.io/gateway-controller"
 GW_LABEL = "gateway.networking.k8s.io/gateway-name"
 # Kinds the control plane reads from files; the rest (Deployments, ConfigMaps, ServiceAccounts)
 # is the cluster's business and is stood in for here.
@@ -45,7 +46,8 @@ spec: {{controllerName: istio.io/gateway-controller}}
 
 
 def load_manifests(path: Path) -> list[dict]:
-    text = path.read_text().replace("{GATEWAY_CLASS_NAME}", GATEWAY_CLASS)
+    text = (path.read_text().replace("{GATEWAY_CLASS_NAME}", GATEWAY_CLASS)
+            .replace("{GATEWAY_CONTROLLER_NAME}", CONTROLLER))
     return [d for d in yaml.safe_load_all(text) if d]
 
 
@@ -109,6 +111,10 @@ class Cluster:
         for doc in docs:
             k = key(doc)
             applied.append(k)
+            # The apiserver's metadata.generation: 1 when created, one more for each spec change.
+            prev = self.objects.get(k)
+            gen = 1 if prev is None else prev["metadata"].get("generation", 1) + (prev.get("spec") != doc.get("spec"))
+            doc.setdefault("metadata", {})["generation"] = gen
             self.objects[k] = doc
             if doc["kind"] == "Deployment":
                 await self._deployment(doc)

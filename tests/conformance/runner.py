@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import sys
 import tempfile
 import time
@@ -54,13 +55,15 @@ async def run_case(cluster: Cluster, name: str, case: dict) -> tuple[str, str]:
                     await checks.check_request(cluster, gateway, expand({**step.get("via", {}), **item}))
             elif "apply" in step:
                 applied += await cluster.apply(load_manifests(UPSTREAM / step["apply"]))
+            elif "distribution" in step:
+                await checks.check_distribution(cluster, gateway, step["distribution"])
             elif "delete" in step:
                 kind, ref = step["delete"]
                 cluster.delete([(kind, *checks.split_name(ref))])
             elif "patch" in step:  # a change to an applied object, as the Go test's Update does
                 p = step["patch"]
                 k = (p["kind"], *checks.split_name(p["name"]))
-                doc = cluster.objects[k]
+                doc = copy.deepcopy(cluster.objects[k])
                 _merge(doc, p["merge"])
                 await cluster.apply([doc])
             else:

@@ -22,6 +22,7 @@ from tests.conformance.cluster import Cluster
 
 GW_GROUP = "gateway.networking.k8s.io"
 INFRA_NS = "gateway-conformance-infra"
+MESH_NS = "gateway-conformance-mesh"
 CONSECUTIVE = 3
 STATUS_TIMEOUT = 30.0  # upstream's defaults are 60 s (GatewayMustHaveCondition) and 30 s (routes)
 CONSISTENCY_TIMEOUT = 30.0
@@ -260,9 +261,17 @@ def compare(req: dict, exp: dict, status: int, headers: dict[str, list[str]], bo
 
 async def check_request(cluster: Cluster, default_gateway: str, item: dict,
                         timeout: float = CONSISTENCY_TIMEOUT) -> None:
-    gns, gname = split_name(item.get("gateway", default_gateway))
     req = dict(item.get("request") or {})
     exp = item.get("response") or {}
+    if "client" in item:  # a mesh test: from a pod's sidecar to a Service by name
+        cns, cdep = split_name(item["client"], MESH_NS)
+        host = req.setdefault("host", "echo")
+        port = int(host.rsplit(":", 1)[1]) if ":" in host else 80
+        exp = {"namespace": MESH_NS, **exp}
+        await cluster.client_for(cns, cdep)
+        await _consistently(req, exp, port, False, "http", timeout)
+        return
+    gns, gname = split_name(item.get("gateway", default_gateway))
     gw = cluster.objects.get(("Gateway", gns, gname))
     if gw is None:
         raise CheckFailed(f"no Gateway {gns}/{gname} applied")
@@ -278,6 +287,11 @@ async def check_request(cluster: Cluster, default_gateway: str, item: dict,
         req["host"] = addr if port == (443 if tls else 80) else f"{addr}:{port}"
         req["_host_default"] = True
     await cluster.router_for(gns, gname)
+    await _consistently(req, exp, port, tls, scheme, timeout)
+    await _mirrors(cluster, req, exp)
+
+
+async def _consistently(req: dict, exp: dict, port: int, tls: bool, scheme: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     streak, problem = 0, "never tried"
     while time.monotonic() < deadline and streak < CONSECUTIVE:
@@ -295,6 +309,9 @@ async def check_request(cluster: Cluster, default_gateway: str, item: dict,
             await asyncio.sleep(0.2)
     if streak < CONSECUTIVE:
         raise CheckFailed(f"{req.get('method', 'GET')} {req['host']}{req.get('path', '/')} via :{port}: {problem}")
+
+
+async def _mirrors(cluster: Cluster, req: dict, exp: dict) -> None:
     for mirror in exp.get("mirroredTo", []):  # mirrors are sent alongside: poll (upstream reads echo logs)
         mns, mname = split_name(mirror)
         path = req.get("path", "/")

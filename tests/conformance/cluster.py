@@ -71,7 +71,7 @@ class Cluster:
         self.pod_labels: dict[tuple[str, str], dict[str, str]] = {}
         self.objects: dict[tuple[str, str, str], dict] = {}  # everything applied, by kind/ns/name
         self.files: dict[tuple[str, str, str], list[str]] = {}
-        self.router: tuple[str, str] | None = None  # the gateway whose Envoy runs now
+        self.router: tuple[str, ...] | None = None  # the gateway (or mesh client) whose Envoy runs now
         self.agent: PilotAgent | None = None
         self.envoy: Envoy | None = None
         self._seq = itertools.count()
@@ -139,7 +139,7 @@ class Cluster:
             return
         out = [doc]
         if kind == "Service":
-            out.append(self._endpoints(doc))
+            out += self._endpoints(doc)
         elif kind == "Gateway":
             out.append(self._gateway_service(doc))
         # The file name keeps its first sequence number: rewriting it replaces the object in place.
@@ -168,23 +168,23 @@ class Cluster:
                 tls.load_cert_chain(cert_path)
         self.echoes[(ns, name)] = await EchoServer(ns, name, tls=tls).start()
 
-    def _endpoints(self, svc: dict) -> dict | None:
-        """An EndpointSlice of the echo servers whose pod labels the Service selects."""
+    def _endpoints(self, svc: dict) -> list[dict]:
+        """An EndpointSlice per echo server whose pod labels the Service selects: each listens on
+        its own local port, whatever the Service's targetPort, and every Service port reaches it."""
         ns, name = svc["metadata"].get("namespace", "default"), svc["metadata"]["name"]
         selector = svc["spec"].get("selector") or {}
-        echoes = [e for (ens, dep), e in self.echoes.items()
-                  if ens == ns and _selects(selector, self.pod_labels.get((ens, dep), {}))]
-        if not echoes:
-            return None
-        for e in echoes:
-            e.service = name
-        # One slice per echo server: each listens on its own local port, whatever the Service's
-        # targetPort; every Service port reaches it.
-        return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-                "metadata": {"name": f"{name}-local", "namespace": ns, "labels": {"kubernetes.io/service-name": name}},
-                "addressType": "IPv4",
-                "ports": [{"name": p.get("name", ""), "port": echoes[0].port} for p in svc["spec"]["ports"]],
-                "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True}}]}
+        out = []
+        for (ens, dep), e in sorted(self.echoes.items()):
+            if ens != ns or not _selects(selector, self.pod_labels.get((ens, dep), {})):
+                continue
+            e.service = e.service or name
+            out.append({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                        "metadata": {"name": f"{name}-{dep}", "namespace": ns,
+                                     "labels": {"kubernetes.io/service-name": name}},
+                        "addressType": "IPv4",
+                        "ports": [{"name": p.get("name", ""), "port": e.port} for p in svc["spec"]["ports"]],
+                        "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True}}]})
+        return out
 
     def _gateway_service(self, gw: dict) -> dict:
         ns, name = gw["metadata"]["namespace"], gw["metadata"]["name"]
@@ -207,9 +207,29 @@ class Cluster:
         self.router = (namespace, name)
         return self.envoy
 
+    async def client_for(self, namespace: str, deployment: str) -> Envoy:
+        """A sidecar Envoy for a pod of DEPLOYMENT (its labels, its namespace) without iptables: its
+        outbound listeners bind the Services' ports on 127.0.0.1, so a request to 127.0.0.1:PORT with
+        the Service's name as Host is what the pod's own client would send (the mesh tests' client).
+        Like the gateway Envoys, one at a time: they bind the same ports."""
+        if self.router == ("client", namespace, deployment) and self.envoy is not None:
+            return self.envoy
+        await self.stop_router()
+        labels = self.pod_labels[(namespace, deployment)]
+        node = f"sidecar~127.0.0.1~{deployment}-1.{namespace}~{namespace}.svc.cluster.local"
+        self.envoy = Envoy()
+        await self.envoy.start(Envoy.bootstrap(node, self.cp.xds_port, metadata={
+            "NAMESPACE": namespace, "LABELS": labels, "INTERCEPTION_MODE": "NONE"},
+            cluster=f"{deployment}.{namespace}"), self.workdir / f"client-{next(self._seq)}")
+        await self.envoy.wait_ready(timeout=30)
+        self.router = ("client", namespace, deployment)
+        return self.envoy
+
     async def stop_router(self) -> None:
         if self.agent is not None:
             await self.agent.stop()
+        elif self.envoy is not None:
+            await self.envoy.stop()
         self.agent = self.envoy = None
         self.router = None
 

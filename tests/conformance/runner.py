@@ -80,7 +80,7 @@ REQUEST_KEYS = {"host", "path", "method", "headers", "backendSetResponseHeaders"
 RESPONSE_KEYS = {"status": "status", "backend": "backend", "namespace": "namespace", "seen": "request",
                  "responseHeaders": "headers", "absentResponseHeaders": "absentHeaders", "redirect": "redirect",
                  "mirroredTo": "mirroredTo", "rejected": "rejected"}
-VIA_KEYS = {"gateway", "listener", "port"}
+VIA_KEYS = {"gateway", "listener", "port", "client"}
 
 
 def expand(item: dict) -> dict:
@@ -110,6 +110,7 @@ async def run(names: list[str] | None, workdir: Path, *, verbose: bool = True) -
     await cluster.start()
     try:
         await cluster.apply(load_manifests(UPSTREAM / "base" / "manifests.yaml"))
+        await cluster.apply(load_manifests(UPSTREAM / "mesh" / "manifests.yaml"))
         for name, case in data["tests"].items():
             if names and name not in names:
                 continue

@@ -363,3 +363,92 @@ async def check_distribution(cluster: Cluster, default_gateway: str, spec: dict)
             return
         problem = f"shares {counts}, want {weights} (+/-0.05)"
     raise CheckFailed(f"distribution through {gname}: {problem}")
+
+
+async def check_grpc(cluster: Cluster, default_gateway: str, item: dict, timeout: float = CONSISTENCY_TIMEOUT) -> None:
+    """upstream grpc.MakeRequestAndExpectEventuallyConsistentResponse: an RPC to GrpcEcho's
+    `method` (Echo, EchoTwo, EchoThree) with `metadata` and `authority` through the gateway; the
+    status `code` (OK unless given) and, when OK, the method the backend saw and who answered."""
+    import grpc
+
+    from tests.conformance.echo import GRPC_SERVICE, EchoRequest, EchoResponse
+
+    gns, gname = split_name(item.get("gateway", default_gateway))
+    gw = cluster.objects[("Gateway", gns, gname)]
+    listeners = gw["spec"]["listeners"]
+    listener = next(x for x in listeners if x["name"] == item["listener"]) if "listener" in item else listeners[0]
+    port = listener["port"]
+    authority = item.get("authority", f"{gname}-istio.{gns}.svc.cluster.local" + ("" if port == 80 else f":{port}"))
+    method = f"/{GRPC_SERVICE}/{item.get('method', 'Echo')}"
+    want_code = getattr(grpc.StatusCode, item.get("code", "OK"))
+    await cluster.router_for(gns, gname)
+
+    async def once() -> str | None:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}",
+                                             options=[("grpc.default_authority", authority)]) as channel:
+            call = channel.unary_unary(method, request_serializer=EchoRequest.SerializeToString,
+                                       response_deserializer=EchoResponse.FromString)
+            md = tuple((k.lower(), str(v)) for k, v in (item.get("metadata") or {}).items())
+            try:
+                resp = await call(EchoRequest(), metadata=md, timeout=5)
+                code = grpc.StatusCode.OK
+            except grpc.aio.AioRpcError as e:
+                resp, code = None, e.code()
+        if code != want_code:
+            return f"status {code.name}, want {want_code.name}"
+        if resp is not None:
+            a = resp.assertions
+            if a.fully_qualified_method != method:
+                return f"backend saw {a.fully_qualified_method}, want {method}"
+            if item.get("namespace", INFRA_NS) != a.context.namespace:
+                return f"namespace {a.context.namespace}"
+            if not a.context.pod.startswith(item.get("backend", "")):
+                return f"answered by {a.context.pod}, want {item.get('backend')}"
+        return None
+
+    deadline = time.monotonic() + timeout
+    streak, problem = 0, "never tried"
+    while time.monotonic() < deadline and streak < CONSECUTIVE:
+        problem = await once()
+        if problem is None:
+            streak += 1
+        else:
+            streak = 0
+            await asyncio.sleep(0.2)
+    if streak < CONSECUTIVE:
+        raise CheckFailed(f"gRPC {method} ({authority}) via :{port}: {problem}")
+
+
+async def check_grpc_distribution(cluster: Cluster, default_gateway: str, spec: dict) -> None:
+    """upstream GRPCRouteWeight: 500 Echo RPCs, 10 at a time, each OK; every backend's share
+    within 0.05 of its weight (retried up to MaxTestRetries times)."""
+    import grpc
+
+    from tests.conformance.echo import GRPC_SERVICE, EchoRequest, EchoResponse
+
+    gns, gname = split_name(spec.get("gateway", default_gateway))
+    port = cluster.objects[("Gateway", gns, gname)]["spec"]["listeners"][0]["port"]
+    await cluster.router_for(gns, gname)
+    weights, total, problem = spec["weights"], 500, "never tried"
+    for _ in range(10):
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[
+                ("grpc.default_authority", f"{gname}-istio.{gns}.svc.cluster.local")]) as channel:
+            call = channel.unary_unary(f"/{GRPC_SERVICE}/Echo", request_serializer=EchoRequest.SerializeToString,
+                                       response_deserializer=EchoResponse.FromString)
+            sem = asyncio.Semaphore(10)
+
+            async def one(i: int) -> str:
+                async with sem:  # a distinct x-jitter per RPC, as upstream's AddEntropy
+                    resp = await call(EchoRequest(), metadata=(("x-jitter", str(i)),), timeout=5)
+                return resp.assertions.context.pod
+
+            try:
+                pods = await asyncio.gather(*(one(i) for i in range(total)))
+            except grpc.aio.AioRpcError as e:
+                problem = f"status {e.code().name}"
+                continue
+        shares = {b: sum(p.startswith(b) for p in pods) / total for b in weights}
+        if all(abs(shares[b] - w) <= 0.05 for b, w in weights.items()):
+            return
+        problem = f"shares {shares}, want {weights} (+/-0.05)"
+    raise CheckFailed(f"gRPC distribution through {gname}: {problem}")

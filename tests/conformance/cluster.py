@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from tests.conformance.echo import EchoServer
+from tests.conformance.echo import EchoServer, GrpcEchoServer
 from tests.support import certs
 from tests.support.agent import PilotAgent
 from tests.support.control_plane import ControlPlane
@@ -67,7 +67,7 @@ class Cluster:
         self.workdir = workdir
         self.issuer = Issuer("ES256")
         self.cp = ControlPlane(workdir, secure_grpc=True, env={"JWT_RULE": self.issuer.rule()})
-        self.echoes: dict[tuple[str, str], EchoServer] = {}  # (namespace, deployment) -> server
+        self.echoes: dict[tuple[str, str], EchoServer | GrpcEchoServer] = {}  # (namespace, deployment) -> server
         self.pod_labels: dict[tuple[str, str], dict[str, str]] = {}
         self.objects: dict[tuple[str, str, str], dict] = {}  # everything applied, by kind/ns/name
         self.files: dict[tuple[str, str, str], list[str]] = {}
@@ -166,6 +166,9 @@ class Cluster:
                 cert_path = self.workdir / f"{ns}-{name}.pem"
                 cert_path.write_bytes(leaf.cert_pem + leaf.key_pem)
                 tls.load_cert_chain(cert_path)
+        if "GRPC_ECHO_SERVER" in env:
+            self.echoes[(ns, name)] = await GrpcEchoServer(ns, name).start()
+            return
         self.echoes[(ns, name)] = await EchoServer(ns, name, tls=tls).start()
 
     def _endpoints(self, svc: dict) -> list[dict]:

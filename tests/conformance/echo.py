@@ -80,3 +80,86 @@ class EchoServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+
+# --- gRPC: echo-basic's GrpcEcho service (conformance/echo-basic/grpcecho.proto), its messages
+# declared here by descriptor so no generated code is needed. Only what the tests read is kept.
+GRPC_SERVICE = "gateway_api_conformance.echo_basic.grpcecho.GrpcEcho"
+
+
+def _grpc_messages():
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    f = descriptor_pb2.FileDescriptorProto(name="conformance_grpcecho.proto",
+                                           package="gateway_api_conformance.echo_basic.grpcecho", syntax="proto3")
+    string, message = descriptor_pb2.FieldDescriptorProto.TYPE_STRING, descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE
+    optional, repeated = descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL, descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED
+
+    def msg(name, *fields):
+        m = f.message_type.add(name=name)
+        for number, (fname, ftype, label, tname) in enumerate(fields, 1):
+            fd = m.field.add(name=fname, number=number, type=ftype, label=label)
+            if tname:
+                fd.type_name = tname
+
+    pkg = ".gateway_api_conformance.echo_basic.grpcecho."
+    msg("Header", ("key", string, optional, ""), ("value", string, optional, ""))
+    msg("Context", ("namespace", string, optional, ""), ("ingress", string, optional, ""),
+        ("service_name", string, optional, ""), ("pod", string, optional, ""))
+    msg("Assertions", ("fully_qualified_method", string, optional, ""), ("headers", message, repeated, pkg + "Header"),
+        ("authority", string, optional, ""), ("context", message, optional, pkg + "Context"))
+    msg("EchoRequest")
+    msg("EchoResponse", ("assertions", message, optional, pkg + "Assertions"),
+        ("request", message, optional, pkg + "EchoRequest"))
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(f)
+    return (message_factory.GetMessageClass(pool.FindMessageTypeByName(pkg[1:] + "EchoRequest")),
+            message_factory.GetMessageClass(pool.FindMessageTypeByName(pkg[1:] + "EchoResponse")))
+
+
+EchoRequest, EchoResponse = _grpc_messages()
+
+
+@dataclass
+class GrpcEchoServer:
+    """echo-basic with GRPC_ECHO_SERVER set: Echo and EchoTwo answer with what they were sent and
+    who answered; EchoThree is left unimplemented, as upstream's is."""
+
+    namespace: str
+    deployment: str
+    service: str = ""
+    requests: list[dict] = field(default_factory=list)
+    port: int = 0
+    _server: object = None
+
+    @property
+    def pod(self) -> str:
+        return f"{self.deployment}-5f7d8c9b4-local"
+
+    async def start(self) -> GrpcEchoServer:
+        import grpc
+
+        def handler(method: str):
+            async def echo(request, context):
+                md = [(k, v) for k, v in context.invocation_metadata()]
+                self.requests.append({"method": method, "metadata": md})
+                authority = dict(md).get(":authority", "")
+                a = {"fully_qualified_method": f"/{GRPC_SERVICE}/{method}", "authority": authority,
+                     "headers": [{"key": k, "value": v} for k, v in md if isinstance(v, str)],
+                     "context": {"namespace": self.namespace, "service_name": self.service, "pod": self.pod}}
+                return EchoResponse(assertions=a)
+            return grpc.unary_unary_rpc_method_handler(echo, request_deserializer=EchoRequest.FromString,
+                                                       response_serializer=EchoResponse.SerializeToString)
+
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+            GRPC_SERVICE, {"Echo": handler("Echo"), "EchoTwo": handler("EchoTwo")})])
+        self.port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        self._server = server
+        return self
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop(0)
+            self._server = None

@@ -55,6 +55,11 @@ async def run_case(cluster: Cluster, name: str, case: dict) -> tuple[str, str]:
                     await checks.check_request(cluster, gateway, expand({**step.get("via", {}), **item}))
             elif "apply" in step:
                 applied += await cluster.apply(load_manifests(UPSTREAM / step["apply"]))
+            elif "grpc" in step:
+                for item in step["grpc"]:
+                    await checks.check_grpc(cluster, gateway, {**step.get("via", {}), **item})
+            elif "grpcDistribution" in step:
+                await checks.check_grpc_distribution(cluster, gateway, step["grpcDistribution"])
             elif "distribution" in step:
                 await checks.check_distribution(cluster, gateway, step["distribution"])
             elif "delete" in step:

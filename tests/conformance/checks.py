@@ -339,7 +339,7 @@ async def check_distribution(cluster: Cluster, default_gateway: str, spec: dict)
     for _ in range(spec.get("retries", 10)):
         sem = asyncio.Semaphore(10)
 
-        async def one() -> str:
+        async def one(sem: asyncio.Semaphore = sem) -> str:
             async with sem:
                 status, _headers, body = await _round_trip(port, req, False)
             if status != 200 or not isinstance(body, dict):
@@ -437,7 +437,7 @@ async def check_grpc_distribution(cluster: Cluster, default_gateway: str, spec: 
                                        response_deserializer=EchoResponse.FromString)
             sem = asyncio.Semaphore(10)
 
-            async def one(i: int) -> str:
+            async def one(i: int, sem: asyncio.Semaphore = sem, call=call) -> str:
                 async with sem:  # a distinct x-jitter per RPC, as upstream's AddEntropy
                     resp = await call(EchoRequest(), metadata=(("x-jitter", str(i)),), timeout=5)
                 return resp.assertions.context.pod

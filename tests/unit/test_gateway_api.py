@@ -123,9 +123,9 @@ def test_invalid_objects_are_rejected_with_the_reason(doc: str, reason: str):
     assert reason in e.value.reason, e.value.reason
 
 
-def test_status_written_by_controllers_is_accepted_and_cors_fails_closed_in_the_rule():
-    """`status` is ours to write (kept, never strict); a CORS filter is accepted as Gateway API
-    prescribes for a filter an implementation lacks: the rule fails, the status says why."""
+def test_status_written_by_controllers_is_accepted_and_cors_is_parsed():
+    """`status` is ours to write (kept, never strict); a CORS filter is parsed (it becomes the
+    route's CORS policy: tests/e2e/test_gateway_api_http.py)."""
     doc = yaml.safe_load(route("r", "rules: [{filters: [{type: CORS, cors: {allowOrigins: ['*'], "
                                     "maxAge: 5}}]}]"))
     doc["status"] = {"parents": [{"controllerName": "other.io/x", "parentRef": {"name": "gw"},

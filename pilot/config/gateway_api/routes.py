@@ -148,7 +148,7 @@ class HTTPRouteFilter(StrictModel):
     request_redirect: RequestRedirect | None = None
     url_rewrite: URLRewrite | None = Field(default=None, alias="urlRewrite")
     extension_ref: LocalObjectReference | None = fails_closed(FAILS_CLOSED)
-    cors: CORSFilter | None = fails_closed(FAILS_CLOSED)
+    cors: CORSFilter | None = None
     # Authentication and authorisation by an external service: refused outright, as a request
     # must never pass a filter meant to check it.
     external_auth: Unsupported = None

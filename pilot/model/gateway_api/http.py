@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pilot.config.core import Service
 from pilot.config.gateway_api import GRPCRoute, HTTPRoute, first_per_name
 from pilot.config.networking import (
+    CorsPolicy,
     Headers,
     HTTPDirectResponse,
     HTTPRedirect,
@@ -188,7 +189,9 @@ def _rule_fields(rule, kind: str, namespace: str, prefix: str | None, ctx: Route
                 uri, regex = _prefix_rewrite(prefix, w.path.value)
             if uri is not None or regex is not None or w.hostname:
                 fields["rewrite"] = HTTPRewrite.model_construct(uri=uri, authority=w.hostname, uri_regex_rewrite=regex)
-        else:  # ExtensionRef, CORS
+        elif f.type == "CORS":
+            fields["cors_policy"] = cors_policy(f.cors)
+        else:  # ExtensionRef
             unsupported.append(f"{f.type} filters are not supported")
             broken = True
     fields["headers"] = headers(request, response)
@@ -211,6 +214,27 @@ def _rule_fields(rule, kind: str, namespace: str, prefix: str | None, ctx: Route
         else:
             fields["route"] = dests
     return fields
+
+
+def _origin_match(origin: str):
+    """A CORS allowOrigins entry as a string match: exact, or `*` (any origin), or a host with a
+    leading wildcard (`https://*.example.com`: any number of labels in its place, as the Gateway
+    API spec has it) as a regex."""
+    if origin == "*":
+        return string_match(regex=".*")
+    if "*" not in origin:
+        return string_match(exact=origin)
+    return string_match(regex=".+".join(re.escape(part) for part in origin.split("*")))
+
+
+def cors_policy(f) -> CorsPolicy:
+    """The HTTPRoute CORS filter as a VirtualService corsPolicy (istiod's translation), applied by
+    Envoy's CORS filter on the route."""
+    return CorsPolicy.model_construct(
+        allow_origin=[], allow_origins=[_origin_match(o) for o in f.allow_origins],
+        allow_methods=list(f.allow_methods), allow_headers=list(f.allow_headers),
+        expose_headers=list(f.expose_headers), max_age=f"{f.max_age}s" if f.max_age else None,
+        allow_credentials=True if f.allow_credentials else None, unmatched_preflights=None)
 
 
 def _http_uri(path):

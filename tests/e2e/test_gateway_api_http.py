@@ -450,3 +450,33 @@ async def test_cors_filter_answers_preflights_for_allowed_origins(env: GatewayAp
     assert r.backend == "alpha" and r.headers["access-control-expose-headers"] == "x-header-3"
     parent = parent_status(await env.status("HTTPRoute", "cors"))
     assert conditions(parent) == {"Accepted": OK, "ResolvedRefs": ("True", "ResolvedRefs")}
+
+
+async def test_retry_repeats_the_listed_status_codes(env: GatewayApiEnv):
+    """HTTPRoute `retry`: a 503 the rule lists is retried up to `attempts` times; a route without
+    that code in its list answers the 503."""
+    (port,) = free_ports(1)
+    await _gateway(env, port)
+    env.cp.write("route.yaml", route_yaml("HTTPRoute", "retry", f"""\
+        parentRefs: [{{name: {GW_NAME}, namespace: {GW_NS}}}]
+        hostnames: [app.example.com]
+        rules:
+        - matches: [{{path: {{value: /retried}}}}]
+          retry: {{codes: [503], attempts: 2, backoff: 10ms}}
+          backendRefs: [{{name: alpha, port: {SERVICE_PORT}}}]
+        - matches: [{{path: {{value: /other}}}}]
+          retry: {{codes: [500], attempts: 2}}
+          backendRefs: [{{name: alpha, port: {SERVICE_PORT}}}]
+        """))
+    await env.start()
+    await env.served(port, "app.example.com", "/retried", "alpha")
+    alpha = env.backends["alpha"]
+    before = alpha.request_count
+    alpha.fail_next = 2
+    r = await request(port, "app.example.com", "/retried")
+    assert (r.status, r.backend) == (200, "alpha")
+    assert alpha.request_count - before == 3  # two 503s retried, the third try answered
+    alpha.fail_next = 1
+    assert (await request(port, "app.example.com", "/other")).status == 503  # 503 is not in its codes
+    parent = parent_status(await env.status("HTTPRoute", "retry"))
+    assert conditions(parent) == {"Accepted": OK, "ResolvedRefs": ("True", "ResolvedRefs")}

@@ -36,7 +36,8 @@ def test_statuses_follow_the_marks_on_the_models() -> None:
     assert route["spec.rules[].filters[].extensionRef"].status == ft.FAILS_CLOSED
     assert route["spec.rules[].filters[].extensionRef.name"].status == ft.FAILS_CLOSED
     assert route["spec.rules[].filters[].cors.allowOrigins"].status == ft.APPLIED
-    assert route["spec.rules[].retry"].status == ft.UNSUPPORTED
+    assert route["spec.rules[].retry.codes"].status == ft.APPLIED
+    assert route["spec.rules[].sessionPersistence"].status == ft.UNSUPPORTED
     mesh = rows_of("MeshConfig")
     assert mesh["extensionProviders"].status == mesh["meshMTLS"].status == ft.UNSUPPORTED
     assert mesh["trustDomain"].status == ft.APPLIED

@@ -105,7 +105,7 @@ def listeners(result, name: str = "web") -> dict:
     (gateway("- {name: a, port: 80, protocol: HTTP}\n",
              extra="  allowedListeners: {namespaces: {from: All}}\n"),
      "spec.allowedListeners: allowedListeners is not supported"),
-    (route("r", "rules: [{retry: {attempts: 3}}]"), "spec.rules[0].retry: retry is not supported"),
+    (route("r", "rules: [{retry: {codes: [200]}}]"), "spec.rules[0].retry.codes[0]: Input should be greater than or equal to 400"),
     (route("r", "rules: [{sessionPersistence: {type: Cookie}}]"),
      "spec.rules[0].sessionPersistence: sessionPersistence is not supported"),
     (route("r", "useDefaultGateways: All"), "spec.useDefaultGateways: useDefaultGateways is not supported"),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -163,6 +163,12 @@ class HTTPBackendRef(BackendRef):
     filters: list[HTTPRouteFilter] = Field(default_factory=list)
 
 
+class HTTPRouteRetry(StrictModel):
+    codes: list[Annotated[int, Field(ge=400, le=599)]] = Field(default_factory=list)
+    attempts: int | None = Field(default=None, ge=0)
+    backoff: GatewayDuration | None = None
+
+
 class HTTPRouteTimeouts(StrictModel):
     request: GatewayDuration | None = None
     backend_request: GatewayDuration | None = None
@@ -192,7 +198,7 @@ class HTTPRouteRule(StrictModel):
     filters: list[HTTPRouteFilter] = Field(default_factory=list)
     backend_refs: list[HTTPBackendRef] = Field(default_factory=list)
     timeouts: HTTPRouteTimeouts | None = None
-    retry: Unsupported = None
+    retry: HTTPRouteRetry | None = None
     session_persistence: Unsupported = None
 
     @model_validator(mode="after")

@@ -49,6 +49,7 @@ from pilot.model.gateway_api.references import INVALID_BACKEND_HOST, Backend, Re
 from pilot.model.store import Entry
 
 DEFAULT_ATTEMPTS = 2  # MeshConfig's default retry attempts, kept when only backendRequest is set
+RETRY_CONDITIONS = "connect-failure,refused-stream,unavailable,cancelled"  # istiod's default retryOn
 
 
 @dataclass(frozen=True, slots=True, eq=False)  # compared by identity: memoized ones are reused as is
@@ -196,12 +197,20 @@ def _rule_fields(rule, kind: str, namespace: str, prefix: str | None, ctx: Route
             broken = True
     fields["headers"] = headers(request, response)
     timeouts = getattr(rule, "timeouts", None)
+    per_try = timeouts.backend_request if timeouts is not None else None
     if timeouts is not None:
         fields["timeout"] = timeouts.request
-        if timeouts.backend_request:
-            fields["retries"] = HTTPRetry.model_construct(attempts=DEFAULT_ATTEMPTS,
-                                                          per_try_timeout=timeouts.backend_request,
+        if per_try:
+            fields["retries"] = HTTPRetry.model_construct(attempts=DEFAULT_ATTEMPTS, per_try_timeout=per_try,
                                                           retry_on=None, retry_remote_localities=None)
+    retry = getattr(rule, "retry", None)
+    if retry is not None:
+        # HTTPRoute `retry`: its codes join the connection-level conditions retried anyway (istiod's
+        # default retryOn); `attempts` unset keeps the mesh default; backendRequest is per try.
+        fields["retries"] = HTTPRetry.model_construct(
+            attempts=DEFAULT_ATTEMPTS if retry.attempts is None else retry.attempts, per_try_timeout=per_try,
+            retry_on=",".join([RETRY_CONDITIONS, *(str(c) for c in retry.codes)]), retry_remote_localities=None,
+            retry_ignore_previous_hosts=None, backoff=retry.backoff)
     backends = _backends(rule.backend_refs, kind, namespace, ctx, problems, unsupported)
     if broken:
         fields["redirect"] = fields["rewrite"] = fields["mirror"] = None

@@ -15,9 +15,11 @@ from tests.conformance import report, runner
 pytestmark = pytest.mark.timeout(240)
 
 # One of each kind of check: routing by path and header, a cross-namespace backend behind a
-# ReferenceGrant that is then deleted (500), route status reasons, and HTTPS with a Secret.
+# ReferenceGrant that is then deleted (500), route status reasons, HTTPS with a Secret, gRPC,
+# TLS passthrough by SNI, and a mesh route seen from a sidecar.
 FAST = ["HTTPRouteMatching", "HTTPRouteReferenceGrant", "HTTPRouteInvalidCrossNamespaceParentRef",
-        "HTTPRouteHTTPSListener"]
+        "HTTPRouteHTTPSListener", "GRPCExactMethodMatching", "TLSRouteHostnameIntersection",
+        "MeshHTTPRouteSimpleSameNamespace"]
 
 
 def _can_bind_low_ports() -> bool:

@@ -151,7 +151,8 @@ def readme_block(report: dict) -> str:
     skipped = sorted({t for p in report["profiles"] for s in (p["core"], p.get("extended") or {})
                       for t in s.get("skippedTests", [])})
     lines.append("Failing: " + (", ".join(failed) or "none") + ".")
-    lines.append("Skipped (not yet translated into the runner's data): " + (", ".join(skipped) or "none") + ".")
+    lines.append("Skipped (not translated into the runner's data yet; why, test by test, in "
+                 "tests/data/gateway-api-conformance/cases.yaml): " + (", ".join(skipped) or "none") + ".")
     lines.append(README_END)
     return "\n".join(lines)
 

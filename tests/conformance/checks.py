@@ -329,11 +329,16 @@ async def check_distribution(cluster: Cluster, default_gateway: str, spec: dict)
     share of each backend within 0.05 of its weight (retried up to MaxTestRetries times). With
     `backendHeader`: each request's backend saw that header naming itself (upstream
     HTTPRouteRequestHeaderModifierBackendWeights)."""
-    gns, gname = split_name(spec.get("gateway", default_gateway))
-    gw = cluster.objects[("Gateway", gns, gname)]
-    port = gw["spec"]["listeners"][0]["port"]
-    req = {"host": f"{gname}-istio.{gns}.svc.cluster.local", "path": spec.get("path", "/")}
-    await cluster.router_for(gns, gname)
+    if "client" in spec:  # from a mesh pod's sidecar (upstream MeshHTTPRouteWeight)
+        port = 80
+        req = {"host": spec.get("host", "echo"), "path": spec.get("path", "/")}
+        await cluster.client_for(*split_name(spec["client"], MESH_NS))
+        gname = spec["client"]
+    else:
+        gns, gname = split_name(spec.get("gateway", default_gateway))
+        port = cluster.objects[("Gateway", gns, gname)]["spec"]["listeners"][0]["port"]
+        req = {"host": f"{gname}-istio.{gns}.svc.cluster.local", "path": spec.get("path", "/")}
+        await cluster.router_for(gns, gname)
     total, weights = spec.get("requests", 500), spec.get("weights")
     problem = "never tried"
     for _ in range(spec.get("retries", 10)):
@@ -452,3 +457,43 @@ async def check_grpc_distribution(cluster: Cluster, default_gateway: str, spec: 
             return
         problem = f"shares {shares}, want {weights} (+/-0.05)"
     raise CheckFailed(f"gRPC distribution through {gname}: {problem}")
+
+
+async def check_mirror_share(cluster: Cluster, default_gateway: str, spec: dict) -> None:
+    """upstream HTTPRouteRequestPercentageMirror's distribution check: 500 requests to `path`
+    (10 at a time); the mirror backend gets `percent` of them within 15% of that figure (up to 5
+    tries). Mirrored requests arrive on their own time: counted once their number settles."""
+    gns, gname = split_name(spec.get("gateway", default_gateway))
+    port = cluster.objects[("Gateway", gns, gname)]["spec"]["listeners"][0]["port"]
+    req = {"host": f"{gname}-istio.{gns}.svc.cluster.local", "path": spec["path"],
+           "headers": spec.get("headers") or {}}
+    mns, mname = split_name(spec["mirror"])
+    echo = cluster.echoes[(mns, mname)]
+    await cluster.router_for(gns, gname)
+    total, want = 500, 500 * spec["percent"] / 100
+    problem = "never tried"
+    for _ in range(5):
+        echo.requests.clear()
+        sem = asyncio.Semaphore(10)
+
+        async def one(sem: asyncio.Semaphore = sem) -> int:
+            async with sem:
+                return (await _round_trip(port, req, False))[0]
+
+        statuses = await asyncio.gather(*(one() for _ in range(total)))
+        if set(statuses) != {200}:
+            problem = f"statuses {sorted(set(statuses))}"
+            continue
+        seen, stable_since = -1, time.monotonic()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            count = sum(r["path"] == spec["path"] for r in echo.requests)
+            if count != seen:
+                seen, stable_since = count, time.monotonic()
+            elif time.monotonic() - stable_since > 1.0:
+                break
+            await asyncio.sleep(0.1)
+        if want * 0.85 <= seen <= want * 1.15:
+            return
+        problem = f"{seen} of {total} mirrored to {mname}, want {want:.0f} (+/-15%)"
+    raise CheckFailed(f"mirror share of {spec['path']}: {problem}")

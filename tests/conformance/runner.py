@@ -60,6 +60,8 @@ async def run_case(cluster: Cluster, name: str, case: dict) -> tuple[str, str]:
                     await checks.check_grpc(cluster, gateway, {**step.get("via", {}), **item})
             elif "grpcDistribution" in step:
                 await checks.check_grpc_distribution(cluster, gateway, step["grpcDistribution"])
+            elif "mirrorShare" in step:
+                await checks.check_mirror_share(cluster, gateway, step["mirrorShare"])
             elif "distribution" in step:
                 await checks.check_distribution(cluster, gateway, step["distribution"])
             elif "delete" in step:

@@ -497,3 +497,58 @@ async def check_mirror_share(cluster: Cluster, default_gateway: str, spec: dict)
             return
         problem = f"{seen} of {total} mirrored to {mname}, want {want:.0f} (+/-15%)"
     raise CheckFailed(f"mirror share of {spec['path']}: {problem}")
+
+
+async def check_tcp(cluster: Cluster, default_gateway: str, item: dict, timeout: float = CONSISTENCY_TIMEOUT) -> None:
+    """upstream tcp.MakeTCPRequestAndExpectEventuallyValidResponse: a TLS connection with SNI
+    `sni` through the gateway to the TCP echo, which must greet, answer PING, say whether its
+    side is TLS (`backendIsTLS`), and name the pod (and, when `hostname` is given, the SNI it saw)."""
+    gns, gname = split_name(item.get("gateway", default_gateway))
+    listeners = cluster.objects[("Gateway", gns, gname)]["spec"]["listeners"]
+    port = next(x for x in listeners if x["name"] == item["listener"])["port"] if "listener" in item \
+        else listeners[0]["port"]
+    await cluster.router_for(gns, gname)
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+
+    async def once() -> str | None:
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(
+                "127.0.0.1", port, ssl=ctx, server_hostname=item["sni"]), 5)
+        except (OSError, TimeoutError, ssl.SSLError) as e:
+            return f"connect: {type(e).__name__}: {e}"
+        try:
+            async def ask(cmd: bytes | None) -> str:
+                if cmd:
+                    writer.write(cmd + b"\n")
+                    await writer.drain()
+                return (await asyncio.wait_for(reader.readline(), 5)).decode()
+            if (w := await ask(None)) != "Gateway API Test TCP Server\n":
+                return f"greeting {w!r}"
+            if (w := await ask(b"PING")) != "PONG\n":
+                return f"PING answered {w!r}"
+            want_tls = "true" if item.get("backendIsTLS") else "false"
+            if (w := (await ask(b"IS_TLS")).strip()) != want_tls:
+                return f"backend TLS {w}, want {want_tls}"
+            payload = json.loads(await ask(b"TEST"))
+        except (OSError, TimeoutError, ValueError, ssl.SSLError) as e:
+            return f"{type(e).__name__}: {e}"
+        finally:
+            writer.close()
+        if payload.get("namespace") != item.get("namespace", INFRA_NS):
+            return f"namespace {payload.get('namespace')}"
+        if not payload.get("pod", "").startswith(item["backend"] + "-"):
+            return f"answered by {payload.get('pod')}, want {item['backend']}"
+        if item.get("hostname") and (payload.get("tls") or {}).get("serverName") != item["hostname"]:
+            return f"backend saw SNI {(payload.get('tls') or {}).get('serverName')!r}, want {item['hostname']!r}"
+        return None
+
+    deadline = time.monotonic() + timeout
+    problem = "never tried"
+    while time.monotonic() < deadline:  # upstream's assert.Eventually: one success
+        problem = await once()
+        if problem is None:
+            return
+        await asyncio.sleep(0.5)
+    raise CheckFailed(f"TCP over TLS to {gname} (SNI {item['sni']}): {problem}")

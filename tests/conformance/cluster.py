@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from tests.conformance.echo import EchoServer, GrpcEchoServer
+from tests.conformance.echo import EchoServer, GrpcEchoServer, TcpEchoServer
 from tests.support import certs
 from tests.support.agent import PilotAgent
 from tests.support.control_plane import ControlPlane
@@ -56,6 +56,12 @@ def key(doc: dict) -> tuple[str, str, str]:
     return doc["kind"], meta.get("namespace", ""), meta["name"]
 
 
+def _backend_port(echo, svc_port: dict) -> int:
+    """The local port behind a Service port: the TCP echo has a plain and a TLS listener."""
+    target = svc_port.get("targetPort", svc_port["port"])
+    return echo.port_for(target) if isinstance(echo, TcpEchoServer) and isinstance(target, int) else echo.port
+
+
 def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
     return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
 
@@ -67,7 +73,7 @@ class Cluster:
         self.workdir = workdir
         self.issuer = Issuer("ES256")
         self.cp = ControlPlane(workdir, secure_grpc=True, env={"JWT_RULE": self.issuer.rule()})
-        self.echoes: dict[tuple[str, str], EchoServer | GrpcEchoServer] = {}  # (namespace, deployment) -> server
+        self.echoes: dict[tuple[str, str], EchoServer | GrpcEchoServer | TcpEchoServer] = {}  # (namespace, deployment) -> server
         self.pod_labels: dict[tuple[str, str], dict[str, str]] = {}
         self.objects: dict[tuple[str, str, str], dict] = {}  # everything applied, by kind/ns/name
         self.files: dict[tuple[str, str, str], list[str]] = {}
@@ -158,7 +164,7 @@ class Cluster:
             return
         env = {e["name"]: e.get("value") for c in pod["spec"]["containers"] for e in c.get("env", [])}
         tls = None
-        if "TLS_SERVER_CERT" in env:
+        if "TLS_SERVER_CERT" in env:  # (tcp-backend spells the key TLS_SERVER_PRIV_KEY)
             secret = next((v["secret"]["secretName"] for v in pod["spec"].get("volumes", []) if "secret" in v), None)
             leaf = self.secrets.get((ns, secret)) if secret else None
             if leaf is not None:
@@ -166,6 +172,9 @@ class Cluster:
                 cert_path = self.workdir / f"{ns}-{name}.pem"
                 cert_path.write_bytes(leaf.cert_pem + leaf.key_pem)
                 tls.load_cert_chain(cert_path)
+        if "TCP_ECHO_SERVER" in env:
+            self.echoes[(ns, name)] = await TcpEchoServer(ns, name, tls=tls).start()
+            return
         if "GRPC_ECHO_SERVER" in env:
             self.echoes[(ns, name)] = await GrpcEchoServer(ns, name).start()
             return
@@ -185,7 +194,7 @@ class Cluster:
                         "metadata": {"name": f"{name}-{dep}", "namespace": ns,
                                      "labels": {"kubernetes.io/service-name": name}},
                         "addressType": "IPv4",
-                        "ports": [{"name": p.get("name", ""), "port": e.port} for p in svc["spec"]["ports"]],
+                        "ports": [{"name": p.get("name", ""), "port": _backend_port(e, p)} for p in svc["spec"]["ports"]],
                         "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True}}]})
         return out
 

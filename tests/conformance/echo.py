@@ -163,3 +163,69 @@ class GrpcEchoServer:
         if self._server is not None:
             await self._server.stop(0)
             self._server = None
+
+
+@dataclass
+class TcpEchoServer:
+    """echo-basic with TCP_ECHO_SERVER set: a plain listener (targetPort 3000) and a TLS one (8443).
+    It greets, answers PING with PONG, IS_TLS with whether the connection is TLS, and TEST with
+    JSON naming the pod, its namespace and the SNI it was sent."""
+
+    namespace: str
+    deployment: str
+    tls: ssl.SSLContext | None = None
+    service: str = ""
+    requests: list[dict] = field(default_factory=list)
+    port: int = 0  # the plain listener
+    tls_port: int = 0
+    _servers: list = field(default_factory=list)
+
+    WELCOME = b"Gateway API Test TCP Server\n"
+
+    @property
+    def pod(self) -> str:
+        return f"{self.deployment}-5f7d8c9b4-local"
+
+    def port_for(self, target_port: int) -> int:
+        return self.tls_port if target_port == 8443 and self.tls_port else self.port
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        ssl_obj = writer.get_extra_info("ssl_object")
+        writer.write(self.WELCOME)
+        try:
+            while line := await reader.readline():
+                cmd = line.strip().decode()
+                if cmd == "PING":
+                    writer.write(b"PONG\n")
+                elif cmd == "IS_TLS":
+                    writer.write(b"true\n" if ssl_obj is not None else b"false\n")
+                elif cmd == "TEST":
+                    out = {"namespace": self.namespace, "service": self.service, "pod": self.pod,
+                           "isTLS": ssl_obj is not None}
+                    if ssl_obj is not None:
+                        out["tls"] = {"serverName": ssl_obj.server_hostname or getattr(ssl_obj, "sni", "") or ""}
+                    writer.write(json.dumps(out).encode() + b"\n")
+                await writer.drain()
+        except (ConnectionError, ssl.SSLError):
+            pass
+        finally:
+            writer.close()
+
+    async def start(self) -> TcpEchoServer:
+        plain = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = plain.sockets[0].getsockname()[1]
+        self._servers.append(plain)
+        if self.tls is not None:
+            # Python's server side does not expose the client's SNI: keep it from the callback.
+            def remember_sni(sslobj, name, _ctx):
+                sslobj.sni = name or ""
+            self.tls.sni_callback = remember_sni
+            secure = await asyncio.start_server(self._handle, "127.0.0.1", 0, ssl=self.tls)
+            self.tls_port = secure.sockets[0].getsockname()[1]
+            self._servers.append(secure)
+        return self
+
+    async def stop(self) -> None:
+        for s in self._servers:
+            s.close()
+        self._servers.clear()

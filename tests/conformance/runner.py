@@ -60,6 +60,9 @@ async def run_case(cluster: Cluster, name: str, case: dict) -> tuple[str, str]:
                     await checks.check_grpc(cluster, gateway, {**step.get("via", {}), **item})
             elif "grpcDistribution" in step:
                 await checks.check_grpc_distribution(cluster, gateway, step["grpcDistribution"])
+            elif "tcp" in step:
+                for item in step["tcp"]:
+                    await checks.check_tcp(cluster, gateway, {**step.get("via", {}), **item})
             elif "mirrorShare" in step:
                 await checks.check_mirror_share(cluster, gateway, step["mirrorShare"])
             elif "distribution" in step:

@@ -19,6 +19,7 @@ from pilot import features as feat
 from pilot import logging as plog
 from pilot.cli import Options
 from pilot.config.mesh import MeshConfig, MeshConfigError, parse_mesh_config
+from pilot.config.networking.proxy_config import ProxyConfig
 from pilot.gateway_deploy.controller import DeploymentController
 from pilot.gateway_deploy.render import Inputs as GatewayInputs
 from pilot.http.debug_xds import http_view
@@ -325,6 +326,7 @@ class ControlPlane:
             metrics=InjectionMetrics(self.discovery.metrics.registry))
         if self.tag_watcher is not None:
             ctx.tags = self.tag_watcher.current
+        ctx.proxy_configs = lambda: [e.obj for e in self.store.list(ProxyConfig)]
         return lambda app: add_inject_routes(app, ctx)
 
     def _mesh_for_injection(self, mesh: MeshConfig | None = None) -> dict:

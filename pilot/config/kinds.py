@@ -19,6 +19,7 @@ from pilot.config.networking import (
     DestinationRule,
     EnvoyFilter,
     Gateway,
+    ProxyConfig,
     ServiceEntry,
     Sidecar,
     VirtualService,
@@ -81,6 +82,8 @@ KINDS: tuple[Kind, ...] = (
     Kind("networking.istio.io", ISTIO_VERSIONS, "Gateway", "gateways", True, Gateway),
     # EnvoyFilter is served as v1alpha3 only (istio never promoted it).
     Kind("networking.istio.io", ("v1alpha3",), "EnvoyFilter", "envoyfilters", True, EnvoyFilter),
+    # ProxyConfig is served as v1beta1 only.
+    Kind("networking.istio.io", ("v1beta1",), "ProxyConfig", "proxyconfigs", True, ProxyConfig),
     # security.istio.io: v1 is read and written; v1beta1 serves the same schema.
     Kind("security.istio.io", SECURITY_VERSIONS, "PeerAuthentication", "peerauthentications", True,
          PeerAuthentication),

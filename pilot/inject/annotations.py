@@ -15,8 +15,11 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from pydantic import ValidationError
+
 from pilot.agent.cli import LOG_LEVELS
 from pilot.agent.config import ConfigError, parse_proxy_config
+from pilot.config.networking.proxy_config import ProxyImage
 
 
 class AnnotationError(ValueError):
@@ -133,6 +136,13 @@ def _image(v: str) -> None:
         raise ValueError("must be an image reference without spaces")
 
 
+def _image_type(v: str) -> None:
+    try:
+        ProxyImage(image_type=v)
+    except ValidationError as e:
+        raise ValueError(e.errors()[0]["msg"].removeprefix("Value error, ")) from None
+
+
 def _templates(v: str) -> None:
     if not all(t.strip() for t in v.split(",")):
         raise ValueError("must be a comma-separated list of template names")
@@ -161,6 +171,12 @@ HONOURED: tuple[Annotation, ...] = (
     Annotation("sidecar.istio.io/proxyMemoryLimit", "istio-proxy `resources.limits.memory`.", _quantity),
     Annotation(
         "sidecar.istio.io/proxyImage", "Image of istio-proxy (and istio-init) when it contains a `/`.", _image
+    ),
+    Annotation(
+        "sidecar.istio.io/proxyImageType",
+        "Image variant (`default`, `debug`, `distroless`): the tag gets `-TYPE`; wins over the "
+        "ProxyConfig's `image.imageType` and `values.global.variant`.",
+        _image_type,
     ),
     Annotation(
         "sidecar.istio.io/interceptionMode",
@@ -218,7 +234,9 @@ HONOURED: tuple[Annotation, ...] = (
         "proxy.istio.io/config",
         "ProxyConfig over the mesh's `defaultConfig`, in `PROXY_CONFIG`; "
         "`holdApplicationUntilProxyStarts: true` puts istio-proxy first with a `pilot-agent wait` "
-        "postStart hook; `statusPort`, `interceptionMode` and `proxyMetadata` are read too.",
+        "postStart hook; `statusPort`, `interceptionMode`, `proxyMetadata`, `concurrency` and "
+        "`image.imageType` are read too. Over namespace and mesh-wide ProxyConfig resources, under "
+        "one selecting the workload.",
         _proxy_config,
     ),
     Annotation(
@@ -257,7 +275,6 @@ UNSUPPORTED: Mapping[str, str] = {
     "sidecar.istio.io/bootstrapOverride": "a custom Envoy bootstrap is not supported by pilot-agent",
     "sidecar.istio.io/userVolume": "extra volumes for istio-proxy are not supported yet",
     "sidecar.istio.io/userVolumeMount": "extra volume mounts for istio-proxy are not supported yet",
-    "sidecar.istio.io/proxyImageType": "image variants (distroless/debug) are not supported yet",
     "sidecar.istio.io/capNetBindService": "NET_BIND_SERVICE for istio-proxy is not supported yet",
 }
 

@@ -13,17 +13,20 @@ import copy
 import json
 import pickle
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
 from pilot.agent.config import ConfigError, parse_proxy_config
+from pilot.config.networking.proxy_config import ProxyConfig, ProxyImage
 from pilot.inject import probes
 from pilot.inject.config import InjectorConfig
 from pilot.inject.selection import PROXY_CONTAINER, STATUS_ANNOTATION
 from pilot.inject.template import RenderInputs, TemplateError, render
+from pilot.model import proxy_configs as proxy_configs_model
 
 INIT_CONTAINER = "istio-init"
 VALIDATION_CONTAINER = "istio-validation"
@@ -31,6 +34,7 @@ ENABLE_CORE_DUMP = "enable-core-dump"
 PROXY_CONFIG_ANNOTATION = "proxy.istio.io/config"
 STATUS_PORT_ANNOTATION = "status.sidecar.istio.io/port"
 TEMPLATES_ANNOTATION = "inject.istio.io/templates"
+IMAGE_TYPE_ANNOTATION = "sidecar.istio.io/proxyImageType"
 PROMETHEUS_ANNOTATIONS_ENV = "ISTIO_PROMETHEUS_ANNOTATIONS"
 
 # Ports the sidecar binds in the pod's network namespace (istio-agent's istioReservedPorts).
@@ -60,6 +64,7 @@ class Inputs:
     revision: str
     native_sidecars: bool
     path_envs: Mapping[str, str]  # from /inject/cluster/X/net/Y
+    proxy_configs: Sequence[ProxyConfig] = ()  # the ProxyConfig resources (all namespaces)
 
 
 # --- merging ----------------------------------------------------------------------------------
@@ -129,26 +134,50 @@ def _overlay(pod: dict[str, Any], fragment: Mapping[str, Any], user: Mapping[str
 
 
 def effective_proxy_config(
-    mesh: Mapping[str, Any], annotations: Mapping[str, str], revision: str
+    mesh: Mapping[str, Any],
+    annotations: Mapping[str, str],
+    revision: str,
+    *,
+    proxy_configs: Sequence[ProxyConfig] = (),
+    namespace: str = "",
+    labels: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """mesh.defaultConfig, then the pod's proxy.istio.io/config, then status.sidecar.istio.io/port:
-    what PROXY_CONFIG carries to the agent."""
+    """What PROXY_CONFIG carries to the agent: mesh.defaultConfig, then the ProxyConfig resources
+    and the pod's proxy.istio.io/config in istiod's precedence (pilot/model/proxy_configs.py),
+    then status.sidecar.istio.io/port."""
     istiod = "istiod" + ("" if revision in ("", "default") else f"-{revision}")
-    pc: dict[str, Any] = {"discoveryAddress": f"{istiod}.istio-system.svc:15012", "statusPort": 15020}
-    pc.update(copy.deepcopy(dict(mesh.get("defaultConfig") or {})))
+    base: dict[str, Any] = {"discoveryAddress": f"{istiod}.istio-system.svc:15012", "statusPort": 15020}
+    base.update(copy.deepcopy(dict(mesh.get("defaultConfig") or {})))
     text = annotations.get(PROXY_CONFIG_ANNOTATION, "")
+    from_annotation: dict[str, Any] = {}
     if text.strip():
         try:
             parse_proxy_config([(PROXY_CONFIG_ANNOTATION, text)])
-            pc.update(yaml.safe_load(text) or {})
-        except (ConfigError, yaml.YAMLError) as e:
+            from_annotation = yaml.safe_load(text) or {}
+            if "image" in from_annotation:
+                ProxyImage.model_validate(from_annotation["image"] or {})
+        except (ConfigError, yaml.YAMLError, ValidationError) as e:
             raise InjectionError(f"invalid value for annotation {PROXY_CONFIG_ANNOTATION!r}: {e}") from None
+    pc = proxy_configs_model.effective(
+        base, proxy_configs, root_namespace=str(mesh.get("rootNamespace") or "istio-system"),
+        namespace=namespace, labels=labels or {}, annotation=from_annotation)
     if STATUS_PORT_ANNOTATION in annotations:
         pc["statusPort"] = int(annotations[STATUS_PORT_ANNOTATION])
     return pc
 
 
-def image(values: Mapping[str, Any], name: str, annotations: Mapping[str, str]) -> str:
+def image_type(values: Mapping[str, Any], proxy_config: Mapping[str, Any], annotations: Mapping[str, str]) -> str:
+    """istiod's ProxyImage: the `sidecar.istio.io/proxyImageType` annotation, else the effective
+    ProxyConfig's image.imageType, else values.global.variant."""
+    if IMAGE_TYPE_ANNOTATION in annotations:
+        return annotations[IMAGE_TYPE_ANNOTATION]
+    chosen = (proxy_config.get("image") or {}).get("imageType")
+    if chosen:
+        return str(chosen)
+    return str((values.get("global") or {}).get("variant") or "")
+
+
+def image(values: Mapping[str, Any], name: str, annotations: Mapping[str, str], variant: str | None = None) -> str:
     override = annotations.get("sidecar.istio.io/proxyImage", "")
     if "/" in override:
         return override
@@ -156,7 +185,8 @@ def image(values: Mapping[str, Any], name: str, annotations: Mapping[str, str]) 
         return name  # values may carry a full image reference
     g = values.get("global") or {}
     tag = str(g.get("tag", ""))
-    variant = g.get("variant") or ""
+    if variant is None:
+        variant = g.get("variant") or ""
     if variant and variant != "default":
         tag = f"{tag}-{variant}"
     return f"{g.get('hub', '')}/{name}:{tag}"
@@ -347,7 +377,8 @@ def inject(pod: Mapping[str, Any], namespace: str, inputs: Inputs) -> dict[str, 
         raise InjectionError("pod spec.containers must be a list")
     original = {**pod, "metadata": meta, "spec": dict(spec)}
 
-    pc = effective_proxy_config(inputs.mesh, annotations, inputs.revision)
+    pc = effective_proxy_config(inputs.mesh, annotations, inputs.revision, proxy_configs=inputs.proxy_configs,
+                                namespace=meta["namespace"], labels=meta["labels"])
     status_port = int(pc.get("statusPort", 15020))
     mode = annotations.get("sidecar.istio.io/interceptionMode") or pc.get("interceptionMode") or "REDIRECT"
     if mode not in ("REDIRECT", "TPROXY", "NONE"):
@@ -355,6 +386,7 @@ def inject(pod: Mapping[str, Any], namespace: str, inputs: Inputs) -> dict[str, 
     values = cfg.values
     g = values.get("global") or {}
     deployment, type_meta = deploy_meta(original, meta["namespace"])
+    variant = image_type(values, pc, annotations)
     native = inputs.native_sidecars
     if annotations.get("sidecar.istio.io/nativeSidecar") in ("true", "false"):
         native = annotations["sidecar.istio.io/nativeSidecar"] == "true"
@@ -364,8 +396,8 @@ def inject(pod: Mapping[str, Any], namespace: str, inputs: Inputs) -> dict[str, 
         values=values,
         revision=inputs.revision,
         native_sidecars=native,
-        proxy_image=image(values, (g.get("proxy") or {}).get("image", "proxyv2"), annotations),
-        proxy_init_image=image(values, (g.get("proxy_init") or {}).get("image", "proxyv2"), annotations),
+        proxy_image=image(values, (g.get("proxy") or {}).get("image", "proxyv2"), annotations, variant),
+        proxy_init_image=image(values, (g.get("proxy_init") or {}).get("image", "proxyv2"), annotations, variant),
         status_port=status_port,
         interception_mode=mode,
         deployment=deployment,

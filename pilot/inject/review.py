@@ -17,12 +17,13 @@ from __future__ import annotations
 import base64
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from pilot import features
 from pilot import logging as plog
+from pilot.config.networking.proxy_config import ProxyConfig
 from pilot.inject import annotations as anno
 from pilot.inject import selection
 from pilot.inject.config import InjectorConfig, InjectorConfigHolder
@@ -57,6 +58,8 @@ class InjectionContext:
     # The revision tags pointing at this revision (pilot/sources/kube/tags.py), None without a
     # cluster: the webhooks of a tag call this revision's /inject with the tag's selectors.
     tags: Callable[[], TagState] | None = None
+    # The ProxyConfig resources now in the Store (every namespace); none without one.
+    proxy_configs: Callable[[], Sequence[ProxyConfig]] = lambda: ()
 
     def served_revisions(self) -> frozenset[str]:
         """The revision names whose webhook selectors route pods here: mine and my tags'. The
@@ -314,6 +317,7 @@ def _review(ar: Any, ctx: InjectionContext, path: str) -> tuple[dict[str, Any], 
                 revision=ctx.revision,
                 native_sidecars=ctx.native_sidecars,
                 path_envs=parse_inject_path(path),
+                proxy_configs=ctx.proxy_configs(),
             ),
         )
     except (anno.AnnotationError, InjectionError) as e:

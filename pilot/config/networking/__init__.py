@@ -1,5 +1,5 @@
 """The networking.istio.io kinds (VirtualService, DestinationRule, ServiceEntry, WorkloadEntry,
-Sidecar, Gateway, EnvoyFilter) with istiod's validation-webhook rules.
+Sidecar, Gateway, EnvoyFilter, ProxyConfig) with istiod's validation-webhook rules.
 
 Field names are the Istio API's proto field names in snake_case; the `StrictModel` base gives them
 the API's JSON (camelCase) names and accepts the proto names too, as istio's protobuf JSON decoding
@@ -16,7 +16,8 @@ current istiod it says so next to the rule.
 
 Layout: `validation` (the shared rules and constrained field types), `common` (constants and the
 models several kinds share), then one module per kind: `virtual_service`, `destination_rule`,
-`service_entry` (ServiceEntry and WorkloadEntry), `gateway`, `sidecar` and `envoy_filter`. Every public name is
+`service_entry` (ServiceEntry and WorkloadEntry), `gateway`, `sidecar`, `envoy_filter` and
+`proxy_config`. Every public name is
 re-exported here, so `from pilot.config.networking import X` works whichever module defines X.
 """
 
@@ -64,6 +65,7 @@ from pilot.config.networking.gateway import (
     Server,
     ServerTLSSettings,
 )
+from pilot.config.networking.proxy_config import ProxyConfig, ProxyConfigSpec, ProxyImage
 from pilot.config.networking.service_entry import (
     ServiceEntry,
     ServiceEntryPort,
@@ -131,7 +133,7 @@ from pilot.config.networking.virtual_service import (
 )
 
 NETWORKING_KINDS: tuple[type[K8sObject], ...] = (VirtualService, DestinationRule, ServiceEntry, WorkloadEntry,
-                                                 Sidecar, Gateway, EnvoyFilter)
+                                                 Sidecar, Gateway, EnvoyFilter, ProxyConfig)
 
 __all__ = [
     "GROUP",
@@ -186,6 +188,9 @@ __all__ = [
     "Port",
     "PortSelector",
     "PortTrafficPolicy",
+    "ProxyConfig",
+    "ProxyConfigSpec",
+    "ProxyImage",
     "ProxyProtocol",
     "RegexRewrite",
     "RequiredMatch",

@@ -153,3 +153,29 @@ async def test_invalid_proxy_configs_are_refused_by_file_mode_and_the_webhook(tm
             assert answer["allowed"] is False and named in answer["status"]["message"], answer
         good = {**request, "request": {**request["request"], "object": proxy_config("shop", "ok", {"concurrency": 0})}}
         assert (await hook.post("/validate", good))["response"]["allowed"] is True
+
+
+async def test_kubernetes_mode_watches_proxy_configs(tmp_path):
+    """The same delivery from the apiserver: a ProxyConfig created after start reaches the next pod."""
+    import base64
+
+    from tests.fakes.apiserver import FakeApiServer
+
+    async with FakeApiServer() as fake:
+        fake.register_crd("networking.istio.io", "v1beta1", "proxyconfigs", "ProxyConfig")
+        for ns, labels in (("istio-system", {}), ("shop", {"istio-injection": "enabled"})):
+            fake.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": labels}})
+        kubeconfig = fake.write_kubeconfig(tmp_path / "kubeconfig")
+        async with ControlPlane(tmp_path, kubeconfig=kubeconfig) as cp:
+            secret = await wait_for(lambda: fake.get("secrets", "istio-ca-secret", namespace="istio-system"),
+                                    timeout=30, message="the CA root is written")
+            hook = Https(cp.https_port, base64.b64decode(secret["data"]["ca-cert.pem"]).decode())
+            pod = deployment_pod(name="web", namespace="shop", labels={"app": "web"})
+            assert concurrency_arg(await hook.inject(pod)) is None  # nothing set anywhere: the agent's default
+            fake.create(CONFIGS[2])
+
+            async def delivered() -> bool:
+                web = await hook.inject(pod)
+                return concurrency_arg(web) == "5" and env(web).get("FROM_WORKLOAD") == "w"
+
+            await wait_for(delivered, timeout=30, message=f"the watched ProxyConfig applies\n{cp.log_tail()}")

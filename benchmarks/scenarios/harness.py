@@ -21,7 +21,7 @@ from benchmarks.ipc import Child
 from benchmarks.mesh import MeshFiles
 from benchmarks.options import Options
 from benchmarks.report import environment
-from benchmarks.server import ServerProcess
+from benchmarks.server import ServerProcess, peak_rss_mb
 
 
 class Loadgen:
@@ -65,11 +65,15 @@ class Harness:
         self.server = ServerProcess(self.workdir, self.mesh.root, dict(opts.server_env))
         self._children: list[Child] = []
         self._failed = False
+        self._results: list[dict] = []
+        self._figures: dict | None = None
+        self.started_at = 0.0
 
     async def __aenter__(self) -> Self:
         try:
             self.mesh.write_all()
             await self.server.start(timeout=self.opts.timeout())
+            self.started_at = time.time()
         except BaseException as e:
             await self.__aexit__(type(e), e, e.__traceback__)  # never leave a server behind
             raise
@@ -77,6 +81,9 @@ class Harness:
 
     async def __aexit__(self, exc_type, exc, tb) -> None:
         self._failed = exc_type is not None
+        if not self._failed:
+            await self.server_figures()
+            self._apply_figures()
         for child in reversed(self._children):
             await child.stop()
         await self.server.stop()
@@ -112,12 +119,35 @@ class Harness:
         return pushes[0] if pushes else {}
 
     def result(self, **fields: Any) -> dict:
-        """The fields every scenario's JSON has, then the scenario's own."""
-        return {"scenario": self.scenario,
-                "params": {**self.opts.public(), "server_env": self.server.env},
-                "environment": environment(),
-                "proxies": self.opts.proxies,
-                **fields}
+        """The fields every scenario's JSON has, then the scenario's own. The server's event-loop
+        lag and peak RSS over the whole scenario are added on the way out (`_server_figures`),
+        while the server still runs."""
+        out = {"scenario": self.scenario,
+               "params": {**self.opts.public(), "server_env": self.server.env},
+               "environment": environment(),
+               "proxies": self.opts.proxies,
+               **fields}
+        self._results.append(out)
+        return out
+
+    async def server_figures(self) -> dict:
+        """Event-loop lag from the server's first ready moment to now (cold cache and setup
+        included: a stall there stalls proxies too), and its peak RSS. Taken once: a scenario
+        that stops the server early (to free the CPU for the floor) calls this first."""
+        if self._figures is None:
+            try:
+                lag = await self.server.loop_lag(self.started_at)
+            except Exception as e:  # noqa: BLE001 - a figure missing is reported, not fatal
+                lag = {"error": str(e)}
+            self._figures = {"loop_lag_ms": lag, "server_peak_rss_mb": self.server.peak_rss_mb()}
+        return self._figures
+
+    def _apply_figures(self) -> None:
+        for r in self._results:
+            r.update(self._figures or {})
+            peak, floor_peak = r.get("server_peak_rss_mb"), r.get("floor_peak_rss_mb")
+            if peak and floor_peak:
+                r["peak_rss_ratio"] = round(peak / floor_peak, 2)
 
 
 def pooled(changes: list[dict], key: str = "ack_ms") -> list[float]:
@@ -179,6 +209,7 @@ async def floor_rounds(h: Harness, opts: Options, responses: dict[str, Path], la
               "proxies_acked": min(r[t]["acked"] for r in rounds for t in measure),
               "cpu_s": sum(r["cpu_s"] for r in rounds) / len(rounds),
               "rss_mb": ps.memory_info().rss / (1 << 20),
+              "peak_rss_mb": peak_rss_mb(floor.pid),
               "rounds": [{"p50": stats.summary(r[first]["ack_ms"])["p50"],
                           "p99": stats.summary(r[first]["ack_ms"])["p99"], "cpu_s": r["cpu_s"]} for r in rounds]}
     await lg.stop()

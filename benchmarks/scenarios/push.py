@@ -54,6 +54,7 @@ async def run(opts: Options) -> dict:
         eds_bytes = await lg.capture("eds", captured["eds"])  # the last push's: every cluster
         lg_stats = await lg.stats()
         await lg.stop()
+        await h.server_figures()
         await h.server.stop()  # free the CPU for the floor
         floor = await floor_rounds(h, opts, {"cds": captured["cds"]}, "floor", measure=("cds",))
         floor_full = await floor_rounds(h, opts, captured, "floor-full-push", measure=("cds", "eds"))
@@ -78,6 +79,10 @@ async def run(opts: Options) -> dict:
             after_first_receipt_ms=after_first,
             ratio_after_first_receipt=round(after_first["p99"] / floor_p99, 3) if floor_p99 else None,
             floor=floor,
+            floor_peak_rss_mb=floor_full["peak_rss_mb"],
+            # CPU of a whole push (CDS then EDS of every changed cluster) over the floor's for the same bytes.
+            cpu_ratio=round(sum(r["server_cpu_with_eds_s"] for r in rounds) / len(rounds) / floor_full["cpu_s"], 3)
+            if floor_full["cpu_s"] else None,
             full_push={"eds_ack_ms": eds_ack, "floor_eds_ack_ms": floor_full["ack_ms"]["eds"],
                        "ratio": round(eds_ack["p99"] / full_floor_eds, 3) if full_floor_eds else None,
                        "cds_ratio": round(conv["p99"] / full_floor_cds, 3) if full_floor_cds else None,

@@ -82,6 +82,7 @@ class DebugHandlers:
             web.get("/debug/push_status", self.push_status),
             web.get("/debug/mesh", self.mesh),
             web.get("/debug/cachez", self.cachez),
+            web.get("/debug/loop_lag", self.loop_lag),
             web.get("/debug/push_timeline", self.push_timeline),
             web.get("/debug/explain", self.explain),
             web.get("/debug/gatewayz", self.gatewayz),
@@ -229,6 +230,14 @@ class DebugHandlers:
 
     async def cachez(self, _req: web.Request) -> web.Response:
         return _json(self.server.cache.stats())
+
+    async def loop_lag(self, req: web.Request) -> web.Response:
+        """Event-loop lag (pilot/loop_lag.py) since `since` (unix seconds; default: the samples kept)."""
+        try:
+            since = float(req.query.get("since", "0"))
+        except ValueError:
+            return _json({"error": "since must be unix seconds"}, status=400)
+        return _json(self.server.loop_lag.summary(since))
 
     async def push_timeline(self, _req: web.Request) -> web.Response:
         """The last pushes, newest first, with the time spent in each stage."""

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 
 from pilot import logging as plog
 from pilot.features import Features
+from pilot.loop_lag import LagSamples
 from pilot.metrics import Metrics
 from pilot.model import dependencies
 from pilot.model.ambient.index import AMBIENT_INPUT_KINDS
@@ -97,6 +98,7 @@ class DiscoveryServer:
         self.debouncer = Debouncer(features.debounce_after, features.debounce_max,
                                    features.enable_eds_debounce, self._debounced_push)
         self.history = PushHistory()
+        self.loop_lag = LagSamples()  # filled by pilot.loop_lag.sample_lag, read by /debug/loop_lag
         self._busy: set[str] = set()  # connections with a push queued or being sent
         self._idle = asyncio.Event()
         self._idle.set()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
@@ -18,7 +18,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 from pilot import logging as plog
 from pilot.model.proxy import InvalidNode, Proxy, proxy_from_node, shown
 from pilot.xds import delta_request, typeurls
-from pilot.xds.connection import Connection, WatchedResource
+from pilot.xds.connection import NOTHING_HELD, Connection, WatchedResource
 from pilot.xds.discovery import DiscoveryServer
 from pilot.xds.generators import debug
 from pilot.xds.ratelimit import TokenBucket
@@ -37,6 +37,10 @@ _WILDCARD_TYPES = {typeurls.CLUSTER, typeurls.LISTENER, *typeurls.AMBIENT_TYPES}
 MAX_NODE_ID_LENGTH = 1024
 INVALID = grpc.StatusCode.INVALID_ARGUMENT  # the usual refusal
 ABORT_WAIT = 1.0  # seconds a closing stream's handler waits for its status to be written
+
+# Distinct resumed delta maps shared (see AdsService._held_map), and the largest one hashed.
+_INTERN_MAPS = 16
+_INTERN_MAX_NAMES = 5000
 
 # Secure xDS (15012) checks the authenticated caller against the proxy once its node is known:
 # it aborts the call to refuse, or returns how to name the peer (the real client address).
@@ -76,6 +80,7 @@ class AdsService:
         self.draining = False
         # Counts repeated fields before parsing (the secure port's handler uses it too).
         self.parse_delta = delta_request.parser(server.features.xds_max_resource_names)
+        self._resumed: dict[frozenset, dict[str, str]] = {}  # see _held_map
         self.debug = debug.DebugXds(server)  # istio.io/debug/* (istioctl): answered, never watched
 
     async def drain(self, duration: float) -> None:
@@ -335,6 +340,26 @@ class AdsService:
                           f"at most {limit} are accepted (PILOT_XDS_MAX_RESOURCE_NAMES)")
 
     # --- delta ------------------------------------------------------------------------------
+    def _held_map(self, versions) -> Mapping[str, str]:
+        """What a new delta stream holds, as a map shared by every stream that holds the same:
+        the response plan and its bytes are shared by identity of that map (discovery._response),
+        so a thousand proxies (re)connecting at once build and keep one response, not a
+        thousand copies of the whole config. Fresh streams share the empty map; resumed ones
+        share one of the last few distinct maps seen (the usual storm: every proxy of a
+        restarted server claims the same versions). Huge maps are not worth hashing."""
+        if not versions:
+            return NOTHING_HELD
+        held = dict(versions)
+        if len(held) > _INTERN_MAX_NAMES:
+            return held
+        key = frozenset(held.items())
+        hit = self._resumed.get(key)
+        if hit is None:
+            if len(self._resumed) >= _INTERN_MAPS:
+                self._resumed.pop(next(iter(self._resumed)))
+            hit = self._resumed[key] = held
+        return hit
+
     async def _on_delta(self, conn: Connection, req: discovery_pb2.DeltaDiscoveryRequest, send) -> None:
         self._check_counted(req)
         type_url = req.type_url
@@ -353,7 +378,7 @@ class AdsService:
         if first:
             w = WatchedResource(type_url, wildcard=(type_url in _WILDCARD_TYPES and not subscribe) or "*" in subscribe)
             # Resume: the proxy already holds these versions; send only what differs.
-            w.sent = dict(req.initial_resource_versions)
+            w.sent = self._held_map(req.initial_resource_versions)
             conn.watched[type_url] = w
         if req.response_nonce and (req.response_nonce in w.pending or req.response_nonce == w.nonce_sent):
             # Only nonces this stream was sent: anything else is stale or made up.

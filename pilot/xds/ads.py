@@ -137,11 +137,13 @@ class AdsService:
         conn.inbox.put_nowait((first, 0))
         reader = asyncio.get_running_loop().create_task(self._read(requests, conn))
         send = self._writer(conn, context)
+        pace = self.server.pace
         try:
             while True:
                 item = await conn.inbox.get()
                 if item is _EOF:
                     break
+                await pace.turn()  # a thousand streams woken at once take turns (pilot/xds/pace.py)
                 if item is None:
                     req = conn.take_push()
                     if req is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from pilot.model.mtls import MeshTls, client_mesh_tls
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
@@ -16,7 +18,13 @@ from pilot.xds.typeurls import CLUSTER
 
 def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
              cache: XdsCache) -> list[CachedResource]:
-    out: list[CachedResource] = []
+    return list(resources(ctx, proxy, requested, cache))
+
+
+def resources(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
+              cache: XdsCache) -> Iterator[CachedResource]:
+    """generate(), a service at a time: between two, the caller may yield to the event loop
+    (GenerationMemo slices a cold generation of a thousand services)."""
     def want(name: str) -> bool:
         return requested is None or name in requested
 
@@ -34,32 +42,30 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
                 name = names.outbound_cluster_name(port.port, svc.hostname, subset)
                 if want(name):
                     mesh_tls = _mesh_tls(ctx, svc, port.port, dr, subset, sans) if has_identity else None
-                    out.append(cache.resource(CLUSTER, name, clusters.outbound_cluster,
-                                              svc, port, ctx.settings.clusters, dr, subset, targets, mesh_tls,
-                                              origins=origins))
+                    yield cache.resource(CLUSTER, name, clusters.outbound_cluster,
+                                         svc, port, ctx.settings.clusters, dr, subset, targets, mesh_tls,
+                                         origins=origins)
     if proxy.type == "sidecar" and not proxy.is_grpc:
         plan = ctx.inbound_plan(proxy)
         for port in plan.ports:
             name = inbound.inbound_cluster_name(port.port)
             if want(name):
-                out.append(cache.resource(CLUSTER, name, inbound.inbound_cluster, port, ctx.settings.clusters,
-                                          origins=(port.origin,)))
+                yield cache.resource(CLUSTER, name, inbound.inbound_cluster, port, ctx.settings.clusters,
+                                     origins=(port.origin,))
         if proxy.interception_mode != "NONE" and (plan.mesh_tls or any(not p.bind for p in plan.ports)) \
                 and want(inbound.INBOUND_PASSTHROUGH_CLUSTER):
-            out.append(cache.resource(CLUSTER, inbound.INBOUND_PASSTHROUGH_CLUSTER,
-                                      inbound.inbound_passthrough_cluster, ctx.settings.clusters,
-                                      origins=("MeshConfig",)))
+            yield cache.resource(CLUSTER, inbound.INBOUND_PASSTHROUGH_CLUSTER,
+                                 inbound.inbound_passthrough_cluster, ctx.settings.clusters,
+                                 origins=("MeshConfig",))
     if not proxy.is_grpc:
         # ORIGINAL_DST/STATIC catch-alls are Envoy-only; grpcio NACKs cluster types it cannot use.
         for name, build in ((names.BLACKHOLE_CLUSTER, clusters.blackhole_cluster),
                             (names.PASSTHROUGH_CLUSTER, clusters.passthrough_cluster)):
             if want(name):
-                out.append(cache.resource(CLUSTER, name, build, ctx.settings.clusters,
-                                          origins=("MeshConfig",)))
+                yield cache.resource(CLUSTER, name, build, ctx.settings.clusters, origins=("MeshConfig",))
     wp = waypoint.waypoint_of(ctx, proxy)
     if wp is not None:
-        out.extend(r for r in waypoint.clusters(ctx, wp, cache) if want(r.name))
-    return out
+        yield from (r for r in waypoint.clusters(ctx, wp, cache) if want(r.name))
 
 
 def _mesh_tls(ctx: PushContext, svc: MeshService, port: int, dr: Entry | None, subset: str,

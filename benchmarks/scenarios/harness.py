@@ -173,6 +173,32 @@ class CpuWindow:
         return self.cpu
 
 
+async def floor_connect(h: Harness, opts: Options, responses: dict[str, Path], label: str = "floor-connect") -> dict:
+    """The floor's initial sync: proxies connecting at once to a floor that answers each
+    subscription with the captured response of its type (the bytes our server sent proxy 0),
+    timed as the `connect` scenario times ours: until each holds CDS, EDS, LDS and RDS."""
+    args = [a for path in responses.values() for a in ("--response", str(path))]
+    floor, hello = await h.child("benchmarks.floor", [*args, *(["--delta"] if opts.delta else [])], label)
+    ps = psutil.Process(floor.pid)
+    lg = await h.loadgen(hello["port"], label=f"loadgen-{label}")
+
+    def cpu_s() -> float:
+        t = ps.cpu_times()
+        return t.user + t.system
+
+    window = CpuWindow(cpu_s)
+    await lg.connect(0, opts.proxies)
+    sync = await lg.synced(opts.timeout())
+    window.close()
+    ms = [(t - window.t0) * 1000 for t in sync["synced_at"]]
+    result = {"convergence_ms": stats.summary(ms), "all_synced_ms": max(ms, default=None),
+              "proxies_acked": sync["synced"], "cpu_s": window.cpu,
+              "rss_mb": ps.memory_info().rss / (1 << 20), "peak_rss_mb": peak_rss_mb(floor.pid)}
+    await lg.stop()
+    await floor.stop()
+    return result
+
+
 async def floor_rounds(h: Harness, opts: Options, responses: dict[str, Path], label: str, *,
                        measure: tuple[str, ...], pushed: tuple[Path, ...] = ()) -> dict:
     """The floor (benchmarks/floor.py) measured with a load generator of its own: proxies set up

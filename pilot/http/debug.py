@@ -237,7 +237,9 @@ class DebugHandlers:
             since = float(req.query.get("since", "0"))
         except ValueError:
             return _json({"error": "since must be unix seconds"}, status=400)
-        return _json(self.server.loop_lag.summary(since))
+        pace = self.server.pace
+        return _json({**self.server.loop_lag.summary(since), "turn_waits": pace.waits,
+                      "admission_waits": pace.admission_waits})
 
     async def push_timeline(self, _req: web.Request) -> web.Response:
         """The last pushes, newest first, with the time spent in each stage."""

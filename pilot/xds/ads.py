@@ -76,7 +76,9 @@ class WriteTimeout(Exception):
 class AdsService:
     def __init__(self, server: DiscoveryServer) -> None:
         self.server = server
-        self.new_streams = TokenBucket(server.features.max_requests_per_second)
+        rate = server.features.max_requests_per_second
+        # An operator's fixed rate, or (unset) admission as fast as the server keeps up.
+        self.new_streams = TokenBucket(rate) if rate is not None else None
         self.draining = False
         # Counts repeated fields before parsing (the secure port's handler uses it too).
         self.parse_delta = delta_request.parser(server.features.xds_max_resource_names)
@@ -129,7 +131,10 @@ class AdsService:
             log.warning("ztunnel refused: ambient mode is off", proxy=proxy.id)
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "ztunnel requires PILOT_ENABLE_AMBIENT=true")
         peer = await admit(context, proxy) if admit is not None else None
-        await self.new_streams.acquire()
+        if self.new_streams is not None:
+            await self.new_streams.acquire()
+        else:
+            await self.server.pace.admit()
         conn = Connection(proxy, peer or context.peer() or "", delta)
         self.server.register(conn)
         log.info("connected", proxy=proxy.id, peer=conn.peer, delta=delta, conn=conn.id)

@@ -11,6 +11,13 @@ per stream: work is only spread over more, shorter iterations.
 
 A turn is not a lock: nothing is released, and a step that itself runs long (a cold generation)
 is not cut short (pilot/xds/generated.py slices those).
+
+The same measure admits new streams (when PILOT_MAX_REQUESTS_PER_SECOND is unset): a stream
+waits before its first request is served while the work already waiting for turns would take
+more than ADMIT_BACKLOG to run. A storm of reconnects then goes as fast as the server keeps up,
+whatever the machine, and the proxies already connected keep their turns, where a fixed rate
+(istiod's 25/s) makes a thousand proxies wait 40 s on an idle server and protects nothing on a
+slow one.
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ import time
 from collections import deque
 
 BUDGET = 0.005  # seconds of stream work per loop iteration before later takers wait
+ADMIT_BACKLOG = 0.05  # seconds of queued turns beyond which new streams wait
+ADMIT_PER_ITERATION = 8  # new streams admitted per loop iteration while the backlog is short
 
 
 class Pace:
@@ -31,7 +40,13 @@ class Pace:
         self._passed = 0  # turns taken in the open window
         self._step = budget / 8  # estimated seconds per step (moving average)
         self._waiting: deque[asyncio.Future] = deque()
+        self._arriving: deque[asyncio.Future] = deque()  # new streams waiting to be admitted
         self.waits = 0  # turns that had to wait (for /debug and tests)
+        self.admission_waits = 0
+
+    def backlog(self) -> float:
+        """Estimated seconds of stream work waiting for a turn."""
+        return len(self._waiting) * self._step
 
     def _begin(self, now: float) -> None:
         self._open = True
@@ -46,7 +61,9 @@ class Pace:
             self._step = 0.8 * self._step + 0.2 * per_step
         self._open = False
         waiting = self._waiting
-        if not waiting:
+        if self._arriving:
+            self._admit_arrivals()
+        if not waiting and not self._arriving:
             return
         self._begin(now)
         admit = max(1, int(self.budget / max(self._step, 1e-6)))
@@ -56,6 +73,25 @@ class Pace:
                 fut.set_result(None)
                 self._passed += 1
                 admit -= 1
+
+    def _admit_arrivals(self) -> None:
+        arriving, n = self._arriving, ADMIT_PER_ITERATION
+        while arriving and n and self.backlog() < ADMIT_BACKLOG:
+            fut = arriving.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                n -= 1
+
+    async def admit(self) -> None:
+        """A new stream's wait before it is served: none while the server keeps up."""
+        if not self._arriving and self.backlog() < ADMIT_BACKLOG:
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._arriving.append(fut)
+        self.admission_waits += 1
+        if not self._open:
+            self._begin(time.perf_counter())
+        await fut
 
     async def turn(self) -> None:
         """Return at once while this iteration has budget left, else wait for a later one."""

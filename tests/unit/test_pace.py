@@ -63,3 +63,32 @@ async def test_a_turn_costs_nothing_while_the_iteration_has_budget():
     await pace.turn()
     await pace.turn()
     assert pace.waits == 0
+
+
+async def test_new_streams_wait_while_the_server_is_behind_and_are_admitted_as_it_catches_up():
+    """Admission by load: with more queued stream work than ADMIT_BACKLOG, a new stream waits;
+    it is admitted once the queued work has had its turns (not after a fixed delay)."""
+    pace = Pace(budget=0.002)
+    order: list[str] = []
+
+    async def stream_step(i: int):
+        await pace.turn()
+        _busy(0.001)
+        order.append(f"step{i}")
+
+    async def new_stream():
+        await pace.admit()
+        order.append("admitted")
+
+    steps = [asyncio.create_task(stream_step(i)) for i in range(300)]  # ~0.3 s of queued work
+    await asyncio.sleep(0)  # they all ask for a turn; most wait
+    assert pace.backlog() > 0.05, pace.backlog()
+    arrival = asyncio.create_task(new_stream())
+    await asyncio.gather(*steps, arrival)
+    assert pace.admission_waits == 1
+    admitted_at = order.index("admitted")
+    assert 0 < admitted_at < len(order) - 1, "admitted while work remained, but not before the backlog shrank"
+    assert 300 - admitted_at <= 0.05 / pace._step + 20, (admitted_at, pace._step)
+    # With the server keeping up, admission is immediate.
+    await pace.admit()
+    assert pace.admission_waits == 1

@@ -7,6 +7,8 @@ never colour the next one's numbers.
 
 from __future__ import annotations
 
+import asyncio
+import os
 import shutil
 import sys
 import tempfile
@@ -16,8 +18,8 @@ from typing import Any, Self
 
 import psutil
 
-from benchmarks import stats
-from benchmarks.ipc import Child
+from benchmarks import lagcontrol, stats
+from benchmarks.ipc import REPO_ROOT, Child
 from benchmarks.mesh import MeshFiles
 from benchmarks.options import Options
 from benchmarks.report import environment
@@ -67,13 +69,23 @@ class Harness:
         self._failed = False
         self._results: list[dict] = []
         self._figures: dict | None = None
+        self._control: asyncio.subprocess.Process | None = None
+        self._control_file = self.workdir / "control-lag.txt"
         self.started_at = 0.0
+
+    def control_lag(self, since: float, until: float | None = None) -> dict:
+        """The idle control process's loop lag from `since` to `until` (benchmarks/lagcontrol.py)."""
+        return lagcontrol.summary(str(self._control_file), since, until)
 
     async def __aenter__(self) -> Self:
         try:
             self.mesh.write_all()
             await self.server.start(timeout=self.opts.timeout())
             self.started_at = time.time()
+            # The machine's own lag, beside the server's (benchmarks/lagcontrol.py).
+            self._control = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "benchmarks.lagcontrol", str(self._control_file),
+                cwd=str(REPO_ROOT), env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
         except BaseException as e:
             await self.__aexit__(type(e), e, e.__traceback__)  # never leave a server behind
             raise
@@ -87,6 +99,9 @@ class Harness:
         for child in reversed(self._children):
             await child.stop()
         await self.server.stop()
+        if self._control is not None and self._control.returncode is None:
+            self._control.terminate()
+            await self._control.wait()
         if self._failed or self.opts.keep_workdir:
             print(f"[{self.scenario}] logs kept in {self.workdir}", file=sys.stderr)
         else:
@@ -139,7 +154,8 @@ class Harness:
                 lag = await self.server.loop_lag(self.started_at)
             except Exception as e:  # noqa: BLE001 - a figure missing is reported, not fatal
                 lag = {"error": str(e)}
-            self._figures = {"loop_lag_ms": lag, "server_peak_rss_mb": self.server.peak_rss_mb()}
+            self._figures = {"loop_lag_ms": lag, "control_loop_lag_ms": self.control_lag(self.started_at),
+                             "server_peak_rss_mb": self.server.peak_rss_mb()}
         return self._figures
 
     def _apply_figures(self) -> None:

@@ -51,6 +51,7 @@ async def run(opts: Options) -> dict:
         t_rounds = time.time()
         rounds = await _server_rounds(h, lg, opts)
         rounds_lag = await h.server.loop_lag(t_rounds)
+        rounds_control_lag = h.control_lag(t_rounds, time.time())
         rss = h.server.rss_mb()
         captured = {t: h.workdir / f"{t}-response.bin" for t in ("cds", "eds")}
         cds_bytes = await lg.capture("cds", captured["cds"])
@@ -98,6 +99,7 @@ async def run(opts: Options) -> dict:
             # Event-loop lag while the proxies connected (cold cache) and during the pushes alone.
             setup_loop_lag_ms=setup_lag,
             rounds_loop_lag_ms=rounds_lag,
+            rounds_control_loop_lag_ms=rounds_control_lag,
             rounds=[{**{k: v for k, v in stats.summary(r["cds"]["ack_ms"]).items() if k in ("min", "p50", "p99", "max")},
                      "acked": r["cds"]["acked"], "first_receipt_ms": r["first_receipt_ms"],
                      "server_cpu_s": r["server_cpu_s"], "server_cpu_with_eds_s": r["server_cpu_with_eds_s"],

@@ -4,8 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CONFIG_DIR ?= examples/mesh
+# The ControlZ page test (tests/e2e/test_controlz_ui.py) drives Debian's Chromium through its chromedriver.
+BROWSER_STAMP := $(VENV)/.browser
 
-.PHONY: run test bench protos crds docs lint install backends envoy clean
+.PHONY: run test bench protos crds docs lint install browser backends envoy clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,6 +16,22 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+## Debian's chromium + chromium-driver for the page test: installed with apt when missing (as root).
+browser: $(BROWSER_STAMP)
+
+$(BROWSER_STAMP):
+	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then \
+		echo "chromium: $$(command -v chromium), chromedriver: $$(command -v chromedriver)"; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		echo "installing Debian's chromium and chromium-driver (the page test needs them)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; \
+	else \
+		echo "The page test needs Debian's chromium and chromium-driver, and this is not root:"; \
+		echo "  sudo apt-get install -y chromium chromium-driver    (then make test again)"; \
+		exit 1; \
+	fi
+	@mkdir -p $(VENV) && touch $@
 
 ## Start the control plane on the example mesh (xDS 127.0.0.1:15010, /ready+debug :8080, metrics :15014).
 run: $(STAMP)
@@ -29,7 +47,7 @@ backends: $(STAMP)
 envoy: $(STAMP)
 	$(BIN)/envoy -c examples/envoy-sidecar.yaml --use-dynamic-base-id --concurrency 1
 
-test: $(STAMP)
+test: $(STAMP) $(BROWSER_STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 bench: $(STAMP)
@@ -47,8 +65,10 @@ crds: $(STAMP)
 docs: $(STAMP)
 	$(BIN)/python -m pilot.config.fields_table --write docs/fields.md
 
+## ruff, then mypy on pilot/ (configured in pyproject.toml: [tool.mypy]).
 lint: $(STAMP)
 	$(BIN)/ruff check pilot tests benchmarks
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from pilot.bootstrap import run
 
+    assert opts is not None  # parse() gives options for every command but version
     return run(opts)
 
 

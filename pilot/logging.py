@@ -4,6 +4,9 @@ Levels are istiod's `--log_output_level scope:level,...`: `default` (or `all`, o
 sets every scope, a named scope overrides it for that scope alone (`ads:debug,default:info`
 shows the ADS scope's debug lines and only info for the rest). Scopes are the names given to
 `get()`: ads, agent, ambient, authn, bootstrap, ca, cache, debounce, files, kube, sds, ...
+
+A running server changes one scope's level with `set_level()` (istiod's ControlZ "scopes" page:
+`/debug/scopes` and `/debug/ui` here); `scopes()` lists every scope a module asked for.
 """
 
 from __future__ import annotations
@@ -71,6 +74,46 @@ _METHOD_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": loggi
 
 
 _current = Levels()
+_as_json = False
+# Every scope a module asked for, so an operator can see (and change) the ones that exist.
+_known: set[str] = set()
+_NAMES = {logging.DEBUG: "debug", logging.INFO: "info", logging.WARNING: "warn", logging.ERROR: "error",
+          logging.CRITICAL: "fatal", logging.CRITICAL + 10: "none"}
+LEVEL_NAMES = tuple(_NAMES.values())
+DEFAULT_SCOPE = "default"
+
+
+def level_name(level: int) -> str:
+    return _NAMES.get(level, str(level))
+
+
+def current() -> Levels:
+    return _current
+
+
+def scopes() -> list[dict]:
+    """Each known scope (and `default`, what a scope without its own level uses) with the level
+    in force and whether it is the scope's own or inherited from `default`."""
+    out = [{"name": DEFAULT_SCOPE, "output_level": level_name(_current.default), "own_level": True}]
+    for name in sorted((_known | set(_current.scopes)) - {""}):
+        own = name in _current.scopes
+        out.append({"name": name, "output_level": level_name(_current.scopes.get(name, _current.default)),
+                    "own_level": own})
+    return out
+
+
+def set_level(scope: str, level_text: str) -> None:
+    """Change one scope's level now (`default`: the level of every scope without its own).
+    Raises ValueError for an unknown level or scope; lines already filtered stay dropped."""
+    level = _LEVELS.get(level_text.strip().lower())
+    if level is None:
+        raise ValueError(f"unknown log level {level_text!r} (want one of {', '.join(LEVEL_NAMES)})")
+    if scope in _DEFAULT_SCOPES:
+        configure(Levels(level, dict(_current.scopes)), _as_json)
+        return
+    if scope not in _known and scope not in _current.scopes:
+        raise ValueError(f"unknown log scope {scope!r} (known: {', '.join(sorted(_known))})")
+    configure(Levels(_current.default, {**_current.scopes, scope: level}), _as_json)
 
 
 def enabled(scope: str, level: int = logging.DEBUG) -> bool:
@@ -80,10 +123,11 @@ def enabled(scope: str, level: int = logging.DEBUG) -> bool:
 
 
 def configure(level: int | Levels = logging.INFO, as_json: bool = False) -> None:
-    global _current
+    global _current, _as_json
     levels = _current = level if isinstance(level, Levels) else Levels(level)
+    _as_json = as_json
     renderer = structlog.processors.JSONRenderer() if as_json else structlog.dev.ConsoleRenderer(colors=False)
-    processors = [structlog.contextvars.merge_contextvars]
+    processors: list[structlog.typing.Processor] = [structlog.contextvars.merge_contextvars]
     if levels.scopes:  # only then does a line's scope decide; otherwise the bound logger filters alone
         processors.append(_scope_filter(levels))
     processors += [
@@ -102,4 +146,5 @@ def configure(level: int | Levels = logging.INFO, as_json: bool = False) -> None
 
 
 def get(name: str):
+    _known.add(name)
     return structlog.get_logger(scope=name)

@@ -127,7 +127,7 @@ async def run(cfg: AgentConfig, warnings: list[str]) -> int:
     await sds.start()
     status = StatusServer(secrets, supervisor, port=cfg.proxy.status_port,
                           on_port=lambda p: ports.set("status", p), app_probers=cfg.app_probers,
-                          app_host=cfg.instance_ip, app_metrics=cfg.app_metrics)
+                          app_host=cfg.instance_ip, app_metrics=cfg.app_metrics, node_id=cfg.node_id)
     rotation = asyncio.create_task(secrets.rotate_forever(), name="certificate-rotation")
     try:
         try:

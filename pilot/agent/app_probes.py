@@ -108,7 +108,7 @@ async def run(prober: Prober, host: str, session: aiohttp.ClientSession) -> tupl
             writer.close()
             return 200, "OK\n"
         async with grpc.aio.insecure_channel(f"{target_host}:{port}") as channel:
-            check = channel.unary_unary(
+            check: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
                 "/grpc.health.v1.Health/Check", request_serializer=None, response_deserializer=None
             )
             reply = await check(_health_request(str(a.get("service") or "")), timeout=prober.timeout)

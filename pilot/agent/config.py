@@ -16,13 +16,16 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from pilot import __version__
 from pilot.durations import parse_duration
 from pilot.features import Knob, _bool
+
+if TYPE_CHECKING:
+    from pilot.agent.app_probes import Prober  # imported lazily at run time (see below)
 
 # istio-agent's well-known paths (relative to the working directory).
 ROOT_CERT_PATH = "./var/run/secrets/istio/root-cert.pem"  # the istio-ca-root-cert ConfigMap
@@ -250,7 +253,7 @@ class AgentConfig:
     termination_drain: float  # seconds Envoy drains after SIGTERM before it is stopped
     env: Mapping[str, str]  # the process environment with ProxyConfig.proxyMetadata applied
     ports_file: str | None = None
-    app_probers: Mapping[str, Any] = field(default_factory=dict)  # ISTIO_KUBE_APP_PROBERS, parsed
+    app_probers: Mapping[str, Prober] = field(default_factory=dict)  # ISTIO_KUBE_APP_PROBERS, parsed
     app_metrics: Mapping[str, str] | None = None  # ISTIO_PROMETHEUS_ANNOTATIONS: the app's metrics port/path
 
     @property

@@ -4,7 +4,9 @@ reason otherwise. Kubernetes readiness probes point here."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import base64
+import datetime as dt
+from collections.abc import Callable, Mapping
 
 import aiohttp
 from aiohttp import web
@@ -19,9 +21,10 @@ PROBE_TIMEOUT = 2.0
 class StatusServer:
     def __init__(self, secrets: SecretManager, envoy: EnvoySupervisor, *, host: str = "0.0.0.0",
                  port: int = 15020, on_port: Callable[[int], None] | None = None,
-                 app_probers: dict[str, app_probes.Prober] | None = None, app_host: str = "127.0.0.1",
-                 app_metrics: dict[str, str] | None = None) -> None:
+                 app_probers: Mapping[str, app_probes.Prober] | None = None, app_host: str = "127.0.0.1",
+                 app_metrics: Mapping[str, str] | None = None, node_id: str = "") -> None:
         self.secrets = secrets
+        self.node_id = node_id
         self.app_probers = app_probers or {}
         self.app_host = app_host  # the pod IP: apps often listen on it rather than on loopback
         self.app_metrics = app_metrics
@@ -31,6 +34,11 @@ class StatusServer:
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
 
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        assert self._session is not None, "start() opens it before any handler runs"
+        return self._session
+
     async def ready(self, _req: web.Request) -> web.Response:
         if self.secrets.current is None:
             return web.Response(status=503, text="no workload certificate yet\n")
@@ -39,7 +47,7 @@ class StatusServer:
         if not self.envoy.running or not self.envoy.admin_address:
             return web.Response(status=503, text="envoy is not running\n")
         try:
-            async with self._session.get(f"http://{self.envoy.admin_address}/ready",
+            async with self.session.get(f"http://{self.envoy.admin_address}/ready",
                                          timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT)) as r:
                 state = (await r.text()).strip()
                 status = r.status
@@ -53,7 +61,7 @@ class StatusServer:
         prober = self.app_probers.get(req.path)
         if prober is None:
             return web.Response(status=404, text=f"no app prober for {req.path}\n")
-        status, text = await app_probes.run(prober, self.app_host, self._session)
+        status, text = await app_probes.run(prober, self.app_host, self.session)
         return web.Response(status=status, text=text)
 
     async def stats_prometheus(self, _req: web.Request) -> web.Response:
@@ -61,7 +69,7 @@ class StatusServer:
         parts = []
         if self.envoy.admin_address:
             try:
-                async with self._session.get(f"http://{self.envoy.admin_address}/stats/prometheus",
+                async with self.session.get(f"http://{self.envoy.admin_address}/stats/prometheus",
                                              timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT * 2)) as r:
                     if r.status == 200:
                         parts.append(await r.text())
@@ -71,7 +79,7 @@ class StatusServer:
             url = f"http://{self.app_host}:{self.app_metrics['port']}{self.app_metrics['path']}"
             try:
                 timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT * 2)
-                async with self._session.get(url, timeout=timeout) as r:
+                async with self.session.get(url, timeout=timeout) as r:
                     if r.status == 200:
                         parts.append(await r.text())
             except (aiohttp.ClientError, TimeoutError):
@@ -81,18 +89,37 @@ class StatusServer:
         body = "".join(p if p.endswith("\n") else p + "\n" for p in parts)
         return web.Response(text=body, content_type="text/plain", charset="utf-8")
 
+    async def held_secrets(self, _req: web.Request) -> web.Response:
+        """What the agent holds to serve Envoy over SDS (`default`, `ROOTCA`), in Envoy's
+        SecretsConfigDump JSON with the private key left out: pilotctl's view of secrets Envoy has
+        not asked for (yet). Public certificates only, so the status port may serve it."""
+        current = self.secrets.current
+        held = []
+        if current is not None:
+            def b64(pem: str) -> str:
+                return base64.b64encode(pem.encode()).decode()
+            at = dt.datetime.fromtimestamp(current.issued_at, dt.UTC).isoformat().replace("+00:00", "Z")
+            held = [{"name": "default", "version_info": current.version, "last_updated": at, "secret": {
+                        "name": "default", "tls_certificate": {"certificate_chain": {"inline_bytes": b64(current.chain_pem)}}}},
+                    {"name": "ROOTCA", "version_info": current.root_version, "last_updated": at, "secret": {
+                        "name": "ROOTCA", "validation_context": {"trusted_ca": {"inline_bytes": b64(current.root_pem)}}}}]
+        return web.json_response({"node": self.node_id, "configs": [
+            {"@type": "type.googleapis.com/envoy.admin.v3.SecretsConfigDump", "dynamic_active_secrets": held}]})
+
     async def start(self) -> int:
         self._session = aiohttp.ClientSession()
         app = web.Application()
         app.add_routes([web.get("/healthz/ready", self.ready),
                         web.get("/stats/prometheus", self.stats_prometheus),
+                        web.get("/debug/secrets", self.held_secrets),
                         web.get("/app-health/{container}/{kind}", self.app_health),
                         web.post("/app-health/{container}/{kind}", self.app_health)])
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # the real one when 0 was asked
+        # aiohttp keeps the listening server private; it is the only place the bound port is (0 asked)
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         if self.on_port is not None:
             self.on_port(self.port)
         return self.port

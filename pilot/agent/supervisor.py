@@ -50,7 +50,7 @@ class EnvoySupervisor:
         self.admin_address: str | None = None
         self.starts = 0
         self._stop = asyncio.Event()
-        self._stop_signal = signal.SIGTERM
+        self._stop_signal: int = signal.SIGTERM
         self._watcher: asyncio.Task | None = None
         self.draining = False  # Envoy is being drained before a stop: never restart it
 
@@ -64,7 +64,7 @@ class EnvoySupervisor:
             log.info("stopping envoy", signal=signal.Signals(sig).name)
         self._stop_signal = sig
         self._stop.set()
-        if self.running:
+        if self.running and self.proc is not None:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(sig)
 
@@ -112,7 +112,7 @@ class EnvoySupervisor:
                 await exited
         if self._watcher is not None:
             self._watcher.cancel()
-        return proc.returncode
+        return exited.result()  # done: awaited above, or Envoy had exited
 
     async def run(self) -> int:
         """Until Envoy exits for good; returns the agent's exit status."""

@@ -38,7 +38,7 @@ def parse_object(doc: object, default_namespace: str = "default") -> K8sObject:
         raise InvalidObject("", "", "", f"document is a {type(doc).__name__}, not a mapping")
     kind = str(doc.get("kind") or "")
     api_version = str(doc.get("apiVersion") or "")
-    meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+    meta = md if isinstance(md := doc.get("metadata"), dict) else {}
     name = str(meta.get("name") or "")
     namespace = str(meta.get("namespace") or "")
     if not kind:

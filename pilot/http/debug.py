@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import html
 import json
 import time
 
 from aiohttp import web
 
+from pilot import version
+from pilot.config.core import Secret
 from pilot.config.gateway_api import GATEWAY_API_KINDS
 from pilot.http import config_dump
 from pilot.http.ambient_debug import AmbientDebug
+from pilot.http.controlz import ControlzHandlers
 from pilot.model import dependencies
 from pilot.model.dependencies import Deps
 from pilot.model.events import SERVICE_ENDPOINTS
@@ -64,10 +68,39 @@ def _nack(w: WatchedResource) -> dict | None:
             "at": _iso(n.at), "resources": list(n.resources), "config": list(n.origins), "count": w.nacks}
 
 
+# What each path shows, for /debug (istiod's debug index has one line per handler too).
+DESCRIPTIONS = {
+    "/debug/ui": "ControlZ: a page with proxies and their sync state, recent pushes, rejections, NACKs, "
+                 "log levels (changeable), memory and environment",
+    "/debug/ui.js": "the ControlZ page's script",
+    "/debug/controlz": "the ControlZ page's data as JSON",
+    "/debug/scopes": "log scopes and their levels (PUT or POST /debug/scopes/SCOPE "
+                     "{\"output_level\": \"debug\"} changes one)",
+    "/debug/syncz": "synchronization status of every connected proxy (sent and ACKed nonce/version per type)",
+    "/debug/adsz": "connected xDS clients: metadata, labels and what each subscribed to",
+    "/debug/connections": "each xDS stream's state: bytes queued, time writing, responses sent",
+    "/debug/configz": "config in the store, rejected documents with the reason, policies applied differently",
+    "/debug/registryz": "the service registry: services with their ports",
+    "/debug/endpointz": "endpoints per service port",
+    "/debug/config_dump": "Envoy's ConfigDump of what this server would send ?proxyID=",
+    "/debug/push_status": "the push context version, conflicts and the last pushes",
+    "/debug/mesh": "the MeshConfig in force, fields not applied, unknown PILOT_* variables",
+    "/debug/cachez": "xDS resource cache size, hits and misses",
+    "/debug/loop_lag": "event-loop lag p50/p99/max over the kept samples (?since=UNIX_SECONDS), "
+                       "with how often stream work and new streams waited for a turn",
+    "/debug/push_timeline": "the last pushes, newest first, with the time each stage took",
+    "/debug/explain": "for ?proxyID=&type=&name=: what a resource is built from and which push changed it",
+    "/debug/gatewayz": "Gateway API objects with their computed status and the Istio config they became",
+    "/debug/list": "the debug commands as a JSON list of names (istiod's /debug/list)",
+    "/debug/ambientz": "ambient mode: workloads, services, policies and what each ztunnel holds",
+}
+
+
 class DebugHandlers:
     def __init__(self, server: DiscoveryServer, gateway_status: GatewayStatusView | None = None) -> None:
         self.server = server
         self.gateway_status = gateway_status
+        self._controlz = ControlzHandlers(server)
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -86,17 +119,43 @@ class DebugHandlers:
             web.get("/debug/push_timeline", self.push_timeline),
             web.get("/debug/explain", self.explain),
             web.get("/debug/gatewayz", self.gatewayz),
-            web.get("/debug/list", self.index),
+            web.get("/debug/list", self.list_names),
             *AmbientDebug(self.server).routes(),
+            *self._controlz.routes(),
         ]
 
-    async def index(self, _req: web.Request) -> web.Response:
-        return _json({"endpoints": sorted(r.path for r in self.routes() if r.path != "/debug")})
+    def _endpoints(self) -> list[dict]:
+        methods: dict[str, set[str]] = {}
+        for r in self.routes():
+            if r.path != "/debug" and "{" not in r.path:
+                methods.setdefault(r.path, set()).add(r.method)
+        return [{"path": p, "description": DESCRIPTIONS.get(p, ""), "methods": sorted(m)}
+                for p, m in sorted(methods.items())]
+
+    async def index(self, req: web.Request) -> web.Response:
+        """A browser gets a page of links; a program the same list as JSON."""
+        endpoints = self._endpoints()
+        if "text/html" not in req.headers.get("Accept", ""):
+            return _json({"endpoints": endpoints})
+        rows = "".join(f'<tr><td><a href="{html.escape(e["path"])}">{html.escape(e["path"])}</a></td>'
+                       f'<td>{html.escape(e["description"])}</td></tr>' for e in endpoints)
+        page = ("<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>pilot-discovery debug</title>"
+                "<style>body{font-family:system-ui,sans-serif;margin:20px}td{padding:3px 12px 3px 0;"
+                "border-bottom:1px solid #eee}</style></head><body><h1>Debug endpoints</h1>"
+                f'<p>Start at <a href="/debug/ui">/debug/ui</a>.</p><table>{rows}</table></body></html>')
+        return web.Response(text=page, content_type="text/html")
+
+    async def list_names(self, _req: web.Request) -> web.Response:
+        """istiod's shape: the command names without `/debug/`."""
+        return _json(sorted(e["path"].removeprefix("/debug/") for e in self._endpoints()
+                            if e["path"] != "/debug/list"))
 
     def _sync_status(self, conn: Connection) -> dict:
         out = {"cluster_id": conn.proxy.metadata.get("CLUSTER_ID", "Kubernetes"), "proxy": conn.proxy.id,
                "proxy_type": conn.proxy.type, "istio_version": conn.proxy.istio_version,
-               "connection_id": conn.id, "delta": conn.delta}
+               "connection_id": conn.id, "delta": conn.delta,
+               # Which replica answers (POD_NAME, else the host name): pilotctl's ISTIOD column.
+               "istiod": version.instance_id()}
         for type_url, field in _SYNC_FIELDS.items():
             w = conn.watched.get(type_url)
             out[f"{field}_sent"] = w.nonce_sent if w else ""
@@ -142,9 +201,9 @@ class DebugHandlers:
         for kind in store.kinds():
             for e in sorted(store.list(kind), key=lambda e: e.key):
                 obj = e.obj.model_dump(mode="json", by_alias=True, exclude_defaults=True)
-                if kind == "Secret":  # gateway credentials: never show private keys
+                if isinstance(e.obj, Secret):  # gateway credentials: never show private keys
                     obj["data"] = {k: f"<redacted: {len(v.get_secret_value())} base64 chars>"
-                                   for k, v in e.obj.data.items()}  # type: ignore[attr-defined]
+                                   for k, v in e.obj.data.items()}
                 if kind in GATEWAY_API_KINDS:  # the status this controller computes, not a stored one
                     obj.pop("status", None)
                     status = self.gateway_status.get(e.key) if self.gateway_status is not None else None
@@ -213,7 +272,7 @@ class DebugHandlers:
 
     def _inbound_problems(self) -> list[str]:
         """Workload ports connected sidecars cannot serve inbound, and why."""
-        ctx, out = self.server.push_context, []
+        ctx, out = self.server.push_context, list[str]()
         for conn in list(self.server.connections.values()):
             if conn.proxy.type == "sidecar" and not conn.proxy.is_grpc:
                 out.extend(f"{conn.proxy.id}: {p}" for p in ctx.inbound_plan(conn.proxy).problems)
@@ -252,7 +311,7 @@ class DebugHandlers:
         kind, _, rest = ref.partition("/")
         namespace, _, name = rest.partition("/")
         entry = self.server.store.get(ConfigKey(kind, namespace, name))
-        out = {"kind": kind, "namespace": namespace, "name": name}
+        out: dict = {"kind": kind, "namespace": namespace, "name": name}
         if entry is None:
             out["deleted"] = True
         else:
@@ -265,6 +324,11 @@ class DebugHandlers:
         why, and whether the proxy has (and accepted) the current version."""
         proxy_id, type_url, name = (req.query.get(k, "") for k in ("proxyID", "type", "name"))
         type_url = _TYPE_ALIASES.get(type_url.lower(), type_url)
+        missing = [k for k, v in (("proxyID", proxy_id), ("type", type_url), ("name", name)) if not v]
+        if missing:
+            return _json({"error": f"{', '.join(missing)} required: "
+                                   "/debug/explain?proxyID=POD.NAMESPACE&type=cds|eds|lds|rds|sds&name=NAME"},
+                         status=400)
         conn = self._find(proxy_id)
         if conn is None:
             return _json({"error": f"proxy {proxy_id!r} is not connected"}, status=404)

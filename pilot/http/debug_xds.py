@@ -26,6 +26,7 @@ def http_view(app: web.Application, server: DiscoveryServer) -> HttpView:
                     f"{match.http_exception.status} {match.http_exception.reason}: /debug/{name}\n".encode()
                 )
             response = await match.handler(request)
+        assert isinstance(response, web.Response)  # the debug handlers answer whole bodies
         return response.body if isinstance(response.body, bytes) else str(response.text or "").encode()
 
     return view

@@ -190,7 +190,7 @@ def _templates(cfg: InjectorConfig, annotations: Mapping[str, str]) -> list[str]
         names = [n.strip() for n in annotations[TEMPLATES_ANNOTATION].split(",")]
     else:
         names = list(cfg.default_templates)
-    out = []
+    out: list[str] = []
     for n in names:
         out.extend(cfg.aliases.get(n, (n,)))
     for n in out:
@@ -295,7 +295,7 @@ def _reorder(spec: dict[str, Any], hold: bool) -> None:
 
 
 def _status(fragment_spec: Mapping[str, Any], revision: str) -> str:
-    def names(key: str) -> list[str] | None:
+    def names(key: str) -> list[str | None] | None:
         got = [x.get("name") for x in fragment_spec.get(key) or [] if isinstance(x, dict)]
         return got or None
 

@@ -49,7 +49,8 @@ def _resolve_port(
 ) -> dict[str, Any] | None:
     if "grpc" in prober:
         return prober  # gRPC probe ports are always numbers
-    action = prober.get("httpGet") or prober.get("tcpSocket")
+    # _internal kept exactly one of httpGet and tcpSocket here (an empty `httpGet: {}` too)
+    action = prober["httpGet"] if "httpGet" in prober else prober["tcpSocket"]
     port = action.get("port")
     if isinstance(port, str) and not port.isdigit():
         if port not in named:

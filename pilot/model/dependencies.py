@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from pilot.config.networking import Sidecar
 from pilot.model.sidecar_scope import egress_names
 from pilot.model.store import ConfigKey, Entry
 
@@ -106,8 +107,8 @@ class Deps:
     def __init__(self) -> None:
         # Made per generated result and, for EDS, per resource: the lists start empty as ().
         self.facets: set[tuple] = set()
-        self.children: list[Deps] | tuple = ()  # memoized sub-results it used (shared Deps)
-        self.scopes: list[Entry] | tuple = ()  # Sidecars whose egress it evaluated over every service
+        self.children: list[Deps] | tuple[()] = ()  # memoized sub-results it used (shared Deps)
+        self.scopes: list[Entry[Sidecar]] | tuple[()] = ()  # Sidecars whose egress it evaluated over every service
         # Per resource name, for types pushed resource by resource (EDS): name -> its Deps.
         self.named: dict[str, Deps] | None = None
 
@@ -299,7 +300,7 @@ class Matcher:
     def __init__(self, change: Change) -> None:
         self.change = change
         self._seen: dict[int, tuple[Deps, bool]] = {}
-        self._scopes: dict[Entry, bool] = {}
+        self._scopes: dict[Entry[Sidecar], bool] = {}
         self._named: dict[int, tuple[Deps, frozenset[str]]] = {}
         # A wildcard-host rule changed: it may now claim any host looked up (lookups record only
         # their own host, so the common case costs one facet per lookup).
@@ -318,7 +319,7 @@ class Matcher:
         self._seen[id(d)] = (d, out)
         return out
 
-    def _scope(self, sidecar: Entry) -> bool:
+    def _scope(self, sidecar: Entry[Sidecar]) -> bool:
         found = self._scopes.get(sidecar)
         if found is None:
             found = any(egress_names(sidecar, ns, h) for ns, h in self.change.services)

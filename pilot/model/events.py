@@ -8,6 +8,7 @@ against what each proxy's generated config read.
 
 from __future__ import annotations
 
+from pilot.config.core import EndpointSlice
 from pilot.model import push_request as reasons
 from pilot.model.push_context import CONTEXT_KINDS, ENDPOINT_KINDS
 from pilot.model.push_request import PushRequest
@@ -39,7 +40,7 @@ def _one(ev: Event, mesh_configmap: ConfigKey) -> PushRequest | None:
     keys = {ev.key}
     if kind == "EndpointSlice":
         for entry in (ev.old, ev.new):
-            svc = entry.obj.service_name if entry else None  # type: ignore[attr-defined]
+            svc = entry.obj.service_name if entry and isinstance(entry.obj, EndpointSlice) else None
             if svc:
                 keys.add(ConfigKey(SERVICE_ENDPOINTS, ev.key.namespace, svc))
     full = kind not in ENDPOINT_KINDS

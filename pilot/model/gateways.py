@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
+from pilot.config.core import Secret
+from pilot.config.networking import Gateway, VirtualService
 from pilot.config.networking.common import MESH_GATEWAY, UNIX_PREFIX
 from pilot.config.networking.validation import host_matches  # istio host.Name.Matches
 from pilot.model.credentials import CertificateAndKey, CredentialError, ca_bundle, certificate_and_key
@@ -80,12 +82,12 @@ class ServerHost:
 class ServerRef:
     """One server of one Gateway. Hashable by the Gateway Entry (key, revision) and the index."""
 
-    gateway: Entry
+    gateway: Entry[Gateway]
     index: int
 
     @property
     def server(self):
-        return self.gateway.obj.spec.servers[self.index]  # type: ignore[attr-defined]
+        return self.gateway.obj.spec.servers[self.index]
 
     @property
     def gateway_name(self) -> str:
@@ -176,13 +178,13 @@ def https_route_name(ref: ServerRef, bind: str = "") -> str:
 class GatewayView:
     """The merged servers of the Gateways selecting a router (built once per push per set)."""
 
-    gateways: tuple[Entry, ...]
+    gateways: tuple[Entry[Gateway], ...]
     ports: tuple[PortView, ...]
     routes: Mapping[str, RouteView]
     skipped: tuple[str, ...]  # servers left out, with the reason (shown in logs)
 
     @classmethod
-    def build(cls, gateways: tuple[Entry, ...], port_map: tuple[tuple[int, int], ...] = ()) -> GatewayView:
+    def build(cls, gateways: tuple[Entry[Gateway], ...], port_map: tuple[tuple[int, int], ...] = ()) -> GatewayView:
         """`port_map`: (service port, target port) of the Services selecting the router, as
         istiod maps them: a server on port 80 of a Service forwarding 80 to 8080 listens on 8080
         (gateways run without root), while its routes still match the port clients used."""
@@ -192,7 +194,8 @@ class GatewayView:
         explicit: dict[tuple[str, int], bool] = {}
         skipped: list[str] = []
         for gw in gateways:
-            for i, server in enumerate(gw.obj.spec.servers):  # type: ignore[attr-defined]
+            for i, server in enumerate(gw.obj.spec.servers):
+                assert server.port is not None  # required (Server._required)
                 ref = ServerRef(gw, i)
                 where = f"Gateway {gw.key.namespace}/{gw.key.name} server {server.port.name or i}"
                 reason = _unservable(ref)
@@ -246,14 +249,14 @@ def _unservable(ref: ServerRef) -> str:
 class Binding:
     """A VirtualService routing for a server, with the hosts it serves there."""
 
-    virtual_service: Entry
+    virtual_service: Entry[VirtualService]
     hosts: tuple[str, ...]  # VirtualService host x server host, the more specific of each pair
 
 
-def gateway_refs(vs: Entry) -> tuple[tuple[str, str], ...]:
+def gateway_refs(vs: Entry[VirtualService]) -> tuple[tuple[str, str], ...]:
     """(namespace, name) of every Gateway a VirtualService names (not `mesh`)."""
     out = []
-    for g in vs.obj.spec.gateways:  # type: ignore[attr-defined]
+    for g in vs.obj.spec.gateways:
         ref = resolve_gateway_name(g, vs.key.namespace)
         if ref is not None:
             out.append(ref)
@@ -272,8 +275,8 @@ def resolve_gateway_name(name: str, namespace: str) -> tuple[str, str] | None:
     return (namespace, name)
 
 
-def _exported_to(e: Entry, namespace: str) -> bool:
-    export = e.obj.spec.export_to  # type: ignore[attr-defined]
+def _exported_to(e: Entry[VirtualService], namespace: str) -> bool:
+    export = e.obj.spec.export_to
     return not export or "*" in export or namespace in export or ("." in export and e.key.namespace == namespace)
 
 
@@ -281,42 +284,42 @@ def _exported_to(e: Entry, namespace: str) -> bool:
 class GatewayIndex:
     """Gateways, the VirtualServices bound to each, and gateway credentials (Secrets)."""
 
-    gateways: tuple[Entry, ...] = ()  # oldest first
-    virtual_services: Mapping[tuple[str, str], tuple[Entry, ...]] = field(default_factory=dict)
-    secrets: Mapping[tuple[str, str], Entry] = field(default_factory=dict)
+    gateways: tuple[Entry[Gateway], ...] = ()  # oldest first
+    virtual_services: Mapping[tuple[str, str], tuple[Entry[VirtualService], ...]] = field(default_factory=dict)
+    secrets: Mapping[tuple[str, str], Entry[Secret]] = field(default_factory=dict)
     domain: str = "cluster.local"
     _memo: dict = field(default_factory=dict, compare=False, repr=False)  # per-push memo
 
     @classmethod
-    def build(cls, store: Store, domain: str, extra_gateways: tuple[Entry, ...] = (),
-              extra_virtual_services: tuple[Entry, ...] = ()) -> GatewayIndex:
+    def build(cls, store: Store, domain: str, extra_gateways: tuple[Entry[Gateway], ...] = (),
+              extra_virtual_services: tuple[Entry[VirtualService], ...] = ()) -> GatewayIndex:
         """`extra_*`: generated config (from Gateway API objects) served alongside the Store's."""
-        gateways = tuple(sorted([*store.list("Gateway"), *extra_gateways], key=_age))
-        by_gateway: dict[tuple[str, str], list[Entry]] = defaultdict(list)
-        for vs in (*store.list("VirtualService"), *extra_virtual_services):
+        gateways = tuple(sorted([*store.list(Gateway), *extra_gateways], key=_age))
+        by_gateway: dict[tuple[str, str], list[Entry[VirtualService]]] = defaultdict(list)
+        for vs in (*store.list(VirtualService), *extra_virtual_services):
             for ref in gateway_refs(vs):
                 by_gateway[ref].append(vs)
-        secrets = {(e.key.namespace, e.key.name): e for e in store.list("Secret")}
+        secrets = {(e.key.namespace, e.key.name): e for e in store.list(Secret)}
         return cls(gateways, MappingProxyType({k: tuple(sorted(v, key=_age)) for k, v in by_gateway.items()}),
                    MappingProxyType(secrets), domain)
 
-    def select(self, labels: Mapping[str, str]) -> tuple[Entry, ...]:
+    def select(self, labels: Mapping[str, str]) -> tuple[Entry[Gateway], ...]:
         """The Gateways whose selector the router's labels satisfy, oldest first."""
         key = ("select", frozenset(labels.items()))
         hit = self._memo.get(key)
         if hit is None:
             hit = tuple(g for g in self.gateways
-                        if selects(g.obj.spec.selector, labels))  # type: ignore[attr-defined]
+                        if selects(g.obj.spec.selector, labels))
             self._memo[key] = hit
         return hit
 
-    def select_for(self, labels: Mapping[str, str], namespace: str) -> tuple[Entry, ...]:
+    def select_for(self, labels: Mapping[str, str], namespace: str) -> tuple[Entry[Gateway], ...]:
         """`select`, less the Gateways that only serve routers of their own namespace (those of
         Gateway API Gateways) when the router is elsewhere."""
         return tuple(g for g in self.select(labels)
                      if g.key.namespace == namespace or g.obj.metadata.annotations.get(SCOPE) != "namespace")
 
-    def view(self, gateways: tuple[Entry, ...], port_map: tuple[tuple[int, int], ...] = ()) -> GatewayView:
+    def view(self, gateways: tuple[Entry[Gateway], ...], port_map: tuple[tuple[int, int], ...] = ()) -> GatewayView:
         key = ("view", gateways, port_map)
         hit = self._memo.get(key)
         if hit is None:
@@ -338,7 +341,7 @@ class GatewayIndex:
             if not _exported_to(vs, proxy_namespace):
                 continue
             hosts: list[str] = []
-            for h in vs.obj.spec.hosts:  # type: ignore[attr-defined]
+            for h in vs.obj.spec.hosts:
                 vh = resolve_host(h, vs.key.namespace, self.domain)
                 for sh in server_hosts:
                     if sh.namespace not in ("*", vs.key.namespace):
@@ -351,23 +354,23 @@ class GatewayIndex:
         self._memo[key] = hit
         return hit
 
-    def secret(self, namespace: str, name: str) -> Entry | None:
+    def secret(self, namespace: str, name: str) -> Entry[Secret] | None:
         return self.secrets.get((namespace, name))
 
-    def certificate(self, entry: Entry) -> CertificateAndKey | CredentialError:
+    def certificate(self, entry: Entry[Secret]) -> CertificateAndKey | CredentialError:
         """The Secret's chain and key, checked; parsed once per push and dropped with this index
         (so with the Secret): private keys are held no longer than they are served."""
         return self._credential("certificate", entry, certificate_and_key)
 
-    def ca_certificates(self, entry: Entry) -> bytes | CredentialError:
+    def ca_certificates(self, entry: Entry[Secret]) -> bytes | CredentialError:
         return self._credential("ca", entry, ca_bundle)
 
-    def _credential(self, what: str, entry: Entry, parse):
+    def _credential(self, what: str, entry: Entry[Secret], parse):
         key = (what, entry.key)
         hit = self._memo.get(key)
         if hit is None or hit[0] is not entry:
             try:
-                value = parse(entry.obj.reveal())  # type: ignore[attr-defined]
+                value = parse(entry.obj.reveal())
             except CredentialError as e:
                 value = e
             hit = self._memo[key] = (entry, value)

@@ -12,9 +12,10 @@ collide with the app it runs next to.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from pilot.config.networking import ConnectionPoolSettings
+from pilot.config.core import EndpointSlice
+from pilot.config.networking import ConnectionPoolSettings, Sidecar
 from pilot.model.labels import selects
 from pilot.model.protocol import Protocol, select_protocol
 from pilot.model.proxy import Proxy
@@ -33,9 +34,13 @@ class InboundPort:
     bind: str  # address a NONE-mode listener binds; "" when it is reached through virtualInbound
     mtls: str  # STRICT, PERMISSIVE or DISABLE (what PeerAuthentication says for this port)
     origin: str  # Service/ns/name or Sidecar/ns/name, for debug views
-    # The Sidecar's connection pool for this port's inbound cluster: its ingress listener's, else
-    # its inboundConnectionPool (istiod's InboundConnectionPoolForPort); None for none.
+    # The connection pool of this port's inbound cluster, as istiod's buildInboundCluster picks
+    # it: the Sidecar's (its ingress listener's, else its inboundConnectionPool) over the one of
+    # the DestinationRule for the service behind the port; None for none.
     pool: ConnectionPoolSettings | None = None
+    # (host, name, namespace) of every Service that targets this port: the inbound cluster's
+    # `istio.services` metadata, as istiod's (telemetry and istioctl read it).
+    services: tuple[tuple[str, str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,12 +54,12 @@ class InboundPlan:
 NO_INBOUND = InboundPlan((), False)
 
 
-def _named_target(svc_port: ServicePort, slices: tuple[Entry, ...], ips: tuple[str, ...]) -> int | None:
+def _named_target(svc_port: ServicePort, slices: tuple[Entry[EndpointSlice], ...], ips: tuple[str, ...]) -> int | None:
     """A named targetPort is the port the proxy's own endpoint advertises under that name."""
     for entry in slices:
         s = entry.obj
-        port = next((p.port for p in s.ports or () if p.name == svc_port.name and p.port), None)  # type: ignore[attr-defined]
-        if port is not None and any(a in ips for ep in s.endpoints for a in ep.addresses):  # type: ignore[attr-defined]
+        port = next((p.port for p in s.ports or () if p.name == svc_port.name and p.port), None)
+        if port is not None and any(a in ips for ep in s.endpoints for a in ep.addresses):
             return port
     return None
 
@@ -72,35 +77,55 @@ def _endpoint_for(default_endpoint: str, port: int, proxy_ip: str) -> str:
     return f"{host}:{p}"
 
 
-def plan_inbound(proxy: Proxy, services: tuple[MeshService, ...], slices_of, sidecar: Entry | None,
-                 mtls_mode, mesh_tls: bool, policies: WorkloadPolicies = NO_POLICIES) -> InboundPlan:
+def _selecting(services: tuple[MeshService, ...], proxy: Proxy) -> list[MeshService]:
+    return [svc for svc in services if svc.kind == "Service" and svc.namespace == proxy.namespace
+            and svc.selector and selects(svc.selector, proxy.labels)]
+
+
+def _service_on(services: list[MeshService], target: int) -> MeshService | None:
+    """istiod's findOrCreateService: the first service selecting the workload whose port targets
+    this port (its DestinationRule shapes a Sidecar ingress listener's cluster)."""
+    for svc in services:
+        for sp in svc.ports:
+            t = sp.target_port if sp.target_port is not None else sp.port
+            if t == target or (isinstance(t, str) and t.isdigit() and int(t) == target):
+                return svc
+    return None
+
+
+def plan_inbound(proxy: Proxy, services: tuple[MeshService, ...], slices_of, sidecar: Entry[Sidecar] | None,
+                 mtls_mode, mesh_tls: bool, policies: WorkloadPolicies = NO_POLICIES,
+                 rule_pool=lambda svc, port: None) -> InboundPlan:
     """`slices_of(svc)`: a service's EndpointSlice entries; `mtls_mode(port) -> str` the
-    PeerAuthentication mode for one workload port."""
+    PeerAuthentication mode for one workload port; `rule_pool(svc, service_port)` the
+    connection pool of the DestinationRule in force for that service port (inbound: the rule
+    without a workloadSelector), or None."""
     ip = proxy.ip_addresses[0] if proxy.ip_addresses else LOCALHOST
     none_mode = proxy.interception_mode == "NONE"
     ports: dict[int, InboundPort] = {}
     problems: list[str] = []
-    ingress = sidecar.obj.spec.ingress if sidecar is not None else []  # type: ignore[attr-defined]
-    shared_pool = (sidecar.obj.spec.inbound_connection_pool  # type: ignore[attr-defined]
+    ingress = sidecar.obj.spec.ingress if sidecar is not None else []
+    shared_pool = (sidecar.obj.spec.inbound_connection_pool
                    if sidecar is not None else None)
     if ingress:
-        origin = f"Sidecar/{sidecar.key.namespace}/{sidecar.key.name}"  # type: ignore[union-attr]
+        assert sidecar is not None  # ingress listeners come from it
+        origin = f"Sidecar/{sidecar.key.namespace}/{sidecar.key.name}"
+        mine = _selecting(services, proxy)
         for listener in ingress:
             p = listener.port
+            assert p is not None  # required (IstioIngressListener._required)
             capture_none = listener.capture_mode == "NONE" or (listener.capture_mode in (None, "DEFAULT") and none_mode)
             bind = (listener.bind or ip) if capture_none else ""
+            pool = listener.connection_pool or shared_pool
+            if pool is None and (behind := _service_on(mine, p.number)) is not None:
+                pool = rule_pool(behind, p.number)  # port-level settings by the listener's port, as istiod
             ports[p.number] = InboundPort(
                 p.number, select_protocol(p.name, p.protocol.lower() or None),
-                _endpoint_for(listener.default_endpoint, p.number, ip), bind, mtls_mode(p.number), origin,
-                listener.connection_pool or shared_pool)
+                _endpoint_for(listener.default_endpoint, p.number, ip), bind, mtls_mode(p.number), origin, pool)
         return InboundPlan(tuple(ports[k] for k in sorted(ports)), mesh_tls, policies)
     if not mesh_tls:
         return NO_INBOUND
-    for svc in services:
-        if svc.kind != "Service" or svc.namespace != proxy.namespace or not svc.selector:
-            continue
-        if not selects(svc.selector, proxy.labels):
-            continue
+    for svc in _selecting(services, proxy):
         for sp in svc.ports:
             target = sp.target_port
             if target is None:
@@ -111,12 +136,18 @@ def plan_inbound(proxy: Proxy, services: tuple[MeshService, ...], slices_of, sid
                     problems.append(f"{svc.origin} port {sp.port}: targetPort {sp.target_port!r} "
                                     "is not a port of this workload's endpoints")
                     continue
+            here = (svc.hostname, svc.name, svc.namespace)
             if target in ports:
-                continue  # several services may target one workload port: the first (by host) serves it
+                # Several services may target one workload port: the first (by host) serves it,
+                # every one of them is named in its metadata.
+                if ports[target].origin.startswith("Service/") and here not in ports[target].services:
+                    ports[target] = replace(ports[target], services=(*ports[target].services, here))
+                continue
             if none_mode and ip == LOCALHOST:
                 problems.append(f"{svc.origin} port {sp.port}: the workload address is {LOCALHOST}, where the app "
                                 f"itself listens on {target}; give the proxy its own IP to serve it inbound")
                 continue
             ports[target] = InboundPort(target, sp.protocol, f"{LOCALHOST}:{target}",
-                                        ip if none_mode else "", mtls_mode(target), svc.origin, shared_pool)
+                                        ip if none_mode else "", mtls_mode(target), svc.origin,
+                                        shared_pool or rule_pool(svc, sp.port), (here,))
     return InboundPlan(tuple(ports[k] for k in sorted(ports)), mesh_tls, policies, tuple(problems))

@@ -1,4 +1,5 @@
-"""Which MeshConfig is in force: the `istio` ConfigMap's `mesh` key when present, else the file.
+"""Which MeshConfig is in force: the `istio` ConfigMap's `mesh` key (`istio-REV` with a REVISION)
+when present, else the file.
 
 An invalid ConfigMap is rejected with its reason and the last good MeshConfig stays in force, so
 a typo in the mesh config never takes the whole mesh down. Fields that are not applied (unknown,
@@ -11,8 +12,10 @@ from __future__ import annotations
 import hashlib
 
 from pilot import logging as plog
+from pilot.config.core import ConfigMap
 from pilot.config.mesh import MeshConfig, MeshConfigError, parse_mesh_config
 from pilot.config.validation import Rejection
+from pilot.model.revisions import suffix
 from pilot.model.store import ConfigKey, Store
 
 MESH_CONFIGMAP = "istio"
@@ -28,9 +31,11 @@ def mesh_version(mesh: MeshConfig) -> str:
 
 
 class MeshHolder:
-    def __init__(self, file_mesh: MeshConfig, system_namespace: str) -> None:
+    def __init__(self, file_mesh: MeshConfig, system_namespace: str, revision: str = "") -> None:
         self.file_mesh = file_mesh
         self.system_namespace = system_namespace
+        # istiod's name: `istio`, or `istio-REV` for a named revision (bootstrap/mesh.go).
+        self.configmap_name = MESH_CONFIGMAP + suffix(revision)
         self.current = file_mesh
         self.version = mesh_version(file_mesh)
         self.source = "file"
@@ -46,27 +51,27 @@ class MeshHolder:
 
     @property
     def configmap_key(self) -> ConfigKey:
-        return ConfigKey("ConfigMap", self.system_namespace, MESH_CONFIGMAP)
+        return ConfigKey("ConfigMap", self.system_namespace, self.configmap_name)
 
     def peek(self, store: Store) -> MeshConfig:
         """The MeshConfig the Store holds right now (before the next push applies it)."""
-        entry = store.get(self.configmap_key)
+        entry = store.get(self.configmap_key, ConfigMap)
         if entry is None:
             return self.file_mesh
         try:
-            return parse_mesh_config(entry.obj.data.get(MESH_KEY, ""))  # type: ignore[attr-defined]
+            return parse_mesh_config(entry.obj.data.get(MESH_KEY, ""))
         except MeshConfigError:
             return self.current
 
     def refresh(self, store: Store) -> bool:
         """Re-read the ConfigMap; return True when the MeshConfig in force changed."""
-        entry = store.get(self.configmap_key)
+        entry = store.get(self.configmap_key, ConfigMap)
         if entry is None:
             mesh, source = self.file_mesh, "file"
             unsupported = mesh.unsupported
             store.set_rejections("meshconfig", [])
         else:
-            data = entry.obj.data  # type: ignore[attr-defined]
+            data = entry.obj.data
             try:
                 mesh = parse_mesh_config(data.get(MESH_KEY, ""))
                 source = f"configmap {self.system_namespace}/{MESH_CONFIGMAP}"

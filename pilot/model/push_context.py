@@ -7,12 +7,15 @@ that shares the services and replaces only the endpoint index.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
+from pilot.config.core import EndpointSlice, Pod, Secret, Service
+from pilot.config.gateway_api import KubernetesGateway
 from pilot.config.mesh import MeshConfig
+from pilot.config.networking import DestinationRule, ServiceEntry, Sidecar, VirtualService, WorkloadEntry
+from pilot.config.security import AuthorizationPolicy
 from pilot.model import dependencies as dep
 from pilot.model.ambient.index import AMBIENT_INPUT_KINDS, AmbientInputs
 from pilot.model.gateway_api import EMPTY as NO_GATEWAY_API
@@ -33,8 +36,8 @@ from pilot.model.services import (
     service_entry_services,
 )
 from pilot.model.sidecar_scope import ServiceView, scoped_view, select_sidecar
-from pilot.model.store import Entry, Store
-from pilot.model.traffic import TrafficIndex
+from pilot.model.store import Entry, ObjT, Store
+from pilot.model.traffic import TrafficIndex, effective_policy
 
 # Store kinds an endpoint-only refresh (`with_endpoints`) covers: a change of only these keeps
 # every other index (services, traffic rules, gateways, policies) and rebuilds these.
@@ -47,6 +50,23 @@ CONTEXT_KINDS = ENDPOINT_KINDS | AMBIENT_INPUT_KINDS | frozenset({
     "GatewayClass", "KubernetesGateway", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute", "ReferenceGrant"})
 
 
+class _Recording:
+    """`with ctx.recording() as deps:` without a generator's frame (it runs for every generated
+    result and memoized sub-result of a push)."""
+
+    __slots__ = ("deps", "stack")
+
+    def __init__(self, stack: list, deps: dep.Deps) -> None:
+        self.stack, self.deps = stack, deps
+
+    def __enter__(self) -> dep.Deps:
+        self.stack.append(self.deps)
+        return self.deps
+
+    def __exit__(self, *exc: object) -> None:
+        self.stack.pop()
+
+
 @dataclass(frozen=True)
 class PushContext:
     version: str
@@ -56,18 +76,18 @@ class PushContext:
     services: tuple[MeshService, ...] = ()
     by_host: Mapping[str, MeshService] = field(default_factory=dict)
     # (namespace, service name) -> EndpointSlice entries for that service, in a stable order
-    slices: Mapping[tuple[str, str], tuple[Entry, ...]] = field(default_factory=dict)
+    slices: Mapping[tuple[str, str], tuple[Entry[EndpointSlice], ...]] = field(default_factory=dict)
     # The MeshConfig slices builders read (the same objects while they do not change).
-    settings: MeshSettings | None = None
+    settings: MeshSettings = field(default_factory=lambda: MeshSettings.of(MeshConfig()))
     traffic: TrafficIndex = field(default_factory=TrafficIndex)
-    sidecars: Mapping[str, tuple[Entry, ...]] = field(default_factory=dict)  # by namespace, oldest first
-    service_entries: Mapping[tuple[str, str], Entry] = field(default_factory=dict)
-    workload_entries_by_ns: Mapping[str, tuple[Entry, ...]] = field(default_factory=dict)
+    sidecars: Mapping[str, tuple[Entry[Sidecar], ...]] = field(default_factory=dict)  # by namespace, oldest first
+    service_entries: Mapping[tuple[str, str], Entry[ServiceEntry]] = field(default_factory=dict)
+    workload_entries_by_ns: Mapping[str, tuple[Entry[WorkloadEntry], ...]] = field(default_factory=dict)
     # Every service with its per-port indexes: what proxies without a Sidecar see.
     full_view: ServiceView = field(default_factory=lambda: ServiceView.of(()))
     _views: dict = field(default_factory=dict, compare=False, repr=False)  # per-push memo
     _memo: dict = field(default_factory=dict, compare=False, repr=False)  # per-push derived values
-    pods: Mapping[tuple[str, str], Entry] = field(default_factory=dict)
+    pods: Mapping[tuple[str, str], Entry[Pod]] = field(default_factory=dict)
     gateways: GatewayIndex = field(default_factory=GatewayIndex)  # Gateways, their VirtualServices, Secrets
     security: SecurityIndex = field(default_factory=SecurityIndex)  # PeerAuthn, AuthorizationPolicy, RequestAuthn
     ambient: AmbientInputs = field(default_factory=AmbientInputs)  # what only ztunnel's config reads
@@ -83,16 +103,16 @@ class PushContext:
         same objects, so cache keys built from them compare by identity, not field by field."""
         old = previous.by_host if previous is not None and previous.domain == domain else {}
 
-        def service(e: Entry) -> MeshService:
+        def service(e: Entry[Service]) -> MeshService:
             prev = old.get(f"{e.key.name}.{e.key.namespace}.svc.{domain}")
             return prev if prev is not None and prev.revision == e.revision else mesh_service(e, domain)
 
-        kube = [service(e) for e in store.list("Service")]
+        kube = [service(e) for e in store.list(Service)]
         # A ServiceEntry host that is also a Kubernetes Service is that Service (istiod merges
         # them; we keep the Service and its endpoints). Between ServiceEntries the oldest wins.
         taken = {s.hostname for s in kube}
         entries = []
-        for e in sorted(store.list("ServiceEntry"), key=lambda e: (e.obj.metadata.creation_timestamp, e.key)):
+        for e in sorted(store.list(ServiceEntry), key=lambda e: (e.obj.metadata.creation_timestamp, e.key)):
             for se_svc in service_entry_services(e):
                 if se_svc.hostname not in taken:
                     taken.add(se_svc.hostname)
@@ -112,9 +132,9 @@ class PushContext:
             slices=_index_slices(store),
             settings=settings,
             traffic=TrafficIndex.build(store, domain, mesh.root_namespace, gateway_api.mesh_virtual_services),
-            sidecars=_by_namespace(store.list("Sidecar"), oldest_first=True),
-            service_entries=MappingProxyType({(e.key.namespace, e.key.name): e for e in store.list("ServiceEntry")}),
-            workload_entries_by_ns=_by_namespace(store.list("WorkloadEntry")),
+            sidecars=_by_namespace(store.list(Sidecar), oldest_first=True),
+            service_entries=MappingProxyType({(e.key.namespace, e.key.name): e for e in store.list(ServiceEntry)}),
+            workload_entries_by_ns=_by_namespace(store.list(WorkloadEntry)),
             full_view=ServiceView.of(services),
             pods=_index_pods(store),
             gateways=GatewayIndex.build(store, domain, gateway_api.gateways, gateway_api.virtual_services),
@@ -124,16 +144,10 @@ class PushContext:
         )
 
     # --- dependency recording (pilot/model/dependencies.py) ------------------------------------
-    @contextmanager
-    def recording(self, deps: dep.Deps | None = None) -> Iterator[dep.Deps]:
+    def recording(self, deps: dep.Deps | None = None) -> _Recording:
         """Note into `deps` what the accessors are asked while the block runs (generation is
         synchronous, so a stack is enough; nested recordings note into the innermost)."""
-        deps = dep.Deps() if deps is None else deps
-        self._rec.append(deps)
-        try:
-            yield deps
-        finally:
-            self._rec.pop()
+        return _Recording(self._rec, dep.Deps() if deps is None else deps)
 
     def suspend_recording(self) -> list:
         """Detach the recording stack, for a generation that yields to the event loop between
@@ -196,19 +210,19 @@ class PushContext:
         return self.services
 
     def destination_rule(self, host: str, client_namespace: str, service_namespace: str,
-                         client_labels: Mapping[str, str] | None = None) -> Entry | None:
+                         client_labels: Mapping[str, str] | None = None) -> Entry[DestinationRule] | None:
         """The rule in force for a client (`client_labels`: its workload's, for workloadSelector
         rules; the generation memo keys proxies by which selectors they match)."""
         if self._rec:  # (a wildcard DestinationRule's change meets every "dr" facet: Matcher)
             self._rec[-1].facets.add(("dr", host))
         return self.traffic.destination_rule(host, client_namespace, service_namespace, client_labels)
 
-    def destination_rules(self) -> Mapping[str, tuple[Entry, ...]]:
+    def destination_rules(self) -> Mapping[str, tuple[Entry[DestinationRule], ...]]:
         """Every DestinationRule by host (consistent-hash policies are read across all)."""
         self._note(dep.DR_ALL, dep.DR_WILDCARD)
         return self.traffic.destination_rules
 
-    def virtual_service(self, host: str, client_namespace: str = "") -> Entry | None:
+    def virtual_service(self, host: str, client_namespace: str = "") -> Entry[VirtualService] | None:
         if self._rec:  # (a wildcard VirtualService's change meets every "vs" facet: Matcher)
             self._rec[-1].facets.add(("vs", host))
         return self.traffic.virtual_service(host, client_namespace)
@@ -218,7 +232,7 @@ class PushContext:
         self._note(dep.GATEWAYS)
         return self.gateways
 
-    def gateway_secret(self, namespace: str, name: str) -> Entry | None:
+    def gateway_secret(self, namespace: str, name: str) -> Entry[Secret] | None:
         self._note(dep.secret(namespace, name))
         return self.gateways.secret(namespace, name)
 
@@ -231,7 +245,7 @@ class PushContext:
         self._note(dep.security(namespace), dep.security(self.mesh.root_namespace), dep.JWKS)
         return self.security.for_workload(namespace, labels)
 
-    def authorization_policies(self) -> Mapping[str, tuple[Entry, ...]]:
+    def authorization_policies(self) -> Mapping[str, tuple[Entry[AuthorizationPolicy], ...]]:
         self._note(dep.kind("AuthorizationPolicy"))
         return self.security.authorization_policies
 
@@ -239,7 +253,7 @@ class PushContext:
         """ztunnel's index reads whole kinds (AMBIENT_INPUT_KINDS): one facet stands for them."""
         self._note(dep.AMBIENT)
 
-    def waypoint_gateways(self) -> tuple[Entry, ...]:
+    def waypoint_gateways(self) -> tuple[Entry[KubernetesGateway], ...]:
         self._note(dep.kind("KubernetesGateway"), dep.kind("GatewayClass"))
         return self.ambient.gateways
 
@@ -248,14 +262,14 @@ class PushContext:
         """Services that lost their port to another protocol (shown in /debug/push_status)."""
         return self.full_view.conflicts
 
-    def sidecar_for(self, namespace: str, labels: Mapping[str, str]) -> Entry | None:
+    def sidecar_for(self, namespace: str, labels: Mapping[str, str]) -> Entry[Sidecar] | None:
         if self._rec:  # any Sidecar of these namespaces may take part in selection
             self._rec[-1].facets.update((("sidecars", namespace), ("sidecars", self.mesh.root_namespace)))
         if not self.sidecars:
             return None
         return select_sidecar(self.sidecars, namespace, labels, self.mesh.root_namespace)
 
-    def view(self, sidecar: Entry | None) -> ServiceView:
+    def view(self, sidecar: Entry[Sidecar] | None) -> ServiceView:
         """What proxies under this Sidecar (None: no Sidecar) see; built once per push."""
         hit = self._views.get(sidecar)
         if hit is None:
@@ -272,15 +286,15 @@ class PushContext:
 
     def with_endpoints(self, store: Store, version: str) -> PushContext:
         return replace(self, version=version, slices=_index_slices(store), pods=_index_pods(store), _views={},
-                       _memo={}, _rec=[], workload_entries_by_ns=_by_namespace(store.list("WorkloadEntry")),
+                       _memo={}, _rec=[], workload_entries_by_ns=_by_namespace(store.list(WorkloadEntry)),
                        ambient=AmbientInputs.build(store))
 
-    def pods_of(self, slices: tuple[Entry, ...]) -> tuple[Entry, ...]:
+    def pods_of(self, slices: tuple[Entry[EndpointSlice], ...]) -> tuple[Entry[Pod], ...]:
         """The Pods behind these slices' endpoints (their labels decide subset membership)."""
-        out: dict[tuple[str, str], Entry] = {}
+        out: dict[tuple[str, str], Entry[Pod]] = {}
         rec = self._rec[-1] if self._rec else None
         for s in slices:
-            for ep in s.obj.endpoints:  # type: ignore[attr-defined]
+            for ep in s.obj.endpoints:
                 ref = ep.target_ref
                 if ref is not None and ref.kind == "Pod":
                     key = (ref.namespace or s.key.namespace, ref.name)
@@ -291,7 +305,7 @@ class PushContext:
                         out[key] = pod
         return tuple(out[k] for k in sorted(out))
 
-    def service_pods(self, svc: MeshService) -> tuple[Entry, ...]:
+    def service_pods(self, svc: MeshService) -> tuple[Entry[Pod], ...]:
         """The Pods behind a Kubernetes service's endpoints, computed once per push (EDS asks
         once per cluster: the hit path is kept short)."""
         hit = self._memo.get(("pods", svc.namespace, svc.name))
@@ -327,14 +341,14 @@ class PushContext:
         if svc.kind == "ServiceEntry":
             entry = self.service_entry(svc)
             if entry is not None:
-                spec = entry.obj.spec  # type: ignore[attr-defined]
+                spec = entry.obj.spec
                 out.update(spec.subject_alt_names)
                 for w in spec.endpoints + [we.obj.spec for we in self._selected_workload_entries(svc, entry)]:
                     if w.service_account:
                         out.add(spiffe_id(td, svc.namespace, w.service_account))
         else:
             for pod in self.service_pods(svc):
-                out.add(spiffe_id(td, pod.key.namespace, pod.obj.spec.service_account_name))  # type: ignore[attr-defined]
+                out.add(spiffe_id(td, pod.key.namespace, pod.obj.spec.service_account_name))
         return tuple(sorted(out))
 
     def services_in(self, namespace: str) -> tuple[MeshService, ...]:
@@ -354,7 +368,7 @@ class PushContext:
         labels = proxy.labels
         mesh_tls = proxy.traits.mesh_tls
         sidecar = self.sidecar_for(proxy.namespace, labels)
-        if not mesh_tls and (sidecar is None or not sidecar.obj.spec.ingress):  # type: ignore[attr-defined]
+        if not mesh_tls and (sidecar is None or not sidecar.obj.spec.ingress):
             return NO_INBOUND
         key = ("inbound", proxy.namespace, frozenset(labels.items()), proxy.ip_addresses,
                proxy.interception_mode, mesh_tls)
@@ -362,10 +376,19 @@ class PushContext:
         def plan() -> InboundPlan:
             made = plan_inbound(proxy, self.services_in(proxy.namespace), self.service_slices, sidecar,
                                 lambda port: self.mtls_mode(proxy.namespace, labels, port), mesh_tls,
-                                self.workload_policies(proxy.namespace, labels))
+                                self.workload_policies(proxy.namespace, labels),
+                                lambda svc, port: self._inbound_rule_pool(proxy.namespace, svc, port))
             return self._memo.setdefault(("plan", made), made)  # equal plans: one object
 
         return self._memoized(key, plan)
+
+    def _inbound_rule_pool(self, namespace: str, svc: MeshService, port: int):
+        """istiod's SidecarScope.DestinationRule(inbound, ...): the rule without a workloadSelector
+        (selectors are honoured outbound only), its connection pool for the service port."""
+        rule = self.destination_rule(svc.hostname, namespace, svc.namespace)
+        if rule is None:
+            return None
+        return effective_policy(rule.obj.spec, "", port)["connection_pool"]
 
     def gateway_port_map(self, proxy: Proxy) -> tuple[tuple[int, int], ...]:
         """(port, targetPort) of the Services in a router's namespace that select it."""
@@ -374,7 +397,7 @@ class PushContext:
         key = ("gw-ports", proxy.namespace, frozenset(proxy.labels.items()))
         out = self._memo.get(key)
         if out is None:
-            labels, ports = proxy.labels, {}
+            labels, ports = proxy.labels, dict[int, int]()
             for svc in self.services_in(proxy.namespace):
                 if svc.kind == "Service" and svc.selector and selects(svc.selector, labels):
                     for p in svc.ports:
@@ -398,14 +421,14 @@ class PushContext:
         self._note(dep.security(svc.namespace), dep.security(self.mesh.root_namespace))
         return self.security.mtls_mode(svc.namespace, dict(svc.selector), target) == "DISABLE"
 
-    def _selected_workload_entries(self, svc: MeshService, entry: Entry) -> list[Entry]:
-        selector = entry.obj.spec.workload_selector  # type: ignore[attr-defined]
+    def _selected_workload_entries(self, svc: MeshService, entry: Entry[ServiceEntry]) -> list[Entry[WorkloadEntry]]:
+        selector = entry.obj.spec.workload_selector
         if selector is None:
             return []
         return [we for we in self.workload_entries(svc)
-                if selects(selector.match_labels, we.obj.spec.labels)]  # type: ignore[attr-defined]
+                if selects(selector.match_labels, we.obj.spec.labels)]
 
-    def service_slices(self, svc: MeshService) -> tuple[Entry, ...]:
+    def service_slices(self, svc: MeshService) -> tuple[Entry[EndpointSlice], ...]:
         if self._rec:
             self._rec[-1].facets.add(("slices", svc.namespace, svc.name))
         return self.slices.get((svc.namespace, svc.name), ())
@@ -419,11 +442,11 @@ class PushContext:
             return service_entry_endpoints(entry, sp, self.workload_entries(svc)) if entry else ()
         return endpoints_for_port(self.service_slices(svc), sp)
 
-    def service_entry(self, svc: MeshService) -> Entry | None:
+    def service_entry(self, svc: MeshService) -> Entry[ServiceEntry] | None:
         self._note(dep.service_entry(svc.namespace, svc.name))
         return self.service_entries.get((svc.namespace, svc.name))
 
-    def workload_entries(self, svc: MeshService) -> tuple[Entry, ...]:
+    def workload_entries(self, svc: MeshService) -> tuple[Entry[WorkloadEntry], ...]:
         """WorkloadEntries in the ServiceEntry's namespace (its workloadSelector picks among them)."""
         self._note(dep.workload_entries(svc.namespace))
         return self.workload_entries_by_ns.get(svc.namespace, ())
@@ -433,8 +456,8 @@ class PushContext:
         return tuple(e.revision for e in self.service_slices(svc))
 
 
-def _by_namespace(entries: list[Entry], oldest_first: bool = False) -> Mapping[str, tuple[Entry, ...]]:
-    out: dict[str, list[Entry]] = defaultdict(list)
+def _by_namespace(entries: list[Entry[ObjT]], oldest_first: bool = False) -> Mapping[str, tuple[Entry[ObjT], ...]]:
+    out: dict[str, list[Entry[ObjT]]] = defaultdict(list)
     for e in entries:
         out[e.key.namespace].append(e)
 
@@ -444,14 +467,14 @@ def _by_namespace(entries: list[Entry], oldest_first: bool = False) -> Mapping[s
     return MappingProxyType({ns: tuple(sorted(v, key=order)) for ns, v in out.items()})
 
 
-def _index_pods(store: Store) -> Mapping[tuple[str, str], Entry]:
-    return MappingProxyType({(e.key.namespace, e.key.name): e for e in store.list("Pod")})
+def _index_pods(store: Store) -> Mapping[tuple[str, str], Entry[Pod]]:
+    return MappingProxyType({(e.key.namespace, e.key.name): e for e in store.list(Pod)})
 
 
-def _index_slices(store: Store) -> Mapping[tuple[str, str], tuple[Entry, ...]]:
-    idx: dict[tuple[str, str], list[Entry]] = defaultdict(list)
-    for e in store.list("EndpointSlice"):
-        svc_name = e.obj.service_name  # type: ignore[attr-defined]
+def _index_slices(store: Store) -> Mapping[tuple[str, str], tuple[Entry[EndpointSlice], ...]]:
+    idx: dict[tuple[str, str], list[Entry[EndpointSlice]]] = defaultdict(list)
+    for e in store.list(EndpointSlice):
+        svc_name = e.obj.service_name
         if svc_name:
             idx[(e.key.namespace, svc_name)].append(e)
     return MappingProxyType({k: tuple(sorted(v, key=lambda e: e.key.name)) for k, v in idx.items()})

@@ -26,8 +26,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from pilot.config.security import AuthorizationPolicy, PeerAuthentication, RequestAuthentication
 from pilot.model.labels import selects
-from pilot.model.store import Entry, Store
+from pilot.model.store import Entry, ObjT, Store
+
+# The kinds that select workloads with `selector` (matchLabels).
+_Policy = PeerAuthentication | AuthorizationPolicy | RequestAuthentication
 
 STRICT, PERMISSIVE, DISABLE, UNSET = "STRICT", "PERMISSIVE", "DISABLE", "UNSET"
 GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name"
@@ -55,8 +59,8 @@ def _age(e: Entry) -> tuple[str, str, str]:
     return (e.obj.metadata.creation_timestamp, e.key.name, e.key.namespace)
 
 
-def _match_labels(e: Entry) -> dict[str, str]:
-    selector = e.obj.spec.selector  # type: ignore[attr-defined]
+def _match_labels(e: Entry[_Policy]) -> dict[str, str]:
+    selector = e.obj.spec.selector
     return selector.match_labels if selector is not None else {}
 
 
@@ -82,15 +86,15 @@ class WorkloadPolicies:
     keys fetched for the rules without inline keys, as (source, JWKS text) sorted by source, where
     the source is the rule's jwksUri or, without one, its issuer."""
 
-    custom: tuple[Entry, ...] = ()
-    deny: tuple[Entry, ...] = ()
-    allow: tuple[Entry, ...] = ()
-    audit: tuple[Entry, ...] = ()
-    request_authentications: tuple[Entry, ...] = ()
+    custom: tuple[Entry[AuthorizationPolicy], ...] = ()
+    deny: tuple[Entry[AuthorizationPolicy], ...] = ()
+    allow: tuple[Entry[AuthorizationPolicy], ...] = ()
+    audit: tuple[Entry[AuthorizationPolicy], ...] = ()
+    request_authentications: tuple[Entry[RequestAuthentication], ...] = ()
     jwks: tuple[tuple[str, str], ...] = ()
 
     @property
-    def authorization_policies(self) -> tuple[Entry, ...]:
+    def authorization_policies(self) -> tuple[Entry[AuthorizationPolicy], ...]:
         return self.custom + self.deny + self.audit + self.allow
 
     @property
@@ -117,9 +121,9 @@ NO_POLICIES = WorkloadPolicies()
 class SecurityIndex:
     root_namespace: str = "istio-system"
     # by namespace, oldest first
-    peer_authentications: Mapping[str, tuple[Entry, ...]] = field(default_factory=dict)
-    authorization_policies: Mapping[str, tuple[Entry, ...]] = field(default_factory=dict)
-    request_authentications: Mapping[str, tuple[Entry, ...]] = field(default_factory=dict)
+    peer_authentications: Mapping[str, tuple[Entry[PeerAuthentication], ...]] = field(default_factory=dict)
+    authorization_policies: Mapping[str, tuple[Entry[AuthorizationPolicy], ...]] = field(default_factory=dict)
+    request_authentications: Mapping[str, tuple[Entry[RequestAuthentication], ...]] = field(default_factory=dict)
     # keys fetched at the edge (pilot/security/jwks.py) by source; a missing source is not fetched
     jwks: JwksSnapshot = field(default_factory=JwksSnapshot)
     _memo: dict = field(default_factory=dict, compare=False, repr=False)
@@ -127,9 +131,9 @@ class SecurityIndex:
     @classmethod
     def build(cls, store: Store, root_namespace: str, jwks: JwksSnapshot | None = None) -> SecurityIndex:
         return cls(root_namespace,
-                   _by_namespace(store.list("PeerAuthentication")),
-                   _by_namespace(store.list("AuthorizationPolicy")),
-                   _by_namespace(store.list("RequestAuthentication")),
+                   _by_namespace(store.list(PeerAuthentication)),
+                   _by_namespace(store.list(AuthorizationPolicy)),
+                   _by_namespace(store.list(RequestAuthentication)),
                    jwks or JwksSnapshot())
 
     # --- mutual TLS ---------------------------------------------------------------------------
@@ -147,12 +151,12 @@ class SecurityIndex:
             self.peer_authentications, namespace, labels, self.root_namespace)
         mode = PERMISSIVE
         for e in (mesh, namespace_level, workload):
-            if e is not None and e.obj.spec.mode != UNSET:  # type: ignore[attr-defined]
-                mode = e.obj.spec.mode  # type: ignore[attr-defined]
+            if e is not None and e.obj.spec.mode != UNSET:
+                mode = e.obj.spec.mode
         ports: tuple[tuple[int, str], ...] = ()
         if workload is not None:
             ports = tuple(sorted((p, mode if m == UNSET else m)
-                                 for p, m in workload.obj.spec.port_modes().items()))  # type: ignore[attr-defined]
+                                 for p, m in workload.obj.spec.port_modes().items()))
         return MtlsPolicy(mode, ports)
 
     def mtls_mode(self, namespace: str, labels: Mapping[str, str], port: int) -> str:
@@ -169,19 +173,20 @@ class SecurityIndex:
 
     def _select(self, namespace: str, labels: Mapping[str, str]) -> WorkloadPolicies:
         lookup = (self.root_namespace,) if namespace == self.root_namespace else (self.root_namespace, namespace)
-        by_action: dict[str, list[Entry]] = defaultdict(list)
+        by_action: dict[str, list[Entry[AuthorizationPolicy]]] = defaultdict(list)
         for ns in lookup:
             for e in self.authorization_policies.get(ns, ()):
                 if _selects(e, namespace, labels):
-                    by_action[e.obj.spec.action].append(e)  # type: ignore[attr-defined]
+                    by_action[e.obj.spec.action].append(e)
         authns = [e for ns in lookup for e in self.request_authentications.get(ns, ()) if _selects(e, namespace, labels)]
         keys = self.jwks.keys
-        sources = sorted({src for e in authns for r in e.obj.spec.rules  # type: ignore[attr-defined]
+        sources = sorted({src for e in authns for r in e.obj.spec.rules
                           if (src := jwks_source(r)) is not None and src in keys})
         if not by_action and not authns:
             return NO_POLICIES
-        return WorkloadPolicies(*(tuple(sorted(by_action.get(a, ()), key=_age))
-                                  for a in ("CUSTOM", "DENY", "ALLOW", "AUDIT")),
+        custom, deny, allow, audit = (tuple(sorted(by_action.get(a, ()), key=_age))
+                                      for a in ("CUSTOM", "DENY", "ALLOW", "AUDIT"))
+        return WorkloadPolicies(custom, deny, allow, audit,
                                 tuple(sorted(authns, key=_age)),
                                 tuple((src, keys[src]) for src in sources))
 
@@ -194,7 +199,7 @@ class SecurityIndex:
         out = []
         for entries in self.authorization_policies.values():
             for e in entries:
-                spec = e.obj.spec  # type: ignore[attr-defined]
+                spec = e.obj.spec
                 if spec.action == "CUSTOM":
                     provider = spec.provider.name if spec.provider else ""
                     out.append(_problem(e, f"CUSTOM action: extension provider {provider!r} is not defined "
@@ -202,7 +207,7 @@ class SecurityIndex:
                                            "unknown provider, requests to the selected workloads are denied"))
         for entries in self.request_authentications.values():
             for e in entries:
-                for i, r in enumerate(e.obj.spec.rules):  # type: ignore[attr-defined]
+                for i, r in enumerate(e.obj.spec.rules):
                     src = jwks_source(r)
                     if src is None or src in self.jwks.keys:
                         continue
@@ -214,13 +219,13 @@ class SecurityIndex:
         return tuple(sorted(out, key=lambda p: (p["kind"], p["namespace"], p["name"], p["reason"])))
 
 
-def _problem(e: Entry, reason: str) -> dict:
+def _problem(e: Entry[_Policy], reason: str) -> dict:
     return {"kind": e.key.kind, "namespace": e.key.namespace, "name": e.key.name, "reason": reason}
 
 
-def _selects(e: Entry, namespace: str, labels: Mapping[str, str]) -> bool:
+def _selects(e: Entry[AuthorizationPolicy | RequestAuthentication], namespace: str, labels: Mapping[str, str]) -> bool:
     """istiod's WorkloadPolicyMatcher.ShouldAttachPolicy for a sidecar or gateway proxy."""
-    spec = e.obj.spec  # type: ignore[attr-defined]
+    spec = e.obj.spec
     refs = spec.target_references
     if not refs:
         return selects(_match_labels(e), labels)
@@ -229,9 +234,10 @@ def _selects(e: Entry, namespace: str, labels: Mapping[str, str]) -> bool:
         r.kind == "Gateway" and r.group == GATEWAY_API_GROUP and r.name == gateway for r in refs)
 
 
-def peer_authentication_levels(peer_authentications: Mapping[str, tuple[Entry, ...]], namespace: str,
+def peer_authentication_levels(peer_authentications: Mapping[str, tuple[Entry[PeerAuthentication], ...]], namespace: str,
                                labels: Mapping[str, str], root_namespace: str
-                               ) -> tuple[Entry | None, Entry | None, Entry | None]:
+                               ) -> tuple[Entry[PeerAuthentication] | None, Entry[PeerAuthentication] | None,
+                                      Entry[PeerAuthentication] | None]:
     """The PeerAuthentications in force for a workload at each level, the oldest at each: the
     mesh's (root namespace, no selector), its namespace's (no selector) and the workload's (a
     selector matching its labels). Sidecars and ztunnel compose them differently."""
@@ -245,8 +251,8 @@ def peer_authentication_levels(peer_authentications: Mapping[str, tuple[Entry, .
     return mesh, namespace_level, workload
 
 
-def _by_namespace(entries: list[Entry]) -> Mapping[str, tuple[Entry, ...]]:
-    out: dict[str, list[Entry]] = defaultdict(list)
+def _by_namespace(entries: list[Entry[ObjT]]) -> Mapping[str, tuple[Entry[ObjT], ...]]:
+    out: dict[str, list[Entry[ObjT]]] = defaultdict(list)
     for e in entries:
         out[e.key.namespace].append(e)
     return MappingProxyType({ns: tuple(sorted(v, key=_age)) for ns, v in out.items()})

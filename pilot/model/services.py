@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pilot.config.core import EndpointSlice, Service
+from pilot.config.core import EndpointSlice, Pod, Service
+from pilot.config.networking import ServiceEntry, WorkloadEntry
 from pilot.model.labels import selects
 from pilot.model.protocol import Protocol, select_protocol
 from pilot.model.store import Entry
@@ -34,6 +35,14 @@ class MeshService:
     kind: str = "Service"  # or "ServiceEntry"
     resolution: str = ""  # ServiceEntry resolution: NONE, STATIC, DNS, DNS_ROUND_ROBIN
     selector: tuple[tuple[str, str], ...] = ()  # a Kubernetes Service's pod selector (inbound side)
+    # A ServiceEntry's other `addresses` (IPs and CIDRs; `cluster_ip` is its first IP): istiod makes
+    # one service per (host, address), so traffic to any of them reaches the service.
+    extra_addresses: tuple[str, ...] = ()
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        """Every address a client may dial the service at (cluster IP first)."""
+        return ((self.cluster_ip,) if self.cluster_ip else ()) + self.extra_addresses
 
     @property
     def origin(self) -> str:
@@ -67,8 +76,8 @@ class EndpointAddress:
     weight: int = 1  # a WorkloadEntry's weight (Envoy's load_balancing_weight, at least 1)
 
 
-def mesh_service(entry: Entry, domain: str) -> MeshService:
-    svc: Service = entry.obj  # type: ignore[assignment]
+def mesh_service(entry: Entry[Service], domain: str) -> MeshService:
+    svc = entry.obj
     ns, name = svc.metadata.namespace, svc.metadata.name
     cluster_ip = svc.spec.cluster_ip if svc.spec.cluster_ip not in (None, "", "None") else None
     ports = tuple(
@@ -90,9 +99,9 @@ def _slice_port(slice_: EndpointSlice, svc_port: ServicePort) -> int | None:
     return None
 
 
-def endpoints_for_port(slices: tuple[Entry, ...], svc_port: ServicePort,
+def endpoints_for_port(slices: tuple[Entry[EndpointSlice], ...], svc_port: ServicePort,
                        subset_labels: tuple[tuple[str, str], ...] = (),
-                       pods: tuple[Entry, ...] = ()) -> tuple[EndpointAddress, ...]:
+                       pods: tuple[Entry[Pod], ...] = ()) -> tuple[EndpointAddress, ...]:
     """Ready endpoints of one service port across all its slices, deduplicated, stable order.
     With `subset_labels`, only endpoints whose Pod (in `pods`) carries all those labels. A Pod's
     `security.istio.io/tlsMode` label becomes its endpoint's tls_mode."""
@@ -100,7 +109,7 @@ def endpoints_for_port(slices: tuple[Entry, ...], svc_port: ServicePort,
     seen: set[tuple[str, int]] = set()
     out: list[EndpointAddress] = []
     for entry in slices:
-        s: EndpointSlice = entry.obj  # type: ignore[assignment]
+        s = entry.obj
         if s.address_type == "FQDN":
             continue
         port = _slice_port(s, svc_port)
@@ -125,30 +134,42 @@ def endpoints_for_port(slices: tuple[Entry, ...], svc_port: ServicePort,
     return tuple(out)
 
 
-def service_entry_services(entry: Entry) -> list[MeshService]:
+def service_entry_services(entry: Entry[ServiceEntry]) -> list[MeshService]:
     """One MeshService per host of a ServiceEntry; `name` is the ServiceEntry's."""
     se = entry.obj
-    spec = se.spec  # type: ignore[attr-defined]
+    spec = se.spec
     ports = tuple(ServicePort(p.name, p.number, select_protocol(p.name, p.protocol.lower() or None), p.target_port)
                   for p in spec.ports)
-    address = next((a for a in spec.addresses if "/" not in a), None)
+    addresses = [_single_address(a) for a in spec.addresses]
+    address = next((a for a in addresses if "/" not in a), None)
+    extra = tuple(a for a in addresses if a != address)
     return [MeshService(host, se.metadata.name, se.metadata.namespace, address, ports, entry.revision,
-                        kind="ServiceEntry", resolution=spec.resolution) for host in spec.hosts]
+                        kind="ServiceEntry", resolution=spec.resolution, extra_addresses=extra)
+            for host in spec.hosts]
 
 
-def service_entry_endpoints(entry: Entry, port: ServicePort, workload_entries: tuple[Entry, ...] = (),
+def _single_address(address: str) -> str:
+    """istiod's conversion: a CIDR of one address (/32, /128) is that address."""
+    ip, slash, bits = address.partition("/")
+    if slash and bits == ("128" if ":" in ip else "32"):
+        return ip
+    return address
+
+
+def service_entry_endpoints(entry: Entry[ServiceEntry], port: ServicePort,
+                            workload_entries: tuple[Entry[WorkloadEntry], ...] = (),
                             subset_labels: tuple[tuple[str, str], ...] = ()) -> tuple[EndpointAddress, ...]:
     """Inline endpoints of a ServiceEntry, or the WorkloadEntries its workloadSelector picks
     (with `subset_labels`, only those carrying them). An endpoint's port is its
     `ports[port name]`, else the port's targetPort, else its number."""
-    spec = entry.obj.spec  # type: ignore[attr-defined]
+    spec = entry.obj.spec
     workloads = list(spec.endpoints)
     if spec.workload_selector is not None:
         selector = spec.workload_selector.match_labels
         for we in workload_entries:
-            labels = we.obj.spec.labels  # type: ignore[attr-defined]
+            labels = we.obj.spec.labels
             if selects(selector, labels):
-                workloads.append(we.obj.spec)  # type: ignore[attr-defined]
+                workloads.append(we.obj.spec)
     out: list[EndpointAddress] = []
     for w in workloads:
         if not w.address or w.address.startswith("unix://"):

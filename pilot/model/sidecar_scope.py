@@ -11,38 +11,40 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from pilot.config.networking import Sidecar
 from pilot.model.labels import selects
-from pilot.model.ports import PortPlan, plan_ports
+from pilot.model.ports import PortPlan, plan_ports, port_is_http
+from pilot.model.protocol import Protocol, select_protocol
 from pilot.model.services import MeshService
 from pilot.model.store import Entry
 from pilot.model.traffic import host_matches
 
 
-def select_sidecar(sidecars: Mapping[str, tuple[Entry, ...]], namespace: str, labels: Mapping[str, str],
-                   root_namespace: str) -> Entry | None:
+def select_sidecar(sidecars: Mapping[str, tuple[Entry[Sidecar], ...]], namespace: str, labels: Mapping[str, str],
+                   root_namespace: str) -> Entry[Sidecar] | None:
     local = sidecars.get(namespace, ())
     for e in local:
-        selector = e.obj.spec.workload_selector  # type: ignore[attr-defined]
+        selector = e.obj.spec.workload_selector
         if selector is not None and selector.match_labels and selects(selector.match_labels, labels):
             return e
     for e in local:
-        selector = e.obj.spec.workload_selector  # type: ignore[attr-defined]
+        selector = e.obj.spec.workload_selector
         if selector is None or not selector.match_labels:
             return e
     for e in sidecars.get(root_namespace, ()):
-        selector = e.obj.spec.workload_selector  # type: ignore[attr-defined]
+        selector = e.obj.spec.workload_selector
         if selector is None or not selector.match_labels:
             return e
     return None
 
 
-def egress_visible(sidecar: Entry, svc: MeshService) -> bool:
+def egress_visible(sidecar: Entry[Sidecar], svc: MeshService) -> bool:
     """Does any egress `namespace/host` of the Sidecar name this service?"""
     return egress_names(sidecar, svc.namespace, svc.hostname)
 
 
-def egress_names(sidecar: Entry, namespace: str, hostname: str) -> bool:
-    spec = sidecar.obj.spec  # type: ignore[attr-defined]
+def egress_names(sidecar: Entry[Sidecar], namespace: str, hostname: str) -> bool:
+    spec = sidecar.obj.spec
     if not spec.egress:
         return True  # a Sidecar without egress listeners does not limit what is seen
     return any(_listener_names(listener, sidecar.key.namespace, namespace, hostname) for listener in spec.egress)
@@ -76,17 +78,21 @@ class ServiceView:
 
     @classmethod
     def of(cls, services: tuple[MeshService, ...], registry_only: bool | None = None,
-           port_visible=None, binds: Mapping[int, str] | None = None) -> ServiceView:
+           port_visible=None, binds: Mapping[int, str] | None = None,
+           protocols: Mapping[int, Protocol] | None = None) -> ServiceView:
         """`port_visible(svc, port)`: whether the service is reached on that port (a Sidecar's
-        port-specific egress listener narrows who is behind its port)."""
+        port-specific egress listener narrows who is behind its port); `protocols`: the ports
+        whose listener protocol that egress listener gives."""
         by_port: dict[int, list[MeshService]] = {}
         for svc in services:
             for p in svc.ports:
                 if port_visible is None or port_visible(svc, p.port):
                     by_port.setdefault(p.port, []).append(svc)
         ports = MappingProxyType({p: tuple(v) for p, v in sorted(by_port.items())})
-        plans, conflicts = plan_ports(ports)
-        http = MappingProxyType({p: tuple(s for s in v if s.port(p).protocol.is_http) for p, v in ports.items()})
+        plans, conflicts = plan_ports(ports, protocols)
+        given = protocols or {}
+        http = MappingProxyType({p: (v if given[p].is_http else ()) if p in given
+                                 else tuple(s for s in v if port_is_http(s, p)) for p, v in ports.items()})
         return cls(services, ports, http, tuple(plans), registry_only, tuple(conflicts),
                    MappingProxyType(dict(binds or {})))
 
@@ -95,10 +101,10 @@ class ServiceView:
 LOCALHOST = "127.0.0.1"
 
 
-def scoped_view(sidecar: Entry, services: tuple[MeshService, ...]) -> ServiceView:
+def scoped_view(sidecar: Entry[Sidecar], services: tuple[MeshService, ...]) -> ServiceView:
     """istiod's egress listeners: one with a port owns that port (only its hosts are reached
     there, on its `bind` address when set); the one without a port covers every other port."""
-    spec = sidecar.obj.spec  # type: ignore[attr-defined]
+    spec = sidecar.obj.spec
     policy = spec.outbound_traffic_policy
     registry_only = None if policy is None else policy.mode == "REGISTRY_ONLY"
     if not spec.egress:
@@ -115,4 +121,8 @@ def scoped_view(sidecar: Entry, services: tuple[MeshService, ...]) -> ServiceVie
     visible = tuple(s for s in services if any(port_visible(s, p.port) for p in s.ports))
     binds = {port: listener.bind or LOCALHOST for port, listener in by_port.items()
              if listener.bind or listener.capture_mode == "NONE"}
-    return ServiceView.of(visible, registry_only, port_visible, binds)
+    # istiod builds a port-specific egress listener with the protocol it declares, whatever the
+    # services' own ports say (their clusters keep the services' protocols).
+    protocols = {port: select_protocol(p.name, p.protocol.lower())
+                 for port, listener in by_port.items() if (p := listener.port) is not None and p.protocol}
+    return ServiceView.of(visible, registry_only, port_visible, binds, protocols)

@@ -10,10 +10,28 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Generic, Literal, overload
+
+from typing_extensions import TypeIs, TypeVar
 
 from pilot.config.base import K8sObject
+from pilot.config.kinds import KINDS
 from pilot.config.validation import Rejection
+
+if TYPE_CHECKING:
+    # `list` is also a Store method: inside the class body the bare name would mean it.
+    from builtins import list as _list
+
+# The object type an Entry holds. Covariant (entries are immutable), so an Entry[Service] is an
+# Entry[K8sObject]; a bare `Entry` means Entry[K8sObject] (the default), not Entry[Any], so an
+# unparameterised annotation still checks attribute access against the base class.
+T_co = TypeVar("T_co", bound=K8sObject, default=K8sObject, covariant=True)
+# A model class as a type parameter (typed Store reads; generic helpers over entries of one kind).
+ObjT = TypeVar("ObjT", bound=K8sObject)
+
+# Store name of each model class: a kind is filed by `obj.config_kind`, which is the class's
+# (one class per kind, pilot/config/kinds.py), so every entry under it holds that class.
+_KIND_OF: dict[type[K8sObject], str] = {k.model: k.config_kind for k in KINDS}
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -31,9 +49,9 @@ class ConfigKey:
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class Entry:
+class Entry(Generic[T_co]):
     key: ConfigKey
-    obj: K8sObject
+    obj: T_co
     revision: int  # store-wide counter at the time of the last real change
     source: str  # where it came from: "path/to/file.yaml#2" or "kube"
 
@@ -44,6 +62,11 @@ class Entry:
 
     def __hash__(self) -> int:
         return hash((self.key, self.revision))
+
+
+def holds(entry: Entry, model: type[ObjT]) -> TypeIs[Entry[ObjT]]:
+    """Whether the entry holds a `model` (narrows an Entry[A | B] to Entry[A])."""
+    return isinstance(entry.obj, model)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,27 +85,43 @@ class Store:
         self._lock = threading.Lock()
         self._by_kind: dict[str, dict[ConfigKey, Entry]] = defaultdict(dict)
         self._revision = 0
-        self._handlers: list[Handler] = []
-        self._rejections: dict[str, list[Rejection]] = {}
+        self._handlers: _list[Handler] = []
+        self._rejections: dict[str, _list[Rejection]] = {}
 
     # --- reads -------------------------------------------------------------------------------
     @property
     def revision(self) -> int:
         return self._revision
 
-    def get(self, key: ConfigKey) -> Entry | None:
+    @overload
+    def get(self, key: ConfigKey) -> Entry | None: ...
+    @overload
+    def get(self, key: ConfigKey, model: type[ObjT]) -> Entry[ObjT] | None: ...
+
+    # The implementations return Entry[Any]: a table holds entries of its kind's model, which
+    # the overloads state for callers (see _KIND_OF).
+    def get(self, key: ConfigKey, model: type[K8sObject] | None = None) -> Entry[Any] | None:
+        """The entry at `key`; given the model class of key.kind, typed as holding it."""
+        if model is not None and _KIND_OF[model] != key.kind:
+            raise TypeError(f"{key} is not a {model.__name__}")
         return self._by_kind.get(key.kind, {}).get(key)
 
-    def list(self, kind: str, namespace: str | None = None) -> list[Entry]:
-        entries = self._by_kind.get(kind, {}).values()
+    @overload
+    def list(self, kind: str, namespace: str | None = None) -> _list[Entry]: ...
+    @overload
+    def list(self, kind: type[ObjT], namespace: str | None = None) -> _list[Entry[ObjT]]: ...
+
+    def list(self, kind: str | type[K8sObject], namespace: str | None = None) -> _list[Entry[Any]]:
+        """Entries of one kind, by Store name or (typed) by model class."""
+        entries = self._by_kind.get(kind if isinstance(kind, str) else _KIND_OF[kind], {}).values()
         if namespace is None:
             return list(entries)
         return [e for e in entries if e.key.namespace == namespace]
 
-    def kinds(self) -> list[str]:
+    def kinds(self) -> _list[str]:
         return sorted(k for k, v in self._by_kind.items() if v)
 
-    def rejections(self) -> list[Rejection]:
+    def rejections(self) -> _list[Rejection]:
         return [r for rs in self._rejections.values() for r in rs]
 
     # --- writes ------------------------------------------------------------------------------
@@ -97,13 +136,13 @@ class Store:
         events = self._write([], [key], source_for=lambda _o: "")
         return events[0] if events else None
 
-    def write(self, upserts: Iterable[tuple[K8sObject, str]], deletes: Iterable[ConfigKey]) -> list[Event]:
+    def write(self, upserts: Iterable[tuple[K8sObject, str]], deletes: Iterable[ConfigKey]) -> _list[Event]:
         """Apply several (object, source) upserts and deletes as one batch of events."""
         upserts = list(upserts)
         sources = {ConfigKey.of(o): s for o, s in upserts}
         return self._write([o for o, _ in upserts], list(deletes), source_for=lambda o: sources[ConfigKey.of(o)])
 
-    def sync(self, owner_prefix: str, desired: Iterable[tuple[K8sObject, str]]) -> list[Event]:
+    def sync(self, owner_prefix: str, desired: Iterable[tuple[K8sObject, str]]) -> _list[Event]:
         """Make the objects whose source starts with `owner_prefix` exactly `desired`
         ((object, source) pairs). Used by sources that know their whole state at once."""
         wanted: dict[ConfigKey, tuple[K8sObject, str]] = {}
@@ -117,16 +156,16 @@ class Store:
         return self._write([o for o, _ in wanted.values()], gone,
                            source_for=lambda o: sources[ConfigKey.of(o)])
 
-    def set_rejections(self, owner: str, rejections: list[Rejection]) -> None:
+    def set_rejections(self, owner: str, rejections: _list[Rejection]) -> None:
         with self._lock:
             if rejections:
                 self._rejections[owner] = list(rejections)
             else:
                 self._rejections.pop(owner, None)
 
-    def _write(self, objs: list[K8sObject], deletes: list[ConfigKey],
-               source_for: Callable[[K8sObject], str]) -> list[Event]:
-        events: list[Event] = []
+    def _write(self, objs: _list[K8sObject], deletes: _list[ConfigKey],
+               source_for: Callable[[K8sObject], str]) -> _list[Event]:
+        events: _list[Event] = []
         with self._lock:
             for obj in objs:
                 key = ConfigKey.of(obj)

@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from pilot.config.networking import DestinationRule, VirtualService
+from pilot.config.networking.virtual_service import HTTPRoute, TCPRoute, TLSRoute
 from pilot.model.labels import selects
 from pilot.model.store import Entry, Store
 
@@ -47,15 +49,15 @@ def host_matches(pattern: str, host: str) -> bool:
 @dataclass(frozen=True)
 class TrafficIndex:
     # mesh-bound VirtualServices by resolved host (exact or wildcard), oldest first
-    virtual_services: Mapping[str, tuple[Entry, ...]] = field(default_factory=dict)
-    destination_rules: Mapping[str, tuple[Entry, ...]] = field(default_factory=dict)
+    virtual_services: Mapping[str, tuple[Entry[VirtualService], ...]] = field(default_factory=dict)
+    destination_rules: Mapping[str, tuple[Entry[DestinationRule], ...]] = field(default_factory=dict)
     conflicts: tuple[str, ...] = ()
     root_namespace: str = "istio-system"
     # Every distinct `sourceLabels` selector of VirtualService matches, in a fixed order: a proxy's
     # routes depend on its labels only through which of these it matches.
     source_selectors: tuple[tuple[tuple[str, str], ...], ...] = ()
     # GAMMA consumer routes: (host, client namespace) -> the VirtualService they became
-    consumer_routes: Mapping[tuple[str, str], Entry] = field(default_factory=dict)
+    consumer_routes: Mapping[tuple[str, str], Entry[VirtualService]] = field(default_factory=dict)
     # Every distinct DestinationRule `workloadSelector`, in a fixed order: which DestinationRule a
     # proxy gets depends on its labels only through which of these it matches.
     rule_selectors: tuple[tuple[tuple[str, str], ...], ...] = ()
@@ -76,27 +78,27 @@ class TrafficIndex:
 
     @classmethod
     def build(cls, store: Store, domain: str, root_namespace: str,
-              mesh_routes: tuple[Entry, ...] = ()) -> TrafficIndex:
+              mesh_routes: tuple[Entry[VirtualService], ...] = ()) -> TrafficIndex:
         """`mesh_routes`: the VirtualServices GAMMA routes became (model/gateway_api/mesh)."""
-        vs: dict[str, list[Entry]] = defaultdict(list)
-        consumers: dict[tuple[str, str], Entry] = {}
+        vs: dict[str, list[Entry[VirtualService]]] = defaultdict(list)
+        consumers: dict[tuple[str, str], Entry[VirtualService]] = {}
         for e in mesh_routes:
-            if e.obj.spec.export_to == ["."]:  # type: ignore[attr-defined]
-                consumers[(e.obj.spec.hosts[0], e.key.namespace)] = e  # type: ignore[attr-defined]
+            if e.obj.spec.export_to == ["."]:
+                consumers[(e.obj.spec.hosts[0], e.key.namespace)] = e
             else:
-                vs[e.obj.spec.hosts[0]].append(e)  # type: ignore[attr-defined]
-        for e in store.list("VirtualService"):
-            spec = e.obj.spec  # type: ignore[attr-defined]
+                vs[e.obj.spec.hosts[0]].append(e)
+        for e in store.list(VirtualService):
+            spec = e.obj.spec
             gateways = spec.gateways or [MESH_GATEWAY]
             if MESH_GATEWAY not in gateways:
                 continue
             for h in spec.hosts:
                 vs[resolve_host(h, e.key.namespace, domain)].append(e)
-        dr: dict[str, list[Entry]] = defaultdict(list)
+        dr: dict[str, list[Entry[DestinationRule]]] = defaultdict(list)
         rule_selectors: set[tuple[tuple[str, str], ...]] = set()
-        for e in store.list("DestinationRule"):
-            dr[resolve_host(e.obj.spec.host, e.key.namespace, domain)].append(e)  # type: ignore[attr-defined]
-            if (ws := e.obj.spec.workload_selector) is not None:  # type: ignore[attr-defined]
+        for e in store.list(DestinationRule):
+            dr[resolve_host(e.obj.spec.host, e.key.namespace, domain)].append(e)
+            if (ws := e.obj.spec.workload_selector) is not None:
                 rule_selectors.add(tuple(sorted(ws.match_labels.items())))
         conflicts = []
         for host, entries in vs.items():
@@ -105,18 +107,17 @@ class TrafficIndex:
                 conflicts.append(f"VirtualService {loser.key.namespace}/{loser.key.name}: host {host} is already "
                                  f"claimed by {entries[0].key.namespace}/{entries[0].key.name}; ignored for sidecars")
         # Gateway-bound VirtualServices too: a router's routes depend on its labels the same way.
-        bound = [*(e for entries in vs.values() for e in entries), *store.list("VirtualService")]
+        bound = [*(e for entries in vs.values() for e in entries), *store.list(VirtualService)]
         selectors = sorted({tuple(sorted(m.source_labels.items()))
                             for e in bound
-                            for rule in (*e.obj.spec.http, *e.obj.spec.tcp,  # type: ignore[attr-defined]
-                                         *e.obj.spec.tls)  # type: ignore[attr-defined]
+                            for rule in _rules(e.obj)
                             for m in rule.match if m.source_labels})
         return cls(MappingProxyType({h: tuple(v) for h, v in vs.items()}),
                    MappingProxyType({h: tuple(sorted(v, key=_age)) for h, v in dr.items()}),
                    tuple(sorted(conflicts)), root_namespace, tuple(selectors), MappingProxyType(consumers),
                    tuple(sorted(rule_selectors)))
 
-    def virtual_service(self, host: str, client_namespace: str = "") -> Entry | None:
+    def virtual_service(self, host: str, client_namespace: str = "") -> Entry[VirtualService] | None:
         consumer = self.consumer_routes.get((host, client_namespace)) if self.consumer_routes else None
         if consumer is not None:
             return consumer
@@ -134,7 +135,7 @@ class TrafficIndex:
         return best[1] if best else None
 
     def destination_rule(self, host: str, client_namespace: str, service_namespace: str,
-                         client_labels: Mapping[str, str] | None = None) -> Entry | None:
+                         client_labels: Mapping[str, str] | None = None) -> Entry[DestinationRule] | None:
         """The rule in force for a client. `client_labels` None: the client is no workload (a
         lookup on behalf of config, not of a proxy), so no rule with a workloadSelector applies."""
         candidates = list(self.destination_rules.get(host, ()))
@@ -155,11 +156,11 @@ class TrafficIndex:
         return _applicable(tier, client_namespace, client_labels) if tier else None
 
 
-def _applicable(rules: list[Entry], client_namespace: str,
-                client_labels: Mapping[str, str] | None) -> Entry | None:
+def _applicable(rules: list[Entry[DestinationRule]], client_namespace: str,
+                client_labels: Mapping[str, str] | None) -> Entry[DestinationRule] | None:
     catch_all = None
     for e in rules:
-        selector = e.obj.spec.workload_selector  # type: ignore[attr-defined]
+        selector = e.obj.spec.workload_selector
         if selector is None:
             catch_all = catch_all or e
         elif (client_labels is not None and e.key.namespace == client_namespace
@@ -168,8 +169,13 @@ def _applicable(rules: list[Entry], client_namespace: str,
     return catch_all
 
 
-def _exported_to(e: Entry, namespace: str) -> bool:
-    export = e.obj.spec.export_to  # type: ignore[attr-defined]
+def _rules(vs: VirtualService) -> tuple[HTTPRoute | TCPRoute | TLSRoute, ...]:
+    """Every route rule, http then tcp then tls."""
+    return (*vs.spec.http, *vs.spec.tcp, *vs.spec.tls)
+
+
+def _exported_to(e: Entry[VirtualService | DestinationRule], namespace: str) -> bool:
+    export = e.obj.spec.export_to
     return not export or "*" in export or namespace in export or ("." in export and e.key.namespace == namespace)
 
 
@@ -183,10 +189,11 @@ def destination_problems(index: TrafficIndex, known_hosts: set[str], domain: str
             if vs.key in seen:
                 continue
             seen.add(vs.key)
-            spec = vs.obj.spec  # type: ignore[attr-defined]
+            spec = vs.obj.spec
             dests = [d.destination for rule in spec.http for d in rule.route]
             dests += [rule.mirror for rule in spec.http if rule.mirror is not None]
-            dests += [d.destination for rule in (*spec.tcp, *spec.tls) for d in rule.route]
+            dests += [m.destination for rule in spec.http for m in rule.mirrors]
+            dests += [d.destination for rule in _rules(vs.obj)[len(spec.http):] for d in rule.route]  # tcp, tls
             for dest in dests:
                 host = resolve_host(dest.host, vs.key.namespace, domain)
                 where = f"VirtualService {vs.key.namespace}/{vs.key.name}"
@@ -194,8 +201,33 @@ def destination_problems(index: TrafficIndex, known_hosts: set[str], domain: str
                     problems.append(f"{where}: destination host {host} is not a known service")
                 elif dest.subset:
                     dr = index.destination_rule(host, vs.key.namespace, host.split(".")[1] if host.count(".") > 1 else "")
-                    subsets = {s.name for s in dr.obj.spec.subsets} if dr else set()  # type: ignore[attr-defined]
+                    subsets = {s.name for s in dr.obj.spec.subsets} if dr else set()
                     if dest.subset not in subsets:
                         problems.append(f"{where}: subset {dest.subset!r} of {host} is not defined by any "
                                         "DestinationRule")
     return tuple(sorted(set(problems)))
+
+
+# The parts of a DestinationRule's traffic policy; port-level settings carry the first four.
+_FIELDS = ("load_balancer", "connection_pool", "outlier_detection", "tls")
+_POLICY_ONLY = ("retry_budget", "proxy_protocol")  # not in port-level settings
+
+
+def effective_policy(spec, subset: str, port: int) -> dict:
+    """The policy parts in force for (subset, port): {field: value or None}."""
+    layers = [spec.traffic_policy]
+    if subset:
+        layers.append(next((s.traffic_policy for s in spec.subsets if s.name == subset), None))
+    out: dict = {f: None for f in (*_FIELDS, *_POLICY_ONLY)}
+    for layer in layers:
+        if layer is None:
+            continue
+        for f in (*_FIELDS, *_POLICY_ONLY):
+            if getattr(layer, f) is not None:
+                out[f] = getattr(layer, f)
+        for pls in layer.port_level_settings:
+            if pls.port is not None and pls.port.number == port:
+                for f in _FIELDS:
+                    if getattr(pls, f) is not None:
+                        out[f] = getattr(pls, f)
+    return out

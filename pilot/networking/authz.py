@@ -41,6 +41,7 @@ from envoy.extensions.filters.http.rbac.v3 import rbac_pb2 as http_rbac_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from envoy.extensions.filters.network.rbac.v3 import rbac_pb2 as network_rbac_pb2
 
+from pilot.config.security import AuthorizationPolicy
 from pilot.model.security_policies import WorkloadPolicies
 from pilot.model.store import Entry
 from pilot.networking import rbac_matchers as m
@@ -212,18 +213,18 @@ def rule_policy(rule: Any, namespace: str, action: int, for_tcp: bool, trust_dom
 
 
 # --- whole filters --------------------------------------------------------------------------------
-def is_dry_run(e: Entry) -> bool:
+def is_dry_run(e: Entry[AuthorizationPolicy]) -> bool:
     """Go's strconv.ParseBool; anything else counts as not dry-run, as in istiod."""
     return e.obj.metadata.annotations.get(DRY_RUN_ANNOTATION, "") in ("1", "t", "T", "TRUE", "true", "True")
 
 
-def _rbac(policies: Sequence[Entry], action: int, for_tcp: bool, trust_domains: Sequence[str]
+def _rbac(policies: Sequence[Entry[AuthorizationPolicy]], action: int, for_tcp: bool, trust_domains: Sequence[str]
           ) -> tuple[rbac_pb2.RBAC | None, rbac_pb2.RBAC | None]:
     """(enforced rules, shadow rules), each None when no policy of that kind exists."""
     enforced: dict[str, rbac_pb2.Policy] | None = None
     shadow: dict[str, rbac_pb2.Policy] | None = None
     for e in policies:
-        spec = e.obj.spec  # type: ignore[attr-defined]
+        spec = e.obj.spec
         if is_dry_run(e):
             shadow = {} if shadow is None else shadow
             target = shadow
@@ -250,7 +251,7 @@ def _trust_domains(trust_domain: str, aliases: Sequence[str]) -> tuple[str, ...]
     return (trust_domain, *(a for a in aliases if a != trust_domain))
 
 
-def _by_action(policies: WorkloadPolicies) -> list[tuple[int, tuple[Entry, ...]]]:
+def _by_action(policies: WorkloadPolicies) -> list[tuple[int, tuple[Entry[AuthorizationPolicy], ...]]]:
     return [(ACTIONS["AUDIT"], policies.audit), (ACTIONS["DENY"], policies.deny), (ACTIONS["ALLOW"], policies.allow)]
 
 

@@ -20,7 +20,8 @@ ports itself, so 0.0.0.0 also serves tests that connect to 127.0.0.1 without roo
   and the mesh root from pilot-agent's SDS (`default`, `ROOTCA`), client certificate required;
   only for routers with a mesh identity.
 - TLS servers in PASSTHROUGH: a chain per SNI of the bound VirtualServices' `tls` routes, to a
-  tcp_proxy (with tls_inspector to read the SNI). TLS servers that terminate route `tcp` rules.
+  tcp_proxy (with tls_inspector to read the SNI). TLS servers that terminate route `tcp` rules
+  (or, for VirtualServices made from TLSRoutes, their `tls` rules, as istiod does).
 - TLS servers in AUTO_PASSTHROUGH: a chain per `outbound_.PORT_.SUBSET_.HOST` SNI of the services
   the server's hosts match, to that cluster (istiod's sni-dnat for multi-network meshes).
 - TCP servers: the first matching `tcp` route of the bound VirtualServices.
@@ -43,8 +44,10 @@ from envoy.type.matcher.v3 import string_pb2
 from google.protobuf import wrappers_pb2
 
 from pilot.config.mesh import HttpRetryPolicy
+from pilot.config.networking import VirtualService
+from pilot.config.networking.virtual_service import TCPRoute, TLSRoute
 from pilot.model import credentials
-from pilot.model.gateway_api.internal import SEMANTICS
+from pilot.model.gateway_api.internal import PARENTS, SEMANTICS
 from pilot.model.gateways import (
     Binding,
     PortView,
@@ -68,6 +71,7 @@ from pilot.networking.filters import (
     http_connection_manager,
 )
 from pilot.networking.http_routes import RouteInputs, destination_cluster, virtual_service_routes
+from pilot.networking.metadata import config_path
 from pilot.networking.protos import ads_config_source, pack
 from pilot.networking.routes import HashKey, _apply_hash_policies
 
@@ -152,9 +156,12 @@ def _match_applies(m, gateway: str, namespace: str, port: int) -> bool:
     return any((r := resolve_gateway_name(g, namespace)) is not None and f"{r[0]}/{r[1]}" == gateway for g in gws)
 
 
-def _targets(route, vs: Entry, port: int, domain: str,
+_NO_RETRY_READ = HttpRetryPolicy()  # tcp/tls destinations read no retry policy (RouteInputs needs one)
+
+
+def _targets(route, vs: Entry[VirtualService], port: int, domain: str,
              services: Mapping[str, MeshService]) -> tuple[tuple[str, int], ...]:
-    inputs = RouteInputs(vs.key.namespace, domain, port, services, None)  # type: ignore[arg-type]
+    inputs = RouteInputs(vs.key.namespace, domain, port, services, _NO_RETRY_READ)
     dests = list(route.route)
     if len(dests) == 1:
         return ((destination_cluster(dests[0].destination, inputs), 100),)
@@ -163,13 +170,21 @@ def _targets(route, vs: Entry, port: int, domain: str,
 
 def _tcp_targets(ref: ServerRef, bindings: tuple[Binding, ...], domain: str,
                  services: Mapping[str, MeshService]) -> tuple[tuple[tuple[str, int], ...], tuple[str, ...]]:
-    """The first `tcp` rule of the bound VirtualServices that applies to this server."""
+    """The first `tcp` rule of the bound VirtualServices that applies to this server; for a
+    VirtualService made from a TLSRoute (on a TLS listener that terminates: istiod's fallback),
+    its first `tls` rule whose match applies by port and gateway (the SNI was the listener's to
+    check when it chose the certificate)."""
     for b in bindings:
         vs = b.virtual_service
-        for rule in vs.obj.spec.tcp:  # type: ignore[attr-defined]
+        spec = vs.obj.spec
+        for rule in spec.tcp:
             if not rule.match or any(_match_applies(m, ref.gateway_name, vs.key.namespace, ref.port)
                                      for m in rule.match):
                 return _targets(rule, vs, ref.port, domain, services), config_origins(vs)
+        if vs.obj.metadata.annotations.get(PARENTS, "").startswith("TLSRoute/"):
+            for rule in spec.tls:
+                if any(_match_applies(m, ref.gateway_name, vs.key.namespace, ref.port) for m in rule.match):
+                    return _targets(rule, vs, ref.port, domain, services), config_origins(vs)
     return (), ()
 
 
@@ -235,7 +250,7 @@ def listener_plan(pv: PortView, bindings: Callable[[ServerRef], tuple[Binding, .
             found = False
             for b in bindings(ref):
                 vs = b.virtual_service
-                for i, rule in enumerate(vs.obj.spec.tls):  # type: ignore[attr-defined]
+                for i, rule in enumerate(vs.obj.spec.tls):
                     names: list[str] = []
                     for m in rule.match:
                         if not _match_applies(m, ref.gateway_name, vs.key.namespace, ref.port):
@@ -341,13 +356,16 @@ class VhostSource:
     """A VirtualService routing for some hosts of a server (in server order, oldest first)."""
 
     gateway: str  # NAMESPACE/NAME of the server's Gateway (match-level `gateways` filter)
-    virtual_service: Entry
+    virtual_service: Entry[VirtualService]
     hosts: tuple[str, ...]
     require_tls: bool  # the server's tls.httpsRedirect
 
 
-def _domains(host: str, port: int) -> list[str]:
-    return ["*"] if host == "*" else [host, f"{host}:{port}"]
+def _domains(host: str) -> list[str]:
+    """istiod's gateway domains: the host alone, with the route configuration set to ignore the
+    port in Host (`ignore_port_in_host_matching`), so `HOST:ANY-PORT` matches as well: clients
+    behind a load balancer or port-forward send ports the router's listener does not have."""
+    return [host]
 
 
 def gateway_route_config(name: str, port: int, sources: tuple[VhostSource, ...], retry: HttpRetryPolicy,
@@ -363,25 +381,29 @@ def gateway_route_config(name: str, port: int, sources: tuple[VhostSource, ...],
     contributed: set = set()
     for src in sources:
         vs = src.virtual_service
-        rules = _rules_for_gateway(vs.obj.spec.http, src.gateway, vs.key.namespace, port)  # type: ignore[attr-defined]
+        rules = _rules_for_gateway(vs.obj.spec.http, src.gateway, vs.key.namespace, port)
         if not rules:
             continue
         gateway_api = vs.obj.metadata.annotations.get(SEMANTICS) == "gateway"
         routes = virtual_service_routes(rules, RouteInputs(vs.key.namespace, domain, port, by_host, retry,
                                                            client_namespace, dict(client_labels),
-                                                           gateway_semantics=gateway_api))
+                                                           gateway_semantics=gateway_api,
+                                                           tls=name.startswith("https."),
+                                                           config=config_path(vs.key.kind, vs.key.namespace,
+                                                                              vs.key.name)))
         for host in src.hosts:
             if (host, vs.key) in contributed:
                 continue
             contributed.add((host, vs.key))
             vh = vhosts.get(host)
             if vh is None:
-                vh = route_components_pb2.VirtualHost(name=f"{host}:{port}", domains=_domains(host, port))
+                vh = route_components_pb2.VirtualHost(name=f"{host}:{port}", domains=_domains(host))
                 if src.require_tls:
                     vh.require_tls = route_components_pb2.VirtualHost.ALL
                 vhosts[host] = vh
             vh.routes.extend(routes)
-    rc = route_pb2.RouteConfiguration(name=name, validate_clusters=wrappers_pb2.BoolValue(value=False))
+    rc = route_pb2.RouteConfiguration(name=name, validate_clusters=wrappers_pb2.BoolValue(value=False),
+                                      ignore_port_in_host_matching=True)
     if not vhosts:
         rc.virtual_hosts.add(name=f"blackhole:{port}", domains=["*"])
     for host in sorted(vhosts):
@@ -391,17 +413,20 @@ def gateway_route_config(name: str, port: int, sources: tuple[VhostSource, ...],
     return rc
 
 
-def referenced_hosts(virtual_services: tuple[Entry, ...], domain: str) -> set[str]:
+def referenced_hosts(virtual_services: tuple[Entry[VirtualService], ...], domain: str) -> set[str]:
     """Every destination host (resolved) a set of VirtualServices routes to."""
     out: set[str] = set()
     for vs in virtual_services:
-        spec = vs.obj.spec  # type: ignore[attr-defined]
+        spec = vs.obj.spec
         for rule in spec.http:
             for d in rule.route:
                 out.add(resolve_host(d.destination.host, vs.key.namespace, domain))
             if rule.mirror is not None:
                 out.add(resolve_host(rule.mirror.host, vs.key.namespace, domain))
-        for rule in (*spec.tcp, *spec.tls):
+            for m in rule.mirrors:
+                out.add(resolve_host(m.destination.host, vs.key.namespace, domain))
+        l4: list[TCPRoute | TLSRoute] = [*spec.tcp, *spec.tls]
+        for rule in l4:
             for d in rule.route:
                 out.add(resolve_host(d.destination.host, vs.key.namespace, domain))
     return out

@@ -73,7 +73,7 @@ def _requires(name: str) -> jwt_pb2.JwtRequirement:
 
 
 def jwt_authn_config(policies: WorkloadPolicies) -> jwt_pb2.JwtAuthentication | None:
-    rules = [r for e in policies.request_authentications for r in e.obj.spec.rules]  # type: ignore[attr-defined]
+    rules = [r for e in policies.request_authentications for r in e.obj.spec.rules]
     if not rules:
         return None
     rules.sort(key=lambda r: r.issuer)  # stable: equal issuers keep the policies' age order

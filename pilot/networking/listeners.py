@@ -14,6 +14,7 @@ from envoy.config.listener.v3 import api_listener_pb2, listener_components_pb2, 
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from google.protobuf import wrappers_pb2
 
+from pilot.config.networking import VirtualService
 from pilot.model.mesh_settings import ListenerSettings
 from pilot.model.ports import PortPlan
 from pilot.model.services import MeshService
@@ -40,7 +41,7 @@ TcpLimits = tuple[float | None, float | None]  # (idle timeout, max connection d
 NO_LIMITS: TcpLimits = (None, None)
 
 
-def _tcp_chains(svc: MeshService, port: int, vs: Entry | None, domain: str, settings: ListenerSettings,
+def _tcp_chains(svc: MeshService, port: int, vs: Entry[VirtualService] | None, domain: str, settings: ListenerSettings,
                 limits: TcpLimits = NO_LIMITS, client: Client = NO_CLIENT
                 ) -> tuple[list[listener_components_pb2.FilterChain], listener_components_pb2.FilterChain]:
     """(SNI chains from `tls` rules, the default chain: a `tcp` rule or the service's cluster, the
@@ -53,10 +54,10 @@ def _tcp_chains(svc: MeshService, port: int, vs: Entry | None, domain: str, sett
 
 
 def bound_outbound_listener(plan: PortPlan, settings: ListenerSettings,
-                            virtual_services: tuple[Entry | None, ...] = (),
+                            virtual_services: tuple[Entry[VirtualService] | None, ...] = (),
                             domain: str = "cluster.local", bind: str = LOCALHOST,
                             tcp_limits: tuple[TcpLimits, ...] = (),
-                            client: Client = NO_CLIENT) -> listener_pb2.Listener | None:
+                            client: Client = NO_CLIENT) -> listener_pb2.Listener:
     """NONE mode (or a Sidecar egress listener's `bind`): listen on BIND:PORT. A TCP port shared
     by several services cannot tell them apart without the original destination, so the first
     (by hostname) gets it. `virtual_services` hold the VirtualService (or None) of each of
@@ -79,7 +80,7 @@ def bound_outbound_listener(plan: PortPlan, settings: ListenerSettings,
 
 
 def unbound_outbound_listener(plan: PortPlan, settings: ListenerSettings,
-                              virtual_services: tuple[Entry | None, ...] = (),
+                              virtual_services: tuple[Entry[VirtualService] | None, ...] = (),
                               domain: str = "cluster.local",
                               tcp_limits: tuple[TcpLimits, ...] = (),
                               client: Client = NO_CLIENT) -> listener_pb2.Listener:
@@ -97,9 +98,11 @@ def unbound_outbound_listener(plan: PortPlan, settings: ListenerSettings,
         sni, default = _tcp_chains(svc, plan.port, vs, domain, settings,
                                    tcp_limits[i] if i < len(tcp_limits) else NO_LIMITS, client)
         for chain in sni + [default]:
-            if svc.cluster_ip:
-                chain.filter_chain_match.prefix_ranges.add(address_prefix=svc.cluster_ip,
-                                                           prefix_len=wrappers_pb2.UInt32Value(value=32))
+            for address in svc.addresses:  # a ServiceEntry's every address and CIDR, as istiod
+                ip, _, bits = address.partition("/")
+                full = 128 if ":" in ip else 32
+                chain.filter_chain_match.prefix_ranges.add(
+                    address_prefix=ip, prefix_len=wrappers_pb2.UInt32Value(value=int(bits) if bits else full))
             listener.filter_chains.append(chain)
         if sni and not listener.listener_filters:
             listener.listener_filters.append(tls_inspector())

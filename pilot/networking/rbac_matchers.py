@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import TypeAlias
 
 from envoy.config.core.v3 import address_pb2, extension_pb2
 from envoy.config.rbac.v3 import rbac_pb2
@@ -30,8 +31,8 @@ SPIFFE_PREFIX = "spiffe://"
 AUTHORITY, METHOD = ":authority", ":method"
 MATCH_ONE_TEMPLATE, MATCH_ANY_TEMPLATE = "{*}", "{**}"
 
-Permission = rbac_pb2.Permission
-Principal = rbac_pb2.Principal
+Permission: TypeAlias = rbac_pb2.Permission
+Principal: TypeAlias = rbac_pb2.Principal
 
 
 class HttpOnly(ValueError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from envoy.config.route.v3 import route_components_pb2, route_pb2
 from google.protobuf import wrappers_pb2
 
+from pilot.config.networking import VirtualService
 from pilot.durations import parse_duration
 from pilot.model.gateway_api.internal import SEMANTICS
 from pilot.model.mesh_settings import RouteSettings
@@ -12,6 +13,7 @@ from pilot.model.services import MeshService
 from pilot.model.store import Entry
 from pilot.networking import names
 from pilot.networking.http_routes import RouteInputs, virtual_service_routes
+from pilot.networking.metadata import config_path
 from pilot.networking.protos import duration
 from pilot.networking.retries import retry_policy
 from pilot.networking.traffic_policy import effective_policy
@@ -19,7 +21,8 @@ from pilot.networking.traffic_policy import effective_policy
 
 def service_domains(svc: MeshService, port: int, proxy_namespace: str) -> list[str]:
     """Every name a client may use for a service: FQDN, name.namespace(.svc), the short name when
-    the client is in the same namespace (it would resolve elsewhere otherwise), and the cluster IP;
+    the client is in the same namespace (it would resolve elsewhere otherwise), and its IPs (the
+    cluster IP, a ServiceEntry's every address but CIDRs);
     each with and without the port."""
     if svc.kind == "ServiceEntry":
         hosts = [svc.hostname]  # external names have no Kubernetes short forms
@@ -27,10 +30,11 @@ def service_domains(svc: MeshService, port: int, proxy_namespace: str) -> list[s
         hosts = [svc.hostname, f"{svc.name}.{svc.namespace}.svc", f"{svc.name}.{svc.namespace}"]
         if proxy_namespace == svc.namespace:
             hosts.append(svc.name)
-    if svc.cluster_ip:
-        hosts.append(svc.cluster_ip)
+    hosts.extend(a for a in svc.addresses if "/" not in a)  # a ServiceEntry's every IP
     out: list[str] = []
     for h in hosts:
+        if ":" in h:  # an IPv6 address, bracketed as istiod writes it (IPv6Compliant)
+            h = f"[{h}]"
         out.append(h)
         out.append(f"{h}:{port}")
     return out
@@ -69,7 +73,7 @@ def _catch_all(settings: RouteSettings) -> route_components_pb2.VirtualHost:
 
 
 def outbound_route_config(port: int, services: tuple[MeshService, ...], proxy_namespace: str,
-                          settings: RouteSettings, virtual_services: tuple[Entry | None, ...] = (),
+                          settings: RouteSettings, virtual_services: tuple[Entry[VirtualService] | None, ...] = (),
                           all_services: tuple[MeshService, ...] = (), domain: str = "cluster.local",
                           hash_policies: tuple[tuple[str, HashKey], ...] = (),
                           client_labels: tuple[tuple[str, str], ...] = ()) -> route_pb2.RouteConfiguration:
@@ -92,8 +96,8 @@ def outbound_route_config(port: int, services: tuple[MeshService, ...], proxy_na
             inputs = RouteInputs(vs.key.namespace, domain, port, by_host, settings.retry,
                                  proxy_namespace, dict(client_labels),
                                  gateway_semantics=vs.obj.metadata.annotations.get(SEMANTICS) == "gateway",
-                                 sidecar=True)
-            vs_routes = virtual_service_routes(vs.obj.spec.http, inputs)  # type: ignore[attr-defined]
+                                 sidecar=True, config=config_path(vs.key.kind, vs.key.namespace, vs.key.name))
+            vs_routes = virtual_service_routes(vs.obj.spec.http, inputs)
         rc.virtual_hosts.append(service_virtual_host(svc, port, domains, settings, vs_routes))
     if hash_policies:
         _apply_hash_policies(rc, dict(hash_policies))

@@ -7,6 +7,7 @@ from envoy.config.listener.v3 import listener_components_pb2
 from envoy.extensions.filters.listener.tls_inspector.v3 import tls_inspector_pb2
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 
+from pilot.config.networking import VirtualService
 from pilot.model.labels import selects
 from pilot.model.mesh_settings import ListenerSettings
 from pilot.model.services import MeshService
@@ -19,13 +20,13 @@ from pilot.networking.protos import pack
 TLS_INSPECTOR = "envoy.filters.listener.tls_inspector"
 
 
-def _cluster(dest, port: int, vs: Entry, domain: str) -> str:
+def _cluster(dest, port: int, vs: Entry[VirtualService], domain: str) -> str:
     host = resolve_host(dest.host, vs.key.namespace, domain)
     number = dest.port.number if dest.port is not None and dest.port.number else port
     return names.outbound_cluster_name(number, host, dest.subset or "")
 
 
-def _tcp_proxy(stat_prefix: str, route, port: int, vs: Entry, domain: str,
+def _tcp_proxy(stat_prefix: str, route, port: int, vs: Entry[VirtualService], domain: str,
                settings: ListenerSettings) -> listener_components_pb2.Filter:
     tp = tcp_proxy_pb2.TcpProxy(stat_prefix=stat_prefix, access_log=access_logs(settings))
     dests = [d for d in route.route if len(route.route) == 1 or d.weight > 0]
@@ -67,35 +68,35 @@ def source_conditions(vss) -> tuple[bool, frozenset[str]]:
     for vs in vss:
         if vs is None:
             continue
-        for rule in (*vs.obj.spec.tcp, *vs.obj.spec.tls):  # type: ignore[attr-defined]
+        for rule in (*vs.obj.spec.tcp, *vs.obj.spec.tls):
             for m in rule.match:
                 namespace = namespace or bool(m.source_namespace)
                 keys.update(m.source_labels)
     return namespace, frozenset(keys)
 
 
-def tcp_filter_for(svc: MeshService, port: int, vs: Entry | None, domain: str,
+def tcp_filter_for(svc: MeshService, port: int, vs: Entry[VirtualService] | None, domain: str,
                    settings: ListenerSettings,
                    client: Client = NO_CLIENT) -> listener_components_pb2.Filter | None:
     """The tcp_proxy of the first `tcp` rule of the service's VirtualService matching the port
     (and the client)."""
     if vs is None:
         return None
-    for rule in vs.obj.spec.tcp:  # type: ignore[attr-defined]
+    for rule in vs.obj.spec.tcp:
         if _port_matches(rule.match, port, client) and rule.route:
             cluster = names.outbound_cluster_name(port, svc.hostname)
             return _tcp_proxy(cluster, rule, port, vs, domain, settings)
     return None
 
 
-def sni_chains(svc: MeshService, port: int, vs: Entry | None, domain: str,
+def sni_chains(svc: MeshService, port: int, vs: Entry[VirtualService] | None, domain: str,
                settings: ListenerSettings,
                client: Client = NO_CLIENT) -> list[listener_components_pb2.FilterChain]:
     """One filter chain per `tls` rule: SNI names -> its destination(s)."""
     if vs is None:
         return []
     chains = []
-    for rule in vs.obj.spec.tls:  # type: ignore[attr-defined]
+    for rule in vs.obj.spec.tls:
         matches = [m for m in rule.match if _applies(m, port, client)]
         if not matches or not rule.route:
             continue

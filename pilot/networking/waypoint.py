@@ -39,14 +39,17 @@ from envoy.type.matcher.v3 import filter_state_pb2
 from google.protobuf import wrappers_pb2
 
 from pilot.config.mesh import HttpRetryPolicy
+from pilot.config.networking import VirtualService
 from pilot.model.security_policies import WorkloadPolicies
 from pilot.model.services import MeshService
 from pilot.model.store import Entry
 from pilot.networking import tls
 from pilot.networking.filters import cors_filter, fault_filter, router_filter
 from pilot.networking.http_routes import RouteInputs, virtual_service_routes
+from pilot.networking.metadata import config_path
 from pilot.networking.policy_filters import TrustDomains, inbound_http_filters, inbound_network_filters
 from pilot.networking.protos import ads_config_source, duration, pack
+from pilot.networking.traffic_policy import DEFAULT_LB_POLICY, apply_default_circuit_breakers
 
 CONNECT_TERMINATE = "connect_terminate"
 MAIN_INTERNAL = "main_internal"
@@ -116,7 +119,7 @@ def connect_terminate_listener(port: int) -> listener_pb2.Listener:
 
 
 # (hostname, VIPs, ((port, "http" | "tcp"), ...), policies for this service, its VirtualService)
-ServiceChains = tuple[str, tuple[str, ...], tuple[tuple[int, str], ...], WorkloadPolicies, Entry | None]
+ServiceChains = tuple[str, tuple[str, ...], tuple[tuple[int, str], ...], WorkloadPolicies, Entry[VirtualService] | None]
 
 
 @dataclass(frozen=True)
@@ -157,14 +160,15 @@ def main_internal_listener(services: tuple[ServiceChains, ...], trust_domain: Tr
 
 
 def _http_chain(cluster: str, port: int, policies: WorkloadPolicies, trust_domain: TrustDomains,
-                vs: Entry | None, routing: RoutingInputs) -> listener_components_pb2.Filter:
+                vs: Entry[VirtualService] | None, routing: RoutingInputs) -> listener_components_pb2.Filter:
     """The service's own endpoints, or, when a VirtualService applies to the host, its HTTP rules
     (their destinations are the outbound clusters every router has), as istiod's waypoint does."""
     routes = []
-    if vs is not None and vs.obj.spec.http:  # type: ignore[attr-defined]
+    if vs is not None and vs.obj.spec.http:
         inputs = RouteInputs(vs.key.namespace, routing.domain, port, {s.hostname: s for s in routing.services},
-                             routing.retry or HttpRetryPolicy())
-        routes = virtual_service_routes(vs.obj.spec.http, inputs)  # type: ignore[attr-defined]
+                             routing.retry or HttpRetryPolicy(),
+                             config=config_path(vs.key.kind, vs.key.namespace, vs.key.name))
+        routes = virtual_service_routes(vs.obj.spec.http, inputs)
     if not routes:
         routes = [route_components_pb2.Route(
             match=route_components_pb2.RouteMatch(prefix="/"),
@@ -240,6 +244,8 @@ def main_internal_cluster() -> cluster_pb2.Cluster:
 def inbound_vip_cluster(name: str) -> cluster_pb2.Cluster:
     """The service's endpoints (EDS), reached directly: workloads that only speak HBONE through
     their ztunnel would need an encapsulating (connect_originate) hop, which is not built."""
-    return cluster_pb2.Cluster(
-        name=name, type=cluster_pb2.Cluster.EDS, connect_timeout=duration(10),
+    c = cluster_pb2.Cluster(
+        name=name, type=cluster_pb2.Cluster.EDS, connect_timeout=duration(10), lb_policy=DEFAULT_LB_POLICY,
         eds_cluster_config=cluster_pb2.Cluster.EdsClusterConfig(eds_config=ads_config_source()))
+    apply_default_circuit_breakers(c)  # istiod's waypoint clusters: its default pool and balancer
+    return c

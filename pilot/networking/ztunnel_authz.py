@@ -16,7 +16,9 @@ def _strings(values: tuple[StringMatch, ...]) -> list[sec.StringMatch]:
         if kind == "presence":
             out.append(sec.StringMatch(presence=empty_pb2.Empty()))
         else:
-            out.append(sec.StringMatch(**{kind: value}))
+            match = sec.StringMatch()
+            setattr(match, kind, value)  # exact, prefix, suffix (a oneof of strings)
+            out.append(match)
     return out
 
 
@@ -40,6 +42,6 @@ def _match(m: AuthzMatch) -> sec.Match:
 
 def authorization(p: AuthzPolicy) -> sec.Authorization:
     return sec.Authorization(
-        name=p.name, namespace=p.namespace, scope=sec.Scope.Value(p.scope), action=sec.Action.Value(p.action),
+        name=p.name, namespace=p.namespace, scope=p.scope, action=p.action,  # enum names
         groups=[sec.Group(rules=[sec.Rules(matches=[_match(m) for m in part]) for part in rule])
                 for rule in p.rules])

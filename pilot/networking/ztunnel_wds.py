@@ -31,7 +31,7 @@ def workload_address(w: WorkloadInfo) -> wapi.Address:
         tunnel_protocol=wapi.HBONE if w.hbone else wapi.NONE, native_tunnel=w.native_tunnel,
         trust_domain=w.trust_domain, service_account=w.service_account, node=w.node,
         canonical_name=w.canonical_name, canonical_revision=w.canonical_revision,
-        workload_type=wapi.WorkloadType.Value(w.workload_type), workload_name=w.workload_name,
+        workload_type=w.workload_type, workload_name=w.workload_name,
         authorization_policies=list(w.authorization_policies),
         status=wapi.HEALTHY if w.healthy else wapi.UNHEALTHY, cluster_id=w.cluster_id)
     if w.waypoint is not None:

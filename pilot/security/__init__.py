@@ -1,1 +1,1 @@
-"""The certificate authority, its gRPC service and the authenticators (see ARCHITECTURE.md)."""
+"""The certificate authority, its gRPC service and the authenticators (see docs/architecture.md)."""

@@ -235,7 +235,8 @@ class KubeJWTAuthenticator:
 
 # ---------------------------------------------------------------------------------------- JWTs
 
-_HASHES = {"256": hashes.SHA256, "384": hashes.SHA384, "512": hashes.SHA512}
+_HASHES: dict[str, type[hashes.SHA256 | hashes.SHA384 | hashes.SHA512]] = {
+    "256": hashes.SHA256, "384": hashes.SHA384, "512": hashes.SHA512}
 _EC_CURVES = {"ES256": ("P-256", ec.SECP256R1), "ES384": ("P-384", ec.SECP384R1),
               "ES512": ("P-521", ec.SECP521R1)}
 _CURVE_BY_NAME = {crv: cls for crv, cls in _EC_CURVES.values()}
@@ -297,7 +298,7 @@ def parse_jwks(doc: Any, what: str = "JWKS") -> list[Jwk]:
                 if key.key_size < 2048:
                     raise ValueError(f"an RSA key of {key.key_size} bits is too weak (2048 minimum)")
             elif kty == "EC":
-                curve = _CURVE_BY_NAME.get(k.get("crv"))
+                curve = _CURVE_BY_NAME.get(str(k.get("crv")))
                 if curve is None:
                     raise ValueError(f"unsupported curve {k.get('crv')!r} (P-256, P-384, P-521)")
                 key = ec.EllipticCurvePublicNumbers(_b64url_int(k.get("x"), "x"), _b64url_int(k.get("y"), "y"),
@@ -414,18 +415,18 @@ def verify_signature(jwt: Jwt, keys: Sequence[Jwk]) -> None:
     h = _HASHES[alg[2:]]()
     sig = jwt.signature
     for k in candidates:
+        key = k.key  # of the algorithm's family (k.accepts(alg))
         try:
-            if alg.startswith("RS"):
-                k.key.verify(sig, jwt.signing_input, padding.PKCS1v15(), h)  # type: ignore[call-arg, union-attr]
-            elif alg.startswith("PS"):
-                k.key.verify(sig, jwt.signing_input,  # type: ignore[call-arg, union-attr]
-                             padding.PSS(mgf=padding.MGF1(h), salt_length=h.digest_size), h)
+            if isinstance(key, rsa.RSAPublicKey):
+                pad = padding.PKCS1v15() if alg.startswith("RS") else \
+                    padding.PSS(mgf=padding.MGF1(h), salt_length=h.digest_size)
+                key.verify(sig, jwt.signing_input, pad, h)
             else:
-                size = (k.key.curve.key_size + 7) // 8
+                size = (key.curve.key_size + 7) // 8
                 if len(sig) != 2 * size:
                     continue
                 der = encode_dss_signature(int.from_bytes(sig[:size], "big"), int.from_bytes(sig[size:], "big"))
-                k.key.verify(der, jwt.signing_input, ec.ECDSA(h))  # type: ignore[call-arg, arg-type]
+                key.verify(der, jwt.signing_input, ec.ECDSA(h))
             return
         except InvalidSignature:
             continue

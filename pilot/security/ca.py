@@ -152,7 +152,7 @@ class CertificateAuthority:
     @classmethod
     def plugged_in_files_present(cls, root_ca_dir: str | os.PathLike | None) -> bool:
         """istiod's test: a ``ca-key.pem`` in ROOT_CA_DIR means a plugged-in CA."""
-        return bool(root_ca_dir) and Path(root_ca_dir, CA_KEY_FILE).is_file()  # type: ignore[arg-type]
+        return root_ca_dir is not None and bool(root_ca_dir) and Path(root_ca_dir, CA_KEY_FILE).is_file()
 
     @classmethod
     def from_plugged_in_dir(cls, directory: str | os.PathLike, options: CAOptions) -> CertificateAuthority:
@@ -164,8 +164,8 @@ class CertificateAuthority:
     async def create(cls, options: CAOptions, storage: CAStorage | None) -> CertificateAuthority:
         """The plugged-in CA if ROOT_CA_DIR holds one, else the stored root, else a new root
         stored create-if-absent (so concurrent replicas converge on one root)."""
-        if cls.plugged_in_files_present(options.root_ca_dir):
-            return await asyncio.to_thread(cls.from_plugged_in_dir, options.root_ca_dir, options)  # type: ignore[arg-type]
+        if options.root_ca_dir is not None and cls.plugged_in_files_present(options.root_ca_dir):
+            return await asyncio.to_thread(cls.from_plugged_in_dir, options.root_ca_dir, options)
         if storage is None:
             raise CAError(f"no plugged-in CA in {options.root_ca_dir} and no storage for a self-signed root")
         files = await storage.load()
@@ -239,7 +239,7 @@ class CertificateAuthority:
         not_after = min(now + dt.timedelta(seconds=ttl), bundle.not_after)
         return now - CLOCK_SKEW, not_after
 
-    def _issue(self, bundle: KeyCertBundle, public_key: Any, sans: list[x509.GeneralName],
+    def _issue(self, bundle: KeyCertBundle, public_key: Any, sans: Sequence[x509.GeneralName],
                subject: x509.Name, not_before: dt.datetime, not_after: dt.datetime) -> x509.Certificate:
         builder = (x509.CertificateBuilder()
                    .subject_name(subject).issuer_name(bundle.ca_cert.subject).public_key(public_key)

@@ -155,7 +155,7 @@ class _Relay:
 
     def __init__(self, front: TlsFront) -> None:
         self.front = front
-        self.down: asyncio.BaseTransport | None = None  # the client side (TLS once started)
+        self.down: asyncio.Transport | None = None  # the client side (TLS once started)
         self.up: asyncio.Transport | None = None
         self.key: str | None = None
         self.pending: list[bytes] = []
@@ -167,8 +167,9 @@ class _Down(asyncio.Protocol):
         self.relay = _Relay(front)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)  # a stream server's (asyncio types the base)
         # Nothing may be read before the TLS layer is in place: the ClientHello would be lost.
-        transport.pause_reading()  # type: ignore[attr-defined]
+        transport.pause_reading()
         self.relay.down = transport
         self.relay.front._start(self.relay, transport)
 
@@ -202,7 +203,7 @@ class _Up(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         down = self.relay.down
         if down is not None and not down.is_closing():
-            down.write(data)  # type: ignore[attr-defined]
+            down.write(data)
 
     def eof_received(self) -> bool:
         self.relay.front._close(self.relay)
@@ -213,11 +214,11 @@ class _Up(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         if self.relay.down is not None:
-            self.relay.down.pause_reading()  # type: ignore[attr-defined]
+            self.relay.down.pause_reading()
 
     def resume_writing(self) -> None:
         if self.relay.down is not None:
-            self.relay.down.resume_reading()  # type: ignore[attr-defined]
+            self.relay.down.resume_reading()
 
 
 class TlsFront:
@@ -289,18 +290,18 @@ class TlsFront:
             self._close(r)
         await asyncio.sleep(0.05)  # let the transports run their close callbacks
 
-    def _start(self, relay: _Relay, transport: asyncio.BaseTransport) -> None:
+    def _start(self, relay: _Relay, transport: asyncio.Transport) -> None:
         self._relays.add(relay)
         task = asyncio.get_running_loop().create_task(self._handshake(relay, transport))
         self._handshakes.add(task)
         task.add_done_callback(self._handshakes.discard)
 
-    async def _handshake(self, relay: _Relay, raw: asyncio.BaseTransport) -> None:
+    async def _handshake(self, relay: _Relay, raw: asyncio.Transport) -> None:
         loop = asyncio.get_running_loop()
         protocol = raw.get_protocol()
         remote = raw.get_extra_info("peername") or ("?", 0)
         try:
-            tls = await loop.start_tls(raw, protocol, self.context, server_side=True,  # type: ignore[arg-type]
+            tls = await loop.start_tls(raw, protocol, self.context, server_side=True,
                                        ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
         except (OSError, ssl.SSLError, TimeoutError, ConnectionError) as e:
             # Probes, scanners, clients that do not trust us or present a certificate we do not.
@@ -326,7 +327,7 @@ class TlsFront:
         # Registered before any byte is relayed, so no call can arrive ahead of its peer entry.
         relay.key = _grpc_peer(up.get_extra_info("sockname"))
         self.peers[relay.key] = PeerInfo(_grpc_peer(remote), der)
-        relay.up = up  # type: ignore[assignment]
+        relay.up = up
         for chunk in relay.pending:
             up.write(chunk)
         relay.pending.clear()

@@ -25,6 +25,7 @@ from types import MappingProxyType
 import aiohttp
 
 from pilot import logging as plog
+from pilot.config.security import RequestAuthentication
 from pilot.model.security_policies import JwksSnapshot, jwks_source
 from pilot.model.store import Event, Store
 from pilot.security.authn import parse_jwks
@@ -96,8 +97,8 @@ class JwksResolver:
             self._wake.set()
 
     def wanted(self) -> set[str]:
-        return {src for e in self.store.list("RequestAuthentication")
-                for r in e.obj.spec.rules  # type: ignore[attr-defined]
+        return {src for e in self.store.list(RequestAuthentication)
+                for r in e.obj.spec.rules
                 if (src := jwks_source(r)) is not None}
 
     async def run(self) -> None:

@@ -70,7 +70,7 @@ def _spki(key: Any) -> bytes:
     return key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
-def _hash_for(key: Any) -> hashes.HashAlgorithm | None:
+def _hash_for(key: Any) -> hashes.SHA256 | hashes.SHA384 | hashes.SHA512 | None:
     if isinstance(key, rsa.RSAPrivateKey):
         return hashes.SHA256()
     if isinstance(key, ec.EllipticCurvePrivateKey):
@@ -189,7 +189,7 @@ def load_bundle(files: Mapping[str, str | bytes | None], *, source: str = "CA",
         roots = [ca_cert]
     root_ders = {_der(r) for r in roots}
     ca_der = _der(ca_cert)
-    intermediates = []
+    intermediates: list[x509.Certificate] = []
     for c in extra + _load_certs(texts.get(CERT_CHAIN_FILE, ""), f"{source}: {CERT_CHAIN_FILE}"):
         d = _der(c)
         if d == ca_der or d in root_ders or any(_der(i) == d for i in intermediates):
@@ -287,4 +287,6 @@ def _aki(issuer: x509.Certificate) -> x509.AuthorityKeyIdentifier:
         ski = issuer.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
         return x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski)
     except x509.ExtensionNotFound:
+        # cryptography types a certificate's key as any key type, X25519/X448 included, which
+        # cannot issue; an issuer's certificate holds a signing key.
         return x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer.public_key())  # type: ignore[arg-type]

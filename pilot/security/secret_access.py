@@ -65,6 +65,7 @@ class SecretAccess:
         body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
                 "spec": {"user": user, "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}"],
                          "resourceAttributes": {"namespace": namespace, "verb": "list", "resource": "secrets"}}}
+        assert self.kube is not None  # without an apiserver nothing is reviewed (above)
         try:
             review = await self.kube.request("POST", ACCESS_REVIEW_PATH, body=body, timeout=10.0)
         except Exception as e:  # noqa: BLE001 - apiserver down, RBAC missing...: fail closed

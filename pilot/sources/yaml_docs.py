@@ -310,7 +310,7 @@ def _read(text: str, pure: bool, first_index: int, out: list[Document]) -> None:
                 builder, refused = _Builder(), ""
                 doc_line = e.start_mark.line if e.start_mark is not None else 0
             elif isinstance(e, ev.DocumentEndEvent):
-                out.append(Document(index, None if refused else builder.root, refused))
+                out.append(Document(index, None if refused or builder is None else builder.root, refused))
                 builder = None
             elif builder is not None and not refused:
                 try:

@@ -112,7 +112,7 @@ def review_bytes(body: bytes, content_type: str) -> Answer:
     if not isinstance(uid, str) or not uid:
         return _text(400, "could not decode body: the AdmissionReview request has no uid")
     verdict = decide(request)
-    res = request.get("resource") if isinstance(request.get("resource"), dict) else {}
+    res = r if isinstance(r := request.get("resource"), dict) else {}
     verdict = replace(verdict, group=str(res.get("group", "")), version=str(res.get("version", "")),
                       resource=str(res.get("resource", "")))
     response: dict[str, Any] = {"uid": uid, "allowed": verdict.allowed}
@@ -136,12 +136,12 @@ def decide(request: dict) -> Verdict:
     kind = str(obj.get("kind") or "")
     api_version = str(obj.get("apiVersion") or "")
     group = api_version.rpartition("/")[0]
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    meta = md if isinstance(md := obj.get("metadata"), dict) else {}
     name = str(meta.get("name") or "")
     namespace = str(meta.get("namespace") or request.get("namespace") or "")
     if group not in VALIDATED_GROUPS or not any(k.kind == kind for k in validated_kinds()):
         return Verdict(True, reason="unknown_type", kind=kind, namespace=namespace, name=name)
-    annotations = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
+    annotations = a if isinstance(a := meta.get("annotations"), dict) else {}
     if ALWAYS_REJECT in annotations:
         return Verdict(False, f'configuration is invalid: "{ALWAYS_REJECT}" annotation found, rejecting',
                        "invalid_config", kind, namespace, name)

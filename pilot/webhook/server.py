@@ -122,7 +122,7 @@ class WebhookServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, ssl_context=listening)
         await site.start()
-        bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  # aiohttp: bound port is private
         self._rotation = asyncio.get_running_loop().create_task(self.certs.run(self._set_context),
                                                                 name="webhook-cert-rotation")
         return bound

@@ -382,7 +382,7 @@ class AdsService:
         unsubscribe = set(req.resource_names_unsubscribe)
         w = conn.watched.get(type_url)
         first = w is None
-        if first:
+        if w is None:
             w = WatchedResource(type_url, wildcard=(type_url in _WILDCARD_TYPES and not subscribe) or "*" in subscribe)
             # Resume: the proxy already holds these versions; send only what differs.
             w.sent = self._held_map(req.initial_resource_versions)

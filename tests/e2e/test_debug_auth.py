@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 
 import aiohttp
 import grpc
@@ -54,6 +55,14 @@ async def status(addr: str, port: int, path: str, token: str | None = None) -> t
         return r.status, await r.text()
 
 
+async def put_level(addr: str, port: int, scope: str, level: str, token: str | None = None) -> tuple[int, str]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with aiohttp.ClientSession() as s, s.put(f"http://{addr}:{port}/debug/scopes/{scope}", headers=headers,
+                                                    json={"output_level": level},
+                                                    timeout=aiohttp.ClientTimeout(total=5)) as r:
+        return r.status, await r.text()
+
+
 async def test_remote_debug_needs_a_token_and_is_scoped_by_namespace(plane):
     cp, issuer, addr = plane
     port = cp.ports["http"]
@@ -75,6 +84,14 @@ async def test_remote_debug_needs_a_token_and_is_scoped_by_namespace(plane):
     other = "sidecar~10.0.0.2~app-1.payments~payments.svc.cluster.local"
     assert (await status(addr, port, f"/debug/config_dump?proxyID={other}", tenant))[0] == 403
     assert (await status(addr, port, "/ready"))[0] == 200  # health is not debug
+
+    # Changing a log level is a debug write: the same rule, and the change is real.
+    assert (await put_level(addr, port, "ads", "debug"))[0] == 401
+    assert (await put_level(addr, port, "ads", "debug", tenant))[0] == 403
+    code, body = await put_level(addr, port, "ads", "debug", admin)
+    assert code == 200 and '"output_level": "debug"' in body.replace('":"', '": "'), body
+    scopes = {s["name"]: s["output_level"] for s in json.loads((await status("127.0.0.1", port, "/debug/scopes"))[1])}
+    assert scopes["ads"] == "debug" and scopes["default"] == "info"
 
     # config_dump finds proxies by a part of their id (istiod's rule); a tenant must not reach a
     # proxy of another namespace whose id merely contains a name of its own namespace.

@@ -139,7 +139,7 @@ async def test_the_injected_istio_proxy_runs_as_the_kubelet_would_run_it(tmp_pat
             name="web",
             service_account="web",
             annotations={
-                # No iptables on a test machine: the sidecar binds real ports (ARCHITECTURE.md §4).
+                # No iptables on a test machine: the sidecar binds real ports (docs/architecture.md, Contracts).
                 "sidecar.istio.io/interceptionMode": "NONE",
                 "proxy.istio.io/config": json.dumps(
                     {"proxyAdminPort": admin_port, "statusPort": status_port, "concurrency": 1}

@@ -61,7 +61,8 @@ async def pilotctl(cp: ControlPlane, *args: str) -> str:
 async def test_every_debug_endpoint_answers_for_a_connected_envoy(running):
     cp, *_ = running
     index = await cp.debug("/debug")
-    for path in index["endpoints"]:
+    assert all(e["description"] for e in index["endpoints"]), "every debug endpoint says what it shows"
+    for path in (e["path"] for e in index["endpoints"]):
         query = f"?proxyID={NODE}" if path in ("/debug/config_dump",) else ""
         if path == "/debug/explain":
             query = f"?proxyID={NODE}&type=cds&name=outbound|{_port(running)}||{fqdn('web')}"

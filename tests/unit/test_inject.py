@@ -648,3 +648,12 @@ def test_renders_shared_between_pods_never_leak_one_pods_customisation_into_anot
         assert env(container(a, "istio-proxy"))["EXTRA"] == "1"
         assert "EXTRA" not in env(container(b, "istio-proxy"))
         assert b == inject(plain)[1]
+
+
+def test_a_probe_with_an_empty_http_get_still_gets_the_pod_injected():
+    # Mutating admission runs before the apiserver validates the pod, so a probe without a port
+    # reaches the injector; it is handed over as written instead of failing the injection.
+    app = {"name": "web", "image": "nginx", "livenessProbe": {"httpGet": {}}}
+    _, out = inject(deployment_pod(containers=[app]))
+    probers = json.loads(env(container(out, "istio-proxy"))["ISTIO_KUBE_APP_PROBERS"])
+    assert probers == {"/app-health/web/livez": {"httpGet": {}}}

@@ -42,7 +42,7 @@ class GatewayApiObject(K8sObject):
     def spec_equal(self, other: K8sObject) -> bool:
         if type(self) is not type(other):
             return False
-        ignore = {"status": True,
+        ignore: dict[str, Any] = {"status": True,
                   "metadata": {"resource_version", "uid", "generation", "annotations", "creation_timestamp"}}
         return self.model_dump(exclude=ignore) == other.model_dump(exclude=ignore)
 

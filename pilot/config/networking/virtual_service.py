@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Sequence
 from http import HTTPStatus
 from typing import Annotated, Literal
 
@@ -545,9 +546,10 @@ class VirtualServiceSpec(StrictModel):
             errs.append("http, tcp or tls must be provided in virtual service")
         # Routers choose tcp/tls rules without looking at the client: a source condition there
         # would be ignored (applied to every client), so it is refused where a gateway is bound.
-        for kind, rules in (("tcp", self.tcp), ("tls", self.tls)):
+        l4: tuple[tuple[str, Sequence[TCPRoute | TLSRoute]], ...] = (("tcp", self.tcp), ("tls", self.tls))
+        for kind, rules in l4:
             for i, rule in enumerate(rules):
-                for j, m in enumerate(rule.match):
+                for j, m in enumerate[L4MatchAttributes | TLSMatchAttributes](rule.match):
                     bound = m.gateways or self.gateways or [MESH_GATEWAY]
                     if (m.source_labels or m.source_namespace) and any(g != MESH_GATEWAY for g in bound):
                         errs.append(f"{kind}[{i}].match[{j}]: sourceLabels/sourceNamespace are not supported "

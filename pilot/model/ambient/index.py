@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from pilot import logging as plog
+from pilot.config.core import Namespace, Node, Service
+from pilot.config.gateway_api import GatewayClass, KubernetesGateway
 from pilot.model.ambient import policies as pol
 from pilot.model.ambient.services import ServiceSource, kubernetes_service, service_entry_services
 from pilot.model.ambient.types import DEFAULT_CLUSTER_ID, AuthzPolicy, ServiceInfo, WorkloadInfo
@@ -23,12 +25,12 @@ from pilot.model.ambient.workloads import (
     service_entry_workloads,
     workload_entry_workload,
 )
-from pilot.model.store import Entry, Store
+from pilot.model.store import Entry, ObjT, Store
 
 log = plog.get("ambient")
 
 
-def _by_key(entries: list[Entry]) -> Mapping[tuple[str, str], Entry]:
+def _by_key(entries: list[Entry[ObjT]]) -> Mapping[tuple[str, str], Entry[ObjT]]:
     return MappingProxyType({(e.key.namespace, e.key.name): e for e in entries})
 
 
@@ -43,19 +45,19 @@ AMBIENT_INPUT_KINDS = frozenset({"Namespace", "Node", "Service", GATEWAY_KIND, "
 class AmbientInputs:
     """The Store kinds only ambient reads, captured with each PushContext."""
 
-    namespaces: Mapping[str, Entry] = field(default_factory=dict)
-    nodes: Mapping[str, Entry] = field(default_factory=dict)
-    services: Mapping[tuple[str, str], Entry] = field(default_factory=dict)
-    gateways: tuple[Entry, ...] = ()  # gateway.networking.k8s.io Gateways
-    gateway_classes: Mapping[str, Entry] = field(default_factory=dict)
+    namespaces: Mapping[str, Entry[Namespace]] = field(default_factory=dict)
+    nodes: Mapping[str, Entry[Node]] = field(default_factory=dict)
+    services: Mapping[tuple[str, str], Entry[Service]] = field(default_factory=dict)
+    gateways: tuple[Entry[KubernetesGateway], ...] = ()  # gateway.networking.k8s.io Gateways
+    gateway_classes: Mapping[str, Entry[GatewayClass]] = field(default_factory=dict)
 
     @classmethod
     def build(cls, store: Store) -> AmbientInputs:
-        return cls(MappingProxyType({e.key.name: e for e in store.list("Namespace")}),
-                   MappingProxyType({e.key.name: e for e in store.list("Node")}),
-                   _by_key(store.list("Service")),
-                   tuple(sorted(store.list(GATEWAY_KIND), key=lambda e: e.key)),
-                   MappingProxyType({e.key.name: e for e in store.list("GatewayClass")}))
+        return cls(MappingProxyType({e.key.name: e for e in store.list(Namespace)}),
+                   MappingProxyType({e.key.name: e for e in store.list(Node)}),
+                   _by_key(store.list(Service)),
+                   tuple(sorted(store.list(KubernetesGateway), key=lambda e: e.key)),
+                   MappingProxyType({e.key.name: e for e in store.list(GatewayClass)}))
 
 
 @dataclass(frozen=True)
@@ -140,7 +142,7 @@ class AmbientIndex:
         # Replicas share labels: which services select them is worked out once per label set.
         selected: dict[tuple[str, frozenset], list[ServiceSource]] = {}
         for (ns, name), pod in sorted(ctx.pods.items()):
-            node = pod.obj.spec.node_name  # type: ignore[attr-defined]
+            node = pod.obj.spec.node_name
             labels = pod.obj.metadata.labels
             key = (ns, frozenset(labels.items()))
             if key not in selected:

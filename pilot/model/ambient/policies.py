@@ -23,6 +23,7 @@ import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from pilot.config.security import AuthorizationPolicy, PeerAuthentication
 from pilot.model.ambient.types import (
     ALLOW,
     DENY,
@@ -63,9 +64,9 @@ class PolicyStatus:
     sent: bool  # False: the policy is not sent to ztunnel at all
 
 
-def convert_authorization_policy(entry: Entry, root_namespace: str
+def convert_authorization_policy(entry: Entry[AuthorizationPolicy], root_namespace: str
                                  ) -> tuple[AuthzPolicy | None, PolicyStatus | None]:
-    spec = entry.obj.spec  # type: ignore[attr-defined]
+    spec = entry.obj.spec
     ns, name = entry.key.namespace, entry.key.name
     if spec.target_references:
         return None, None
@@ -208,20 +209,20 @@ def static_strict_policy(root_namespace: str) -> AuthzPolicy:
                        (((AuthzMatch(not_principals=_ANY_PRINCIPAL),),),))
 
 
-def _mode(e: Entry | None) -> str:
-    return e.obj.spec.mode if e is not None else "UNSET"  # type: ignore[attr-defined]
+def _mode(e: Entry[PeerAuthentication] | None) -> str:
+    return e.obj.spec.mode if e is not None else "UNSET"
 
 
 def _converted_name(e: Entry) -> str:
     return CONVERTED_PEER_AUTHENTICATION_PREFIX + e.key.name
 
 
-def _selector(e: Entry) -> dict[str, str]:
-    sel = e.obj.spec.selector  # type: ignore[attr-defined]
+def _selector(e: Entry[PeerAuthentication]) -> dict[str, str]:
+    sel = e.obj.spec.selector
     return sel.match_labels if sel is not None else {}
 
 
-def workload_peer_authentication_policies(peer_authentications: Mapping[str, tuple[Entry, ...]],
+def workload_peer_authentication_policies(peer_authentications: Mapping[str, tuple[Entry[PeerAuthentication], ...]],
                                           namespace: str, labels: Mapping[str, str],
                                           root_namespace: str) -> tuple[str, ...]:
     """The "namespace/name" Authorization resources that enforce a workload's PeerAuthentication:
@@ -233,7 +234,7 @@ def workload_peer_authentication_policies(peer_authentications: Mapping[str, tup
     port_policy = ""
     if workload is not None:
         mode = _mode(workload)
-        port_modes = workload.obj.spec.port_modes()  # type: ignore[attr-defined]
+        port_modes = workload.obj.spec.port_modes()
         if mode == "STRICT":
             strict = True
         elif mode in ("PERMISSIVE", "DISABLE"):
@@ -259,11 +260,12 @@ def workload_peer_authentication_policies(peer_authentications: Mapping[str, tup
     return tuple(sorted(out))
 
 
-def convert_peer_authentication(entry: Entry, peer_authentications: Mapping[str, tuple[Entry, ...]],
+def convert_peer_authentication(entry: Entry[PeerAuthentication],
+                                peer_authentications: Mapping[str, tuple[Entry[PeerAuthentication], ...]],
                                 root_namespace: str) -> AuthzPolicy | None:
     """A workload PeerAuthentication with port-level modes as a DENY policy (None when the static
     STRICT policy alone expresses it, or it says nothing ztunnel must enforce)."""
-    spec = entry.obj.spec  # type: ignore[attr-defined]
+    spec = entry.obj.spec
     ns = entry.key.namespace
     if ns == root_namespace or not _selector(entry) or not spec.port_level_mtls:
         return None

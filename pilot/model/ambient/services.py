@@ -6,6 +6,8 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+from pilot.config.core import Service
+from pilot.config.networking import ServiceEntry
 from pilot.model.ambient.types import PortMap, ServiceInfo
 from pilot.model.ambient.waypoints import Waypoint, WaypointIndex
 from pilot.model.labels import selects
@@ -26,9 +28,9 @@ class ServiceSource:
         return bool(self.selector) and selects(self.selector, labels)
 
 
-def kubernetes_service(entry: Entry, domain: str, network: str, waypoints: WaypointIndex) -> ServiceSource:
+def kubernetes_service(entry: Entry[Service], domain: str, network: str, waypoints: WaypointIndex) -> ServiceSource:
     svc = entry.obj
-    spec = svc.spec  # type: ignore[attr-defined]
+    spec = svc.spec
     ns, name = entry.key.namespace, entry.key.name
     ports: list[tuple[int, int]] = []
     names = []
@@ -51,11 +53,11 @@ def kubernetes_service(entry: Entry, domain: str, network: str, waypoints: Waypo
                          f"Service/{ns}/{name}")
 
 
-def service_entry_services(entry: Entry, network: str, waypoints: WaypointIndex) -> list[ServiceSource]:
+def service_entry_services(entry: Entry[ServiceEntry], network: str, waypoints: WaypointIndex) -> list[ServiceSource]:
     """One per host. A ServiceEntry whose addresses include a CIDR wider than one IP gives none
     (ztunnel matches single addresses only), as in istiod."""
     se = entry.obj
-    spec = se.spec  # type: ignore[attr-defined]
+    spec = se.spec
     ns, name = entry.key.namespace, entry.key.name
     addresses = []
     for a in spec.addresses:

@@ -23,6 +23,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from pilot.config.core import Namespace, Pod
+from pilot.config.gateway_api import GatewayClass, KubernetesGateway
+from pilot.config.security import AuthorizationPolicy
 from pilot.model.ambient.types import HBONE_PORT, GatewayAddr
 from pilot.model.security_policies import WorkloadPolicies
 from pilot.model.store import Entry
@@ -63,20 +66,21 @@ class Waypoint:
 @dataclass(frozen=True)
 class WaypointIndex:
     by_name: Mapping[tuple[str, str], Waypoint]  # ready waypoints by (namespace, name)
-    namespaces: Mapping[str, Entry]  # their labels may name a waypoint and gate attachment
+    namespaces: Mapping[str, Entry[Namespace]]  # their labels may name a waypoint and gate attachment
 
     @classmethod
-    def build(cls, gateways: tuple[Entry, ...], classes: Mapping[str, Entry], namespaces: Mapping[str, Entry],
-              service_hosts: Mapping[tuple[str, str], str], pods: Mapping[tuple[str, str], Entry]) -> WaypointIndex:
+    def build(cls, gateways: tuple[Entry[KubernetesGateway], ...], classes: Mapping[str, Entry[GatewayClass]],
+              namespaces: Mapping[str, Entry[Namespace]], service_hosts: Mapping[tuple[str, str], str],
+              pods: Mapping[tuple[str, str], Entry[Pod]]) -> WaypointIndex:
         """`service_hosts`: (namespace, Service name) -> hostname, for waypoints without addresses."""
         instances: dict[tuple[str, str], set[str]] = {}
         for (ns, _), pod in pods.items():
             gw = pod.obj.metadata.labels.get(GATEWAY_NAME_LABEL)
             if gw:
-                instances.setdefault((ns, gw), set()).add(pod.obj.spec.service_account_name)  # type: ignore[attr-defined]
+                instances.setdefault((ns, gw), set()).add(pod.obj.spec.service_account_name)
         out: dict[tuple[str, str], Waypoint] = {}
         for e in gateways:
-            spec = e.obj.spec  # type: ignore[attr-defined]
+            spec = e.obj.spec
             if spec.gateway_class_name != WAYPOINT_CLASS:
                 continue
             ns, name = e.key.namespace, e.key.name
@@ -147,24 +151,25 @@ def _address(spec, namespace: str, service_host: str | None, port: int) -> Gatew
     return None
 
 
-def waypoint_policies(authorization_policies: Mapping[str, tuple[Entry, ...]], waypoint: Waypoint,
+def waypoint_policies(authorization_policies: Mapping[str, tuple[Entry[AuthorizationPolicy], ...]], waypoint: Waypoint,
                       service_namespace: str, service_name: str, service_kind: str = "Service") -> WorkloadPolicies:
     """The AuthorizationPolicies a waypoint enforces for one service: those attached (targetRefs)
     to the waypoint's Gateway, and those attached to the service itself (istiod's policy
     attachment for waypoints); by action, oldest first."""
-    by_action: dict[str, list[Entry]] = {"CUSTOM": [], "DENY": [], "ALLOW": [], "AUDIT": []}
+    by_action: dict[str, list[Entry[AuthorizationPolicy]]] = {"CUSTOM": [], "DENY": [], "ALLOW": [], "AUDIT": []}
     seen = set()
     for ns in dict.fromkeys((waypoint.namespace, service_namespace)):
         for e in authorization_policies.get(ns, ()):
-            for ref in e.obj.spec.target_references:  # type: ignore[attr-defined]
+            for ref in e.obj.spec.target_references:
                 to_gateway = (ref.kind == "Gateway" and ref.group == "gateway.networking.k8s.io"
                               and ns == waypoint.namespace and ref.name == waypoint.name)
                 to_service = (ref.kind == service_kind and ref.group in ("", "core", "networking.istio.io")
                               and ns == service_namespace and ref.name == service_name)
                 if (to_gateway or to_service) and e.key not in seen:
                     seen.add(e.key)
-                    by_action[e.obj.spec.action].append(e)  # type: ignore[attr-defined]
-    return WorkloadPolicies(*(tuple(sorted(by_action[a], key=_age)) for a in ("CUSTOM", "DENY", "ALLOW", "AUDIT")))
+                    by_action[e.obj.spec.action].append(e)
+    custom, deny, allow, audit = (tuple(sorted(by_action[a], key=_age)) for a in ("CUSTOM", "DENY", "ALLOW", "AUDIT"))
+    return WorkloadPolicies(custom, deny, allow, audit)
 
 
 def _age(e: Entry) -> tuple[str, str, str]:

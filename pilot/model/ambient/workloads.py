@@ -14,6 +14,8 @@ import re
 from collections.abc import Callable, Mapping
 from functools import lru_cache
 
+from pilot.config.core import Node, Pod
+from pilot.config.networking import ServiceEntry, WorkloadEntry
 from pilot.model.ambient.services import ServiceSource
 from pilot.model.ambient.types import (
     CRONJOB,
@@ -123,7 +125,7 @@ def _locality(text: str) -> tuple[str, str, str] | None:
     return (parts[0], parts[1], parts[2]) if any(parts) else None
 
 
-def node_locality(node: Entry | None) -> tuple[str, str, str] | None:
+def node_locality(node: Entry[Node] | None) -> tuple[str, str, str] | None:
     if node is None:
         return None
     labels = node.obj.metadata.labels
@@ -138,16 +140,16 @@ def selecting_services(services: list[ServiceSource], labels: Mapping[str, str])
         [s for s in services if s.kind == "ServiceEntry" and s.selects(labels)]
 
 
-def pod_workload(pod_entry: Entry, *, namespace_labels: Mapping[str, str], selecting: list[ServiceSource],
+def pod_workload(pod_entry: Entry[Pod], *, namespace_labels: Mapping[str, str], selecting: list[ServiceSource],
                  policies: Policies, waypoint: Waypoint, is_waypoint_instance: bool, trust_domain: str,
                  cluster_id: str, locality: tuple[str, str, str] | None) -> WorkloadInfo | None:
     """None for pods ztunnel cannot reach: not running (or pending), no valid IP, host network.
     `selecting`: the services whose selector picks the pod (selecting_services)."""
     pod = pod_entry.obj
-    phase = pod.status.phase  # type: ignore[attr-defined]
-    if phase not in ("Running", "Pending", "") or pod.spec.host_network:  # type: ignore[attr-defined]
+    phase = pod.status.phase
+    if phase not in ("Running", "Pending", "") or pod.spec.host_network:
         return None
-    ip = _valid_ip(pod.status.pod_ip)  # type: ignore[attr-defined]
+    ip = _valid_ip(pod.status.pod_ip)
     if ip is None:
         return None
     meta = pod.metadata
@@ -159,21 +161,21 @@ def pod_workload(pod_entry: Entry, *, namespace_labels: Mapping[str, str], selec
         uid=f"{cluster_id}//Pod/{ns}/{name}", name=name, namespace=ns, addresses=(ip,),
         network=labels.get(NETWORK_LABEL) or namespace_labels.get(NETWORK_LABEL, ""),
         hbone=hbone, native_tunnel=native, trust_domain=trust_domain,
-        service_account=pod.spec.service_account_name,  # type: ignore[attr-defined]
+        service_account=pod.spec.service_account_name,
         waypoint=None if is_waypoint_instance else waypoint(ns, labels),
-        node=pod.spec.node_name,  # type: ignore[attr-defined]
+        node=pod.spec.node_name,
         canonical_name=cname, canonical_revision=crev, workload_type=wl_type, workload_name=wl_name,
         services=tuple(sorted((s.info.resource_name, _pod_ports(pod, s)) for s in selecting)),
         authorization_policies=policies(ns, labels),
-        healthy=pod.status.ready,  # type: ignore[attr-defined]
+        healthy=pod.status.ready,
         cluster_id=cluster_id, locality=locality)
 
 
-def workload_entry_workload(entry: Entry, *, namespace_labels: Mapping[str, str], services: list[ServiceSource],
+def workload_entry_workload(entry: Entry[WorkloadEntry], *, namespace_labels: Mapping[str, str], services: list[ServiceSource],
                             policies: Policies, waypoint: Waypoint, trust_domain: str,
                             cluster_id: str) -> WorkloadInfo | None:
     we = entry.obj
-    spec = we.spec  # type: ignore[attr-defined]
+    spec = we.spec
     ns, name = entry.key.namespace, entry.key.name
     labels = {**we.metadata.labels, **spec.labels}
     ip = _valid_ip(spec.address)
@@ -193,17 +195,17 @@ def workload_entry_workload(entry: Entry, *, namespace_labels: Mapping[str, str]
         locality=_locality(spec.locality))
 
 
-def service_entry_workloads(entry: Entry, own_services: list[ServiceSource], *,
+def service_entry_workloads(entry: Entry[ServiceEntry], own_services: list[ServiceSource], *,
                             namespace_labels: Mapping[str, str], policies: Policies, waypoint: Waypoint,
                             trust_domain: str, cluster_id: str) -> list[WorkloadInfo]:
     """Inline `endpoints`; a DNS ServiceEntry without endpoints or selector gets one workload per
     host, named by the host."""
     se = entry.obj
-    spec = se.spec  # type: ignore[attr-defined]
+    spec = se.spec
     ns, name = entry.key.namespace, entry.key.name
     implicit = not spec.endpoints and spec.resolution in ("DNS", "DNS_ROUND_ROBIN") and spec.workload_selector is None
     if implicit:
-        endpoints = [(s.info.hostname, {}, "", "", "", [s]) for s in own_services]
+        endpoints = [(s.info.hostname, dict[str, int](), "", "", "", [s]) for s in own_services]
     else:
         endpoints = [(ep.address, ep.ports, ep.service_account, ep.network, ep.locality, own_services)
                      for ep in spec.endpoints]

@@ -10,7 +10,7 @@ order candidates are made in (the sort is stable). GRPCRoute methods become path
 
 Filters: RequestHeaderModifier/ResponseHeaderModifier -> headers (also on a single backendRef:
 that destination's headers); RequestRedirect -> redirect; URLRewrite -> rewrite (hostname, full
-path, or the matched prefix); RequestMirror -> mirror.
+path, or the matched prefix); RequestMirror -> mirrors (each one; several on a rule all apply).
 Backends keep their relative weights. An invalid backendRef (not found, not permitted, an
 unsupported kind) keeps its share of the weight on a cluster that never exists, which the
 route answers with 500 (gateway semantics); a rule with no usable backend at all, or with a
@@ -23,9 +23,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pilot.config.gateway_api import first_per_name
+from pilot.config.core import Service
+from pilot.config.gateway_api import GRPCRoute, HTTPRoute, first_per_name
 from pilot.config.networking import (
+    Headers,
     HTTPDirectResponse,
+    HTTPMirrorPolicy,
     HTTPRedirect,
     HTTPRetry,
     HTTPRewrite,
@@ -34,6 +37,7 @@ from pilot.config.networking import (
 )
 from pilot.model.gateway_api.internal import (
     GatewayApiRule,
+    Route,
     destination,
     header_operations,
     headers,
@@ -58,17 +62,17 @@ class Candidate:
 class RouteRefs:
     """What resolving references needs (the same for every rule of every route in one pass)."""
 
-    services: Mapping[tuple[str, str], Entry]
+    services: Mapping[tuple[str, str], Entry[Service]]
     grants: ReferenceGrants
     domain: str
 
 
-def referenced_services(route: Entry) -> tuple[tuple[str, str], ...]:
+def referenced_services(route: Entry[Route]) -> tuple[tuple[str, str], ...]:
     """(namespace, name) of every Service a route's backendRefs and mirrors may name: what its
     translation reads of the registry."""
     ns = route.key.namespace
     out = []
-    for rule in route.obj.spec.rules:  # type: ignore[attr-defined]
+    for rule in route.obj.spec.rules:
         refs = list(rule.backend_refs)
         refs += [f.request_mirror.backend_ref for f in getattr(rule, "filters", ()) if f.type == "RequestMirror"]
         out += [(r.namespace or ns, r.name) for r in refs]
@@ -109,7 +113,7 @@ def _prefix_rewrite(prefix: str, replacement: str) -> tuple[str | None, RegexRew
 
 
 def _backends(refs, kind: str, namespace: str, ctx: RouteRefs, problems: list[Backend],
-              unsupported: list[str]) -> list[tuple[Backend, object]]:
+              unsupported: list[str]) -> list[tuple[Backend, Headers | None]]:
     """Each backendRef resolved, with the header operations of its own filters."""
     out = []
     for ref in refs:
@@ -129,7 +133,7 @@ def _backends(refs, kind: str, namespace: str, ctx: RouteRefs, problems: list[Ba
     return out
 
 
-def _destinations(backends: list[tuple[Backend, object]]):
+def _destinations(backends: list[tuple[Backend, Headers | None]]):
     """VirtualService destinations for the backends with weight, invalid shares pooled on one
     never-existing cluster; None when nothing can serve (answer 500)."""
     live = [(b, h) for b, h in backends if b.weight > 0]
@@ -149,7 +153,7 @@ _ERROR_500 = HTTPDirectResponse.model_construct(status=500, body=None)
 def _rule_fields(rule, kind: str, namespace: str, prefix: str | None, ctx: RouteRefs,
                  problems: list[Backend], unsupported: list[str]) -> dict:
     fields: dict = {"headers": None, "redirect": None, "rewrite": None, "mirror": None, "mirror_percentage": None,
-                    "route": [], "direct_response": None, "timeout": None, "retries": None}
+                    "mirrors": [], "route": [], "direct_response": None, "timeout": None, "retries": None}
     request = response = None
     broken = False
     for f in rule.filters:
@@ -157,14 +161,14 @@ def _rule_fields(rule, kind: str, namespace: str, prefix: str | None, ctx: Route
             request = _modifier(f.request_header_modifier)
         elif f.type == "ResponseHeaderModifier":
             response = _modifier(f.response_header_modifier)
-        elif f.type == "RequestMirror":
+        elif f.type == "RequestMirror":  # every one applies (Envoy's request_mirror_policies)
             m = f.request_mirror
             b = resolve_backend(m.backend_ref, kind, namespace, ctx.services, ctx.grants, ctx.domain)
             if b.valid:
-                fields["mirror"] = destination(b.host, b.port)
                 share = m.share
-                if share is not None:
-                    fields["mirror_percentage"] = Percent.model_construct(value=share)
+                fields["mirrors"].append(HTTPMirrorPolicy.model_construct(
+                    destination=destination(b.host, b.port),
+                    percentage=Percent.model_construct(value=share) if share is not None else None))
             else:
                 problems.append(b)
         elif f.type == "RequestRedirect":
@@ -174,8 +178,12 @@ def _rule_fields(rule, kind: str, namespace: str, prefix: str | None, ctx: Route
                 uri = r.path.value
             elif r.path is not None and prefix is not None:
                 fields["redirect_prefix"], fields["redirect_regex"] = _prefix_rewrite(prefix, r.path.value)
+            # No port: the request's (the listener's) unless a scheme is given, then the scheme's
+            # default (the spec's rule, istiod's derivePort).
+            derive = None if r.port else "FROM_PROTOCOL_DEFAULT" if r.scheme else "FROM_REQUEST_PORT"
             fields["redirect"] = HTTPRedirect.model_construct(uri=uri, authority=r.hostname, port=r.port,
-                                                              scheme=r.scheme, redirect_code=r.status_code)
+                                                              scheme=r.scheme, redirect_code=r.status_code,
+                                                              derive_port=derive)
         elif f.type == "URLRewrite":
             w = f.url_rewrite
             uri, regex = None, None
@@ -198,13 +206,15 @@ def _rule_fields(rule, kind: str, namespace: str, prefix: str | None, ctx: Route
                                                           retry_on=None, retry_remote_localities=None)
     backends = _backends(rule.backend_refs, kind, namespace, ctx, problems, unsupported)
     if broken:
-        fields["redirect"] = fields["rewrite"] = fields["mirror"] = None
+        fields["redirect"] = fields["rewrite"] = None
+        fields["mirrors"] = []
         fields["direct_response"] = _ERROR_500
     elif fields["redirect"] is None:
         dests = _destinations(backends)
         if dests is None:
             fields["direct_response"] = _ERROR_500
-            fields["rewrite"] = fields["mirror"] = None
+            fields["rewrite"] = None
+            fields["mirrors"] = []
         else:
             fields["route"] = dests
     return fields
@@ -218,11 +228,11 @@ def _http_uri(path):
     return string_match(prefix=path.value)
 
 
-def http_route_rules(route: Entry, ctx: RouteRefs, problems: list[Backend],
+def http_route_rules(route: Entry[HTTPRoute], ctx: RouteRefs, problems: list[Backend],
                      unsupported: list[str]) -> list[Candidate]:
     ns, name = route.key.namespace, route.key.name
     out = []
-    for i, rule in enumerate(route.obj.spec.rules):  # type: ignore[attr-defined]
+    for i, rule in enumerate(route.obj.spec.rules):
         prefix = rule.matches[0].path.value if len(rule.matches) == 1 and rule.matches[0].path.type == "PathPrefix" \
             else None
         fields = _rule_fields(rule, "HTTPRoute", ns, prefix, ctx, problems, unsupported)
@@ -230,7 +240,8 @@ def http_route_rules(route: Entry, ctx: RouteRefs, problems: list[Backend],
             match = http_match(_http_uri(m.path), _header_matches(m.headers),
                                {q.name: _string(q.type, q.value) for q in _first_query(m.query_params)}, m.method)
             out.append(Candidate(rank(match), GatewayApiRule.model_construct(name=f"{ns}.{name}.{i}.{j}",
-                                                                             match=[match], **fields),
+                                                                             match=[match], origin=str(route.key),
+                                                                             **fields),
                                  str(route.key)))
     return out
 
@@ -257,16 +268,17 @@ def _grpc_uri(method):
     return string_match(regex=f"/{method.service or '[^/]+'}/{method.method or '[^/]+'}")
 
 
-def grpc_route_rules(route: Entry, ctx: RouteRefs, problems: list[Backend],
+def grpc_route_rules(route: Entry[GRPCRoute], ctx: RouteRefs, problems: list[Backend],
                      unsupported: list[str]) -> list[Candidate]:
     ns, name = route.key.namespace, route.key.name
     out = []
-    for i, rule in enumerate(route.obj.spec.rules):  # type: ignore[attr-defined]
+    for i, rule in enumerate(route.obj.spec.rules):
         fields = _rule_fields(rule, "GRPCRoute", ns, None, ctx, problems, unsupported)
         for j, m in enumerate(rule.matches or [None]):
             match = http_match(_grpc_uri(m.method if m is not None else None),
                                _header_matches(m.headers) if m is not None else {}, {}, None)
             out.append(Candidate(rank(match), GatewayApiRule.model_construct(name=f"{ns}.{name}.{i}.{j}",
-                                                                             match=[match], **fields),
+                                                                             match=[match], origin=str(route.key),
+                                                                             **fields),
                                  str(route.key)))
     return out

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import hashlib
 
-from pilot.config.base import K8sObject, ObjectMeta
+from pilot.config import gateway_api as gwapi
+from pilot.config.base import ObjectMeta
 from pilot.config.networking import (
     Destination,
     Gateway,
@@ -23,6 +24,7 @@ from pilot.config.networking import (
     HTTPMatchRequest,
     HTTPRoute,
     HTTPRouteDestination,
+    L4MatchAttributes,
     PortSelector,
     RegexRewrite,
     RouteDestination,
@@ -35,7 +37,10 @@ from pilot.config.networking import (
     VirtualService,
     VirtualServiceSpec,
 )
-from pilot.model.store import ConfigKey, Entry
+from pilot.model.store import ConfigKey, Entry, ObjT
+
+# The route kinds translated (an Entry[Route] is any of them).
+Route = gwapi.HTTPRoute | gwapi.GRPCRoute | gwapi.TLSRoute | gwapi.TCPRoute
 
 # A router belongs to a Gateway API Gateway when its labels name it (istiod's automated
 # deployments label their pods so) and it runs in the Gateway's namespace.
@@ -55,9 +60,10 @@ class GatewayApiRule(HTTPRoute):
 
     redirect_prefix: str | None = None
     redirect_regex: RegexRewrite | None = None
+    origin: str = ""  # the route it comes from, `Kind/namespace/name`: what its Envoy routes name
 
 
-def _entry(kind: str, obj: K8sObject) -> Entry:
+def _entry(kind: str, obj: ObjT) -> Entry[ObjT]:
     body = obj.model_dump_json(serialize_as_any=True).encode()
     revision = int.from_bytes(hashlib.blake2b(body, digest_size=8).digest(), "big")
     return Entry(ConfigKey(kind, obj.metadata.namespace, obj.metadata.name), obj, revision, SOURCE)
@@ -74,7 +80,7 @@ def internal_gateway_name(gateway: str, listener: str) -> str:
 
 
 def gateway_entry(namespace: str, gateway: str, listener: str, created: str, port: int, protocol: str,
-                  hostname: str | None, tls_mode: str = "", credential: str = "") -> Entry:
+                  hostname: str | None, tls_mode: str = "", credential: str = "") -> Entry[Gateway]:
     tls = None
     if tls_mode:
         tls = ServerTLSSettings.model_construct(mode=tls_mode, credential_name=credential or None,
@@ -92,7 +98,7 @@ def gateway_entry(namespace: str, gateway: str, listener: str, created: str, por
 
 def virtual_service_entry(namespace: str, name: str, gateway: str, hosts: list[str], parents: tuple[str, ...],
                           created: str, http: list | None = None, tcp: list | None = None,
-                          tls: list | None = None, export_to: tuple[str, ...] = ()) -> Entry:
+                          tls: list | None = None, export_to: tuple[str, ...] = ()) -> Entry[VirtualService]:
     """`gateway` "mesh" (GAMMA routes) binds the VirtualService to sidecars, not to a Gateway."""
     obj = VirtualService.model_construct(
         api_version="networking.istio.io/v1", kind="VirtualService",
@@ -135,13 +141,16 @@ def headers(request: HeaderOperations | None, response: HeaderOperations | None)
     return Headers.model_construct(request=request, response=response)
 
 
-def tcp_rule(routes: list[tuple[str, int, int]]) -> TCPRoute:
-    return TCPRoute.model_construct(match=[], route=[
+def tcp_rule(routes: list[tuple[str, int, int]], port: int | None = None) -> TCPRoute:
+    """`port`: only for connections to that port (a GAMMA parentRef's port)."""
+    match = [] if port is None else [L4MatchAttributes.model_construct(
+        port=port, gateways=[], source_labels={}, source_namespace=None, destination_subnets=None)]
+    return TCPRoute.model_construct(match=match, route=[
         RouteDestination.model_construct(destination=destination(h, p), weight=w) for h, p, w in routes])
 
 
-def tls_rule(sni_hosts: list[str], routes: list[tuple[str, int, int]]) -> TLSRoute:
-    match = TLSMatchAttributes.model_construct(sni_hosts=list(sni_hosts), destination_subnets=[], port=None,
+def tls_rule(sni_hosts: list[str], routes: list[tuple[str, int, int]], port: int | None = None) -> TLSRoute:
+    match = TLSMatchAttributes.model_construct(sni_hosts=list(sni_hosts), destination_subnets=[], port=port,
                                                source_labels={}, gateways=[], source_namespace=None)
     return TLSRoute.model_construct(match=[match], route=[
         RouteDestination.model_construct(destination=destination(h, p), weight=w) for h, p, w in routes])

@@ -12,6 +12,8 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from pilot.config.core import Service
+from pilot.config.gateway_api import ReferenceGrant
 from pilot.model.store import Entry
 
 INVALID_BACKEND_HOST = "gateway-api-invalid-backend.invalid"  # never a service: its cluster never exists
@@ -24,11 +26,11 @@ def _group(g: str | None) -> str:
 @dataclass(frozen=True)
 class ReferenceGrants:
     # target namespace -> grants living there
-    by_namespace: Mapping[str, tuple[Entry, ...]]
+    by_namespace: Mapping[str, tuple[Entry[ReferenceGrant], ...]]
 
     @classmethod
-    def of(cls, grants: list[Entry]) -> ReferenceGrants:
-        idx: dict[str, list[Entry]] = defaultdict(list)
+    def of(cls, grants: list[Entry[ReferenceGrant]]) -> ReferenceGrants:
+        idx: dict[str, list[Entry[ReferenceGrant]]] = defaultdict(list)
         for g in grants:
             idx[g.key.namespace].append(g)
         return cls({ns: tuple(v) for ns, v in idx.items()})
@@ -38,7 +40,7 @@ class ReferenceGrants:
         if from_namespace == to_namespace:
             return True
         for grant in self.by_namespace.get(to_namespace, ()):
-            spec = grant.obj.spec  # type: ignore[attr-defined]
+            spec = grant.obj.spec
             if not any(_group(f.group) == _group(from_group) and f.kind == from_kind and f.namespace == from_namespace
                        for f in spec.from_):
                 continue
@@ -46,6 +48,15 @@ class ReferenceGrants:
                    for t in spec.to):
                 return True
         return False
+
+
+class _AllowAll(ReferenceGrants):
+    def allowed(self, *_args) -> bool:
+        return True
+
+
+# Mesh (GAMMA) parents: istiod does not enforce ReferenceGrants for them.
+NO_GRANTS_NEEDED: ReferenceGrants = _AllowAll({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +74,7 @@ class Backend:
         return not self.reason
 
 
-def resolve_backend(ref, route_kind: str, route_namespace: str, services: Mapping[tuple[str, str], Entry],
+def resolve_backend(ref, route_kind: str, route_namespace: str, services: Mapping[tuple[str, str], Entry[Service]],
                     grants: ReferenceGrants, domain: str) -> Backend:
     """`ref` is a BackendRef (or a mirror's BackendObjectReference, which has no weight)."""
     w = getattr(ref, "weight", 1)
@@ -81,6 +92,6 @@ def resolve_backend(ref, route_kind: str, route_namespace: str, services: Mappin
     svc = services.get((namespace, ref.name))
     if svc is None:
         return Backend(INVALID_BACKEND_HOST, port, w, "BackendNotFound", f"backend({host}) not found")
-    if port and all(p.port != port for p in svc.obj.spec.ports):  # type: ignore[attr-defined]
-        return Backend(INVALID_BACKEND_HOST, port, w, "BackendNotFound", f"backend({host}) has no port {port}")
+    # A port the Service does not expose is not refused (istiod's ResolvedRefs stays True): the
+    # route names a cluster that does not exist, which answers 500 (refused, for TCP).
     return Backend(host, port, w)

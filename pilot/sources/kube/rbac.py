@@ -27,7 +27,8 @@ INFORMER_VERBS: frozenset[str] = frozenset({"list", "watch"})
 # here (tests/test_deploy.py fails for a module that calls `kube.request`/`kube.open` unlisted).
 RBAC_MODULES: tuple[str, ...] = ("pilot.sources.kube.leader", "pilot.sources.kube.writers", "pilot.security.ca_storage",
                                  "pilot.security.authn", "pilot.sources.kube.status_writer",
-                                 "pilot.security.secret_access", "pilot.webhook.ca_bundle")
+                                 "pilot.security.secret_access", "pilot.webhook.ca_bundle",
+                                 "pilot.sources.kube.tags", "pilot.gateway_deploy.controller")
 
 
 @dataclass(frozen=True)
@@ -47,14 +48,14 @@ class Rule:
 def merge(rules: Iterable[Rule]) -> list[Rule]:
     """One rule per (scope, group, resource) with the union of verbs, in a stable order. A
     namespace rule whose verbs the cluster rule for the same resource already grants is dropped."""
-    verbs: dict[tuple[str, str, str], set[str]] = {}
+    verbs: dict[tuple[Scope, str, str], set[str]] = {}
     for r in rules:
         verbs.setdefault((r.scope, r.api_group, r.resource), set()).update(r.verbs)
     out = []
     for (scope, group, resource), vs in sorted(verbs.items()):
         if scope == "namespace" and vs <= verbs.get(("cluster", group, resource), set()):
             continue
-        out.append(Rule(scope, group, resource, frozenset(vs)))  # type: ignore[arg-type]
+        out.append(Rule(scope, group, resource, frozenset(vs)))
     return out
 
 
@@ -83,9 +84,10 @@ def main() -> None:
     import yaml
 
     rules = required_rules()
-    for scope, kind in (("cluster", "ClusterRole"), ("namespace", "Role")):
+    scopes: tuple[tuple[Scope, str], ...] = (("cluster", "ClusterRole"), ("namespace", "Role"))
+    for scope, kind in scopes:
         print(f"# {kind} rules")
-        print(yaml.safe_dump({"rules": policy_rules(rules, scope)}, sort_keys=False), end="")  # type: ignore[arg-type]
+        print(yaml.safe_dump({"rules": policy_rules(rules, scope)}, sort_keys=False), end="")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 
 from pilot import logging as plog
+from pilot.config.core import ConfigMap
 from pilot.model.store import ConfigKey, Event, Store
 from pilot.sources.kube.client import ApiError, Kube
 from pilot.sources.kube.leader_worker import LeaderWorker
@@ -80,8 +81,8 @@ class RootCertWriter(LeaderWorker):
     async def _reconcile(self, namespace: str) -> None:
         if self.store.get(ConfigKey("Namespace", "", namespace)) is None or not self.namespace_selected(namespace):
             return
-        current = self.store.get(ConfigKey("ConfigMap", namespace, CONFIGMAP))
-        if current is not None and current.obj.data.get(KEY) == self.root_pem:  # type: ignore[attr-defined]
+        current = self.store.get(ConfigKey("ConfigMap", namespace, CONFIGMAP), ConfigMap)
+        if current is not None and current.obj.data.get(KEY) == self.root_pem:
             return
         path = f"/api/v1/namespaces/{namespace}/configmaps"
         body = {"apiVersion": "v1", "kind": "ConfigMap",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from pilot.config.networking import DestinationRule
 from pilot.model.mtls import MeshTls, client_mesh_tls
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
@@ -68,12 +69,12 @@ def resources(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         yield from (r for r in waypoint.clusters(ctx, wp, cache) if want(r.name))
 
 
-def _mesh_tls(ctx: PushContext, svc: MeshService, port: int, dr: Entry | None, subset: str,
+def _mesh_tls(ctx: PushContext, svc: MeshService, port: int, dr: Entry[DestinationRule] | None, subset: str,
               sans: tuple[str, ...]) -> MeshTls | None:
-    tls = effective_policy(dr.obj.spec, subset, port)["tls"] if dr else None  # type: ignore[attr-defined]
+    tls = effective_policy(dr.obj.spec, subset, port)["tls"] if dr else None
     if svc.kind == "ServiceEntry":
         entry = ctx.service_entry(svc)
-        internal = entry is not None and entry.obj.spec.location == "MESH_INTERNAL"  # type: ignore[attr-defined]
+        internal = entry is not None and entry.obj.spec.location == "MESH_INTERNAL"
         eds = svc.resolution == "STATIC" and internal
     else:
         eds = True

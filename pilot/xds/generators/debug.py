@@ -273,7 +273,7 @@ class DebugXds:
             if len(names) != 1:
                 log.info("config_dump debug request must name one proxy", names=len(names))
                 return []
-            target = find_connection(self.server, names[0], caller)
+            target = find_connection(self.server, names[0], caller or "")
             if target is None:
                 log.info("config_dump debug request: proxy not connected here", proxy=names[0][:256])
                 return []

@@ -7,6 +7,8 @@ from collections.abc import Iterator
 
 from envoy.config.endpoint.v3 import endpoint_pb2
 
+from pilot.config.core import EndpointSlice, Pod
+from pilot.config.networking import ServiceEntry, WorkloadEntry
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
 from pilot.model.services import ServicePort, endpoints_for_port, service_entry_endpoints
@@ -17,14 +19,14 @@ from pilot.xds.generators import waypoint
 from pilot.xds.typeurls import ENDPOINT
 
 
-def build_cla(cluster_name: str, port: ServicePort, slices: tuple[Entry, ...],
-              subset_labels: tuple[tuple[str, str], ...] = (), pods: tuple[Entry, ...] = ()
+def build_cla(cluster_name: str, port: ServicePort, slices: tuple[Entry[EndpointSlice], ...],
+              subset_labels: tuple[tuple[str, str], ...] = (), pods: tuple[Entry[Pod], ...] = ()
               ) -> endpoint_pb2.ClusterLoadAssignment:
     return endpoints.cluster_load_assignment(cluster_name, endpoints_for_port(slices, port, subset_labels, pods))
 
 
-def build_service_entry_cla(cluster_name: str, port: ServicePort, service_entry: Entry,
-                            workload_entries: tuple[Entry, ...], subset_labels: tuple[tuple[str, str], ...] = ()
+def build_service_entry_cla(cluster_name: str, port: ServicePort, service_entry: Entry[ServiceEntry],
+                            workload_entries: tuple[Entry[WorkloadEntry], ...], subset_labels: tuple[tuple[str, str], ...] = ()
                             ) -> endpoint_pb2.ClusterLoadAssignment:
     return endpoints.cluster_load_assignment(
         cluster_name, service_entry_endpoints(service_entry, port, workload_entries, subset_labels))
@@ -77,7 +79,7 @@ def _load_assignment(ctx: PushContext, proxy: Proxy, name: str, cache: XdsCache)
     _, port_number, subset, host = parsed
     svc = ctx.service(host)
     port = svc.port(port_number) if svc else None
-    if port is None:
+    if port is None or svc is None:
         return None
     if svc.kind == "ServiceEntry":
         if svc.resolution != "STATIC":
@@ -89,7 +91,7 @@ def _load_assignment(ctx: PushContext, proxy: Proxy, name: str, cache: XdsCache)
         if subset:
             dr = ctx.destination_rule(host, proxy.namespace, svc.namespace, proxy.labels)
             spec = next((s for s in dr.obj.spec.subsets if s.name == subset), None) if dr else None
-            if spec is None:
+            if spec is None or dr is None:
                 return None
             labels = tuple(sorted(spec.labels.items()))
             origins += (f"DestinationRule/{dr.key.namespace}/{dr.key.name}",)
@@ -106,7 +108,7 @@ def _load_assignment(ctx: PushContext, proxy: Proxy, name: str, cache: XdsCache)
     # definition applies depends on the client's namespace (DestinationRule precedence).
     dr = ctx.destination_rule(host, proxy.namespace, svc.namespace, proxy.labels)
     spec = next((s for s in dr.obj.spec.subsets if s.name == subset), None) if dr else None
-    if spec is None:
+    if spec is None or dr is None:
         return None
     labels = tuple(sorted(spec.labels.items()))
     return cache.resource(ENDPOINT, name, build_cla, name, port, slices, labels, pods,

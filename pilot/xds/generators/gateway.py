@@ -71,7 +71,7 @@ def _sni_clusters(ctx: PushContext, proxy: Proxy, ref) -> tuple[tuple[str, str],
         if not any(h.namespace in ("*", svc.namespace) and host_matches(h.host, svc.hostname) for h in ref.hosts):
             continue
         dr = ctx.destination_rule(svc.hostname, proxy.namespace, svc.namespace, proxy.labels)
-        subsets = [s.name for s in dr.obj.spec.subsets] if dr else []  # type: ignore[attr-defined]
+        subsets = [s.name for s in dr.obj.spec.subsets] if dr else []
         for port in svc.ports:
             if port.protocol.value == "UDP":
                 continue
@@ -103,7 +103,7 @@ def route_configs(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | No
         origins = tuple(dict.fromkeys([ref.origin for ref in rv.servers] + [o for v in vss for o in config_origins(v)]))
         # sourceLabels/sourceNamespace matches test the router itself, as in istiod: only the
         # labels they ask about are inputs, so routers that agree on them share bytes.
-        asked = {k for v in vss for rule in v.obj.spec.http  # type: ignore[attr-defined]
+        asked = {k for v in vss for rule in v.obj.spec.http
                  for m in rule.match for k in m.source_labels}
         labels = tuple(sorted((k, v) for k, v in proxy.labels.items() if k in asked))
         out.append(cache.resource(ROUTE, name, gateway.gateway_route_config, name, rv.port, tuple(sources),

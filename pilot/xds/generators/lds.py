@@ -32,13 +32,14 @@ def _tcp_virtual_services(ctx: PushContext, plan: PortPlan, namespace: str) -> t
 def _tcp_limits(ctx: PushContext, plan: PortPlan, proxy: Proxy) -> tuple[tuple, tuple[str, ...]]:
     """Per TCP service, istiod's tcp_proxy limits from its DestinationRule's top-level
     connectionPool.tcp (idleTimeout, maxConnectionDuration), and the rules read."""
-    out, origins = [], []
+    out: list[tuple[float | None, float | None]] = []
+    origins: list[str] = []
     for svc in plan.tcp_services:
         dr = ctx.destination_rule(svc.hostname, proxy.namespace, svc.namespace, proxy.labels)
         policy = dr.obj.spec.traffic_policy if dr is not None else None
         pool = policy.connection_pool if policy is not None else None
         tcp = pool.tcp if pool is not None else None
-        if tcp is None:
+        if tcp is None or dr is None:
             out.append((None, None))
             continue
         origins.append(f"DestinationRule/{dr.key.namespace}/{dr.key.name}")

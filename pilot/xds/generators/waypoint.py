@@ -26,7 +26,7 @@ def waypoint_of(ctx: PushContext, proxy: Proxy) -> Waypoint | None:
         return None
     # Cheap test first: other Gateway API gateways never build the ambient index.
     if not any(e.key.namespace == proxy.namespace and e.key.name == name
-               and e.obj.spec.gateway_class_name == WAYPOINT_CLASS for e in ctx.waypoint_gateways()):  # type: ignore[attr-defined]
+               and e.obj.spec.gateway_class_name == WAYPOINT_CLASS for e in ctx.waypoint_gateways()):
         return None
     waypoints = ambient_index(ctx).waypoints
     return waypoints.by_name.get((proxy.namespace, name)) if waypoints is not None else None
@@ -71,8 +71,9 @@ def clusters(ctx: PushContext, waypoint: Waypoint, cache: XdsCache) -> list[Cach
     for hostname, _, ports, _, _ in chains:
         for port, protocol in ports:
             name = wp.inbound_vip_cluster_name(port, protocol, hostname)
-            out.append(cache.resource(CLUSTER, name, wp.inbound_vip_cluster, name,
-                                      origins=(ctx.service(hostname).origin,)))
+            svc = ctx.service(hostname)
+            assert svc is not None  # the chains are of this push's services
+            out.append(cache.resource(CLUSTER, name, wp.inbound_vip_cluster, name, origins=(svc.origin,)))
     return out
 
 
@@ -84,7 +85,7 @@ def load_assignment(ctx: PushContext, name: str, cache: XdsCache) -> CachedResou
     port_number, _, hostname = parsed
     svc = ctx.service(hostname)
     port = svc.port(port_number) if svc is not None and svc.kind == "Service" else None
-    if port is None:
+    if port is None or svc is None:
         return None
     slices = ctx.service_slices(svc)
     return cache.resource(ENDPOINT, name, _cla, name, port, slices,

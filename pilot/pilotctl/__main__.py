@@ -1,0 +1,5 @@
+import sys
+
+from pilot.pilotctl.cli import main
+
+sys.exit(main())

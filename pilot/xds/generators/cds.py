@@ -13,13 +13,27 @@ from pilot.model.store import Entry
 from pilot.networking import clusters, inbound, names
 from pilot.networking.traffic_policy import effective_policy
 from pilot.xds.cache import CachedResource, XdsCache
-from pilot.xds.generators import waypoint
+from pilot.xds.generators import envoy_filter, waypoint
 from pilot.xds.typeurls import CLUSTER
 
 
+@envoy_filter.patched(CLUSTER)
 def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
              cache: XdsCache) -> list[CachedResource]:
     return list(resources(ctx, proxy, requested, cache))
+
+
+def sliced(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
+           cache: XdsCache) -> Iterator[CachedResource]:
+    """generate() as an iterator, EnvoyFilter patches included: a cluster at a time when no
+    patch applies to this proxy's clusters (the usual case); otherwise the patched list, made at
+    once (patches see every cluster)."""
+    mine = envoy_filter.patches_for(ctx, proxy, CLUSTER)
+    if not mine:
+        yield from resources(ctx, proxy, requested, cache)
+        return
+    yield from envoy_filter.apply(CLUSTER, proxy.type == "router", list(resources(ctx, proxy, requested, cache)),
+                                  mine, requested, cache)
 
 
 def resources(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
@@ -45,7 +59,7 @@ def resources(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
                     mesh_tls = _mesh_tls(ctx, svc, port.port, dr, subset, sans) if has_identity else None
                     yield cache.resource(CLUSTER, name, clusters.outbound_cluster,
                                          svc, port, ctx.settings.clusters, dr, subset, targets, mesh_tls,
-                                         origins=origins)
+                                         proxy.is_grpc, origins=origins)
     if proxy.type == "sidecar" and not proxy.is_grpc:
         plan = ctx.inbound_plan(proxy)
         for port in plan.ports:

@@ -80,7 +80,7 @@ def resources(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
                 yield cache.resource(CLUSTER, name, build, ctx.settings.clusters, origins=("MeshConfig",))
     wp = waypoint.waypoint_of(ctx, proxy)
     if wp is not None:
-        yield from (r for r in waypoint.clusters(ctx, wp, cache) if want(r.name))
+        yield from (r for r in waypoint.clusters(ctx, proxy, wp, cache) if want(r.name))
 
 
 def _mesh_tls(ctx: PushContext, svc: MeshService, port: int, dr: Entry[DestinationRule] | None, subset: str,

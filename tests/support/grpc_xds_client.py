@@ -53,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--call-timeout", type=float, default=2.0, help="per-call deadline in seconds")
     parser.add_argument("--interval", type=float, default=0.1, help="pause between attempts in seconds")
     parser.add_argument("--payload", default="hello", help="request body (UTF-8)")
+    parser.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE",
+                        help="request metadata (headers) sent with every call; repeatable")
     args = parser.parse_args(argv)
 
     if args.target.startswith("xds:") and not (
@@ -67,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=_watch_stdin, args=(stop,), daemon=True).start()
     deadline = time.monotonic() + args.max_seconds
     payload = args.payload.encode()
+    metadata = tuple(tuple(kv.split("=", 1)) for kv in args.metadata)
 
     with grpc.insecure_channel(args.target) as channel:
         # No (de)serializers: bytes in, bytes out, no generated code needed.
@@ -75,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         while not stop.is_set() and time.monotonic() < deadline:
             n += 1
             try:
-                reply = echo(payload, timeout=args.call_timeout)
+                reply = echo(payload, timeout=args.call_timeout, metadata=metadata or None)
                 _emit({"n": n, "ok": True, "reply": reply.decode(errors="replace")})
             except grpc.RpcError as err:
                 _emit({"n": n, "ok": False, "error": f"{err.code().name}: {err.details()}"})

@@ -8,7 +8,7 @@ from pilot.durations import parse_duration
 from pilot.model.ports import PortPlan
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
-from pilot.networking import inbound, listeners, names, tcp_routes
+from pilot.networking import grpc, inbound, listeners, names, tcp_routes
 from pilot.xds.cache import CachedResource, XdsCache
 from pilot.xds.generators import gateway, waypoint
 from pilot.xds.typeurls import LISTENER
@@ -139,15 +139,9 @@ def _grpc(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         if found is None:
             continue
         svc, port = found
-        out.append(cache.resource(LISTENER, name, _grpc_listener, name, svc.hostname, port,
+        out.append(cache.resource(LISTENER, name, grpc.api_listener, name, svc.hostname, port,
                                   origins=(svc.origin,)))
     return out
-
-
-def _grpc_listener(name: str, hostname: str, port: int):
-    listener = listeners.grpc_api_listener(hostname, port)
-    listener.name = name  # answer under the name the client asked for (it may be a short alias)
-    return listener
 
 
 def resolve_host_port(ctx: PushContext, name: str):

@@ -1,0 +1,94 @@
+"""What a proxyless gRPC client is sent for a VirtualService, next to what a sidecar gets.
+
+grpcio NACKs a whole RouteConfiguration for a per-route filter config it does not implement,
+and reads a call deadline from `max_stream_duration`, not `timeout`; the e2e tests
+(tests/e2e/test_grpc_proxyless_routing.py) prove the routing itself with grpcio's client.
+"""
+
+from __future__ import annotations
+
+from envoy.config.listener.v3 import listener_pb2
+from envoy.config.route.v3 import route_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+
+from pilot.model.store import ConfigKey
+from pilot.networking.http_routes import CORS_FILTER, FAULT_FILTER
+
+from .helpers import World, endpoint_slice, proxy, service
+from .oracle_mesh import destination_rule, virtual_service
+
+REVIEWS = "reviews.default.svc.cluster.local"
+TARGET = f"{REVIEWS}:9080"
+
+VS = virtual_service("reviews", {"hosts": ["reviews"], "http": [
+    {"match": [{"headers": {"x-track": {"exact": "beta"}}}],
+     "route": [{"destination": {"host": "reviews", "subset": "v2"}}],
+     "timeout": "3s", "corsPolicy": {"allowOrigins": [{"exact": "https://example.com"}]},
+     "fault": {"abort": {"grpcStatus": "UNAVAILABLE", "percentage": {"value": 10}}}},
+    {"route": [{"destination": {"host": "reviews", "subset": "v1"}, "weight": 80},
+               {"destination": {"host": "reviews", "subset": "v2"}, "weight": 20}],
+     "retries": {"attempts": 3, "retryOn": "unavailable,5xx"}},
+]})
+DR = destination_rule("reviews", "reviews", {"subsets": [{"name": "v1", "labels": {"version": "v1"}},
+                                                         {"name": "v2", "labels": {"version": "v2"}}]})
+
+
+def _world() -> World:
+    w = World()
+    w.apply(service("reviews", cluster_ip="10.96.0.20"),
+            endpoint_slice("reviews-1", "reviews", addresses=("10.1.0.1",), port=19081), VS, DR)
+    return w
+
+
+def _route(res) -> route_pb2.RouteConfiguration:
+    return res.message(route_pb2.RouteConfiguration)
+
+
+def test_grpc_route_config_carries_the_virtual_service_as_grpc_reads_it() -> None:
+    w = _world()
+    ctx = w.ctx()
+    grpc_rc = _route(w.rds(proxy(generator="grpc", interception=None), {TARGET}, ctx)[TARGET])
+    (vh,) = grpc_rc.virtual_hosts
+    assert TARGET in vh.domains and REVIEWS in vh.domains
+    beta, rest = vh.routes
+    assert [h.name for h in beta.match.headers] == ["x-track"]
+    assert beta.route.cluster == f"outbound|9080|v2|{REVIEWS}"
+    assert beta.route.max_stream_duration.max_stream_duration.seconds == 3
+    assert set(beta.typed_per_filter_config) == {FAULT_FILTER}  # CORS would make grpc NACK
+    assert [(c.name, c.weight.value) for c in rest.route.weighted_clusters.clusters] == [
+        (f"outbound|9080|v1|{REVIEWS}", 80), (f"outbound|9080|v2|{REVIEWS}", 20)]
+    assert rest.route.retry_policy.num_retries.value == 3
+    assert "unavailable" in rest.route.retry_policy.retry_on.split(",")
+
+    # A sidecar's route for the same VirtualService keeps CORS: the two are cached apart.
+    envoy_rc = _route(w.rds(proxy(), {"9080"}, ctx)["9080"])
+    envoy_beta = next(vh for vh in envoy_rc.virtual_hosts if vh.name == TARGET).routes[0]
+    assert CORS_FILTER in envoy_beta.typed_per_filter_config
+    assert not envoy_beta.route.HasField("max_stream_duration")
+
+
+def test_grpc_listener_has_the_fault_filter_and_subset_clusters_exist() -> None:
+    w = _world()
+    ctx = w.ctx()
+    p = proxy(generator="grpc", interception=None)
+    lis = w.lds(p, ctx, {TARGET})[TARGET].message(listener_pb2.Listener)
+    hcm = hcm_pb2.HttpConnectionManager()
+    assert lis.api_listener.api_listener.Unpack(hcm)
+    assert [f.name for f in hcm.http_filters] == [FAULT_FILTER, "envoy.filters.http.router"]
+    assert hcm.rds.route_config_name == TARGET
+    subsets = {f"outbound|9080|v1|{REVIEWS}", f"outbound|9080|v2|{REVIEWS}"}
+    assert set(w.cds(p, ctx, subsets)) == subsets
+
+
+def test_virtual_service_change_reaches_the_grpc_route_and_removal_restores_default() -> None:
+    w = _world()
+    p = proxy(generator="grpc", interception=None)
+    before = _route(w.rds(p, {TARGET})[TARGET])
+    w.apply(virtual_service("reviews", {"hosts": ["reviews"], "http": [
+        {"route": [{"destination": {"host": "reviews", "subset": "v1"}}]}]}))
+    after = _route(w.rds(p, {TARGET})[TARGET])
+    assert before != after
+    assert [r.route.cluster for r in after.virtual_hosts[0].routes] == [f"outbound|9080|v1|{REVIEWS}"]
+    w.store.delete(ConfigKey("VirtualService", "default", "reviews"))
+    default = _route(w.rds(p, {TARGET})[TARGET])
+    assert [r.route.cluster for r in default.virtual_hosts[0].routes] == [f"outbound|9080||{REVIEWS}"]

@@ -23,15 +23,26 @@ matching a redirect or direct response (as istiod's clients see).
 
 from __future__ import annotations
 
-from envoy.config.listener.v3 import api_listener_pb2, listener_pb2
+from collections.abc import Mapping
+
+from envoy.config.core.v3 import address_pb2
+from envoy.config.listener.v3 import api_listener_pb2, listener_components_pb2, listener_pb2
+from envoy.config.rbac.v3 import rbac_pb2
 from envoy.config.route.v3 import route_components_pb2 as rc
 from envoy.config.route.v3 import route_pb2
+from envoy.extensions.filters.http.rbac.v3 import rbac_pb2 as http_rbac_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+from envoy.extensions.transport_sockets.tls.v3 import common_pb2 as tls_common_pb2
+from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
+from envoy.type.matcher.v3 import string_pb2
+from google.protobuf import wrappers_pb2
 
 from pilot.config.networking import VirtualService
 from pilot.model.mesh_settings import RouteSettings
-from pilot.model.services import MeshService
+from pilot.model.security_policies import WorkloadPolicies
+from pilot.model.services import TLS_MODE_LABEL, MeshService
 from pilot.model.store import Entry
+from pilot.networking import authz
 from pilot.networking.filters import fault_filter, router_filter
 from pilot.networking.http_routes import FAULT_FILTER, RouteInputs, virtual_service_routes
 from pilot.networking.metadata import config_path
@@ -84,3 +95,90 @@ def _adapt(route: rc.Route) -> None:
     if action.timeout.seconds or action.timeout.nanos:
         # (the timeout itself stays, as istiod sends it: grpc ignores it)
         action.max_stream_duration.max_stream_duration.CopyFrom(action.timeout)
+
+
+# --- server side (gRFC A36: xDS-enabled servers) --------------------------------------------
+# istio-agent's grpc bootstrap sets server_listener_resource_name_template to this prefix + "%s";
+# grpc fills in the address it listens on (`0.0.0.0:PORT`, `[::]:PORT`).
+SERVER_LISTENER_PREFIX = "xds.istio.io/grpc/lds/inbound/"
+RBAC_DENY_FILTER = "envoy.filters.http.rbac.DENY"  # grpc refuses two filters of one name
+TLS_SOCKET = "envoy.transport_sockets.tls"
+
+
+def server_address(name: str) -> tuple[str, int] | None:
+    """(host, port) of a server listener name; None unless it is one. IPv6 hosts come bracketed."""
+    if not name.startswith(SERVER_LISTENER_PREFIX):
+        return None
+    host, sep, port = name[len(SERVER_LISTENER_PREFIX):].rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return None
+    return host.removeprefix("[").removesuffix("]"), int(port)
+
+
+def _rbac_filters(policies: WorkloadPolicies, trust_domains: tuple[str, ...]) -> list[hcm_pb2.HttpFilter]:
+    """istiod's grpcgen: a DENY filter, then an ALLOW filter (grpc implements only those two
+    actions). Differences, each on the closed side: a CUSTOM policy (grpc has no ext_authz) denies
+    every request, as istiod's sidecars do for a CUSTOM policy they cannot apply; dry-run
+    policies are never enforced and grpc has no shadow rules, so they are not sent; AUDIT policies
+    only log (no RBAC LOG action in grpc) and are not sent."""
+    deny = tuple(e for e in policies.deny if not authz.is_dry_run(e))
+    allow = tuple(e for e in policies.allow if not authz.is_dry_run(e))
+    out = []
+    deny_rules, _ = authz.rbac_rules(deny, rbac_pb2.RBAC.DENY, False, trust_domains) if deny else (None, None)
+    if policies.custom:
+        deny_rules = deny_rules or rbac_pb2.RBAC(action=rbac_pb2.RBAC.DENY)
+        deny_rules.policies[authz.CUSTOM_DENY_ALL].CopyFrom(authz.MATCH_ALL)
+    if deny_rules is not None and deny_rules.policies:
+        out.append(hcm_pb2.HttpFilter(name=RBAC_DENY_FILTER, typed_config=pack(http_rbac_pb2.RBAC(rules=deny_rules))))
+    if allow:
+        allow_rules, _ = authz.rbac_rules(allow, rbac_pb2.RBAC.ALLOW, False, trust_domains)
+        out.append(hcm_pb2.HttpFilter(name=authz.HTTP_RBAC_FILTER,
+                                      typed_config=pack(http_rbac_pb2.RBAC(rules=allow_rules))))
+    return out
+
+
+def common_tls_context(sans: tuple[str, ...] = ()) -> tls_pb2.CommonTlsContext:
+    """Certificates from the bootstrap's `default` certificate provider (istio-agent writes a
+    file_watcher one): `default` for the workload's own, `ROOTCA` for the roots (istiod's names)."""
+    validation = tls_common_pb2.CertificateValidationContext(
+        ca_certificate_provider_instance=tls_common_pb2.CertificateProviderPluginInstance(
+            instance_name="default", certificate_name="ROOTCA"))
+    for san in sans:
+        validation.match_typed_subject_alt_names.add(
+            san_type=tls_common_pb2.SubjectAltNameMatcher.URI, matcher=string_pb2.StringMatcher(exact=san))
+    return tls_pb2.CommonTlsContext(
+        tls_certificate_provider_instance=tls_common_pb2.CertificateProviderPluginInstance(
+            instance_name="default", certificate_name="default"),
+        validation_context=validation)
+
+
+def server_listener(name: str, host: str, port: int, policies: WorkloadPolicies, trust_domains: tuple[str, ...],
+                    mtls: bool) -> listener_pb2.Listener:
+    """One filter chain (grpc's filter chain matching cannot tell TLS from plaintext, so PERMISSIVE
+    is not expressible: see server_mtls) whose HCM carries an inline route config with a
+    non-forwarding route (what a server's HCM must hold), the RBAC filters and the router."""
+    suffix = "mtls" if mtls else "plaintext"
+    hcm = hcm_pb2.HttpConnectionManager(
+        route_config=route_pb2.RouteConfiguration(name="inbound", virtual_hosts=[rc.VirtualHost(
+            name="inbound", domains=["*"], routes=[rc.Route(match=rc.RouteMatch(prefix="/"),
+                                                            non_forwarding_action=rc.NonForwardingAction())])]),
+        http_filters=[*_rbac_filters(policies, trust_domains), router_filter()])
+    chain = listener_components_pb2.FilterChain(
+        name=f"inbound-{suffix}",
+        filters=[listener_components_pb2.Filter(name=f"inbound-hcm{suffix}", typed_config=pack(hcm))])
+    if mtls:
+        chain.transport_socket.name = TLS_SOCKET
+        chain.transport_socket.typed_config.CopyFrom(pack(tls_pb2.DownstreamTlsContext(
+            common_tls_context=common_tls_context(), require_client_certificate=wrappers_pb2.BoolValue(value=True))))
+    return listener_pb2.Listener(
+        name=name, address=address_pb2.Address(socket_address=address_pb2.SocketAddress(address=host, port_value=port)),
+        filter_chains=[chain])
+
+
+def server_mtls(mode: str, labels: Mapping[str, str]) -> bool:
+    """istiod's grpcgen: STRICT serves mTLS only; PERMISSIVE serves plaintext, except on a
+    workload labelled for auto mTLS (`security.istio.io/tlsMode: istio`), whose clients will
+    send mTLS: there it is STRICT. DISABLE (and anything unknown) is plaintext."""
+    if mode == "PERMISSIVE" and labels.get(TLS_MODE_LABEL) == "istio":
+        return True
+    return mode == "STRICT"

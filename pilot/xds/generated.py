@@ -14,6 +14,8 @@ from pilot.model.dependencies import Deps
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
 from pilot.xds.cache import CachedResource, XdsCache
+from pilot.xds.generators.grpc import server_inputs as grpc_server_inputs
+from pilot.xds.typeurls import LISTENER
 
 
 @dataclass(eq=False)
@@ -94,6 +96,9 @@ class GenerationMemo:
             self._version = ctx.version
         independent = self.reads_no_proxy.get(type_url)
         proxy_key = None if independent is not None and independent(requested) else self._proxy_key(ctx, proxy)
+        if proxy.is_grpc and type_url == LISTENER:
+            # A gRPC server's inbound listeners read its addresses and labels (grpc_server_inputs).
+            proxy_key = (proxy_key, grpc_server_inputs(proxy, requested))
         key = (type_url, proxy_key, requested)
         out = self._memo.get(key)
         if out is None:

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
+from envoy.extensions.filters.http.rbac.v3 import rbac_pb2 as http_rbac_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 
 from pilot.model.store import ConfigKey
 from pilot.networking.http_routes import CORS_FILTER, FAULT_FILTER
+from pilot.xds.generated import GenerationMemo
+from pilot.xds.generators import lds
+from pilot.xds.typeurls import LISTENER
 
 from .helpers import World, endpoint_slice, proxy, service
 from .oracle_mesh import destination_rule, virtual_service
@@ -92,3 +96,67 @@ def test_virtual_service_change_reaches_the_grpc_route_and_removal_restores_defa
     w.store.delete(ConfigKey("VirtualService", "default", "reviews"))
     default = _route(w.rds(p, {TARGET})[TARGET])
     assert [r.route.cluster for r in default.virtual_hosts[0].routes] == [f"outbound|9080||{REVIEWS}"]
+
+
+# --- server side ------------------------------------------------------------------------------
+SERVER = "xds.istio.io/grpc/lds/inbound/0.0.0.0:19081"  # the reviews endpoint's port
+
+
+def _policy(name: str, action: str, annotations: dict | None = None, **spec) -> dict:
+    return {"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+            "metadata": {"name": name, "namespace": "default", "annotations": annotations or {}},
+            "spec": {"action": action, **spec}}
+
+
+def _server_filters(w: World, p) -> list[str]:
+    lis = w.lds(p, None, {SERVER})[SERVER].message(listener_pb2.Listener)
+    hcm = hcm_pb2.HttpConnectionManager()
+    assert lis.filter_chains[0].filters[0].typed_config.Unpack(hcm)
+    assert hcm.route_config.virtual_hosts[0].routes[0].HasField("non_forwarding_action")
+    return [f.name for f in hcm.http_filters]
+
+
+def test_server_listener_only_for_a_served_port_and_rbac_by_action() -> None:
+    w = _world()
+    server = proxy(generator="grpc", interception=None, ip="10.1.0.1")
+    stranger = proxy(generator="grpc", interception=None, ip="10.9.9.9")
+    assert SERVER not in w.lds(stranger, None, {SERVER})  # no service instance there: not sent
+    assert _server_filters(w, server) == ["envoy.filters.http.router"]
+    w.apply(_policy("deny", "DENY", rules=[{"to": [{"operation": {"paths": ["/a"]}}]}]),
+            _policy("allow", "ALLOW", rules=[{"to": [{"operation": {"paths": ["/b"]}}]}]),
+            _policy("dry", "DENY", {"istio.io/dry-run": "true"}, rules=[{}]),
+            _policy("audit", "AUDIT", rules=[{}]))
+    # grpc refuses two filters of one name and knows only ALLOW/DENY; dry-run and audit rules
+    # are never enforced, so they are not sent.
+    assert _server_filters(w, server) == ["envoy.filters.http.rbac.DENY", "envoy.filters.http.rbac",
+                                          "envoy.filters.http.router"]
+    lis = w.lds(server, None, {SERVER})[SERVER].message(listener_pb2.Listener)
+    assert lis.address.socket_address.address == "0.0.0.0" and lis.address.socket_address.port_value == 19081
+    assert not lis.filter_chains[0].HasField("transport_socket")  # PERMISSIVE, no auto-mTLS label: plaintext
+
+
+def test_custom_policy_denies_everything_on_a_grpc_server() -> None:
+    w = _world()
+    w.apply(_policy("ext", "CUSTOM", provider={"name": "missing"}, rules=[{}]))
+    server = proxy(generator="grpc", interception=None, ip="10.1.0.1")
+    lis = w.lds(server, None, {SERVER})[SERVER].message(listener_pb2.Listener)
+    hcm = hcm_pb2.HttpConnectionManager()
+    assert lis.filter_chains[0].filters[0].typed_config.Unpack(hcm)
+    rbac = http_rbac_pb2.RBAC()
+    assert hcm.http_filters[0].typed_config.Unpack(rbac)
+    assert rbac.rules.action == rbac.rules.DENY and list(rbac.rules.policies) == [
+        "default-deny-all-due-to-bad-CUSTOM-action"]
+
+
+def test_generation_memo_keeps_two_servers_apart() -> None:
+    """Two gRPC servers with equal traits but different addresses get their own listeners in one
+    push (the memo's proxy key would otherwise hand the first one's to the second)."""
+    w = _world()
+    memo = GenerationMemo({LISTENER: lds.generate}, w.cache)
+    ctx = w.ctx()
+    names = frozenset({SERVER})
+    served = memo.generate(ctx, LISTENER, proxy(generator="grpc", interception=None, ip="10.1.0.1"), names)
+    unserved = memo.generate(ctx, LISTENER, proxy(generator="grpc", interception=None, ip="10.9.9.9",
+                                                  pod_name="other"), names)
+    assert [r.name for r in served.resources] == [SERVER]
+    assert list(unserved.resources) == []

@@ -7,10 +7,10 @@ from dataclasses import replace
 from pilot.model.gateways import config_origins
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
-from pilot.networking import grpc, routes
+from pilot.networking import routes
 from pilot.xds.cache import CachedResource, XdsCache
-from pilot.xds.generators import gateway
-from pilot.xds.generators.lds import resolve_host_port
+from pilot.xds.generators import gateway, grpc
+from pilot.xds.generators.grpc import resolve_host_port
 from pilot.xds.typeurls import ROUTE
 
 
@@ -25,7 +25,7 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
             if found is None:
                 continue
             svc, port = found
-            out.append(_grpc_route_config(ctx, proxy, name, svc, port, cache))
+            out.append(grpc.route_config(ctx, proxy, name, svc, port, cache))
             continue
         port = int(name)
         sidecar = ctx.sidecar_for(proxy.namespace, proxy.labels)
@@ -48,21 +48,6 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
                                   port, http, proxy.namespace, settings, vss, everything, ctx.domain,
                                   hashes, labels, origins=origins or ("MeshConfig",)))
     return out
-
-
-def _grpc_route_config(ctx: PushContext, proxy: Proxy, name: str, svc, port: int,
-                       cache: XdsCache) -> CachedResource:
-    """A proxyless client's route config for one target: the VirtualService for the service as
-    the client's namespace sees it (istiod's grpcgen reuses the sidecar's virtual hosts)."""
-    vs = ctx.virtual_service(svc.hostname, proxy.namespace)
-    everything = ctx.all_services() if vs is not None else ()
-    labels: tuple[tuple[str, str], ...] = ()
-    if vs is not None:
-        asked = {k for sel in ctx.traffic.source_selectors for k, _ in sel}
-        labels = tuple(sorted((k, v) for k, v in proxy.labels.items() if k in asked))
-    origins = (svc.origin, *(config_origins(vs) if vs is not None else ()))
-    return cache.resource(ROUTE, name, grpc.route_config, name, svc, port, ctx.settings.routes, vs, everything,
-                          ctx.domain, proxy.namespace if vs is not None else "", labels, origins=origins)
 
 
 def _hash_policies(ctx: PushContext, namespace: str, labels) -> tuple:

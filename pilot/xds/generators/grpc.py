@@ -1,0 +1,100 @@
+"""Proxyless gRPC generators (istiod's grpcgen): the client's API listeners and per-target route
+configs, and the xDS-enabled server's inbound listeners (`xds.istio.io/grpc/lds/inbound/IP:PORT`).
+
+grpc names every resource it wants; a name this control plane does not know is left out, which
+grpc reads as "does not exist" (a client fails its RPCs, a server stops serving that port)."""
+
+from __future__ import annotations
+
+from pilot.model.gateways import config_origins
+from pilot.model.proxy import Proxy
+from pilot.model.push_context import PushContext
+from pilot.model.services import MeshService, endpoints_for_port
+from pilot.networking import grpc
+from pilot.xds.cache import CachedResource, XdsCache
+from pilot.xds.typeurls import LISTENER, ROUTE
+
+
+def listeners(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
+              cache: XdsCache) -> list[CachedResource]:
+    out: list[CachedResource] = []
+    for name in sorted(requested or ()):
+        server = grpc.server_address(name)
+        if server is not None:
+            res = _server_listener(ctx, proxy, name, *server, cache)
+            if res is not None:
+                out.append(res)
+            continue
+        found = resolve_host_port(ctx, name)
+        if found is None:
+            continue
+        svc, port = found
+        out.append(cache.resource(LISTENER, name, grpc.api_listener, name, svc.hostname, port,
+                                  origins=(svc.origin,)))
+    return out
+
+
+def server_inputs(proxy: Proxy, requested: frozenset[str] | None) -> tuple | None:
+    """What of a proxy its server listeners read beyond the generation memo's proxy key: its
+    addresses (which service instances it is) and labels (its policies); None without any."""
+    if not requested or not any(n.startswith(grpc.SERVER_LISTENER_PREFIX) for n in requested):
+        return None
+    return (proxy.ip_addresses, frozenset(proxy.labels.items()))
+
+
+def route_config(ctx: PushContext, proxy: Proxy, name: str, svc: MeshService, port: int,
+                 cache: XdsCache) -> CachedResource:
+    """A client's route config for one target: the VirtualService for the service as the
+    client's namespace sees it (istiod's grpcgen reuses the sidecar's virtual hosts)."""
+    vs = ctx.virtual_service(svc.hostname, proxy.namespace)
+    everything = ctx.all_services() if vs is not None else ()
+    labels: tuple[tuple[str, str], ...] = ()
+    if vs is not None:
+        # Only the labels some sourceLabels match asks about: the rest must not split the cache.
+        asked = {k for sel in ctx.traffic.source_selectors for k, _ in sel}
+        labels = tuple(sorted((k, v) for k, v in proxy.labels.items() if k in asked))
+    origins = (svc.origin, *(config_origins(vs) if vs is not None else ()))
+    return cache.resource(ROUTE, name, grpc.route_config, name, svc, port, ctx.settings.routes, vs, everything,
+                          ctx.domain, proxy.namespace if vs is not None else "", labels, origins=origins)
+
+
+def _serving_service(ctx: PushContext, proxy: Proxy, port: int) -> MeshService | None:
+    """A Service of the proxy's namespace with an endpoint at one of the proxy's addresses on
+    `port` (istiod sends a server listener only for a port some service instance targets)."""
+    addresses = set(proxy.ip_addresses)
+    for svc in ctx.services_in(proxy.namespace):
+        if svc.kind != "Service":
+            continue
+        slices = ctx.service_slices(svc)
+        for svc_port in svc.ports:
+            if any(e.address in addresses and e.port == port for e in endpoints_for_port(slices, svc_port)):
+                return svc
+    return None
+
+
+def _server_listener(ctx: PushContext, proxy: Proxy, name: str, host: str, port: int,
+                     cache: XdsCache) -> CachedResource | None:
+    svc = _serving_service(ctx, proxy, port)
+    if svc is None:
+        return None
+    labels = proxy.labels
+    policies = ctx.workload_policies(proxy.namespace, labels)
+    mtls = grpc.server_mtls(ctx.mtls_mode(proxy.namespace, labels, port), labels)
+    return cache.resource(LISTENER, name, grpc.server_listener, name, host, port, policies,
+                          tuple(ctx.mesh.trust_domains), mtls, origins=(svc.origin, *policies.origins))
+
+
+def resolve_host_port(ctx: PushContext, name: str):
+    """`host:port` as a gRPC target names it; host may be the FQDN or `name.namespace[.svc]`."""
+    host, sep, port_text = name.rpartition(":")
+    if not sep or not port_text.isdigit():
+        return None
+    port = int(port_text)
+    svc = ctx.service(host)
+    if svc is None:
+        parts = host.split(".")
+        if len(parts) in (2, 3) and (len(parts) == 2 or parts[2] == "svc"):
+            svc = ctx.service(f"{parts[0]}.{parts[1]}.svc.{ctx.domain}")
+    if svc is None or svc.port(port) is None:
+        return None
+    return svc, port

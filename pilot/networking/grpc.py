@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import address_pb2
 from envoy.config.listener.v3 import api_listener_pb2, listener_components_pb2, listener_pb2
 from envoy.config.rbac.v3 import rbac_pb2
@@ -182,3 +183,20 @@ def server_mtls(mode: str, labels: Mapping[str, str]) -> bool:
     if mode == "PERMISSIVE" and labels.get(TLS_MODE_LABEL) == "istio":
         return True
     return mode == "STRICT"
+
+
+# --- clusters ---------------------------------------------------------------------------------
+def cluster(name: str, istio_mutual: bool, sans: tuple[str, ...]) -> cluster_pb2.Cluster:
+    """istiod's grpcgen cluster: EDS over ADS, round robin, and mTLS only where the
+    DestinationRule asks for ISTIO_MUTUAL (grpc cannot tell whether a server speaks it: a
+    PERMISSIVE server's plaintext side cannot be reached with TLS, so there is no auto mTLS).
+    The certificates come from the bootstrap's `default` certificate provider; the server's
+    identity must be one of `sans` (the service's accounts, or the rule's subjectAltNames)."""
+    c = cluster_pb2.Cluster(name=name, type=cluster_pb2.Cluster.EDS, lb_policy=cluster_pb2.Cluster.ROUND_ROBIN)
+    c.eds_cluster_config.service_name = name
+    c.eds_cluster_config.eds_config.CopyFrom(ads_config_source())
+    if istio_mutual:
+        c.transport_socket.name = TLS_SOCKET
+        c.transport_socket.typed_config.CopyFrom(pack(tls_pb2.UpstreamTlsContext(
+            common_tls_context=common_tls_context(sans))))
+    return c

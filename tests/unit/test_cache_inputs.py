@@ -133,13 +133,20 @@ def test_cds_service_port_number(world: World) -> None:
     assert cluster(new).eds_cluster_config.service_name == f"outbound|9081||{REVIEWS}"
 
 
-def test_cds_grpc_and_envoy_differ_only_in_catch_alls_and_share_cluster_bytes(world: World) -> None:
+def test_cds_grpc_gets_its_own_named_clusters(world: World) -> None:
+    """istiod's grpcgen: only the clusters grpc names, plain EDS ones (no catch-alls, none of
+    Envoy's connection settings), cached apart from Envoy's under the same name."""
     ctx = world.ctx()
     envoy_out = world.cds(proxy(), ctx)
-    grpc_out = world.cds(proxy(generator="grpc", interception=None), ctx)
+    grpc_out = world.cds(proxy(generator="grpc", interception=None), ctx,
+                         {REVIEWS_CLUSTER, "BlackHoleCluster", "PassthroughCluster"})
     assert {"BlackHoleCluster", "PassthroughCluster"} <= set(envoy_out)
-    assert not {"BlackHoleCluster", "PassthroughCluster"} & set(grpc_out)
-    assert grpc_out[REVIEWS_CLUSTER] is envoy_out[REVIEWS_CLUSTER]
+    assert set(grpc_out) == {REVIEWS_CLUSTER}
+    assert grpc_out[REVIEWS_CLUSTER].any_bytes != envoy_out[REVIEWS_CLUSTER].any_bytes
+    c = cluster(grpc_out[REVIEWS_CLUSTER])
+    assert (c.type, c.lb_policy, c.eds_cluster_config.service_name) == (
+        cluster_pb2.Cluster.EDS, cluster_pb2.Cluster.ROUND_ROBIN, REVIEWS_CLUSTER)
+    assert not c.HasField("connect_timeout") and not c.HasField("transport_socket")
 
 
 # --- EDS --------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""CDS generator: every outbound cluster a proxy can use, or just the named ones (gRPC)."""
+"""CDS generator: every outbound cluster a proxy can use (gRPC clients: generators.grpc)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,14 @@ from pilot.model.store import Entry
 from pilot.networking import clusters, inbound, names
 from pilot.networking.traffic_policy import effective_policy
 from pilot.xds.cache import CachedResource, XdsCache
-from pilot.xds.generators import waypoint
+from pilot.xds.generators import grpc, waypoint
 from pilot.xds.typeurls import CLUSTER
 
 
 def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
              cache: XdsCache) -> list[CachedResource]:
+    if proxy.is_grpc:
+        return grpc.clusters(ctx, proxy, requested, cache)
     out: list[CachedResource] = []
     def want(name: str) -> bool:
         return requested is None or name in requested
@@ -38,7 +40,7 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
                     out.append(cache.resource(CLUSTER, name, clusters.outbound_cluster,
                                               svc, port, ctx.settings.clusters, dr, subset, targets, mesh_tls,
                                               origins=origins))
-    if proxy.type == "sidecar" and not proxy.is_grpc:
+    if proxy.type == "sidecar":
         plan = ctx.inbound_plan(proxy)
         for port in plan.ports:
             name = inbound.inbound_cluster_name(port.port)
@@ -50,13 +52,10 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
             out.append(cache.resource(CLUSTER, inbound.INBOUND_PASSTHROUGH_CLUSTER,
                                       inbound.inbound_passthrough_cluster, ctx.settings.clusters,
                                       origins=("MeshConfig",)))
-    if not proxy.is_grpc:
-        # ORIGINAL_DST/STATIC catch-alls are Envoy-only; grpcio NACKs cluster types it cannot use.
-        for name, build in ((names.BLACKHOLE_CLUSTER, clusters.blackhole_cluster),
-                            (names.PASSTHROUGH_CLUSTER, clusters.passthrough_cluster)):
-            if want(name):
-                out.append(cache.resource(CLUSTER, name, build, ctx.settings.clusters,
-                                          origins=("MeshConfig",)))
+    for name, build in ((names.BLACKHOLE_CLUSTER, clusters.blackhole_cluster),
+                        (names.PASSTHROUGH_CLUSTER, clusters.passthrough_cluster)):
+        if want(name):
+            out.append(cache.resource(CLUSTER, name, build, ctx.settings.clusters, origins=("MeshConfig",)))
     wp = waypoint.waypoint_of(ctx, proxy)
     if wp is not None:
         out.extend(r for r in waypoint.clusters(ctx, wp, cache) if want(r.name))

@@ -10,9 +10,10 @@ from pilot.model.gateways import config_origins
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
 from pilot.model.services import MeshService, endpoints_for_port
-from pilot.networking import grpc
+from pilot.networking import grpc, names
+from pilot.networking.traffic_policy import effective_policy
 from pilot.xds.cache import CachedResource, XdsCache
-from pilot.xds.typeurls import LISTENER, ROUTE
+from pilot.xds.typeurls import CLUSTER, LISTENER, ROUTE
 
 
 def listeners(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
@@ -82,6 +83,34 @@ def _server_listener(ctx: PushContext, proxy: Proxy, name: str, host: str, port:
     mtls = grpc.server_mtls(ctx.mtls_mode(proxy.namespace, labels, port), labels)
     return cache.resource(LISTENER, name, grpc.server_listener, name, host, port, policies,
                           tuple(ctx.mesh.trust_domains), mtls, origins=(svc.origin, *policies.origins))
+
+
+def clusters(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
+             cache: XdsCache) -> list[CachedResource]:
+    """The named `outbound|PORT|SUBSET|HOST` clusters among the services the client sees (its
+    Sidecar's scope); a subset only while the DestinationRule in force defines it."""
+    view = ctx.view(ctx.sidecar_for(proxy.namespace, proxy.labels))
+    visible = {s.hostname: s for s in view.services}
+    out: list[CachedResource] = []
+    for name in sorted(requested or ()):
+        parsed = names.parse_cluster_name(name)
+        if parsed is None or parsed[0] != "outbound":
+            continue
+        _, port_number, subset, host = parsed
+        svc = visible.get(host)
+        if svc is None or svc.port(port_number) is None:
+            continue
+        dr = ctx.destination_rule(svc.hostname, proxy.namespace, svc.namespace, proxy.labels)
+        if subset and (dr is None or all(s.name != subset for s in dr.obj.spec.subsets)):
+            continue
+        tls = effective_policy(dr.obj.spec, subset, port_number)["tls"] if dr is not None else None
+        mutual = tls is not None and tls.mode == "ISTIO_MUTUAL"
+        sans: tuple[str, ...] = ()
+        if mutual and tls is not None:
+            sans = tuple(tls.subject_alt_names) or tuple(ctx.service_accounts(svc))
+        origins = (svc.origin, *((f"DestinationRule/{dr.key.namespace}/{dr.key.name}",) if dr else ()))
+        out.append(cache.resource(CLUSTER, name, grpc.cluster, name, mutual, sans, origins=origins))
+    return out
 
 
 def resolve_host_port(ctx: PushContext, name: str):

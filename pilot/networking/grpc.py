@@ -144,9 +144,8 @@ def common_tls_context(sans: tuple[str, ...] = ()) -> tls_pb2.CommonTlsContext:
     validation = tls_common_pb2.CertificateValidationContext(
         ca_certificate_provider_instance=tls_common_pb2.CertificateProviderPluginInstance(
             instance_name="default", certificate_name="ROOTCA"))
-    for san in sans:
-        validation.match_typed_subject_alt_names.add(
-            san_type=tls_common_pb2.SubjectAltNameMatcher.URI, matcher=string_pb2.StringMatcher(exact=san))
+    # grpc checks match_subject_alt_names (gRFC A29), as istiod sends it; the typed form is Envoy's.
+    validation.match_subject_alt_names.extend(string_pb2.StringMatcher(exact=san) for san in sans)
     return tls_pb2.CommonTlsContext(
         tls_certificate_provider_instance=tls_common_pb2.CertificateProviderPluginInstance(
             instance_name="default", certificate_name="default"),

@@ -61,6 +61,7 @@ class GrpcXdsClientProcess:
         payload: str = "hello",
         env: dict[str, str] | None = None,
         call_metadata: dict[str, str] | None = None,
+        xds_creds: bool = False,
     ) -> None:
         self.target = target
         self.bootstrap = grpc_bootstrap(xds_port, node_id, metadata)
@@ -70,6 +71,7 @@ class GrpcXdsClientProcess:
         self.payload = payload
         self.extra_env = dict(env or {})
         self.call_metadata = dict(call_metadata or {})
+        self.xds_creds = xds_creds  # grpc.xds_channel_credentials: TLS where a cluster asks for it
         self.lines: list[dict[str, Any]] = []
         # grpc core can be chatty on stderr; keep only the end for diagnostics.
         self.stderr_tail: deque[str] = deque(maxlen=50)
@@ -96,6 +98,7 @@ class GrpcXdsClientProcess:
             "--call-timeout", str(self.call_timeout),
             "--payload", self.payload,
             *(a for k, v in self.call_metadata.items() for a in ("--metadata", f"{k}={v}")),
+            *(["--xds-creds"] if self.xds_creds else []),
         ]
         # fmt: on
         self.proc = await asyncio.create_subprocess_exec(

@@ -55,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--payload", default="hello", help="request body (UTF-8)")
     parser.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE",
                         help="request metadata (headers) sent with every call; repeatable")
+    parser.add_argument("--xds-creds", action="store_true",
+                        help="use grpc.xds_channel_credentials (TLS as the clusters say; plaintext fallback)")
     args = parser.parse_args(argv)
 
     if args.target.startswith("xds:") and not (
@@ -64,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Imported late so --help works fast and never touches grpc.
     import grpc
+    import grpc.experimental
 
     stop = threading.Event()
     threading.Thread(target=_watch_stdin, args=(stop,), daemon=True).start()
@@ -71,7 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     payload = args.payload.encode()
     metadata = tuple(tuple(kv.split("=", 1)) for kv in args.metadata)
 
-    with grpc.insecure_channel(args.target) as channel:
+    if args.xds_creds:
+        creds = grpc.xds_channel_credentials(grpc.experimental.insecure_channel_credentials())
+        channel_cm = grpc.secure_channel(args.target, creds)
+    else:
+        channel_cm = grpc.insecure_channel(args.target)
+    with channel_cm as channel:
         # No (de)serializers: bytes in, bytes out, no generated code needed.
         echo = channel.unary_unary(METHOD)
         n = 0

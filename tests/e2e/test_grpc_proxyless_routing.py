@@ -142,15 +142,21 @@ async def test_header_match_and_weights_pick_subsets(tmp_path, backends):
             await plain.stop()
 
 
-async def test_fault_abort_returns_configured_status_and_delay_applies(tmp_path, backends):
+async def test_fault_abort_on_a_path_and_a_timeout_cutting_a_delay(tmp_path, backends):
+    """An abort fault on the exact method path returns its gRPC status without reaching the
+    backend; then a 4 s delay under a 1 s VirtualService timeout ends each call with
+    DEADLINE_EXCEEDED well before the client's own 8 s deadline (grpc applies the route's
+    max_stream_duration)."""
     cp = ControlPlane(tmp_path)
     cp.write("mesh.yaml", mesh_yaml(backends["v1"].port, backends["v2"].port))
     cp.write("vs.yaml", virtual_service("""\
-        - fault: {abort: {grpcStatus: PERMISSION_DENIED, percentage: {value: 100}}}
+        - match: [{uri: {exact: /test.Echo/Echo}}]
+          fault: {abort: {grpcStatus: PERMISSION_DENIED, percentage: {value: 100}}}
           route: [{destination: {host: echo, subset: v1}}]
+        - route: [{destination: {host: echo, subset: v2}}]
         """))
     async with cp:
-        client = GrpcXdsClientProcess(TARGET, cp.xds_port, tmp_path, max_seconds=60, call_timeout=2.0)
+        client = GrpcXdsClientProcess(TARGET, cp.xds_port, tmp_path, max_seconds=75, call_timeout=8.0)
         await client.start()
         try:
             await client.wait_for_error("PERMISSION_DENIED", timeout=20, since=0)
@@ -162,14 +168,15 @@ async def test_fault_abort_returns_configured_status_and_delay_applies(tmp_path,
                 client.describe(12)
             assert backends["v1"].call_count == calls  # aborted in the client: nothing reached the backend
 
-            # A delay longer than the call deadline turns every call into DEADLINE_EXCEEDED.
             cp.write("vs.yaml", virtual_service("""\
-                - fault: {delay: {fixedDelay: 5s, percentage: {value: 100}}}
+                - fault: {delay: {fixedDelay: 4s, percentage: {value: 100}}}
+                  timeout: 1s
                   route: [{destination: {host: echo, subset: v1}}]
                 """))
             mark = len(client.lines)
-            await client.wait_for_error("DEADLINE_EXCEEDED", timeout=20, since=mark)
+            await client.wait_for_error("DEADLINE_EXCEEDED", timeout=30, since=mark)
             await _all_acked(cp, client)
+            assert not [r for r in client.replies(mark) if r.startswith("v1:")], client.describe(12)
 
             cp.remove("vs.yaml")  # back to the default route
             await client.wait_for_reply("", timeout=30, since=len(client.lines))

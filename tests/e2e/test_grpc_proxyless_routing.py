@@ -224,3 +224,45 @@ async def test_retry_recovers_from_a_backend_that_fails_once(tmp_path, backends)
             await _all_acked(cp, client)
         finally:
             await client.stop()
+
+
+async def test_routes_grpc_cannot_act_on_are_accepted_and_the_rest_still_routes(tmp_path, backends):
+    """What istiod sends a grpc client for a VirtualService using Envoy-only features must not
+    make grpc NACK the route config: query-parameter matches (grpc skips the route), redirects
+    and direct responses (RPCs matching them fail), mirrors, header rewrites, CORS (not sent),
+    retries with backoff and per-try timeouts. The plain rule still routes."""
+    backends["v2"].fail_every_other = False
+    cp = ControlPlane(tmp_path)
+    cp.write("mesh.yaml", mesh_yaml(backends["v1"].port, backends["v2"].port))
+    cp.write("vs.yaml", virtual_service("""\
+        - match: [{queryParams: {canary: {exact: "yes"}}}]
+          route: [{destination: {host: echo, subset: v2}}]
+        - match: [{headers: {x-redirect: {exact: "yes"}}}]
+          redirect: {uri: /elsewhere}
+        - match: [{headers: {x-direct: {exact: "yes"}}}]
+          directResponse: {status: 503}
+        - route: [{destination: {host: echo, subset: v1}, headers: {request: {set: {x-from: mesh}}}}]
+          mirror: {host: echo, subset: v2}
+          corsPolicy: {allowOrigins: [{exact: "https://example.com"}]}
+          retries: {attempts: 2, perTryTimeout: 1s, retryOn: "unavailable,5xx"}
+          timeout: 5s
+        """))
+    async with cp:
+        client = GrpcXdsClientProcess(TARGET, cp.xds_port, tmp_path, max_seconds=60, call_timeout=3.0)
+        direct = GrpcXdsClientProcess(TARGET, cp.xds_port, tmp_path, max_seconds=60, call_timeout=3.0,
+                                      node_id="sidecar~127.0.0.1~direct-1.default~default.svc.cluster.local",
+                                      call_metadata={"x-direct": "yes"})
+        await client.start()
+        await direct.start()
+        try:
+            await client.wait_for_reply("v1:", timeout=20, since=0)
+            await _all_acked(cp, client)
+            seen = await _replies(client, 10, len(client.lines))
+            assert all(line.get("reply", "").startswith("v1:") for line in seen), client.describe(12)
+            # A call matching the direct response is not answered by any backend.
+            error = await direct.wait_for_error("", timeout=20, since=0)
+            assert error.startswith("UNAVAILABLE"), direct.describe(5)
+            assert not direct.replies(), direct.describe(5)
+        finally:
+            await client.stop()
+            await direct.stop()

@@ -123,7 +123,8 @@ class MeshConfig(StrictModel):
     default_destination_rule_export_to: Unsupported = None
     locality_lb_setting: Unsupported = None
     dns_refresh_rate: Unsupported = None
-    h2_upgrade_policy: Unsupported = None
+    # istiod's mesh default for HTTP ports' outbound clusters (a DestinationRule's wins).
+    h2_upgrade_policy: Literal["DO_NOT_UPGRADE", "UPGRADE"] | None = None
     inbound_cluster_stat_name: Unsupported = None
     outbound_cluster_stat_name: Unsupported = None
     certificates: Unsupported = None

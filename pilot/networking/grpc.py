@@ -48,7 +48,7 @@ from pilot.networking.filters import fault_filter, router_filter
 from pilot.networking.http_routes import FAULT_FILTER, RouteInputs, virtual_service_routes
 from pilot.networking.metadata import config_path
 from pilot.networking.protos import ads_config_source, pack
-from pilot.networking.routes import service_domains, service_virtual_host
+from pilot.networking.routes import HashKey, apply_hash_policies, service_domains, service_virtual_host
 
 # Per-route filter configs grpc accepts; any other makes it NACK the RouteConfiguration.
 _GRPC_ROUTE_FILTERS = frozenset({FAULT_FILTER, "envoy.filters.http.rbac"})
@@ -68,10 +68,12 @@ def api_listener(name: str, hostname: str, port: int) -> listener_pb2.Listener:
 
 def route_config(route_name: str, svc: MeshService, port: int, settings: RouteSettings,
                  vs: Entry[VirtualService] | None, all_services: tuple[MeshService, ...], domain: str,
-                 client_namespace: str, client_labels: tuple[tuple[str, str], ...]) -> route_pb2.RouteConfiguration:
+                 client_namespace: str, client_labels: tuple[tuple[str, str], ...],
+                 hash_policies: tuple[tuple[str, HashKey], ...] = ()) -> route_pb2.RouteConfiguration:
     """One virtual host matching every name of the service: the VirtualService's routes that
     apply to this port and client, else the default route (with the mesh's default retries,
-    as istiod's)."""
+    as istiod's). `hash_policies`: (cluster, key) of destinations hashing consistently; grpc
+    hashes on a header key and ignores the other kinds (gRFC A42)."""
     host = route_name.rpartition(":")[0]
     domains = list(dict.fromkeys([host, route_name, *service_domains(svc, port, svc.namespace)]))
     vs_routes = None
@@ -83,7 +85,10 @@ def route_config(route_name: str, svc: MeshService, port: int, settings: RouteSe
     vh = service_virtual_host(svc, port, domains, settings, vs_routes)
     for route in vh.routes:
         _adapt(route)
-    return route_pb2.RouteConfiguration(name=route_name, virtual_hosts=[vh])
+    out = route_pb2.RouteConfiguration(name=route_name, virtual_hosts=[vh])
+    if hash_policies:
+        apply_hash_policies(out, dict(hash_policies))
+    return out
 
 
 def _adapt(route: rc.Route) -> None:
@@ -185,13 +190,20 @@ def server_mtls(mode: str, labels: Mapping[str, str]) -> bool:
 
 
 # --- clusters ---------------------------------------------------------------------------------
-def cluster(name: str, istio_mutual: bool, sans: tuple[str, ...]) -> cluster_pb2.Cluster:
+def cluster(name: str, istio_mutual: bool, sans: tuple[str, ...], ring_hash: int | None = None
+            ) -> cluster_pb2.Cluster:
     """istiod's grpcgen cluster: EDS over ADS, round robin, and mTLS only where the
     DestinationRule asks for ISTIO_MUTUAL (grpc cannot tell whether a server speaks it: a
     PERMISSIVE server's plaintext side cannot be reached with TLS, so there is no auto mTLS).
     The certificates come from the bootstrap's `default` certificate provider; the server's
-    identity must be one of `sans` (the service's accounts, or the rule's subjectAltNames)."""
+    identity must be one of `sans` (the service's accounts, or the rule's subjectAltNames).
+    `ring_hash`: the rule's consistent hash (its minimum ring size, 0 for grpc's default) makes
+    the cluster RING_HASH (gRFC A42; the route carries the hash policy), None keeps round robin."""
     c = cluster_pb2.Cluster(name=name, type=cluster_pb2.Cluster.EDS, lb_policy=cluster_pb2.Cluster.ROUND_ROBIN)
+    if ring_hash is not None:
+        c.lb_policy = cluster_pb2.Cluster.RING_HASH
+        if ring_hash:
+            c.ring_hash_lb_config.minimum_ring_size.value = ring_hash
     c.eds_cluster_config.service_name = name
     c.eds_cluster_config.eds_config.CopyFrom(ads_config_source())
     if istio_mutual:

@@ -165,3 +165,5 @@ def _apply_hash_policies(rc: route_pb2.RouteConfiguration, by_cluster: dict[str,
             if key is not None:
                 action.hash_policy.append(_hash_policy(key))
 
+
+apply_hash_policies = _apply_hash_policies  # (proxyless gRPC route configs use it too)

@@ -266,3 +266,25 @@ async def test_routes_grpc_cannot_act_on_are_accepted_and_the_rest_still_routes(
         finally:
             await client.stop()
             await direct.stop()
+
+
+async def test_consistent_hash_on_a_header_keeps_a_client_on_one_backend(tmp_path, backends):
+    """A DestinationRule consistentHash on `x-user` makes the cluster RING_HASH and the route
+    carry the header hash policy: every call with one user lands on one backend (without it
+    the two backends alternate, round robin)."""
+    backends["v2"].fail_every_other = False
+    cp = ControlPlane(tmp_path)
+    cp.write("mesh.yaml", mesh_yaml(backends["v1"].port, backends["v2"].port).replace(
+        "  host: echo\n", "  host: echo\n  trafficPolicy: {loadBalancer: {consistentHash: {httpHeaderName: x-user}}}\n"))
+    async with cp:
+        client = GrpcXdsClientProcess(TARGET, cp.xds_port, tmp_path, max_seconds=60, call_timeout=2.0,
+                                      call_metadata={"x-user": "alice"})
+        await client.start()
+        try:
+            await client.wait_for_reply("", timeout=20, since=0)
+            await _all_acked(cp, client)
+            seen = await _replies(client, 30, len(client.lines))
+            names = {line["reply"].split(":")[0] for line in seen if line.get("ok")}
+            assert len(names) == 1 and all(line["ok"] for line in seen), client.describe(32)
+        finally:
+            await client.stop()

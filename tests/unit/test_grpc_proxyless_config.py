@@ -7,6 +7,7 @@ and reads a call deadline from `max_stream_duration`, not `timeout`; the e2e tes
 
 from __future__ import annotations
 
+from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
 from envoy.extensions.filters.http.rbac.v3 import rbac_pb2 as http_rbac_pb2
@@ -160,3 +161,23 @@ def test_generation_memo_keeps_two_servers_apart() -> None:
                                                   pod_name="other"), names)
     assert [r.name for r in served.resources] == [SERVER]
     assert list(unserved.resources) == []
+
+
+def test_consistent_hash_makes_ring_hash_with_the_header_on_the_route_and_maglev_stays_round_robin() -> None:
+    w = _world()
+    w.apply(destination_rule("reviews", "reviews", {
+        "trafficPolicy": {"loadBalancer": {"consistentHash": {"httpHeaderName": "x-user", "minimumRingSize": 64}}},
+        "subsets": [{"name": "v1", "labels": {"version": "v1"},
+                     "trafficPolicy": {"loadBalancer": {"consistentHash": {"httpHeaderName": "x-user",
+                                                                           "maglev": {"tableSize": 65537}}}}},
+                    {"name": "v2", "labels": {"version": "v2"}}]}))
+    p = proxy(generator="grpc", interception=None)
+    ctx = w.ctx()
+    v1, v2 = f"outbound|9080|v1|{REVIEWS}", f"outbound|9080|v2|{REVIEWS}"
+    got = {n: r.message(cluster_pb2.Cluster) for n, r in w.cds(p, ctx, {v1, v2}).items()}
+    assert got[v2].lb_policy == cluster_pb2.Cluster.RING_HASH
+    assert got[v2].ring_hash_lb_config.minimum_ring_size.value == 64
+    assert got[v1].lb_policy == cluster_pb2.Cluster.ROUND_ROBIN  # grpc has no Maglev
+    rc = _route(w.rds(p, {TARGET}, ctx)[TARGET])
+    beta, _rest = rc.virtual_hosts[0].routes
+    assert [h.header.header_name for h in beta.route.hash_policy] == ["x-user"]  # routed to v2

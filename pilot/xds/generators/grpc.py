@@ -10,9 +10,11 @@ from pilot.model.gateways import config_origins
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
 from pilot.model.services import MeshService, endpoints_for_port
+from pilot.model.traffic import resolve_host
 from pilot.networking import grpc, names
 from pilot.networking.traffic_policy import effective_policy
 from pilot.xds.cache import CachedResource, XdsCache
+from pilot.xds.generators import gateway
 from pilot.xds.typeurls import CLUSTER, LISTENER, ROUTE
 
 
@@ -54,9 +56,15 @@ def route_config(ctx: PushContext, proxy: Proxy, name: str, svc: MeshService, po
         # Only the labels some sourceLabels match asks about: the rest must not split the cache.
         asked = {k for sel in ctx.traffic.source_selectors for k, _ in sel}
         labels = tuple(sorted((k, v) for k, v in proxy.labels.items() if k in asked))
+    # Consistent hashing needs its key on the route: the DestinationRules of the hosts routed to.
+    hosts = {svc.hostname}
+    if vs is not None:
+        hosts |= {resolve_host(d.destination.host, vs.key.namespace, ctx.domain)
+                  for rule in vs.obj.spec.http for d in rule.route}
+    hashes = tuple(sorted(gateway.hash_policies(ctx, proxy.namespace, hosts, proxy.labels)))
     origins = (svc.origin, *(config_origins(vs) if vs is not None else ()))
     return cache.resource(ROUTE, name, grpc.route_config, name, svc, port, ctx.settings.routes, vs, everything,
-                          ctx.domain, proxy.namespace if vs is not None else "", labels, origins=origins)
+                          ctx.domain, proxy.namespace if vs is not None else "", labels, hashes, origins=origins)
 
 
 def _serving_service(ctx: PushContext, proxy: Proxy, port: int) -> MeshService | None:
@@ -109,7 +117,12 @@ def clusters(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         if mutual and tls is not None:
             sans = tuple(tls.subject_alt_names) or tuple(ctx.service_accounts(svc))
         origins = (svc.origin, *((f"DestinationRule/{dr.key.namespace}/{dr.key.name}",) if dr else ()))
-        out.append(cache.resource(CLUSTER, name, grpc.cluster, name, mutual, sans, origins=origins))
+        lb = effective_policy(dr.obj.spec, subset, port_number)["load_balancer"] if dr is not None else None
+        ch = lb.consistent_hash if lb is not None else None
+        ring: int | None = None
+        if ch is not None and ch.maglev is None:  # grpc has no Maglev: that stays round robin
+            ring = (ch.ring_hash.minimum_ring_size if ch.ring_hash is not None else None) or ch.minimum_ring_size or 0
+        out.append(cache.resource(CLUSTER, name, grpc.cluster, name, mutual, sans, ring, origins=origins))
     return out
 
 

@@ -12,6 +12,7 @@ from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
 from envoy.extensions.filters.http.rbac.v3 import rbac_pb2 as http_rbac_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
 
 from pilot.model.store import ConfigKey
 from pilot.networking.http_routes import CORS_FILTER, FAULT_FILTER
@@ -181,3 +182,33 @@ def test_consistent_hash_makes_ring_hash_with_the_header_on_the_route_and_maglev
     rc = _route(w.rds(p, {TARGET}, ctx)[TARGET])
     beta, _rest = rc.virtual_hosts[0].routes
     assert [h.header.header_name for h in beta.route.hash_policy] == ["x-user"]  # routed to v2
+
+
+def _peer_authentication(mode: str) -> dict:
+    return {"apiVersion": "security.istio.io/v1", "kind": "PeerAuthentication",
+            "metadata": {"name": "reviews", "namespace": "default"},
+            "spec": {"mtls": {"mode": mode}}}
+
+
+def test_server_mtls_follows_peer_authentication_as_istiod_grpcgen() -> None:
+    """STRICT: one mTLS chain requiring a client certificate; PERMISSIVE: plaintext, except on a
+    workload labelled for auto mTLS (its clients will send mTLS) where it is STRICT."""
+    w = _world()
+    plain = proxy(generator="grpc", interception=None, ip="10.1.0.1")
+    labelled = proxy(generator="grpc", interception=None, ip="10.1.0.1", pod_name="labelled")
+    labelled.metadata = {**labelled.metadata, "LABELS": {"security.istio.io/tlsMode": "istio"}}
+
+    def chain(p) -> listener_pb2.FilterChain:
+        return w.lds(p, None, {SERVER})[SERVER].message(listener_pb2.Listener).filter_chains[0]
+
+    assert chain(plain).name == "inbound-plaintext" and chain(labelled).name == "inbound-mtls"
+    w.apply(_peer_authentication("STRICT"))
+    strict = chain(plain)
+    assert strict.name == "inbound-mtls" and strict.transport_socket.name == "envoy.transport_sockets.tls"
+    ctx = tls_pb2.DownstreamTlsContext()
+    assert strict.transport_socket.typed_config.Unpack(ctx)
+    assert ctx.require_client_certificate.value
+    assert ctx.common_tls_context.tls_certificate_provider_instance.instance_name == "default"
+    assert ctx.common_tls_context.validation_context.ca_certificate_provider_instance.certificate_name == "ROOTCA"
+    w.apply(_peer_authentication("DISABLE"))
+    assert chain(labelled).name == "inbound-plaintext"

@@ -35,7 +35,8 @@ def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSetti
     """`destination_rule` is the DestinationRule in force for this client (its traffic policy and,
     for a subset cluster, the subset's). ServiceEntries with DNS resolution resolve
     `dns_targets` in Envoy; with resolution NONE traffic goes where the client sent it.
-    `mesh_tls`: Istio mTLS toward this cluster (see pilot.model.mtls), None for none."""
+    `mesh_tls`: Istio mTLS toward this cluster (see pilot.model.mtls), None for none.
+    (Proxyless gRPC clients get pilot.networking.grpc.cluster instead.)"""
     name = names.outbound_cluster_name(port.port, svc.hostname, subset)
     c = cluster_pb2.Cluster(
         name=name,

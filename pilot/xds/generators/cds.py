@@ -11,10 +11,11 @@ from pilot.model.store import Entry
 from pilot.networking import clusters, inbound, names
 from pilot.networking.traffic_policy import effective_policy
 from pilot.xds.cache import CachedResource, XdsCache
-from pilot.xds.generators import grpc, waypoint
+from pilot.xds.generators import envoy_filter, grpc, waypoint
 from pilot.xds.typeurls import CLUSTER
 
 
+@envoy_filter.patched(CLUSTER)
 def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
              cache: XdsCache) -> list[CachedResource]:
     if proxy.is_grpc:

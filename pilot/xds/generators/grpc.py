@@ -96,11 +96,13 @@ def _server_listener(ctx: PushContext, proxy: Proxy, name: str, host: str, port:
 def clusters(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
              cache: XdsCache) -> list[CachedResource]:
     """The named `outbound|PORT|SUBSET|HOST` clusters among the services the client sees (its
-    Sidecar's scope); a subset only while the DestinationRule in force defines it."""
+    Sidecar's scope); a subset only while the DestinationRule in force defines it. grpc always
+    names its clusters; a wildcard request (a client that does not) gets every one it could use."""
     view = ctx.view(ctx.sidecar_for(proxy.namespace, proxy.labels))
     visible = {s.hostname: s for s in view.services}
+    wanted = requested if requested is not None else _all_cluster_names(ctx, proxy, view.services)
     out: list[CachedResource] = []
-    for name in sorted(requested or ()):
+    for name in sorted(wanted):
         parsed = names.parse_cluster_name(name)
         if parsed is None or parsed[0] != "outbound":
             continue
@@ -123,6 +125,16 @@ def clusters(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         if ch is not None and ch.maglev is None:  # grpc has no Maglev: that stays round robin
             ring = (ch.ring_hash.minimum_ring_size if ch.ring_hash is not None else None) or ch.minimum_ring_size or 0
         out.append(cache.resource(CLUSTER, name, grpc.cluster, name, mutual, sans, ring, origins=origins))
+    return out
+
+
+def _all_cluster_names(ctx: PushContext, proxy: Proxy, services) -> list[str]:
+    out = []
+    for svc in services:
+        dr = ctx.destination_rule(svc.hostname, proxy.namespace, svc.namespace, proxy.labels)
+        for port in svc.ports:
+            for subset in ("", *(s.name for s in dr.obj.spec.subsets)) if dr is not None else ("",):
+                out.append(names.outbound_cluster_name(port.port, svc.hostname, subset))
     return out
 
 

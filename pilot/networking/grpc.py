@@ -1,4 +1,5 @@
-"""Proxyless gRPC clients: API listeners and per-target route configs (istiod's grpcgen).
+"""Proxyless gRPC (istiod's grpcgen): clients' API listeners, per-target route configs and
+clusters; xDS-enabled servers' inbound listeners (RBAC, mTLS through certificate providers).
 
 grpcio's xDS client names every resource: LDS/RDS `host:port` (the target, possibly a short
 alias), then the clusters those routes name. istiod's grpcgen builds the route config with the
@@ -12,7 +13,7 @@ A33 fault injection, A44 retries):
   same for proxyless clients);
 - `typed_per_filter_config` may only name filters grpc implements (fault, RBAC): anything
   else (CORS) makes grpc NACK the whole route config, so it is not sent; CORS is a browser
-  concern with no meaning to a gRPC client;
+  concern with no meaning to a gRPC client.
 
 Everything else stays as istiod sends it. grpc reads of a retry policy only `retry_on`'s gRPC
 status conditions (cancelled, deadline-exceeded, internal, resource-exhausted, unavailable),

@@ -135,11 +135,12 @@ def test_cds_service_port_number(world: World) -> None:
 
 def test_cds_grpc_gets_its_own_named_clusters(world: World) -> None:
     """istiod's grpcgen: only the clusters grpc names, plain EDS ones (no catch-alls, none of
-    Envoy's connection settings), cached apart from Envoy's under the same name."""
+    Envoy's connection settings, round robin where Envoy gets istiod's least request), cached
+    apart from Envoy's under the same name; two gRPC clients share one."""
     ctx = world.ctx()
     envoy_out = world.cds(proxy(), ctx)
-    grpc_out = world.cds(proxy(generator="grpc", interception=None), ctx,
-                         {REVIEWS_CLUSTER, "BlackHoleCluster", "PassthroughCluster"})
+    names = {REVIEWS_CLUSTER, "BlackHoleCluster", "PassthroughCluster"}
+    grpc_out = world.cds(proxy(generator="grpc", interception=None), ctx, names)
     assert {"BlackHoleCluster", "PassthroughCluster"} <= set(envoy_out)
     assert set(grpc_out) == {REVIEWS_CLUSTER}
     assert grpc_out[REVIEWS_CLUSTER].any_bytes != envoy_out[REVIEWS_CLUSTER].any_bytes
@@ -147,6 +148,8 @@ def test_cds_grpc_gets_its_own_named_clusters(world: World) -> None:
     assert (c.type, c.lb_policy, c.eds_cluster_config.service_name) == (
         cluster_pb2.Cluster.EDS, cluster_pb2.Cluster.ROUND_ROBIN, REVIEWS_CLUSTER)
     assert not c.HasField("connect_timeout") and not c.HasField("transport_socket")
+    other = world.cds(proxy(pod_name="grpc-2", generator="grpc", interception=None), ctx, names)
+    assert other[REVIEWS_CLUSTER] is grpc_out[REVIEWS_CLUSTER]
 
 
 # --- EDS --------------------------------------------------------------------------------------

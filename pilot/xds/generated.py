@@ -17,6 +17,8 @@ from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
 from pilot.xds.cache import CachedResource, XdsCache
 from pilot.xds.generators.envoy_filter import patches_for
+from pilot.xds.generators.grpc import server_inputs as grpc_server_inputs
+from pilot.xds.typeurls import LISTENER
 
 
 @dataclass(eq=False)
@@ -108,6 +110,9 @@ class GenerationMemo:
     def _key(self, ctx: PushContext, type_url: str, proxy: Proxy, requested: frozenset[str] | None) -> Hashable:
         independent = self.reads_no_proxy.get(type_url)
         proxy_key = None if independent is not None and independent(requested) else self._proxy_key(ctx, proxy)
+        if proxy.is_grpc and type_url == LISTENER:
+            # A gRPC server's inbound listeners read its addresses and labels (grpc_server_inputs).
+            proxy_key = (proxy_key, grpc_server_inputs(proxy, requested))
         # EnvoyFilter patches of this type only: a filter of listeners splits no one's clusters.
         return (type_url, proxy_key, requested, None if proxy_key is None else patches_for(ctx, proxy, type_url))
 

@@ -1,4 +1,4 @@
-"""CDS generator: every outbound cluster a proxy can use, or just the named ones (gRPC)."""
+"""CDS generator: every outbound cluster a proxy can use (gRPC clients: generators.grpc)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pilot.model.store import Entry
 from pilot.networking import clusters, inbound, names
 from pilot.networking.traffic_policy import effective_policy
 from pilot.xds.cache import CachedResource, XdsCache
-from pilot.xds.generators import envoy_filter, waypoint
+from pilot.xds.generators import envoy_filter, grpc, waypoint
 from pilot.xds.typeurls import CLUSTER
 
 
@@ -40,6 +40,10 @@ def resources(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
               cache: XdsCache) -> Iterator[CachedResource]:
     """generate(), a service at a time: between two, the caller may yield to the event loop
     (GenerationMemo slices a cold generation of a thousand services)."""
+    if proxy.is_grpc:
+        yield from grpc.clusters(ctx, proxy, requested, cache)
+        return
+
     def want(name: str) -> bool:
         return requested is None or name in requested
 
@@ -59,8 +63,8 @@ def resources(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
                     mesh_tls = _mesh_tls(ctx, svc, port.port, dr, subset, sans) if has_identity else None
                     yield cache.resource(CLUSTER, name, clusters.outbound_cluster,
                                          svc, port, ctx.settings.clusters, dr, subset, targets, mesh_tls,
-                                         proxy.is_grpc, origins=origins)
-    if proxy.type == "sidecar" and not proxy.is_grpc:
+                                         origins=origins)
+    if proxy.type == "sidecar":
         plan = ctx.inbound_plan(proxy)
         for port in plan.ports:
             name = inbound.inbound_cluster_name(port.port)
@@ -72,12 +76,10 @@ def resources(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
             yield cache.resource(CLUSTER, inbound.INBOUND_PASSTHROUGH_CLUSTER,
                                  inbound.inbound_passthrough_cluster, ctx.settings.clusters,
                                  origins=("MeshConfig",))
-    if not proxy.is_grpc:
-        # ORIGINAL_DST/STATIC catch-alls are Envoy-only; grpcio NACKs cluster types it cannot use.
-        for name, build in ((names.BLACKHOLE_CLUSTER, clusters.blackhole_cluster),
-                            (names.PASSTHROUGH_CLUSTER, clusters.passthrough_cluster)):
-            if want(name):
-                yield cache.resource(CLUSTER, name, build, ctx.settings.clusters, origins=("MeshConfig",))
+    for name, build in ((names.BLACKHOLE_CLUSTER, clusters.blackhole_cluster),
+                        (names.PASSTHROUGH_CLUSTER, clusters.passthrough_cluster)):
+        if want(name):
+            yield cache.resource(CLUSTER, name, build, ctx.settings.clusters, origins=("MeshConfig",))
     wp = waypoint.waypoint_of(ctx, proxy)
     if wp is not None:
         yield from (r for r in waypoint.clusters(ctx, proxy, wp, cache) if want(r.name))

@@ -9,10 +9,12 @@ Telemetry is applied (pilot/model/telemetry.py), since the MeshConfig can change
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from pilot.config import cel
 from pilot.config.base import StrictModel, StrictObject, Unsupported
 from pilot.config.networking.validation import _raise_if
 from pilot.config.security.common import PolicyTargetReference, Selector, selector_problems
@@ -82,6 +84,15 @@ class Tracing(StrictModel):
 class AccessLogFilter(StrictModel):
     expression: str = Field(min_length=1)
 
+    @field_validator("expression")
+    @classmethod
+    def _cel(cls, v: str) -> str:
+        try:
+            cel.check(v)
+        except cel.CelSyntaxError as e:
+            raise ValueError(f"expression is not a valid CEL expression: {e}") from None
+        return v
+
 
 class AccessLogging(StrictModel):
     match: WorkloadModeSelector | None = None
@@ -128,8 +139,9 @@ class TelemetrySpec(StrictModel):
     def provider_names(self) -> list[tuple[str, str]]:
         """(field path, provider name) of every provider this Telemetry names."""
         out = []
-        for what, items in (("tracing", self.tracing), ("accessLogging", self.access_logging),
-                            ("metrics", self.metrics)):
+        uses: tuple[tuple[str, Sequence[Tracing | AccessLogging | Metrics]], ...] = (
+            ("tracing", self.tracing), ("accessLogging", self.access_logging), ("metrics", self.metrics))
+        for what, items in uses:
             for i, item in enumerate(items):
                 out += [(f"{what}[{i}].providers[{j}]", p.name) for j, p in enumerate(item.providers)]
         return out

@@ -276,10 +276,9 @@ def _access_logs(mesh: MeshConfig, merged: dict[str, tuple[bool, str | None]], l
                  problems: list[str]) -> tuple[AccessLog, ...]:
     out = []
     providers = mesh.providers
-    for name in sorted(merged, key=lambda n: (_lookup(providers, n).name if _lookup(providers, n) else n)):
-        disabled, expression = merged[name]
-        p = _lookup(providers, name)
-        if disabled or p is None:
+    found_providers = [(p, merged[name]) for name in merged if (p := _lookup(providers, name)) is not None]
+    for p, (disabled, expression) in sorted(found_providers, key=lambda item: item[0].name):  # istiod's order
+        if disabled:
             continue
         if p.envoy_file_access_log is not None:
             f = p.envoy_file_access_log

@@ -6,7 +6,14 @@ from __future__ import annotations
 import json
 
 from envoy.config.accesslog.v3 import accesslog_pb2
-from envoy.config.core.v3 import base_pb2, config_source_pb2, grpc_service_pb2, http_service_pb2, http_uri_pb2
+from envoy.config.core.v3 import (
+    base_pb2,
+    config_source_pb2,
+    extension_pb2,
+    grpc_service_pb2,
+    http_service_pb2,
+    http_uri_pb2,
+)
 from envoy.config.core.v3 import substitution_format_string_pb2 as sfs_pb2
 from envoy.config.trace.v3 import datadog_pb2, http_tracer_pb2, opentelemetry_pb2, zipkin_pb2
 from envoy.extensions.access_loggers.file.v3 import file_pb2
@@ -14,6 +21,7 @@ from envoy.extensions.access_loggers.filters.cel.v3 import cel_pb2
 from envoy.extensions.access_loggers.grpc.v3 import als_pb2
 from envoy.extensions.access_loggers.open_telemetry.v3 import logs_service_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+from envoy.extensions.formatter.req_without_query.v3 import req_without_query_pb2
 from envoy.extensions.request_id.uuid.v3 import uuid_pb2
 from envoy.type.metadata.v3 import metadata_pb2
 from envoy.type.tracing.v3 import custom_tag_pb2
@@ -56,6 +64,7 @@ JSON_FORMAT = {
     "requested_server_name": "%REQUESTED_SERVER_NAME%",
     "upstream_transport_failure_reason": "%UPSTREAM_TRANSPORT_FAILURE_REASON%",
 }
+REQ_WITHOUT_QUERY = "%REQ_WITHOUT_QUERY"
 # What the metadata exchange would have put in filter state, logged over ALS (istiod's list).
 WASM_STATE_TO_LOG = ("upstream_peer", "downstream_peer", "wasm.upstream_peer", "wasm.upstream_peer_id",
                      "wasm.downstream_peer", "wasm.downstream_peer_id")
@@ -68,16 +77,28 @@ def text_format(text: str) -> str:
     return text if text.endswith("\n") else text + "\n"
 
 
+def _formatters(*texts: str) -> list[extension_pb2.TypedExtensionConfig]:
+    """istiod's accessLogTextFormatters / accessLogJSONFormatters: %REQ_WITHOUT_QUERY% is a
+    formatter extension Envoy loads only when it is listed."""
+    if any(REQ_WITHOUT_QUERY in t for t in texts):
+        return [extension_pb2.TypedExtensionConfig(name="envoy.formatter.req_without_query",
+                                                   typed_config=pack(req_without_query_pb2.ReqWithoutQuery()))]
+    return []
+
+
 def _text(text: str, omit_empty: bool = False) -> sfs_pb2.SubstitutionFormatString:
+    text = text_format(text)
     return sfs_pb2.SubstitutionFormatString(
-        text_format_source=base_pb2.DataSource(inline_string=text_format(text)), omit_empty_values=omit_empty)
+        text_format_source=base_pb2.DataSource(inline_string=text), omit_empty_values=omit_empty,
+        formatters=_formatters(text))
 
 
 def _json(labels: dict, omit_empty: bool = False) -> sfs_pb2.SubstitutionFormatString:
     s = struct_pb2.Struct()
     s.update(labels or JSON_FORMAT)
     return sfs_pb2.SubstitutionFormatString(json_format=s, json_format_options=sfs_pb2.JsonFormatOptions(
-        sort_properties=False), omit_empty_values=omit_empty)
+        sort_properties=False), omit_empty_values=omit_empty,
+        formatters=_formatters(*(str(v) for v in (labels or JSON_FORMAT).values())))
 
 
 def _mesh_file(cfg: dict) -> file_pb2.FileAccessLog:
@@ -121,6 +142,7 @@ def _otel(log: AccessLog, cfg: dict) -> logs_service_pb2.OpenTelemetryAccessLogC
             filter_state_objects_to_log=list(WASM_STATE_TO_LOG)),
         disable_builtin_labels=True,
         body=common_pb2.AnyValue(string_value=body))
+    out.formatters.extend(_formatters(body, *(str(v) for v in (fmt.get("labels") or {}).values())))
     labels = fmt.get("labels") or {}
     if labels:
         out.attributes.CopyFrom(common_pb2.KeyValueList(values=[

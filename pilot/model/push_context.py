@@ -374,7 +374,7 @@ class PushContext:
 
         def plan() -> TelemetryPlan:
             self._note(dep.telemetry(self.mesh.root_namespace), dep.telemetry(proxy.namespace))
-            return plan_for(self.telemetry, self.mesh, info, self._provider_cluster, [])
+            return plan_for(self.telemetry, self.mesh, info, self._provider_cluster, [], self.settings.listeners.telemetry)
 
         return self._memoized(key, plan)
 

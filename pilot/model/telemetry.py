@@ -249,17 +249,23 @@ Lookup = Callable[[str, int], "tuple[str, str] | None"]  # (service, port) -> (h
 
 
 def plan_for(index: TelemetryIndex, mesh: MeshConfig, proxy: ProxyInfo, lookup: Lookup,
-             problems: list[str]) -> TelemetryPlan:
+             problems: list[str], legacy: ModeTelemetry | None = None) -> TelemetryPlan:
     """The telemetry of one proxy (its namespace, labels and traits). `lookup` resolves a
-    provider's service to its cluster; what cannot be resolved is appended to `problems`."""
+    provider's service to its cluster; what cannot be resolved is appended to `problems`.
+    `legacy` is MeshConfig's own (the same object for every proxy no Telemetry reaches, so
+    listeners built from it share their cache keys by identity)."""
+    legacy = legacy if legacy is not None else legacy_access_logs(mesh)
     applied = applicable(index, mesh.root_namespace, proxy)
+    defaults = mesh.default_providers
+    if not applied and not defaults.access_logging and not defaults.tracing:
+        return TelemetryPlan(legacy, legacy, ())
     origins = tuple(f"Telemetry/{e.key.namespace}/{e.key.name}" for e in applied)
     levels = [list(e.obj.spec.access_logging) for e in applied if e.obj.spec.access_logging]
     tracing = [t for e in applied for t in e.obj.spec.tracing]
     out = {}
     for mode in ("CLIENT", "SERVER"):
         if not levels and not mesh.default_providers.access_logging:
-            logs = legacy_access_logs(mesh).access_logs
+            logs = legacy.access_logs
         else:
             logs = _access_logs(mesh, merge_logs(levels, _usable_defaults(mesh, "access"), mode), lookup, problems)
         out[mode] = ModeTelemetry(logs, _tracing(mesh, tracing, mode, proxy, lookup, problems))

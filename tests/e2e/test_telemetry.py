@@ -299,6 +299,7 @@ async def test_a_telemetry_naming_a_missing_provider_is_reported_and_changes_not
 
         [problem] = await wait_for(reported, timeout=30, message="the Telemetry reported in /debug/configz")
         assert "'nowhere' is not defined" in problem["reason"] and "not applied" in problem["reason"]
+        assert [line for line in cp.log_tail(400).splitlines() if "telemetry not applied" in line and "nowhere" in line]
         # The access log still goes to the MeshConfig file, and the listeners did not change.
         assert await call(port, fqdn("alpha"), "still-logged") == 200
         await wait_for(lambda: any("still-logged" in line for line in lines(log)), timeout=20,

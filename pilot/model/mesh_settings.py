@@ -15,6 +15,7 @@ from pilot.model.telemetry import NO_TELEMETRY, ModeTelemetry, legacy_access_log
 @dataclass(frozen=True, slots=True)
 class ClusterSettings:
     connect_timeout_s: float
+    h2_upgrade: bool = False  # MeshConfig h2UpgradePolicy UPGRADE: HTTP ports talk HTTP/2 upstream
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +41,6 @@ class MeshSettings:
     @classmethod
     def of(cls, mesh: MeshConfig) -> MeshSettings:
         registry_only = mesh.outbound_traffic_policy.mode == "REGISTRY_ONLY"
-        return cls(ClusterSettings(mesh.connect_timeout_seconds),
+        return cls(ClusterSettings(mesh.connect_timeout_seconds, mesh.h2_upgrade_policy == "UPGRADE"),
                    RouteSettings(mesh.default_http_retry_policy, registry_only),
                    ListenerSettings(registry_only, legacy_access_logs(mesh)))

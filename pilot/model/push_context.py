@@ -376,6 +376,17 @@ class PushContext:
     def telemetry_plan(self, proxy: Proxy) -> TelemetryPlan:
         """What the proxy logs and traces, per listener class (pilot/model/telemetry.py); shared by
         proxies of one namespace with the same labels and traits."""
+        index, root = self.telemetry, self.mesh.root_namespace
+        defaults = self.mesh.default_providers
+        if not (index.by_namespace.get(root) or index.by_namespace.get(proxy.namespace)
+                or defaults.access_logging or defaults.tracing):
+            # The common case, no Telemetry for this proxy: MeshConfig's plan, without per-proxy work.
+            self._note(dep.telemetry(root), dep.telemetry(proxy.namespace))
+            shared = self._memo.get("telemetry-mesh")
+            if shared is None:
+                legacy = self.settings.listeners.telemetry
+                shared = self._memo["telemetry-mesh"] = TelemetryPlan(legacy, legacy, ())
+            return shared
         labels = proxy.labels
         md = proxy.metadata
         info = ProxyInfo(proxy.namespace, labels, proxy.type == "router", str(md.get("CLUSTER_ID") or ""),

@@ -12,6 +12,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 
 from tests.e2e.mesh_config import endpoint_slice_yaml, fqdn, service_yaml
 from tests.support.backends import HttpBackend, http_get
@@ -310,3 +311,87 @@ async def test_a_telemetry_naming_a_missing_provider_is_reported_and_changes_not
         await envoy.stop()
         await cp.stop()
         await alpha.stop()
+
+
+def _field2(message):
+    return getattr(message, message.DESCRIPTOR.fields_by_number[2].name)
+
+
+class OtlpLogsCollector:
+    """An OTLP logs collector (opentelemetry.proto.collector.logs.v1.LogsService/Export) on
+    loopback, a plain grpc.aio server: what Envoy's OpenTelemetry access logger streams to."""
+
+    def __init__(self) -> None:
+        self.records: list = []
+        self.server = None
+        self.port = 0
+
+    async def _export(self, request, _context):
+        for resource_logs in request.resource_logs:
+            # The OTLP protos shipped in xds-protos are older than Envoy's: today's
+            # ResourceLogs.scope_logs and ScopeLogs.log_records are field 2 of each, named
+            # instrumentation_library_logs and logs there. Read field 2 by number.
+            for scope_logs in _field2(resource_logs):
+                self.records.extend(_field2(scope_logs))
+        return logs_service_pb2.ExportLogsServiceResponse()
+
+    async def start(self) -> None:
+        import grpc
+        handler = grpc.method_handlers_generic_handler("opentelemetry.proto.collector.logs.v1.LogsService", {
+            "Export": grpc.unary_unary_rpc_method_handler(
+                self._export, request_deserializer=logs_service_pb2.ExportLogsServiceRequest.FromString,
+                response_serializer=logs_service_pb2.ExportLogsServiceResponse.SerializeToString)})
+        self.server = grpc.aio.server()
+        self.server.add_generic_rpc_handlers((handler,))
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        await self.server.start()
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            await self.server.stop(0)
+
+
+async def test_access_logs_reach_an_opentelemetry_collector(tmp_path):
+    port, als_port = free_ports(2)
+    alpha = HttpBackend("alpha")
+    await alpha.start()
+    collector = OtlpLogsCollector()
+    await collector.start()
+    cp = ControlPlane(tmp_path)
+    cp.write("alpha.yaml", service_yaml("alpha", port) + "---\n" + endpoint_slice_yaml("alpha", alpha.port))
+    cp.write("otel.yaml", service_yaml("otel", als_port, port_name="grpc", namespace="istio-system") + "---\n"
+             + endpoint_slice_yaml("otel", collector.port, port_name="grpc", namespace="istio-system"))
+    cp.write("mesh.yaml", mesh_configmap(f"""\
+        extensionProviders:
+        - name: otel
+          envoyOtelAls:
+            service: istio-system/{fqdn('otel', 'istio-system')}
+            port: {als_port}
+            logFormat: {{text: "%REQ(X-REQUEST-ID)% %RESPONSE_CODE%", labels: {{cluster: "%UPSTREAM_CLUSTER_RAW%"}}}}
+        """))
+    cp.write("telemetry.yaml", textwrap.dedent("""\
+        apiVersion: telemetry.istio.io/v1
+        kind: Telemetry
+        metadata: {name: mesh-default, namespace: istio-system}
+        spec:
+          accessLogging:
+          - providers: [{name: otel}]
+        """))
+    envoy = Envoy()
+    try:
+        await cp.start()
+        await envoy.start(Envoy.bootstrap(NODE, cp.xds_port, metadata=METADATA), tmp_path)
+        await wait_for(lambda: routed(port, fqdn("alpha")), timeout=30, message=f"routed\n{cp.log_tail()}")
+
+        async def exported():
+            await call(port, fqdn("alpha"), "otel-1")
+            return [r for r in collector.records if r.body.string_value == "otel-1 200"]
+
+        [record, *_] = await wait_for(exported, timeout=40, message="a log record at the OTLP collector")
+        attributes = {a.key: a.value.string_value for a in record.attributes}
+        assert attributes["cluster"] == f"outbound|{port}||{fqdn('alpha')}"
+    finally:
+        await envoy.stop()
+        await cp.stop()
+        await alpha.stop()
+        await collector.stop()

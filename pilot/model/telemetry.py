@@ -128,6 +128,9 @@ class TelemetryIndex:
         problems: list[dict] = []
         for e in sorted(store.list(Telemetry), key=lambda e: (e.obj.metadata.creation_timestamp, e.key)):
             reasons = _provider_problems(e.obj, providers)
+            waypoint_refs = [f"{r.kind}/{r.name}" for r in e.obj.spec.target_references if r.kind != "Gateway"]
+            if waypoint_refs:  # istiod: these select waypoints, whose config ignores Telemetry here
+                reasons.append(f"targetRefs {', '.join(waypoint_refs)}: Telemetry for waypoints is not supported")
             if reasons:
                 problems += [_problem(e, f"{r}; the Telemetry is not applied") for r in reasons]
                 continue

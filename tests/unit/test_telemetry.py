@@ -222,3 +222,25 @@ def test_a_workload_telemetry_rebuilds_only_the_workloads_it_selects(world: Worl
     r1, c1 = world.lds(reviews, ctx), world.lds(client, ctx)
     assert r1["0.0.0.0_9080"].any_bytes != r0["0.0.0.0_9080"].any_bytes
     assert c1["0.0.0.0_9080"] is c0["0.0.0.0_9080"]  # served from the cache, not rebuilt
+
+
+def test_a_telemetry_for_waypoints_is_reported_not_dropped(world: World) -> None:
+    world.apply(telemetry("wp", "default", {"targetRefs": [{"kind": "Service", "group": "", "name": "reviews"}],
+                                            "accessLogging": [{"providers": [{"name": "envoy"}]}]}))
+    [problem] = [x for x in world.ctx().telemetry_problems if x["kind"] == "Telemetry"]
+    assert "Service/reviews" in problem["reason"] and "waypoints is not supported" in problem["reason"]
+
+
+def test_a_gateway_logs_and_traces_in_client_mode_with_a_child_span(world: World) -> None:
+    """A router's listeners are CLIENT mode (istiod's workloadMode for gateways), and routers
+    start a child span for the upstream call."""
+    from tests.unit.test_gateway_config import gateway, listeners, router, virtual_service
+    world.apply(gateway(), virtual_service(dest="reviews"))
+    world.apply(telemetry("gw", SYSTEM_NS, {"selector": {"matchLabels": {"istio": "ingressgateway"}},
+                                            "accessLogging": [{"match": {"mode": "CLIENT"},
+                                                               "providers": [{"name": "json-file"}]}],
+                                            "tracing": [{"providers": [{"name": "zipkin"}]}]}))
+    [listener] = listeners(world, router()).values()
+    h = hcm_pb2.HttpConnectionManager.FromString(listener.filter_chains[0].filters[0].typed_config.value)
+    assert [f.path for f in file_logs(h)] == ["/tmp/json.log"]
+    assert h.tracing.provider.name == "envoy.tracers.zipkin" and h.tracing.spawn_upstream_span.value

@@ -11,10 +11,11 @@ from pilot.model.store import Entry
 from pilot.networking import clusters, inbound, names
 from pilot.networking.traffic_policy import effective_policy
 from pilot.xds.cache import CachedResource, XdsCache
-from pilot.xds.generators import waypoint
+from pilot.xds.generators import envoy_filter, waypoint
 from pilot.xds.typeurls import CLUSTER
 
 
+@envoy_filter.patched(CLUSTER)
 def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
              cache: XdsCache) -> list[CachedResource]:
     out: list[CachedResource] = []
@@ -37,7 +38,7 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
                     mesh_tls = _mesh_tls(ctx, svc, port.port, dr, subset, sans) if has_identity else None
                     out.append(cache.resource(CLUSTER, name, clusters.outbound_cluster,
                                               svc, port, ctx.settings.clusters, dr, subset, targets, mesh_tls,
-                                              origins=origins))
+                                              proxy.is_grpc, origins=origins))
     if proxy.type == "sidecar" and not proxy.is_grpc:
         plan = ctx.inbound_plan(proxy)
         for port in plan.ports:

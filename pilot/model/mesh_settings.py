@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pilot.config.mesh import HttpRetryPolicy, MeshConfig
+from pilot.model.telemetry import NO_TELEMETRY, ModeTelemetry, legacy_access_logs
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,8 +26,10 @@ class RouteSettings:
 
 @dataclass(frozen=True, slots=True)
 class ListenerSettings:
-    access_log_file: str
     registry_only: bool
+    # What the listener's class (CLIENT: outbound, gateway; SERVER: inbound) logs and traces: the
+    # MeshConfig accessLogFile here; the generators put the proxy's Telemetry plan in its place.
+    telemetry: ModeTelemetry = NO_TELEMETRY
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,4 +43,4 @@ class MeshSettings:
         registry_only = mesh.outbound_traffic_policy.mode == "REGISTRY_ONLY"
         return cls(ClusterSettings(mesh.connect_timeout_seconds, mesh.h2_upgrade_policy == "UPGRADE"),
                    RouteSettings(mesh.default_http_retry_policy, registry_only),
-                   ListenerSettings(mesh.access_log_file, registry_only))
+                   ListenerSettings(registry_only, legacy_access_logs(mesh)))

@@ -14,6 +14,7 @@ import yaml
 from pydantic import Field, PrivateAttr, ValidationError, field_validator
 
 from pilot.config.base import Model, StrictModel, Unsupported
+from pilot.config.networking.locality import LocalityLbSetting
 from pilot.durations import parse_duration
 
 TOLERATED = ("extra_forbidden", "unsupported")
@@ -116,7 +117,7 @@ class MeshConfig(StrictModel):
     default_service_export_to: Unsupported = None
     default_virtual_service_export_to: Unsupported = None
     default_destination_rule_export_to: Unsupported = None
-    locality_lb_setting: Unsupported = None
+    locality_lb_setting: LocalityLbSetting | None = None  # the default for DestinationRules without one
     dns_refresh_rate: Unsupported = None
     h2_upgrade_policy: Unsupported = None
     inbound_cluster_stat_name: Unsupported = None

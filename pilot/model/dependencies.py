@@ -13,6 +13,7 @@ A facet is a small tuple naming one thing a lookup depended on, present or absen
 - ("slices", NS, SVC) the EndpointSlices of a Kubernetes Service; ("pod", NS, NAME) a Pod an
   endpoint refers to (whether or not that Pod exists yet); ("sans", H) the identities of a
   Kubernetes service's workloads (the set: a change meets it only when the set differs);
+  ("node", NAME) a Node an endpoint runs on (its topology labels are the endpoint's locality);
 - ("dr", H) / ("vs", H) the DestinationRules / VirtualServices claiming host H (a change of one
   with a wildcard host, ("dr*",) / ("vs*",), meets every such lookup), ("dr-all",) every
   DestinationRule;
@@ -65,6 +66,10 @@ def slices(namespace: str, service: str) -> tuple:
 
 def pod(namespace: str, name: str) -> tuple:
     return ("pod", namespace, name)
+
+
+def node(name: str) -> tuple:
+    return ("node", name)
 
 
 def destination_rule(h: str) -> tuple:
@@ -163,6 +168,7 @@ def describe(f: tuple) -> str:
         "ns-services": "every Service and ServiceEntry in namespace {}",
         "slices": "EndpointSlices of Service {}/{}",
         "pod": "Pod/{}/{}",
+        "node": "Node/{} (its topology labels: endpoint locality)",
         "sans": "the service accounts of the Pods behind {}",
         "dr": "DestinationRules for host {}",
         "dr*": "DestinationRules with a wildcard host",
@@ -223,6 +229,8 @@ def change_of(keys: Iterable[ConfigKey], old, new, *, mesh_changed: bool, servic
             facets.add(slices(k.namespace, k.name))
         elif k.kind == "Pod":
             facets.add(pod(k.namespace, k.name))
+        elif k.kind == "Node":
+            facets.add(node(k.name))
         elif k.kind == "Sidecar":
             facets.add(sidecars(k.namespace))
         elif k.kind in ("PeerAuthentication", "AuthorizationPolicy", "RequestAuthentication"):

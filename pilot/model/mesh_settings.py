@@ -9,11 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pilot.config.mesh import HttpRetryPolicy, MeshConfig
+from pilot.model.locality import ENABLED, LocalitySetting, mesh_setting
 
 
 @dataclass(frozen=True, slots=True)
 class ClusterSettings:
     connect_timeout_s: float
+    # MeshConfig localityLbSetting (None: disabled): DestinationRules without one inherit it.
+    locality: LocalitySetting | None = ENABLED
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +40,6 @@ class MeshSettings:
     @classmethod
     def of(cls, mesh: MeshConfig) -> MeshSettings:
         registry_only = mesh.outbound_traffic_policy.mode == "REGISTRY_ONLY"
-        return cls(ClusterSettings(mesh.connect_timeout_seconds),
+        return cls(ClusterSettings(mesh.connect_timeout_seconds, mesh_setting(mesh.locality_lb_setting)),
                    RouteSettings(mesh.default_http_retry_policy, registry_only),
                    ListenerSettings(mesh.access_log_file, registry_only))

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from pilot.config.core import EndpointSlice, Pod, Secret, Service
+from pilot.config.core import EndpointSlice, Node, Pod, Secret, Service
 from pilot.config.gateway_api import KubernetesGateway
 from pilot.config.mesh import MeshConfig
 from pilot.config.networking import DestinationRule, ServiceEntry, Sidecar, VirtualService, WorkloadEntry
@@ -294,6 +294,41 @@ class PushContext:
             rec[-1].add_child(hit[1])
         return hit[0]
 
+    def service_nodes(self, svc: MeshService) -> tuple[Entry[Node], ...]:
+        """The Nodes a Kubernetes service's endpoints run on (their topology labels are the
+        endpoints' locality), noted by name so a relabelled Node reaches the result."""
+        names: set[str] = set()
+        for s in self.service_slices(svc):
+            names.update(ep.node_name for ep in s.obj.endpoints if ep.node_name)
+        for p in self.service_pods(svc):
+            if p.obj.spec.node_name:
+                names.add(p.obj.spec.node_name)
+        if not names:
+            return ()
+        rec = self._rec[-1] if self._rec else None
+        nodes = self.ambient.nodes
+        out = []
+        for n in sorted(names):
+            if rec is not None:
+                rec.facets.add(dep.node(n))
+            e = nodes.get(n)
+            if e is not None:
+                out.append(e)
+        return tuple(out)
+
+    def locality_lb_in_use(self) -> bool:
+        """Could locality load balancing change any cluster's endpoints? Only then does EDS
+        depend on the client's locality (and read DestinationRules for clusters without a
+        subset). True when the mesh distributes, or any DestinationRule has outlier detection
+        (the failover trigger) or a distribute setting."""
+        self._note(dep.DR_ALL, dep.DR_WILDCARD)
+        hit = self._memo.get("locality-in-use")
+        if hit is None:
+            mesh = self.settings.clusters.locality
+            hit = self._memo["locality-in-use"] = (mesh is not None and bool(mesh.distribute)) or any(
+                _locality_relevant(e.obj.spec) for rules in self.traffic.destination_rules.values() for e in rules)
+        return hit
+
     def service_accounts(self, svc: MeshService) -> tuple[str, ...]:
         """The SPIFFE identities a service's workloads run as (what mTLS clients verify): the
         service accounts of its Pods or WorkloadEntries, and a ServiceEntry's subjectAltNames."""
@@ -422,6 +457,20 @@ class PushContext:
     def endpoints_version(self, svc: MeshService) -> tuple[int, ...]:
         """Revisions of the slices behind a service: the EDS cache-key input."""
         return tuple(e.revision for e in self.service_slices(svc))
+
+
+def _locality_relevant(spec) -> bool:
+    policies = [spec.traffic_policy, *(s.traffic_policy for s in spec.subsets)]
+    for tp in policies:
+        if tp is None:
+            continue
+        for layer in (tp, *tp.port_level_settings):
+            if layer.outlier_detection is not None:
+                return True
+            lb = layer.load_balancer
+            if lb is not None and lb.locality_lb_setting is not None and lb.locality_lb_setting.distribute:
+                return True
+    return False
 
 
 def _by_namespace(entries: list[Entry[ObjT]], oldest_first: bool = False) -> Mapping[str, tuple[Entry[ObjT], ...]]:

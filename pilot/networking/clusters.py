@@ -8,6 +8,7 @@ from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 from google.protobuf import struct_pb2
 
 from pilot.config.networking import DestinationRule
+from pilot.model.locality import in_force
 from pilot.model.mesh_settings import ClusterSettings
 from pilot.model.mtls import MeshTls
 from pilot.model.services import EndpointAddress, Locality, MeshService, ServicePort
@@ -62,6 +63,11 @@ def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSetti
         dr_path = metadata.config_path(key.kind, key.namespace, key.name)
         if dr_tls is not None and dr_tls.mode == "ISTIO_MUTUAL" and dr_tls.sni:
             sni = dr_tls.sni  # istiod: a DestinationRule's sni wins for ISTIO_MUTUAL too
+    lb_setting = in_force(settings.locality, policy["load_balancer"] if destination_rule is not None else None,
+                          policy["outlier_detection"] if destination_rule is not None else None)
+    if lb_setting is not None and lb_setting.distribute and c.type == cluster_pb2.Cluster.EDS:
+        # EDS sets each locality's share; Envoy reads them only with locality-weighted LB on.
+        c.common_lb_config.locality_weighted_lb_config.SetInParent()
     if mesh_tls is not None:
         apply_mesh_tls(c, mesh_tls, sni, port.protocol.is_http2)
     if destination_rule is not None and policy["proxy_protocol"] is not None:

@@ -44,16 +44,21 @@ Generator = Callable[[PushContext, Proxy, frozenset[str] | None, XdsCache], list
 # Per type, optionally: whether a request's output leaves the proxy unread (then the memo key
 # holds no proxy traits and proxies in every namespace share one output, plan and body).
 ReadsNoProxy = Callable[[frozenset[str] | None], bool]
+# Per type, optionally: what of a proxy the output reads beyond its memo key, None for nothing
+# (EDS: the client's locality, while locality load balancing can apply).
+ProxyInputs = Callable[[PushContext, Proxy], Hashable | None]
 
 
 class GenerationMemo:
     def __init__(self, generators: Mapping[str, Generator], cache: XdsCache,
-                 reads_no_proxy: Mapping[str, ReadsNoProxy] | None = None, record: bool = True) -> None:
+                 reads_no_proxy: Mapping[str, ReadsNoProxy] | None = None, record: bool = True,
+                 proxy_inputs: Mapping[str, ProxyInputs] | None = None) -> None:
         self.generators = generators
         # Record what each generated output read, once per output (proxies sharing it share it).
         self.record = record
         self.cache = cache
         self.reads_no_proxy = dict(reads_no_proxy or {})
+        self.proxy_inputs = dict(proxy_inputs or {})
         self._version: str | None = None
         self._memo: dict[Hashable, Generated] = {}
         self._plans: dict[Hashable, tuple[Mapping, Generated, Plan]] = {}
@@ -92,9 +97,11 @@ class GenerationMemo:
             self._plans = {}
             self._proxy_keys = {}
             self._version = ctx.version
-        independent = self.reads_no_proxy.get(type_url)
+        inputs = self.proxy_inputs.get(type_url)
+        extra = inputs(ctx, proxy) if inputs is not None else None
+        independent = self.reads_no_proxy.get(type_url) if extra is None else None
         proxy_key = None if independent is not None and independent(requested) else self._proxy_key(ctx, proxy)
-        key = (type_url, proxy_key, requested)
+        key = (type_url, proxy_key, requested) if extra is None else (type_url, proxy_key, requested, extra)
         out = self._memo.get(key)
         if out is None:
             self.misses += 1

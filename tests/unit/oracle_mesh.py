@@ -56,6 +56,7 @@ def endpoint_slice(
     ns: str = "default",
     port: int = 9080,
     port_name: str = "http",
+    node: str = "",
 ) -> dict:
     return {
         "apiVersion": "discovery.k8s.io/v1",
@@ -68,6 +69,7 @@ def endpoint_slice(
                 "addresses": [ip],
                 "conditions": {"ready": True},
                 "targetRef": {"kind": "Pod", "name": pod, "namespace": ns},
+                **({"nodeName": node} if node else {}),
             }
             for pod, ip in pods
         ],
@@ -163,6 +165,11 @@ def workload_entry(name: str, address: str, labels: dict, sa: str, ns: str = "de
     return _istio("WorkloadEntry", name, ns, {"address": address, "labels": labels, "serviceAccount": sa})
 
 
+def node(name: str, zone: str) -> dict:
+    labels = {"topology.kubernetes.io/region": "r1", "topology.kubernetes.io/zone": zone}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
+
+
 def namespace(name: str, labels: dict) -> dict:
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
 
@@ -232,6 +239,7 @@ def slots() -> dict[str, list[dict | None]]:
         "eps/reviews": [
             endpoint_slice("reviews-1", "reviews", [("reviews-v1", "10.1.0.1"), ("reviews-v2", "10.1.0.2")]),
             endpoint_slice("reviews-1", "reviews", [("reviews-v1", "10.1.0.1")]),
+            endpoint_slice("reviews-1", "reviews", [("reviews-v1", "10.1.0.1")], node="node-a"),
             endpoint_slice("reviews-1", "reviews", [("reviews-v3", "10.1.0.3")]),
             None,
         ],
@@ -271,8 +279,14 @@ def slots() -> dict[str, list[dict | None]]:
             destination_rule(
                 "reviews", "reviews", {**SUBSETS, "trafficPolicy": {"tls": {"mode": "DISABLE"}}}
             ),
+            # outlier detection: locality failover, EDS per client locality
+            destination_rule(
+                "reviews", "reviews", {**SUBSETS, "trafficPolicy": {"outlierDetection": {"consecutive5xxErrors": 3}}}
+            ),
             None,
         ],
+        # A Node's topology labels are its endpoints' locality
+        "node/a": [None, node("node-a", "za"), node("node-a", "zb")],
         "dr/ratings": [
             None,
             destination_rule(

@@ -35,11 +35,12 @@ def test_unsupported_fields_are_listed_and_everything_else_still_applies() -> No
     assert m.unsupported == (
         "accessLogEncoding", "accessLogFormat", "caCertificates",
         "defaultHttpRetryPolicy.retryRemoteLocalities", "defaultProviders", "enableTracing",
-        "extensionProviders", "localityLbSetting", "meshMTLS", "notAMeshField",
+        "extensionProviders", "meshMTLS", "notAMeshField",
         "outboundTrafficPolicy.egressProxy")
     # applied fields stay applied next to ignored ones
     assert m.trust_domain == "td.example" and m.outbound_traffic_policy.mode == "REGISTRY_ONLY"
     assert m.default_http_retry_policy.attempts == 3
+    assert m.locality_lb_setting is not None and m.locality_lb_setting.enabled is True
     assert m.discovery_selectors[0].match_labels == {"team": "a"}
     assert m.trust_domains == ("td.example", "old.td")
     assert parse_mesh_config("trustDomain: td.example").unsupported == ()

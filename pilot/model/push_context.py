@@ -29,7 +29,9 @@ from pilot.model.mtls import spiffe_id
 from pilot.model.proxy import Proxy
 from pilot.model.security_policies import JwksSnapshot, SecurityIndex
 from pilot.model.services import (
+    NO_LOCALITY,
     EndpointAddress,
+    Locality,
     MeshService,
     endpoints_for_port,
     mesh_service,
@@ -316,17 +318,49 @@ class PushContext:
                 out.append(e)
         return tuple(out)
 
+    def proxy_locality(self, proxy: Proxy) -> Locality:
+        """Where a proxy runs: what it says (node.locality, its istio-locality label), else,
+        as istiod fills it in, the topology labels of its Pod's Node."""
+        return self.proxy_locality_source(proxy)[0]
+
+    def proxy_locality_source(self, proxy: Proxy) -> tuple[Locality, str]:
+        """`proxy_locality` and what it came from: "" (the proxy itself), "node/NAME", or
+        "pod/NS/NAME" (no Pod, or one not scheduled yet). Proxies that share an output share
+        its recorded reads, so a generation memo keys them by this source as well."""
+        own = proxy.locality
+        if own != NO_LOCALITY:
+            return own, ""
+        if self._rec:
+            self._rec[-1].facets.add(dep.pod(proxy.namespace, proxy.pod_name))
+        pod = self.pods.get((proxy.namespace, proxy.pod_name))
+        name = pod.obj.spec.node_name if pod is not None else ""
+        if not name:
+            return NO_LOCALITY, f"pod/{proxy.namespace}/{proxy.pod_name}"
+        if self._rec:
+            self._rec[-1].facets.add(dep.node(name))
+        return Locality.of_node(self.ambient.nodes.get(name)) or NO_LOCALITY, f"node/{name}"
+
     def locality_lb_in_use(self) -> bool:
         """Could locality load balancing change any cluster's endpoints? Only then does EDS
         depend on the client's locality (and read DestinationRules for clusters without a
         subset). True when the mesh distributes, or any DestinationRule has outlier detection
         (the failover trigger) or a distribute setting."""
+        return self._locality_use()[0]
+
+    def locality_reads_labels(self) -> bool:
+        """Does any setting in force rank endpoints by the client's labels (failoverPriority)?"""
+        return self._locality_use()[1]
+
+    def _locality_use(self) -> tuple[bool, bool]:
         self._note(dep.DR_ALL, dep.DR_WILDCARD)
         hit = self._memo.get("locality-in-use")
         if hit is None:
             mesh = self.settings.clusters.locality
-            hit = self._memo["locality-in-use"] = (mesh is not None and bool(mesh.distribute)) or any(
-                _locality_relevant(e.obj.spec) for rules in self.traffic.destination_rules.values() for e in rules)
+            specs = [e.obj.spec for rules in self.traffic.destination_rules.values() for e in rules]
+            uses = [u for u in (_locality_relevant(s) for s in specs) if u is not None]
+            in_use = (mesh is not None and bool(mesh.distribute)) or bool(uses)
+            labels = in_use and ((mesh is not None and bool(mesh.failover_priority)) or any(uses))
+            hit = self._memo["locality-in-use"] = (in_use, labels)
         return hit
 
     def service_accounts(self, svc: MeshService) -> tuple[str, ...]:
@@ -459,18 +493,21 @@ class PushContext:
         return tuple(e.revision for e in self.service_slices(svc))
 
 
-def _locality_relevant(spec) -> bool:
-    policies = [spec.traffic_policy, *(s.traffic_policy for s in spec.subsets)]
-    for tp in policies:
+def _locality_relevant(spec) -> bool | None:
+    """None when no part of this rule can turn locality load balancing on; else whether one
+    of its parts names failoverPriority (ranking by the client's labels)."""
+    relevant, priority = False, False
+    for tp in (spec.traffic_policy, *(s.traffic_policy for s in spec.subsets)):
         if tp is None:
             continue
         for layer in (tp, *tp.port_level_settings):
-            if layer.outlier_detection is not None:
-                return True
             lb = layer.load_balancer
-            if lb is not None and lb.locality_lb_setting is not None and lb.locality_lb_setting.distribute:
-                return True
-    return False
+            setting = lb.locality_lb_setting if lb is not None else None
+            if layer.outlier_detection is not None or (setting is not None and setting.distribute):
+                relevant = True
+            if setting is not None and setting.failover_priority:
+                priority = True
+    return (relevant and priority) if relevant else None
 
 
 def _by_namespace(entries: list[Entry[ObjT]], oldest_first: bool = False) -> Mapping[str, tuple[Entry[ObjT], ...]]:

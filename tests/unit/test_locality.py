@@ -215,3 +215,14 @@ def test_workload_entry_locality_and_weight_reach_eds():
     g = cla.endpoints[0]
     assert (g.locality.region, g.locality.zone, g.locality.sub_zone) == ("r1", "za", "s1")
     assert g.lb_endpoints[0].load_balancing_weight.value == 7 and g.load_balancing_weight.value == 7
+
+
+def test_a_proxy_without_a_locality_gets_its_pods_node():
+    w = world()
+    w.apply(OUTLIER_DR, {"apiVersion": "v1", "kind": "Pod",
+                         "metadata": {"name": "client-1", "namespace": "default"},
+                         "spec": {"serviceAccountName": "default", "nodeName": "node-b"},
+                         "status": {"podIP": "10.0.0.1", "phase": "Running"}})
+    got = {addr: pr for _, pr, _, addrs in groups(cla_of(w.eds(proxy(pod_name="client-1"), {CLUSTER})[CLUSTER]))
+           for addr in addrs}
+    assert got == {"10.1.0.2": 0, "10.1.0.1": 1, "10.1.0.3": 2}

@@ -37,11 +37,12 @@ def build_service_entry_cla(cluster_name: str, port: ServicePort, service_entry:
 
 
 def proxy_inputs(ctx: PushContext, proxy: Proxy) -> Hashable | None:
-    """What of a proxy EDS reads beyond its traits: its locality and labels, only while
-    locality load balancing can apply somewhere (otherwise every proxy shares one output)."""
+    """What of a proxy EDS reads beyond its traits: its locality (and where it came from: the
+    reads recorded are those of the proxy that generated a shared output) and labels, only
+    while locality load balancing can apply somewhere (otherwise every proxy shares one output)."""
     if not ctx.locality_lb_in_use():
         return None
-    return (proxy.locality, tuple(sorted(proxy.labels.items())))
+    return (ctx.proxy_locality_source(proxy), tuple(sorted(proxy.labels.items())) if ctx.locality_reads_labels() else None)
 
 
 def _locality_lb(ctx: PushContext, proxy: Proxy, dr: Entry[DestinationRule] | None, subset: str,
@@ -53,7 +54,7 @@ def _locality_lb(ctx: PushContext, proxy: Proxy, dr: Entry[DestinationRule] | No
                        policy["outlier_detection"] if policy else None)
     if setting is None:
         return None
-    client = proxy.locality
+    client = ctx.proxy_locality(proxy)
     labels = tuple(sorted({**proxy.labels, **dict(client.topology_labels())}.items())) \
         if setting.failover_priority else ()
     return LocalityLb(setting, client, labels)

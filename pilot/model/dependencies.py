@@ -13,6 +13,7 @@ A facet is a small tuple naming one thing a lookup depended on, present or absen
 - ("slices", NS, SVC) the EndpointSlices of a Kubernetes Service; ("pod", NS, NAME) a Pod an
   endpoint refers to (whether or not that Pod exists yet); ("sans", H) the identities of a
   Kubernetes service's workloads (the set: a change meets it only when the set differs);
+  ("ns-pods", NS) every Pod of a namespace (a ServiceEntry's workloadSelector runs over them);
   ("node", NAME) a Node an endpoint runs on (its topology labels are the endpoint's locality);
 - ("dr", H) / ("vs", H) the DestinationRules / VirtualServices claiming host H (a change of one
   with a wildcard host, ("dr*",) / ("vs*",), meets every such lookup), ("dr-all",) every
@@ -66,6 +67,10 @@ def slices(namespace: str, service: str) -> tuple:
 
 def pod(namespace: str, name: str) -> tuple:
     return ("pod", namespace, name)
+
+
+def ns_pods(namespace: str) -> tuple:
+    return ("ns-pods", namespace)
 
 
 def node(name: str) -> tuple:
@@ -169,6 +174,7 @@ def describe(f: tuple) -> str:
         "slices": "EndpointSlices of Service {}/{}",
         "pod": "Pod/{}/{}",
         "node": "Node/{} (its topology labels: endpoint locality)",
+        "ns-pods": "every Pod in namespace {} (a workloadSelector over them)",
         "sans": "the service accounts of the Pods behind {}",
         "dr": "DestinationRules for host {}",
         "dr*": "DestinationRules with a wildcard host",
@@ -228,7 +234,7 @@ def change_of(keys: Iterable[ConfigKey], old, new, *, mesh_changed: bool, servic
         if k.kind == service_endpoints_kind:
             facets.add(slices(k.namespace, k.name))
         elif k.kind == "Pod":
-            facets.add(pod(k.namespace, k.name))
+            facets.update((pod(k.namespace, k.name), ns_pods(k.namespace)))
         elif k.kind == "Node":
             facets.add(node(k.name))
         elif k.kind == "Sidecar":

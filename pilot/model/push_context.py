@@ -392,6 +392,8 @@ class PushContext:
                 for w in spec.endpoints + [we.obj.spec for we in self._selected_workload_entries(svc, entry)]:
                     if w.service_account:
                         out.add(spiffe_id(td, svc.namespace, w.service_account))
+                for p in self.service_entry_pods(svc, entry):
+                    out.add(spiffe_id(td, p.key.namespace, p.obj.spec.service_account_name))
         else:
             for pod in self.service_pods(svc):
                 out.add(spiffe_id(td, pod.key.namespace, pod.obj.spec.service_account_name))
@@ -476,8 +478,41 @@ class PushContext:
             return ()
         if svc.kind == "ServiceEntry":
             entry = self.service_entry(svc)
-            return service_entry_endpoints(entry, sp, self.workload_entries(svc)) if entry else ()
+            if entry is None:
+                return ()
+            pods = self.service_entry_pods(svc, entry)
+            return service_entry_endpoints(entry, sp, self.workload_entries(svc), (), pods, self.nodes_of(pods))
         return endpoints_for_port(self.service_slices(svc), sp)
+
+    def selected_pods(self, namespace: str, selector: Mapping[str, str]) -> tuple[Entry[Pod], ...]:
+        """The ready Pods with an IP in `namespace` that `selector` picks (a ServiceEntry's
+        workloadSelector selects Pods as well as WorkloadEntries, as istiod's does). Any Pod
+        change in the namespace meets it: a new Pod may match."""
+        self._note(dep.ns_pods(namespace))
+        key = ("selected-pods", namespace, tuple(sorted(selector.items())))
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = tuple(
+                p for (ns, _), p in sorted(self.pods.items())
+                if ns == namespace and p.obj.status.pod_ip and p.obj.status.ready
+                and selects(selector, p.obj.metadata.labels))
+        return hit
+
+    def nodes_of(self, pods: tuple[Entry[Pod], ...]) -> tuple[Entry[Node], ...]:
+        names = sorted({p.obj.spec.node_name for p in pods if p.obj.spec.node_name})
+        rec = self._rec[-1] if self._rec else None
+        out = []
+        for n in names:
+            if rec is not None:
+                rec.facets.add(dep.node(n))
+            e = self.ambient.nodes.get(n)
+            if e is not None:
+                out.append(e)
+        return tuple(out)
+
+    def service_entry_pods(self, svc: MeshService, entry: Entry[ServiceEntry] | None) -> tuple[Entry[Pod], ...]:
+        selector = entry.obj.spec.workload_selector if entry is not None else None
+        return self.selected_pods(svc.namespace, selector.match_labels) if selector is not None else ()
 
     def service_entry(self, svc: MeshService) -> Entry[ServiceEntry] | None:
         self._note(dep.service_entry(svc.namespace, svc.name))

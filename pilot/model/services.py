@@ -188,10 +188,14 @@ def service_entry_services(entry: Entry[ServiceEntry]) -> list[MeshService]:
 
 def service_entry_endpoints(entry: Entry[ServiceEntry], port: ServicePort,
                             workload_entries: tuple[Entry[WorkloadEntry], ...] = (),
-                            subset_labels: tuple[tuple[str, str], ...] = ()) -> tuple[EndpointAddress, ...]:
-    """Inline endpoints of a ServiceEntry, or the WorkloadEntries its workloadSelector picks
-    (with `subset_labels`, only those carrying them). An endpoint's port is its
-    `ports[port name]`, else the port's targetPort, else its number."""
+                            subset_labels: tuple[tuple[str, str], ...] = (),
+                            pods: tuple[Entry[Pod], ...] = (),
+                            nodes: tuple[Entry[Node], ...] = ()) -> tuple[EndpointAddress, ...]:
+    """Inline endpoints of a ServiceEntry, or the WorkloadEntries and `pods` its
+    workloadSelector picks (with `subset_labels`, only those carrying them). An endpoint's port
+    is its `ports[port name]`, else the port's targetPort, else its number; a Pod's the
+    targetPort, else the number (istiod's). `pods`: the ready Pods the selector picks (see
+    PushContext.selected_pods), `nodes` their Nodes (locality)."""
     spec = entry.obj.spec
     workloads = list(spec.endpoints)
     if spec.workload_selector is not None:
@@ -210,4 +214,15 @@ def service_entry_endpoints(entry: Entry[ServiceEntry], port: ServicePort,
         locality = Locality.parse(w.locality)
         out.append(EndpointAddress(w.address, number, locality, True, w.labels.get(TLS_MODE_LABEL, ""),
                                    w.weight or 1, _with_topology(w.labels, locality)))
+    if pods and spec.workload_selector is not None:
+        by_node = {n.key.name: n for n in nodes}
+        number = port.target_port if isinstance(port.target_port, int) else port.port
+        for p in pods:
+            labels = p.obj.metadata.labels
+            if not selects(spec.workload_selector.match_labels, labels) or \
+                    any(labels.get(k) != v for k, v in subset_labels):
+                continue
+            locality = pod_locality(labels, by_node.get(p.obj.spec.node_name), None)
+            out.append(EndpointAddress(p.obj.status.pod_ip, number, locality, True, labels.get(TLS_MODE_LABEL, ""),
+                                       labels=_with_topology(labels, locality)))
     return tuple(sorted(set(out), key=lambda e: (e.locality.label(), e.address, e.port)))

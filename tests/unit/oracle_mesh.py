@@ -239,7 +239,7 @@ def slots() -> dict[str, list[dict | None]]:
         "eps/reviews": [
             endpoint_slice("reviews-1", "reviews", [("reviews-v1", "10.1.0.1"), ("reviews-v2", "10.1.0.2")]),
             endpoint_slice("reviews-1", "reviews", [("reviews-v1", "10.1.0.1")]),
-            endpoint_slice("reviews-1", "reviews", [("reviews-v1", "10.1.0.1")], node="node-a"),
+            endpoint_slice("reviews-1", "reviews", [("reviews-v1", "10.1.0.1")], node="node-2"),
             endpoint_slice("reviews-1", "reviews", [("reviews-v3", "10.1.0.3")]),
             None,
         ],
@@ -286,7 +286,8 @@ def slots() -> dict[str, list[dict | None]]:
             None,
         ],
         # A Node's topology labels are its endpoints' locality
-        "node/a": [None, node("node-a", "za"), node("node-a", "zb")],
+        "node/1": [None, node("node-1", "za"), node("node-1", "zb")],
+        "node/2": [None, node("node-2", "za")],
         "dr/ratings": [
             None,
             destination_rule(
@@ -437,6 +438,9 @@ def slots() -> dict[str, list[dict | None]]:
             None,
         ],
         "we/db-2": [None, workload_entry("db-2", "10.2.0.3", {"app": "db"}, "db")],
+        # A Pod the ServiceEntry's workloadSelector picks (istiod selects Pods too)
+        "pod/db-pod": [None, pod("db-pod", "10.1.0.30", {"app": "db"}, "db-pod"),
+                       pod("db-pod", "10.1.0.30", {"app": "other"}, "db-pod")],
         # Namespaces (ambient enrolment) and the mesh
         "ns/shop": [namespace("shop", {}), namespace("shop", {"istio.io/dataplane-mode": "ambient"})],
         "ns/default": [

@@ -31,9 +31,10 @@ def build_cla(cluster_name: str, port: ServicePort, slices: tuple[Entry[Endpoint
 
 def build_service_entry_cla(cluster_name: str, port: ServicePort, service_entry: Entry[ServiceEntry],
                             workload_entries: tuple[Entry[WorkloadEntry], ...], subset_labels: tuple[tuple[str, str], ...] = (),
-                            lb: LocalityLb | None = None) -> endpoint_pb2.ClusterLoadAssignment:
+                            lb: LocalityLb | None = None, pods: tuple[Entry[Pod], ...] = (),
+                            nodes: tuple[Entry[Node], ...] = ()) -> endpoint_pb2.ClusterLoadAssignment:
     return endpoints.cluster_load_assignment(
-        cluster_name, service_entry_endpoints(service_entry, port, workload_entries, subset_labels), lb)
+        cluster_name, service_entry_endpoints(service_entry, port, workload_entries, subset_labels, pods, nodes), lb)
 
 
 def proxy_inputs(ctx: PushContext, proxy: Proxy) -> Hashable | None:
@@ -127,9 +128,11 @@ def _load_assignment(ctx: PushContext, proxy: Proxy, name: str, cache: XdsCache,
             return None  # DNS and NONE clusters carry no EDS
         se = ctx.service_entry(svc)
         wes = ctx.workload_entries(svc)
-        origins = (svc.origin, *(f"WorkloadEntry/{w.key.namespace}/{w.key.name}" for w in wes), *dr_origin)
+        se_pods = ctx.service_entry_pods(svc, se)
+        origins = (svc.origin, *(f"WorkloadEntry/{w.key.namespace}/{w.key.name}" for w in wes),
+                   *(f"Pod/{p.key.namespace}/{p.key.name}" for p in se_pods), *dr_origin)
         return cache.resource(ENDPOINT, name, build_service_entry_cla, name, port, se, wes, labels, lb,
-                              origins=origins)
+                              se_pods, ctx.nodes_of(se_pods), origins=origins)
     slices = ctx.service_slices(svc)
     # Pods decide subset membership and each endpoint's tlsMode (auto mTLS); their Nodes the locality.
     pods = ctx.service_pods(svc)

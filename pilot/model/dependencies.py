@@ -284,6 +284,12 @@ def _identities_changed(keys: frozenset[ConfigKey], old, new, service_endpoints_
     accounts of their endpoints' Pods, what mTLS clients verify) differ: only the services
     whose EndpointSlices changed or whose slices name a changed Pod are compared."""
     candidates = {(k.namespace, k.name) for k in keys if k.kind == service_endpoints_kind}
+    # A WorkloadEntry a Kubernetes Service selects is one of its workloads too.
+    we_namespaces = {k.namespace for k in keys if k.kind == "WorkloadEntry"}
+    if we_namespaces:
+        for ctx in (old, new):
+            candidates.update((s.namespace, s.name) for s in ctx.services
+                              if s.kind == "Service" and s.selector and s.namespace in we_namespaces)
     pods = {(k.namespace, k.name) for k in keys if k.kind == "Pod"}
     if pods:
         for ctx in (old, new):

@@ -34,9 +34,11 @@ from pilot.model.services import (
     Locality,
     MeshService,
     endpoints_for_port,
+    merge_endpoints,
     mesh_service,
     service_entry_endpoints,
     service_entry_services,
+    workload_entry_endpoints,
 )
 from pilot.model.sidecar_scope import ServiceView, scoped_view, select_sidecar
 from pilot.model.store import Entry, ObjT, Store
@@ -79,12 +81,15 @@ class PushContext:
     ambient: AmbientInputs = field(default_factory=AmbientInputs)  # what only ztunnel's config reads
     # Gateway API objects: the Istio config they become (also in `gateways`) and their status.
     gateway_api: GatewayApiResult = NO_GATEWAY_API
+    # PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES: Kubernetes Services select WorkloadEntries too.
+    k8s_select_workload_entries: bool = True
     # The Deps being recorded (innermost last) while a result is generated: see `recording`.
     _rec: list = field(default_factory=list, compare=False, repr=False)
 
     @classmethod
     def build(cls, store: Store, mesh: MeshConfig, mesh_version: str, domain: str, version: str,
-              previous: PushContext | None = None, jwks: JwksSnapshot | None = None) -> PushContext:
+              previous: PushContext | None = None, jwks: JwksSnapshot | None = None, *,
+              k8s_select_workload_entries: bool = True) -> PushContext:
         """Services whose Service object did not change are carried over from `previous` as the
         same objects, so cache keys built from them compare by identity, not field by field."""
         old = previous.by_host if previous is not None and previous.domain == domain else {}
@@ -127,6 +132,7 @@ class PushContext:
             gateway_api=gateway_api,
             security=SecurityIndex.build(store, mesh.root_namespace, jwks),
             ambient=AmbientInputs.build(store),
+            k8s_select_workload_entries=k8s_select_workload_entries,
         )
 
     # --- dependency recording (pilot/model/dependencies.py) ------------------------------------
@@ -397,6 +403,9 @@ class PushContext:
         else:
             for pod in self.service_pods(svc):
                 out.add(spiffe_id(td, pod.key.namespace, pod.obj.spec.service_account_name))
+            for we in self.service_workload_entries(svc):
+                if we.obj.spec.service_account:
+                    out.add(spiffe_id(td, svc.namespace, we.obj.spec.service_account))
         return tuple(sorted(out))
 
     def services_in(self, namespace: str) -> tuple[MeshService, ...]:
@@ -482,7 +491,24 @@ class PushContext:
                 return ()
             pods = self.service_entry_pods(svc, entry)
             return service_entry_endpoints(entry, sp, self.workload_entries(svc), (), pods, self.nodes_of(pods))
-        return endpoints_for_port(self.service_slices(svc), sp)
+        wes = self.service_workload_entries(svc)
+        return merge_endpoints(endpoints_for_port(self.service_slices(svc), sp), workload_entry_endpoints(sp, wes))
+
+    def service_workload_entries(self, svc: MeshService) -> tuple[Entry[WorkloadEntry], ...]:
+        """The WorkloadEntries a Kubernetes Service's selector picks in its namespace (istiod's
+        PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES; an entry without labels is never selected)."""
+        if svc.kind != "Service" or not svc.selector or not self.k8s_select_workload_entries:
+            return ()
+        entries = self.workload_entries(svc)
+        if not entries:
+            return ()
+        key = ("svc-wes", svc.namespace, svc.selector)
+        hit = self._memo.get(key)
+        if hit is None:
+            selector = dict(svc.selector)
+            hit = self._memo[key] = tuple(e for e in entries if e.obj.spec.labels
+                                          and selects(selector, e.obj.spec.labels))
+        return hit
 
     def selected_pods(self, namespace: str, selector: Mapping[str, str]) -> tuple[Entry[Pod], ...]:
         """The ready Pods with an IP in `namespace` that `selector` picks (a ServiceEntry's

@@ -226,3 +226,41 @@ def service_entry_endpoints(entry: Entry[ServiceEntry], port: ServicePort,
             out.append(EndpointAddress(p.obj.status.pod_ip, number, locality, True, labels.get(TLS_MODE_LABEL, ""),
                                        labels=_with_topology(labels, locality)))
     return tuple(sorted(set(out), key=lambda e: (e.locality.label(), e.address, e.port)))
+
+
+def workload_entry_endpoints(svc_port: ServicePort, entries: tuple[Entry[WorkloadEntry], ...],
+                             subset_labels: tuple[tuple[str, str], ...] = ()) -> tuple[EndpointAddress, ...]:
+    """The WorkloadEntries a Kubernetes Service selects, as its endpoints (istiod's
+    serviceInstanceFromWorkloadInstance): the port is the entry's `ports[name]` for the
+    targetPort's name (or, for a numeric targetPort, the service port's name), else the
+    numeric targetPort, else the port; a named targetPort the entry lacks leaves it out."""
+    explicit = isinstance(svc_port.target_port, str)
+    name = svc_port.target_port if isinstance(svc_port.target_port, str) else svc_port.name
+    number = svc_port.target_port if isinstance(svc_port.target_port, int) else svc_port.port
+    out: list[EndpointAddress] = []
+    for e in entries:
+        w = e.obj.spec
+        if not w.address or w.address.startswith("unix://"):
+            continue
+        if any(w.labels.get(k) != v for k, v in subset_labels):
+            continue
+        port = w.ports.get(name) if name else None
+        if port is None and explicit:
+            continue
+        locality = Locality.parse(w.locality)
+        out.append(EndpointAddress(w.address, port or number, locality, True, w.labels.get(TLS_MODE_LABEL, ""),
+                                   w.weight or 1, _with_topology(w.labels, locality)))
+    return tuple(out)
+
+
+def merge_endpoints(*parts: tuple[EndpointAddress, ...]) -> tuple[EndpointAddress, ...]:
+    """One endpoint per (address, port), the first part's winning, in the registry's order."""
+    seen: set[tuple[str, int]] = set()
+    out: list[EndpointAddress] = []
+    for part in parts:
+        for ep in part:
+            if (ep.address, ep.port) not in seen:
+                seen.add((ep.address, ep.port))
+                out.append(ep)
+    out.sort(key=lambda e: (e.locality.label(), e.address, e.port))
+    return tuple(out)

@@ -154,7 +154,7 @@ class DiscoveryServer:
         """`previous` lends its unchanged services, so cache keys compare by identity."""
         self.mesh.refresh(self.store)
         ctx = PushContext.build(self.store, self.mesh.current, self.mesh.version, self.domain, version, previous,
-                                self.jwks())
+                                self.jwks(), k8s_select_workload_entries=self.features.k8s_select_workload_entries)
         for listener in self.context_listeners:
             listener(ctx)
         return ctx

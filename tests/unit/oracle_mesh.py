@@ -438,6 +438,9 @@ def slots() -> dict[str, list[dict | None]]:
             None,
         ],
         "we/db-2": [None, workload_entry("db-2", "10.2.0.3", {"app": "db"}, "db")],
+        # A WorkloadEntry the Kubernetes Service ratings selects (PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES)
+        "we/ratings-vm": [None, workload_entry("ratings-vm", "10.2.0.9", {"app": "ratings"}, "ratings-vm"),
+                          workload_entry("ratings-vm", "10.2.0.9", {"app": "ratings"}, "ratings-legacy")],
         # A Pod the ServiceEntry's workloadSelector picks (istiod selects Pods too)
         "pod/db-pod": [None, pod("db-pod", "10.1.0.30", {"app": "db"}, "db-pod"),
                        pod("db-pod", "10.1.0.30", {"app": "other"}, "db-pod")],

@@ -82,3 +82,54 @@ def test_inline_endpoint_weight_is_the_lb_weight():
     assert endpoints(w) == {("10.3.0.1", 8080): 3, ("10.3.0.2", 8080): 1}
     # The cluster is EDS, so the weights are what Envoy balances by.
     assert w.cds(proxy())[NAME].message(cluster_pb2.Cluster).type == cluster_pb2.Cluster.EDS
+
+
+# --- Kubernetes Services selecting WorkloadEntries ---------------------------------------------
+
+def kube_service(target_port) -> dict:
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "ratings", "namespace": "default"},
+            "spec": {"clusterIP": "10.96.0.30", "selector": {"app": "ratings"},
+                     "ports": [{"name": "http", "port": 9080, "targetPort": target_port}]}}
+
+
+def vm(name: str, address: str, labels: dict, ports: dict | None = None, sa: str = "ratings-vm") -> dict:
+    spec = {"address": address, "labels": labels, "serviceAccount": sa, "weight": 2}
+    if ports:
+        spec["ports"] = ports
+    return {"apiVersion": "networking.istio.io/v1", "kind": "WorkloadEntry",
+            "metadata": {"name": name, "namespace": "default"}, "spec": spec}
+
+
+RATINGS = "outbound|9080||ratings.default.svc.cluster.local"
+
+
+def test_a_kubernetes_service_selects_workload_entries():
+    w = World()
+    w.apply(kube_service(9081), vm("vm-1", "10.2.0.1", {"app": "ratings"}),
+            vm("vm-2", "10.2.0.2", {"app": "ratings"}, {"http": 7070}), vm("vm-3", "10.2.0.3", {"app": "other"}))
+    # the numeric targetPort, or the entry's port named like the service port
+    assert endpoints(w, RATINGS) == {("10.2.0.1", 9081): 2, ("10.2.0.2", 7070): 2}
+    ctx = w.ctx()
+    assert "spiffe://cluster.local/ns/default/sa/ratings-vm" in ctx.service_accounts(ctx.service(
+        "ratings.default.svc.cluster.local"))
+
+
+def test_a_named_target_port_the_entry_lacks_leaves_it_out():
+    w = World()
+    w.apply(kube_service("web"), vm("vm-1", "10.2.0.1", {"app": "ratings"}),
+            vm("vm-2", "10.2.0.2", {"app": "ratings"}, {"web": 7171}))
+    assert endpoints(w, RATINGS) == {("10.2.0.2", 7171): 2}
+
+
+def test_the_knob_turns_it_off():
+    from pilot.features import Features
+    from pilot.model.push_context import PushContext
+    assert Features.from_env({}).k8s_select_workload_entries is True
+    assert Features.from_env({"PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES": "false"}).k8s_select_workload_entries is False
+    w = World()
+    w.apply(kube_service(9081), vm("vm-1", "10.2.0.1", {"app": "ratings"}))
+    w.mesh.refresh(w.store)
+    ctx = PushContext.build(w.store, w.mesh.current, w.mesh.version, "cluster.local", "off",
+                            k8s_select_workload_entries=False)
+    res = w.eds(proxy(), {RATINGS}, ctx)[RATINGS]
+    assert not res.message(endpoint_pb2.ClusterLoadAssignment).endpoints

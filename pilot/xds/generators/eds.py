@@ -12,7 +12,13 @@ from pilot.config.networking import DestinationRule, ServiceEntry, WorkloadEntry
 from pilot.model.locality import LocalityLb, in_force
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
-from pilot.model.services import ServicePort, endpoints_for_port, service_entry_endpoints
+from pilot.model.services import (
+    ServicePort,
+    endpoints_for_port,
+    merge_endpoints,
+    service_entry_endpoints,
+    workload_entry_endpoints,
+)
 from pilot.model.store import Entry
 from pilot.networking import endpoints, names
 from pilot.networking.traffic_policy import effective_policy
@@ -23,10 +29,12 @@ from pilot.xds.typeurls import ENDPOINT
 
 def build_cla(cluster_name: str, port: ServicePort, slices: tuple[Entry[EndpointSlice], ...],
               subset_labels: tuple[tuple[str, str], ...] = (), pods: tuple[Entry[Pod], ...] = (),
-              nodes: tuple[Entry[Node], ...] = (), lb: LocalityLb | None = None
-              ) -> endpoint_pb2.ClusterLoadAssignment:
-    return endpoints.cluster_load_assignment(cluster_name, endpoints_for_port(slices, port, subset_labels, pods, nodes),
-                                             lb)
+              nodes: tuple[Entry[Node], ...] = (), lb: LocalityLb | None = None,
+              workload_entries: tuple[Entry[WorkloadEntry], ...] = ()) -> endpoint_pb2.ClusterLoadAssignment:
+    eps = endpoints_for_port(slices, port, subset_labels, pods, nodes)
+    if workload_entries:  # a Kubernetes Service selecting WorkloadEntries (PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES)
+        eps = merge_endpoints(eps, workload_entry_endpoints(port, workload_entries, subset_labels))
+    return endpoints.cluster_load_assignment(cluster_name, eps, lb)
 
 
 def build_service_entry_cla(cluster_name: str, port: ServicePort, service_entry: Entry[ServiceEntry],
@@ -137,6 +145,9 @@ def _load_assignment(ctx: PushContext, proxy: Proxy, name: str, cache: XdsCache,
     # Pods decide subset membership and each endpoint's tlsMode (auto mTLS); their Nodes the locality.
     pods = ctx.service_pods(svc)
     nodes = ctx.service_nodes(svc)
+    wes = ctx.service_workload_entries(svc)
     origins = (svc.origin, *(f"EndpointSlice/{e.key.namespace}/{e.key.name}" for e in slices),
-               *(f"Pod/{p.key.namespace}/{p.key.name}" for p in pods), *dr_origin)
-    return cache.resource(ENDPOINT, name, build_cla, name, port, slices, labels, pods, nodes, lb, origins=origins)
+               *(f"Pod/{p.key.namespace}/{p.key.name}" for p in pods),
+               *(f"WorkloadEntry/{w.key.namespace}/{w.key.name}" for w in wes), *dr_origin)
+    return cache.resource(ENDPOINT, name, build_cla, name, port, slices, labels, pods, nodes, lb, wes,
+                          origins=origins)

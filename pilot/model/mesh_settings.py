@@ -17,6 +17,7 @@ class ClusterSettings:
     connect_timeout_s: float
     # MeshConfig localityLbSetting (None: disabled): DestinationRules without one inherit it.
     locality: LocalitySetting | None = ENABLED
+    h2_upgrade: bool = False  # MeshConfig h2UpgradePolicy UPGRADE: HTTP ports talk HTTP/2 upstream
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +41,7 @@ class MeshSettings:
     @classmethod
     def of(cls, mesh: MeshConfig) -> MeshSettings:
         registry_only = mesh.outbound_traffic_policy.mode == "REGISTRY_ONLY"
-        return cls(ClusterSettings(mesh.connect_timeout_seconds, mesh_setting(mesh.locality_lb_setting)),
+        return cls(ClusterSettings(mesh.connect_timeout_seconds, locality=mesh_setting(mesh.locality_lb_setting),
+                                   h2_upgrade=mesh.h2_upgrade_policy == "UPGRADE"),
                    RouteSettings(mesh.default_http_retry_policy, registry_only),
                    ListenerSettings(mesh.access_log_file, registry_only))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from pilot.model.protocol import Protocol
 from pilot.model.services import MeshService
 
 
@@ -23,12 +24,19 @@ def port_is_http(svc: MeshService, port: int) -> bool:
     return sp is not None and sp.protocol.is_http
 
 
-def plan_ports(by_port: Mapping[int, tuple[MeshService, ...]]) -> tuple[list[PortPlan], list[str]]:
+def plan_ports(by_port: Mapping[int, tuple[MeshService, ...]],
+               protocols: Mapping[int, Protocol] | None = None) -> tuple[list[PortPlan], list[str]]:
     """Decide each port's protocol. HTTP wins a port shared with TCP services, as in istiod where
-    the HTTP listener takes the wildcard port; the losers are reported as conflicts."""
+    the HTTP listener takes the wildcard port; the losers are reported as conflicts.
+    `protocols`: ports whose listener protocol is given (a Sidecar egress listener's
+    `port.protocol`, as istiod builds that listener): every service on it is served that way."""
     plans: list[PortPlan] = []
     conflicts: list[str] = []
     for port, services in sorted(by_port.items()):
+        given = (protocols or {}).get(port)
+        if given is not None:
+            plans.append(PortPlan(port, True, ()) if given.is_http else PortPlan(port, False, tuple(services)))
+            continue
         http = [s for s in services if port_is_http(s, port)]
         tcp = tuple(s for s in services if not port_is_http(s, port))
         if http:

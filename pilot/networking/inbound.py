@@ -32,7 +32,7 @@ from pilot.networking.filters import access_logs, hcm_network_filter, router_fil
 from pilot.networking.policy_filters import TrustDomains, inbound_http_filters, inbound_network_filters
 from pilot.networking.protos import duration, pack
 from pilot.networking.tcp_routes import tls_inspector
-from pilot.networking.traffic_policy import apply_connection_pool
+from pilot.networking.traffic_policy import apply_connection_pool, apply_default_circuit_breakers
 
 VIRTUAL_INBOUND_LISTENER = "virtualInbound"
 VIRTUAL_INBOUND_PORT = 15006
@@ -75,9 +75,11 @@ def inbound_cluster(port: InboundPort, settings: ClusterSettings) -> cluster_pb2
         opts.explicit_http_config.http2_protocol_options.CopyFrom(protocol_pb2.Http2ProtocolOptions())
         c.typed_extension_protocol_options[_HTTP_OPTIONS_KEY].CopyFrom(pack(opts))
     if port.pool is not None:
-        # The Sidecar's inbound limits, as istiod applies them to the inbound cluster (no h2
-        # upgrade inbound: the app speaks what it speaks).
+        # The Sidecar's (or DestinationRule's) inbound limits, as istiod applies them to the
+        # inbound cluster (no h2 upgrade inbound: the app speaks what it speaks).
         apply_connection_pool(c, port.pool, port.protocol.is_http2)
+    else:
+        apply_default_circuit_breakers(c)  # istiod applies an empty pool: its default thresholds
     if port.services:
         metadata.set_services(c.metadata, port.services)
     return c
@@ -90,6 +92,7 @@ def inbound_passthrough_cluster(settings: ClusterSettings) -> cluster_pb2.Cluste
                             connect_timeout=duration(settings.connect_timeout_s))
     c.upstream_bind_config.source_address.address = INBOUND_PASSTHROUGH_BIND
     c.upstream_bind_config.source_address.port_value = 0
+    apply_default_circuit_breakers(c)  # istiod: built from the default passthrough cluster
     return c
 
 

@@ -98,9 +98,11 @@ def unbound_outbound_listener(plan: PortPlan, settings: ListenerSettings,
         sni, default = _tcp_chains(svc, plan.port, vs, domain, settings,
                                    tcp_limits[i] if i < len(tcp_limits) else NO_LIMITS, client)
         for chain in sni + [default]:
-            if svc.cluster_ip:
-                chain.filter_chain_match.prefix_ranges.add(address_prefix=svc.cluster_ip,
-                                                           prefix_len=wrappers_pb2.UInt32Value(value=32))
+            for address in svc.addresses:  # a ServiceEntry's every address and CIDR, as istiod
+                ip, _, bits = address.partition("/")
+                full = 128 if ":" in ip else 32
+                chain.filter_chain_match.prefix_ranges.add(
+                    address_prefix=ip, prefix_len=wrappers_pb2.UInt32Value(value=int(bits) if bits else full))
             listener.filter_chains.append(chain)
         if sni and not listener.listener_filters:
             listener.listener_filters.append(tls_inspector())

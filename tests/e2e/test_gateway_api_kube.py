@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(120)
 API = "gateway.networking.k8s.io"
 FAST_LEASES = {"PILOT_LEADER_LEASE_DURATION": "3s", "PILOT_LEADER_RENEW_DEADLINE": "2s",
                "PILOT_LEADER_RETRY_PERIOD": "500ms"}
-LEASE = "istio-namespace-controller-election"
+LEASE = "istio-gateway-status-leader-default"  # the status writer's (per revision)
 CRDS = (("v1", "gatewayclasses", "GatewayClass", False), ("v1", "gateways", "Gateway", True),
         ("v1", "httproutes", "HTTPRoute", True), ("v1", "grpcroutes", "GRPCRoute", True),
         ("v1alpha2", "tcproutes", "TCPRoute", True), ("v1alpha2", "tlsroutes", "TLSRoute", True),
@@ -90,8 +90,8 @@ async def test_status_written_by_the_leader_only_when_changed_and_never_pushing(
     fake, planes, envoy, port, tmp_path = cluster
     # Created once both replicas run: each of these objects is then in a push of its own, before
     # any status is computed for it, so a push caused by a status write could not hide in it.
-    fake.create({"apiVersion": f"{API}/v1", "kind": "GatewayClass", "metadata": {"name": "istio"},
-                 "spec": {"controllerName": "istio.io/gateway-controller"}})
+    # The `istio` GatewayClass is the leader's (created at start, as istiod does).
+    await wait_for(lambda: fake.get(f"gatewayclasses.{API}", "istio"), 20, message="the leader's GatewayClass")
     fake.create(gateway(GW_NAME, port))
     fake.create(http_route("shop", "shop.example.com"))
 

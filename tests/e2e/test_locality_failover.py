@@ -3,7 +3,7 @@ locality), the service has one backend on a Node in zone-a and one on a Node in 
 outlier detection in the DestinationRule (istiod's trigger; MeshConfig's localityLbSetting is
 enabled by default) Envoy gets the zone-a endpoint at priority 0 and the zone-b one at priority
 1: traffic stays in zone-a until its backend fails, outlier detection ejects it, and traffic
-moves to zone-b. A second sidecar in zone-b is given the opposite priorities (EDS is per client
+moves to zone-b. Then `distribute` splits zone-a's traffic 30/70 by locality weight. A second sidecar in zone-b is given the opposite priorities (EDS is per client
 locality), while both share one set of bytes without a locality setting."""
 
 from __future__ import annotations
@@ -45,6 +45,21 @@ DR = textwrap.dedent("""\
       host: web
       trafficPolicy:
         outlierDetection: {consecutive5xxErrors: 1, interval: 1s, baseEjectionTime: 60s, maxEjectionPercent: 100}
+    """)
+
+
+DISTRIBUTE = textwrap.dedent("""\
+    apiVersion: networking.istio.io/v1
+    kind: DestinationRule
+    metadata: {name: web, namespace: default}
+    spec:
+      host: web
+      trafficPolicy:
+        loadBalancer:
+          localityLbSetting:
+            distribute:
+            - from: r1/zone-a/*
+              to: {"r1/zone-a/*": 30, "r1/zone-b/*": 70}
     """)
 
 
@@ -129,6 +144,22 @@ async def test_traffic_stays_in_zone_and_fails_over_when_ejected(tmp_path):
                    for h in c["host_statuses"]
                    if h["address"]["socket_address"]["port_value"] == a.port]
         assert ejected and ejected[0]["health_status"].get("failed_outlier_check"), ejected
+
+        # distribute: zone-a clients send 30% to zone-a and 70% to zone-b (locality-weighted LB).
+        a.status = 200
+        cp.write("dr.yaml", DISTRIBUTE)
+
+        async def weighted() -> bool:
+            dump = await envoy.config_dump(resource="dynamic_active_clusters")
+            return any(c.get("cluster", {}).get("name") == cluster
+                       and "locality_weighted_lb_config" in c["cluster"].get("common_lb_config", {})
+                       for c in dump.get("configs", []))
+
+        await wait_for(weighted, 30, message=f"locality-weighted cluster\n{cp.log_tail(15)}")
+        await wait_for(lambda: _answers(call, "zone-a"), 30, message="zone-a back in rotation")
+        names = [(await call())[1] for _ in range(100)]
+        share_b = names.count("zone-b")
+        assert names.count("zone-a") + share_b == 100 and 50 <= share_b <= 90, share_b
     finally:
         await envoy.stop()
         await other.stop()

@@ -341,17 +341,17 @@ class PushContext:
 
     def proxy_locality_source(self, proxy: Proxy) -> tuple[Locality, str]:
         """`proxy_locality` and what it came from: "" (the proxy itself), "node/NAME", or
-        "pod/NS/NAME" (no Pod, or one not scheduled yet). Proxies that share an output share
-        its recorded reads, so a generation memo keys them by this source as well."""
+        "pending" (no Pod, or one not scheduled yet). Proxies that share an output share its
+        recorded reads, so a generation memo keys them by this source as well; pending ones
+        (of a namespace) share one output that any Pod change in their namespace meets."""
         own = proxy.locality
         if own != NO_LOCALITY:
             return own, ""
-        if self._rec:
-            self._rec[-1].facets.add(dep.pod(proxy.namespace, proxy.pod_name))
         pod = self.pods.get((proxy.namespace, proxy.pod_name))
         name = pod.obj.spec.node_name if pod is not None else ""
         if not name:
-            return NO_LOCALITY, f"pod/{proxy.namespace}/{proxy.pod_name}"
+            self._note(dep.ns_pods(proxy.namespace))
+            return NO_LOCALITY, "pending"
         if self._rec:
             self._rec[-1].facets.add(dep.node(name))
         return Locality.of_node(self.ambient.nodes.get(name)) or NO_LOCALITY, f"node/{name}"

@@ -363,6 +363,20 @@ class PushContext:
         (the failover trigger) or a distribute setting."""
         return self._locality_use()[0]
 
+    def dns_locality_in_use(self) -> bool:
+        """Does locality load balancing reorder some DNS cluster's own endpoints (a DNS
+        ServiceEntry whose endpoints name localities)? Only then is CDS per client locality."""
+        if not self.locality_lb_in_use():
+            return False
+        self._note(dep.ALL_SERVICES)
+        hit = self._memo.get("dns-locality")
+        if hit is None:
+            hit = self._memo["dns-locality"] = any(
+                e.locality != NO_LOCALITY
+                for svc in self.services if svc.kind == "ServiceEntry" and svc.resolution in ("DNS", "DNS_ROUND_ROBIN")
+                for p in svc.ports[:1] for e in self.endpoints(svc, p.port))
+        return hit
+
     def locality_reads_labels(self) -> bool:
         """Does any setting in force rank endpoints by the client's labels (failoverPriority)?"""
         return self._locality_use()[1]

@@ -92,7 +92,8 @@ class DiscoveryServer:
         self.cache = XdsCache(features.xds_cache_size)
         self.generated = GenerationMemo(GENERATORS, self.cache, {typeurls.ENDPOINT: eds.reads_no_proxy},
                                         record=features.record_dependencies,
-                                        proxy_inputs={typeurls.ENDPOINT: eds.proxy_inputs})
+                                        proxy_inputs={typeurls.ENDPOINT: eds.proxy_inputs,
+                                                      typeurls.CLUSTER: eds.cds_proxy_inputs})
         self.connections: dict[str, Connection] = {}
         self.throttle = asyncio.Semaphore(features.push_throttle)
         self.debouncer = Debouncer(features.debounce_after, features.debounce_max,

@@ -226,3 +226,32 @@ def test_a_proxy_without_a_locality_gets_its_pods_node():
     got = {addr: pr for _, pr, _, addrs in groups(cla_of(w.eds(proxy(pod_name="client-1"), {CLUSTER})[CLUSTER]))
            for addr in addrs}
     assert got == {"10.1.0.2": 0, "10.1.0.1": 1, "10.1.0.3": 2}
+
+
+def test_a_dns_cluster_orders_its_own_endpoints_by_client_locality():
+    w = World()
+    w.apply({"apiVersion": "networking.istio.io/v1", "kind": "ServiceEntry",
+             "metadata": {"name": "ext", "namespace": "default"},
+             "spec": {"hosts": ["ext.example.com"], "resolution": "DNS", "location": "MESH_EXTERNAL",
+                      "ports": [{"number": 80, "name": "http", "protocol": "HTTP"}],
+                      "endpoints": [{"address": "a.ext.example.com", "locality": "r1/za"},
+                                    {"address": "b.ext.example.com", "locality": "r1/zb"}]}},
+            {"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule",
+             "metadata": {"name": "ext", "namespace": "default"},
+             "spec": {"host": "ext.example.com", "trafficPolicy": {"outlierDetection": {"consecutive5xxErrors": 1}}}})
+    name = "outbound|80||ext.example.com"
+    ctx = w.ctx()
+
+    def prio(p) -> dict[str, int]:
+        c = w.cds(p, ctx)[name].message(cluster_pb2.Cluster)
+        return {a: pr for _, pr, _, addrs in groups(c.load_assignment) for a in addrs}
+
+    a, b = located(pod_name="a", region="r1", zone="za"), located(pod_name="b", region="r1", zone="zb")
+    assert prio(a) == {"a.ext.example.com": 0, "b.ext.example.com": 1}
+    assert prio(b) == {"a.ext.example.com": 1, "b.ext.example.com": 0}
+    assert eds.cds_proxy_inputs(ctx, a) != eds.cds_proxy_inputs(ctx, b)  # the CDS memo tells them apart
+    # Default failover (no failover list) leaves locality-weighted LB off, as istiod does.
+    assert not w.cds(a, ctx)[name].message(cluster_pb2.Cluster).common_lb_config.HasField(
+        "locality_weighted_lb_config")
+    # Without localities on DNS endpoints CDS stays shared whatever the client's locality.
+    assert eds.cds_proxy_inputs(world().ctx(), a) is None

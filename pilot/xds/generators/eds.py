@@ -54,8 +54,13 @@ def proxy_inputs(ctx: PushContext, proxy: Proxy) -> Hashable | None:
     return (ctx.proxy_locality_source(proxy), tuple(sorted(proxy.labels.items())) if ctx.locality_reads_labels() else None)
 
 
-def _locality_lb(ctx: PushContext, proxy: Proxy, dr: Entry[DestinationRule] | None, subset: str,
-                 port: int) -> LocalityLb | None:
+def cds_proxy_inputs(ctx: PushContext, proxy: Proxy) -> Hashable | None:
+    """CDS reads the client's locality only for DNS clusters whose endpoints have localities."""
+    return ctx.proxy_locality_source(proxy) if ctx.dns_locality_in_use() else None
+
+
+def locality_lb(ctx: PushContext, proxy: Proxy, dr: Entry[DestinationRule] | None, subset: str,
+                port: int, labels: bool = True) -> LocalityLb | None:
     """The locality load balancing this client gets for one cluster, None for none (then the
     bytes are shared by every client: the proxy's locality is not in the cache key)."""
     policy = effective_policy(dr.obj.spec, subset, port) if dr is not None else None
@@ -64,9 +69,9 @@ def _locality_lb(ctx: PushContext, proxy: Proxy, dr: Entry[DestinationRule] | No
     if setting is None:
         return None
     client = ctx.proxy_locality(proxy)
-    labels = tuple(sorted({**proxy.labels, **dict(client.topology_labels())}.items())) \
-        if setting.failover_priority else ()
-    return LocalityLb(setting, client, labels)
+    client_labels = tuple(sorted({**proxy.labels, **dict(client.topology_labels())}.items())) \
+        if labels and setting.failover_priority else ()
+    return LocalityLb(setting, client, client_labels)
 
 
 _NO_SUBSETS: weakref.WeakKeyDictionary[frozenset[str], bool] = weakref.WeakKeyDictionary()
@@ -129,7 +134,7 @@ def _load_assignment(ctx: PushContext, proxy: Proxy, name: str, cache: XdsCache,
         if spec is None or dr is None:
             return None
         labels = tuple(sorted(spec.labels.items()))
-    lb = _locality_lb(ctx, proxy, dr, subset, port_number) if local else None
+    lb = locality_lb(ctx, proxy, dr, subset, port_number) if local else None
     dr_origin = (f"DestinationRule/{dr.key.namespace}/{dr.key.name}",) if dr is not None else ()
     if svc.kind == "ServiceEntry":
         if svc.resolution != "STATIC":

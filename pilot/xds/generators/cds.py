@@ -11,10 +11,11 @@ from pilot.model.store import Entry
 from pilot.networking import clusters, inbound, names
 from pilot.networking.traffic_policy import effective_policy
 from pilot.xds.cache import CachedResource, XdsCache
-from pilot.xds.generators import eds, waypoint
+from pilot.xds.generators import eds, envoy_filter, waypoint
 from pilot.xds.typeurls import CLUSTER
 
 
+@envoy_filter.patched(CLUSTER)
 def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
              cache: XdsCache) -> list[CachedResource]:
     out: list[CachedResource] = []
@@ -42,7 +43,7 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
                         if dns and dns_local else None
                     out.append(cache.resource(CLUSTER, name, clusters.outbound_cluster,
                                               svc, port, ctx.settings.clusters, dr, subset, targets, mesh_tls,
-                                              local, origins=origins))
+                                              proxy.is_grpc, local, origins=origins))
     if proxy.type == "sidecar" and not proxy.is_grpc:
         plan = ctx.inbound_plan(proxy)
         for port in plan.ports:
@@ -64,7 +65,7 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
                                           origins=("MeshConfig",)))
     wp = waypoint.waypoint_of(ctx, proxy)
     if wp is not None:
-        out.extend(r for r in waypoint.clusters(ctx, wp, cache) if want(r.name))
+        out.extend(r for r in waypoint.clusters(ctx, proxy, wp, cache) if want(r.name))
     return out
 
 

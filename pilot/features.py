@@ -150,6 +150,11 @@ ENABLE_AMBIENT = _knob("PILOT_ENABLE_AMBIENT", "false", _bool,
                        "Serve ztunnel (ambient mode): WDS and L4 authorization over delta xDS, waypoints. "
                        "Without it ztunnel connections are refused.")
 
+ENABLE_K8S_SELECT_WORKLOAD_ENTRIES = _knob(
+    "PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES", "true", _bool,
+    "Kubernetes Services select WorkloadEntries in their namespace by their selector, as they "
+    "select Pods: the WorkloadEntries become endpoints of the Service (istiod's default: on).")
+
 # Not an istiod knob: the switch the push benchmark measures recording's cost with. Off, every
 # change pushes every watched type to every connected proxy (correct, and wasteful).
 RECORD_DEPENDENCIES = _knob(
@@ -257,6 +262,7 @@ class Features:
     debug_endpoint_auth_allowed_namespaces: tuple[str, ...] = ()
     record_dependencies: bool = True
     config_rescan_interval: float = 60.0
+    k8s_select_workload_entries: bool = True
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Features:
@@ -290,6 +296,7 @@ class Features:
             debug_endpoint_auth_allowed_namespaces=DEBUG_ENDPOINT_AUTH_ALLOWED_NAMESPACES.get(environ),
             record_dependencies=RECORD_DEPENDENCIES.get(environ),
             config_rescan_interval=CONFIG_RESCAN_INTERVAL.get(environ),
+            k8s_select_workload_entries=ENABLE_K8S_SELECT_WORKLOAD_ENTRIES.get(environ),
         )
 
 

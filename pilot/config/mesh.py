@@ -16,6 +16,7 @@ from pydantic.alias_generators import to_camel
 
 from pilot.config.base import Model, StrictModel, Unsupported
 from pilot.config.extension_providers import DefaultProviders, ExtensionProvider, with_builtin
+from pilot.config.networking.locality import LocalityLbSetting
 from pilot.durations import parse_duration
 
 TOLERATED = ("extra_forbidden", "unsupported")
@@ -129,7 +130,7 @@ class MeshConfig(StrictModel):
     default_service_export_to: Unsupported = None
     default_virtual_service_export_to: Unsupported = None
     default_destination_rule_export_to: Unsupported = None
-    locality_lb_setting: Unsupported = None
+    locality_lb_setting: LocalityLbSetting | None = None  # the default for DestinationRules without one
     dns_refresh_rate: Unsupported = None
     # istiod's mesh default for HTTP ports' outbound clusters (a DestinationRule's wins).
     h2_upgrade_policy: Literal["DO_NOT_UPGRADE", "UPGRADE"] | None = None

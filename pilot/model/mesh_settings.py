@@ -9,12 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pilot.config.mesh import HttpRetryPolicy, MeshConfig
+from pilot.model.locality import ENABLED, LocalitySetting, mesh_setting
 from pilot.model.telemetry import NO_TELEMETRY, ModeTelemetry, legacy_access_logs
 
 
 @dataclass(frozen=True, slots=True)
 class ClusterSettings:
     connect_timeout_s: float
+    # MeshConfig localityLbSetting (None: disabled): DestinationRules without one inherit it.
+    locality: LocalitySetting | None = ENABLED
     h2_upgrade: bool = False  # MeshConfig h2UpgradePolicy UPGRADE: HTTP ports talk HTTP/2 upstream
 
 
@@ -41,6 +44,7 @@ class MeshSettings:
     @classmethod
     def of(cls, mesh: MeshConfig) -> MeshSettings:
         registry_only = mesh.outbound_traffic_policy.mode == "REGISTRY_ONLY"
-        return cls(ClusterSettings(mesh.connect_timeout_seconds, mesh.h2_upgrade_policy == "UPGRADE"),
+        return cls(ClusterSettings(mesh.connect_timeout_seconds, locality=mesh_setting(mesh.locality_lb_setting),
+                                   h2_upgrade=mesh.h2_upgrade_policy == "UPGRADE"),
                    RouteSettings(mesh.default_http_retry_policy, registry_only),
                    ListenerSettings(registry_only, legacy_access_logs(mesh)))

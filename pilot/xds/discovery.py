@@ -97,7 +97,9 @@ class DiscoveryServer:
         self.metrics = metrics or Metrics()
         self.cache = XdsCache(features.xds_cache_size)
         self.generated = GenerationMemo(GENERATORS, self.cache, {typeurls.ENDPOINT: eds.reads_no_proxy},
-                                        record=features.record_dependencies, sliced=SLICED)
+                                        record=features.record_dependencies, sliced=SLICED,
+                                        proxy_inputs={typeurls.ENDPOINT: eds.proxy_inputs,
+                                                      typeurls.CLUSTER: eds.cds_proxy_inputs})
         self.connections: dict[str, Connection] = {}
         self.throttle = asyncio.Semaphore(features.push_throttle)
         self.pace = Pace()  # stream work per loop iteration, bounded (pilot/xds/pace.py)
@@ -169,7 +171,8 @@ class DiscoveryServer:
             if e is None or e.revision != revision:
                 del rejected[(key, revision)]
         ctx = PushContext.build(self.store, self.mesh.current, self.mesh.version, self.domain, version, previous,
-                                self.jwks(), disabled_envoy_filters=frozenset(rejected))
+                                self.jwks(), disabled_envoy_filters=frozenset(rejected),
+                                k8s_select_workload_entries=self.features.k8s_select_workload_entries)
         for listener in self.context_listeners:
             listener(ctx)
         _log_telemetry_problems(previous, ctx)

@@ -54,12 +54,16 @@ SLICE = 0.005
 # Per type, optionally: whether a request's output leaves the proxy unread (then the memo key
 # holds no proxy traits and proxies in every namespace share one output, plan and body).
 ReadsNoProxy = Callable[[frozenset[str] | None], bool]
+# Per type, optionally: what of a proxy the output reads beyond its memo key, None for nothing
+# (EDS: the client's locality, while locality load balancing can apply).
+ProxyInputs = Callable[[PushContext, Proxy], Hashable | None]
 
 
 class GenerationMemo:
     def __init__(self, generators: Mapping[str, Generator], cache: XdsCache,
                  reads_no_proxy: Mapping[str, ReadsNoProxy] | None = None, record: bool = True,
-                 sliced: Mapping[str, Sliced] | None = None) -> None:
+                 sliced: Mapping[str, Sliced] | None = None,
+                 proxy_inputs: Mapping[str, ProxyInputs] | None = None) -> None:
         self.generators = generators
         # Per type, optionally: the same output a resource at a time, for agenerate().
         self.sliced = dict(sliced or {})
@@ -68,6 +72,7 @@ class GenerationMemo:
         self.record = record
         self.cache = cache
         self.reads_no_proxy = dict(reads_no_proxy or {})
+        self.proxy_inputs = dict(proxy_inputs or {})
         self._version: str | None = None
         self._memo: dict[Hashable, Generated] = {}
         self._plans: dict[Hashable, tuple[Mapping, Generated, Plan]] = {}
@@ -111,13 +116,16 @@ class GenerationMemo:
             self._version = ctx.version
 
     def _key(self, ctx: PushContext, type_url: str, proxy: Proxy, requested: frozenset[str] | None) -> Hashable:
-        independent = self.reads_no_proxy.get(type_url)
+        inputs = self.proxy_inputs.get(type_url)
+        extra = inputs(ctx, proxy) if inputs is not None else None
+        independent = self.reads_no_proxy.get(type_url) if extra is None else None
         proxy_key = None if independent is not None and independent(requested) else self._proxy_key(ctx, proxy)
         if proxy.is_grpc and type_url == LISTENER:
             # A gRPC server's inbound listeners read its addresses and labels (grpc_server_inputs).
             proxy_key = (proxy_key, grpc_server_inputs(proxy, requested))
         # EnvoyFilter patches of this type only: a filter of listeners splits no one's clusters.
-        return (type_url, proxy_key, requested, None if proxy_key is None else patches_for(ctx, proxy, type_url))
+        key = (type_url, proxy_key, requested, None if proxy_key is None else patches_for(ctx, proxy, type_url))
+        return key if extra is None else (*key, extra)
 
     def generate(self, ctx: PushContext, type_url: str, proxy: Proxy,
                  requested: frozenset[str] | None) -> Generated:

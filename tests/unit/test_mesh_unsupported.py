@@ -35,7 +35,7 @@ def test_unsupported_fields_are_listed_and_everything_else_still_applies() -> No
     m = parse_mesh_config(MESH)
     assert m.unsupported == (
         "caCertificates", "defaultHttpRetryPolicy.retryRemoteLocalities", "disableEnvoyListenerLog",
-        "enableEnvoyAccessLogService", "localityLbSetting", "meshMTLS", "notAMeshField",
+        "enableEnvoyAccessLogService", "meshMTLS", "notAMeshField",
         "outboundTrafficPolicy.egressProxy")
     # the telemetry fields are applied (the ext_authz provider is kept for AuthorizationPolicy CUSTOM)
     assert m.access_log_encoding == "JSON" and m.default_providers.tracing == ["zipkin"]
@@ -43,6 +43,7 @@ def test_unsupported_fields_are_listed_and_everything_else_still_applies() -> No
     # applied fields stay applied next to ignored ones
     assert m.trust_domain == "td.example" and m.outbound_traffic_policy.mode == "REGISTRY_ONLY"
     assert m.default_http_retry_policy.attempts == 3
+    assert m.locality_lb_setting is not None and m.locality_lb_setting.enabled is True
     assert m.discovery_selectors[0].match_labels == {"team": "a"}
     assert m.trust_domains == ("td.example", "old.td")
     assert parse_mesh_config("trustDomain: td.example").unsupported == ()

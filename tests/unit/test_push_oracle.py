@@ -34,6 +34,7 @@ from pilot.features import Features
 from pilot.model.mesh import MeshHolder
 from pilot.model.proxy import Proxy, parse_node_id
 from pilot.model.push_context import PushContext
+from pilot.model.services import NO_LOCALITY, Locality
 from pilot.model.store import ConfigKey, Store
 from pilot.xds import typeurls as T
 from pilot.xds.cache import CachedResource, XdsCache
@@ -67,13 +68,14 @@ def _proxy(
     interception: str = "NONE",
     generator: str | None = None,
     identity: str = "",
+    locality: Locality = NO_LOCALITY,
 ) -> Proxy:
     node_id = f"{ptype}~{ip}~{pod}.{ns}~{ns}.svc.{DOMAIN}"
     t, ips, p, namespace, domain = parse_node_id(node_id)
     meta = {"NAMESPACE": ns, "LABELS": labels, "INTERCEPTION_MODE": interception}
     if generator:
         meta["GENERATOR"] = generator
-    return Proxy(node_id, t, ips, p, namespace, domain, f"{pod}.{ns}", meta, identity=identity)
+    return Proxy(node_id, t, ips, p, namespace, domain, f"{pod}.{ns}", meta, identity=identity, node_locality=locality)
 
 
 def _sa(ns: str, sa: str) -> str:
@@ -84,7 +86,7 @@ def proxies() -> list[Proxy]:
     pp = {"app": "productpage"}
     return [
         # Under the productpage Sidecar: bound ports, no identity; two replicas.
-        _proxy("sidecar", "default", "productpage-1", "10.1.0.6", pp),
+        _proxy("sidecar", "default", "productpage-1", "10.1.0.6", pp, locality=Locality("r1", "za")),
         _proxy("sidecar", "default", "productpage-2", "10.1.0.8", pp),
         # Under the same Sidecar, with a mesh identity, iptables mode (inbound from its Service)
         _proxy(

@@ -13,7 +13,7 @@ from pilot.model.store import Entry
 from pilot.networking import clusters, inbound, names
 from pilot.networking.traffic_policy import effective_policy
 from pilot.xds.cache import CachedResource, XdsCache
-from pilot.xds.generators import envoy_filter, grpc, waypoint
+from pilot.xds.generators import eds, envoy_filter, grpc, waypoint
 from pilot.xds.typeurls import CLUSTER
 
 
@@ -49,6 +49,7 @@ def resources(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
 
     view = ctx.view(None if proxy.type == "router" else ctx.sidecar_for(proxy.namespace, proxy.labels))
     has_identity = proxy.traits.mesh_tls
+    dns_local = ctx.dns_locality_in_use()
     for svc in view.services:
         dr = ctx.destination_rule(svc.hostname, proxy.namespace, svc.namespace, proxy.labels)
         origins = (svc.origin,) + ((ref(dr),) if dr else ())
@@ -61,9 +62,13 @@ def resources(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
                 name = names.outbound_cluster_name(port.port, svc.hostname, subset)
                 if want(name):
                     mesh_tls = _mesh_tls(ctx, svc, port.port, dr, subset, sans) if has_identity else None
+                    # istiod reorders a DNS cluster's own endpoints by the client's locality
+                    # (failoverPriority aside: its TODO for STRICT_DNS).
+                    local = eds.locality_lb(ctx, proxy, dr, subset, port.port, labels=False) \
+                        if dns and dns_local else None
                     yield cache.resource(CLUSTER, name, clusters.outbound_cluster,
                                          svc, port, ctx.settings.clusters, dr, subset, targets, mesh_tls,
-                                         origins=origins)
+                                         local, origins=origins)
     if proxy.type == "sidecar":
         plan = ctx.inbound_plan(proxy)
         for port in plan.ports:

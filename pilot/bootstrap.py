@@ -17,6 +17,7 @@ from aiohttp import web
 
 from pilot import features as feat
 from pilot import logging as plog
+from pilot.autoregistration import AutoRegistration
 from pilot.cli import Options
 from pilot.config.mesh import MeshConfig, MeshConfigError, parse_mesh_config
 from pilot.config.networking.proxy_config import ProxyConfig
@@ -123,6 +124,11 @@ class ControlPlane:
         self.ads.debug.http_view = http_view(pages, self.discovery)
         self.files = (FileSource(opts.config_dir, self.store, rescan_interval=features.config_rescan_interval)
                       if opts.config_dir else None)
+        # File mode keeps auto-registered WorkloadEntries in memory (Kubernetes mode: not wired yet).
+        self.autoregistration: AutoRegistration | None = None
+        if self.files is not None and features.enable_workload_entry_autoregistration:
+            self.autoregistration = AutoRegistration(self.store, features.workload_entry_grace_period)
+            self.discovery.connection_listeners.append(self.autoregistration)
         self.kube: Kube | None = None
         self.kube_source: KubeSource | None = None
         self.leaders: list[LeaderElection] = []
@@ -491,6 +497,8 @@ class ControlPlane:
     async def stop(self) -> None:
         self.loaded = False
         self._stop.set()
+        if self.autoregistration is not None:
+            self.autoregistration.close()
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

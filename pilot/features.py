@@ -150,6 +150,13 @@ ENABLE_AMBIENT = _knob("PILOT_ENABLE_AMBIENT", "false", _bool,
                        "Serve ztunnel (ambient mode): WDS and L4 authorization over delta xDS, waypoints. "
                        "Without it ztunnel connections are refused.")
 
+ENABLE_WORKLOAD_ENTRY_AUTOREGISTRATION = _knob(
+    "PILOT_ENABLE_WORKLOAD_ENTRY_AUTOREGISTRATION", "true", _bool,
+    "A proxy connecting with node metadata AUTO_REGISTER_GROUP gets a WorkloadEntry made from that "
+    "WorkloadGroup of its namespace (file mode: kept in memory; istiod's default: on).")
+WORKLOAD_ENTRY_GRACE_PERIOD = _knob(
+    "PILOT_WORKLOAD_ENTRY_GRACE_PERIOD", "10s", parse_duration,
+    "How long an auto-registered WorkloadEntry outlives its proxy's last connection.")
 ENABLE_K8S_SELECT_WORKLOAD_ENTRIES = _knob(
     "PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES", "true", _bool,
     "Kubernetes Services select WorkloadEntries in their namespace by their selector, as they "
@@ -263,6 +270,8 @@ class Features:
     record_dependencies: bool = True
     config_rescan_interval: float = 60.0
     k8s_select_workload_entries: bool = True
+    enable_workload_entry_autoregistration: bool = True
+    workload_entry_grace_period: float = 10.0
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Features:
@@ -297,6 +306,8 @@ class Features:
             record_dependencies=RECORD_DEPENDENCIES.get(environ),
             config_rescan_interval=CONFIG_RESCAN_INTERVAL.get(environ),
             k8s_select_workload_entries=ENABLE_K8S_SELECT_WORKLOAD_ENTRIES.get(environ),
+            enable_workload_entry_autoregistration=ENABLE_WORKLOAD_ENTRY_AUTOREGISTRATION.get(environ),
+            workload_entry_grace_period=WORKLOAD_ENTRY_GRACE_PERIOD.get(environ),
         )
 
 

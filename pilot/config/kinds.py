@@ -24,6 +24,7 @@ from pilot.config.networking import (
     Sidecar,
     VirtualService,
     WorkloadEntry,
+    WorkloadGroup,
 )
 from pilot.config.security import VERSIONS as SECURITY_VERSIONS
 from pilot.config.security import AuthorizationPolicy, PeerAuthentication, RequestAuthentication
@@ -80,6 +81,7 @@ KINDS: tuple[Kind, ...] = (
     Kind("networking.istio.io", ISTIO_VERSIONS, "DestinationRule", "destinationrules", True, DestinationRule),
     Kind("networking.istio.io", ISTIO_VERSIONS, "ServiceEntry", "serviceentries", True, ServiceEntry),
     Kind("networking.istio.io", ISTIO_VERSIONS, "WorkloadEntry", "workloadentries", True, WorkloadEntry),
+    Kind("networking.istio.io", ISTIO_VERSIONS, "WorkloadGroup", "workloadgroups", True, WorkloadGroup),
     Kind("networking.istio.io", ISTIO_VERSIONS, "Sidecar", "sidecars", True, Sidecar),
     Kind("networking.istio.io", ISTIO_VERSIONS, "Gateway", "gateways", True, Gateway),
     # EnvoyFilter is served as v1alpha3 only (istio never promoted it).

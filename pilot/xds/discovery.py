@@ -11,6 +11,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from typing import Protocol
 
 from pilot import logging as plog
 from pilot.features import Features
@@ -52,6 +53,11 @@ def _printable(text: str) -> str:
 
 
 SLOW_WRITE = 1.0  # seconds a write may keep its push throttle slot before giving it up
+
+
+class ConnectionListener(Protocol):
+    def connected(self, proxy: Proxy) -> None: ...
+    def disconnected(self, proxy: Proxy) -> None: ...
 
 
 class _Slot:
@@ -115,6 +121,8 @@ class DiscoveryServer:
         # Keys fetched for RequestAuthentication jwksUris (pilot/security/jwks.py), read per push.
         self.jwks: Callable[[], JwksSnapshot | None] = lambda: None
         self.context_listeners: list[Callable[[PushContext], None]] = []  # told of every new full context
+        # Told of each registered and unregistered connection's proxy (auto-registration).
+        self.connection_listeners: list[ConnectionListener] = []
         # Whether a proven proxy may read its namespace's Secrets (Kubernetes RBAC; see
         # pilot/security/secret_access.py): the refusal, or None. Unset: only the proof counts.
         self.credential_access: Callable[[Proxy], Awaitable[str | None]] | None = None
@@ -289,6 +297,8 @@ class DiscoveryServer:
     def register(self, conn: Connection) -> None:
         self.connections[conn.id] = conn
         self.metrics.xds_clients.labels(conn.proxy.istio_version or "unknown").inc()
+        for listener in self.connection_listeners:
+            listener.connected(conn.proxy)
 
     def _done_pushing(self, conn: Connection) -> None:
         if conn.pending_push is None:
@@ -305,6 +315,8 @@ class DiscoveryServer:
         self.metrics.xds_clients.labels(conn.proxy.istio_version or "unknown").dec()
         for w in conn.watched.values():
             self._clear_reject_gauge(conn, w)
+        for listener in self.connection_listeners:
+            listener.disconnected(conn.proxy)
 
     def _clear_reject_gauge(self, conn: Connection, w: WatchedResource) -> None:
         """The proxy no longer rejects what it last rejected (it ACKed since, or left)."""

@@ -24,7 +24,7 @@ API = json.loads((Path(__file__).parent / "data" / "istio_networking_fields.json
 ROOTS = {"VirtualService": net.VirtualServiceSpec, "DestinationRule": net.DestinationRuleSpec,
          "Gateway": net.GatewaySpec, "ServiceEntry": net.ServiceEntrySpec, "Sidecar": net.SidecarSpec,
          "WorkloadEntry": net.WorkloadEntrySpec, "EnvoyFilter": net.EnvoyFilterSpec,
-         "ProxyConfig": net.ProxyConfigSpec}
+         "ProxyConfig": net.ProxyConfigSpec, "WorkloadGroup": net.WorkloadGroupSpec}
 
 
 def _nested_model(annotation) -> type[BaseModel] | None:
@@ -119,6 +119,7 @@ _BASE = {
     "WorkloadEntry": {"address": "10.0.0.1"},
     "EnvoyFilter": {"configPatches": [{"applyTo": "CLUSTER", "patch": {"operation": "REMOVE"}}]},
     "ProxyConfig": {"concurrency": 2},
+    "WorkloadGroup": {"template": {"ports": {"http": 80}}},
 }
 
 

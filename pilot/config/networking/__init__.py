@@ -1,5 +1,5 @@
 """The networking.istio.io kinds (VirtualService, DestinationRule, ServiceEntry, WorkloadEntry,
-Sidecar, Gateway, EnvoyFilter, ProxyConfig) with istiod's validation-webhook rules.
+Sidecar, Gateway, EnvoyFilter, ProxyConfig, WorkloadGroup) with istiod's validation-webhook rules.
 
 Field names are the Istio API's proto field names in snake_case; the `StrictModel` base gives them
 the API's JSON (camelCase) names and accepts the proto names too, as istio's protobuf JSON decoding
@@ -131,9 +131,15 @@ from pilot.config.networking.virtual_service import (
     VirtualServiceSpec,
     Weight,
 )
+from pilot.config.networking.workload_group import (
+    WorkloadGroup,
+    WorkloadGroupObjectMeta,
+    WorkloadGroupSpec,
+    WorkloadGroupTemplate,
+)
 
 NETWORKING_KINDS: tuple[type[K8sObject], ...] = (VirtualService, DestinationRule, ServiceEntry, WorkloadEntry,
-                                                 Sidecar, Gateway, EnvoyFilter, ProxyConfig)
+                                                 Sidecar, Gateway, EnvoyFilter, ProxyConfig, WorkloadGroup)
 
 __all__ = [
     "GROUP",
@@ -219,6 +225,10 @@ __all__ = [
     "Weight",
     "WorkloadEntry",
     "WorkloadEntrySpec",
+    "WorkloadGroup",
+    "WorkloadGroupObjectMeta",
+    "WorkloadGroupSpec",
+    "WorkloadGroupTemplate",
     "WorkloadSelector",
     "host_matches",
     "host_subset_of",

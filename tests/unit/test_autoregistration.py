@@ -1,0 +1,46 @@
+"""pilot/autoregistration.py against a real Store: one entry per proxy IP however many streams it
+opens, removal only after the last one closed, and a reconnect within the grace period keeps it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from pilot.autoregistration import DISCONNECTED_AT, AutoRegistration
+from pilot.config.validation import parse_object
+from pilot.model.store import ConfigKey, Store
+from tests.support.wait import wait_for
+from tests.unit.helpers import proxy
+
+KEY = ConfigKey("WorkloadEntry", "vms", "db-10.1.1.1")
+
+
+def vm():
+    p = proxy("vms", ip="10.1.1.1", pod_name="db")
+    return dataclasses.replace(p, metadata={**p.metadata, "AUTO_REGISTER_GROUP": "db", "LABELS": {"v": "1"}})
+
+
+async def test_streams_are_counted_and_a_reconnect_within_the_grace_period_keeps_the_entry():
+    store = Store()
+    store.apply(parse_object({"apiVersion": "networking.istio.io/v1", "kind": "WorkloadGroup",
+                              "metadata": {"name": "db", "namespace": "vms"},
+                              "spec": {"template": {"labels": {"app": "db"}, "ports": {"tcp": 5432}}}}), "f.yaml")
+    reg = AutoRegistration(store, grace_period=0.2)
+    reg.connected(vm())
+    reg.connected(vm())  # a second stream of the same proxy
+    entry = store.get(KEY)
+    assert entry is not None and entry.obj.spec.labels == {"app": "db", "v": "1"} and entry.obj.spec.ports == {"tcp": 5432}
+    reg.disconnected(vm())
+    assert DISCONNECTED_AT not in store.get(KEY).obj.metadata.annotations  # one stream is still open
+    reg.disconnected(vm())
+    assert DISCONNECTED_AT in store.get(KEY).obj.metadata.annotations
+    reg.connected(vm())  # back within the grace period: the removal is cancelled
+    assert DISCONNECTED_AT not in store.get(KEY).obj.metadata.annotations
+    reg.disconnected(vm())
+    await wait_for(lambda: store.get(KEY) is None, timeout=10, message="removed after the grace period")
+
+    # A proxy naming a group that does not exist is served unregistered.
+    stranger = dataclasses.replace(vm(), metadata={**vm().metadata, "AUTO_REGISTER_GROUP": "nope"})
+    reg.connected(stranger)
+    reg.disconnected(stranger)
+    assert store.list("WorkloadEntry") == []
+    reg.close()

@@ -1,12 +1,12 @@
-"""WorkloadEntry auto-registration (istiod's pilot/pkg/autoregistration/controller.go), file mode:
-a proxy that connects with node metadata `AUTO_REGISTER_GROUP: NAME` gets a WorkloadEntry made
+"""WorkloadEntry auto-registration (istiod's pilot/pkg/autoregistration/controller.go): a proxy that connects with node metadata `AUTO_REGISTER_GROUP: NAME` gets a WorkloadEntry made
 from the WorkloadGroup NAME of its namespace, and loses it `PILOT_WORKLOAD_ENTRY_GRACE_PERIOD`
 after its last connection closed (a reconnect within the grace period keeps it).
 
-The entry is put into the Store under its own source, so it is served like any WorkloadEntry
-(endpoints of the ServiceEntries and Services that select it, /debug/configz) and the file source's
-syncs, which own only what they loaded, leave it alone. Kubernetes mode (writing the entry to the
-apiserver) is not wired yet: there the controller is not started.
+File mode (StoreWriter) puts the entry into the Store under its own source, so it is served like
+any WorkloadEntry (endpoints of the ServiceEntries and Services that select it, /debug/configz)
+and the file source's syncs, which own only what they loaded, leave it alone. Kubernetes mode
+(KubeWriter) writes it to the apiserver, and the informer brings it back into the Store; every
+instance registers the proxies connected to it, as istiod's controllers do.
 
 Labels, as istiod merges them: the template's, then the group's metadata labels, then the proxy's
 own LABELS (without istio-locality); annotations: the group's metadata annotations, plus
@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
+from typing import Protocol
 
 from pilot import logging as plog
 from pilot.config.networking.service_entry import WorkloadEntry
 from pilot.config.networking.workload_group import WorkloadGroup
 from pilot.model.proxy import Proxy
 from pilot.model.services import LOCALITY_LABEL
-from pilot.model.store import ConfigKey, Store
+from pilot.model.store import ConfigKey, Entry, Store
+from pilot.sources.kube.client import ApiError, Kube
+from pilot.sources.kube.rbac import Rule
 
 log = plog.get("autoregistration")
 
@@ -32,6 +35,84 @@ GROUP_META = "AUTO_REGISTER_GROUP"
 GROUP_ANNOTATION = "istio.io/autoRegistrationGroup"
 CONNECTED_AT = "istio.io/connectedAt"
 DISCONNECTED_AT = "istio.io/disconnectedAt"
+# KubeWriter: POST the entry (on 409 GET it and PUT ours over it), PUT the disconnect mark, DELETE.
+RBAC = (Rule("cluster", "networking.istio.io", "workloadentries", frozenset({"create", "get", "update", "delete"})),)
+
+
+class Writer(Protocol):
+    def owns(self, entry: Entry) -> bool: ...
+    def put(self, obj: WorkloadEntry) -> None: ...
+    def remove(self, key: ConfigKey) -> None: ...
+
+
+class StoreWriter:
+    """File mode: the entries live in the Store only."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def owns(self, entry: Entry) -> bool:
+        return entry.source == SOURCE
+
+    def put(self, obj: WorkloadEntry) -> None:
+        self.store.apply(obj, SOURCE)
+
+    def remove(self, key: ConfigKey) -> None:
+        self.store.delete(key)
+
+
+class KubeWriter:
+    """Kubernetes mode: the entries are written to the apiserver, in order, off the caller's path."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+        self._queue: asyncio.Queue[tuple[str, ConfigKey, WorkloadEntry | None]] = asyncio.Queue()
+        self._task: asyncio.Task | None = None
+
+    def owns(self, entry: Entry) -> bool:
+        return GROUP_ANNOTATION in entry.obj.metadata.annotations
+
+    def put(self, obj: WorkloadEntry) -> None:
+        self._submit("put", ConfigKey.of(obj), obj)
+
+    def remove(self, key: ConfigKey) -> None:
+        self._submit("delete", key, None)
+
+    def _submit(self, op: str, key: ConfigKey, obj: WorkloadEntry | None) -> None:
+        self._queue.put_nowait((op, key, obj))
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._drain(), name="autoregistration-writer")
+
+    async def _drain(self) -> None:
+        while not self._queue.empty():
+            op, key, obj = self._queue.get_nowait()
+            path = f"/apis/networking.istio.io/v1/namespaces/{key.namespace}/workloadentries"
+            try:
+                if op == "delete":
+                    try:
+                        await self.kube.request("DELETE", f"{path}/{key.name}")
+                    except ApiError as e:
+                        if e.status != 404:
+                            raise
+                    continue
+                assert obj is not None
+                body = obj.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+                body["apiVersion"], body["kind"] = "networking.istio.io/v1", "WorkloadEntry"
+                try:
+                    await self.kube.request("POST", path, body=body)
+                except ApiError as e:
+                    if e.status != 409:
+                        raise
+                    existing = await self.kube.request("GET", f"{path}/{key.name}")
+                    body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
+                    await self.kube.request("PUT", f"{path}/{key.name}", body=body)
+            except Exception as e:  # noqa: BLE001 - one failed write must not stop the others
+                log.warning("auto-registration: writing the WorkloadEntry failed", entry=str(key), op=op,
+                            error=str(e))
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
 
 
 def entry_name(group: str, ip: str) -> str:
@@ -62,8 +143,9 @@ def workload_entry(group: WorkloadGroup, proxy: Proxy, connected_at: str) -> Wor
 class AutoRegistration:
     """Told of every xDS connection and disconnection (DiscoveryServer.connection_listeners)."""
 
-    def __init__(self, store: Store, grace_period: float) -> None:
+    def __init__(self, store: Store, grace_period: float, writer: Writer | None = None) -> None:
         self.store = store
+        self.writer: Writer = writer or StoreWriter(store)
         self.grace_period = grace_period
         self._connections: dict[ConfigKey, int] = {}
         self._cleanup: dict[ConfigKey, asyncio.TimerHandle] = {}
@@ -86,13 +168,13 @@ class AutoRegistration:
                         proxy=proxy.id)
             return
         existing = self.store.get(key)
-        if existing is not None and existing.source != SOURCE:
+        if existing is not None and not self.writer.owns(existing):
             log.warning("auto-registration: a WorkloadEntry of that name exists and is not ours", entry=str(key))
             return
         if (timer := self._cleanup.pop(key, None)) is not None:
             timer.cancel()
         self._connections[key] = self._connections.get(key, 0) + 1
-        self.store.apply(workload_entry(entry.obj, proxy, _now()), SOURCE)
+        self.writer.put(workload_entry(entry.obj, proxy, _now()))
         log.info("auto-registered", entry=f"{key.namespace}/{key.name}", proxy=proxy.id)
 
     def disconnected(self, proxy: Proxy) -> None:
@@ -108,10 +190,10 @@ class AutoRegistration:
             return
         del self._connections[key]
         current = self.store.get(key, WorkloadEntry)
-        if current is not None and current.source == SOURCE:
+        if current is not None and self.writer.owns(current):
             meta = current.obj.metadata
             marked = meta.model_copy(update={"annotations": {**meta.annotations, DISCONNECTED_AT: _now()}})
-            self.store.apply(current.obj.model_copy(update={"metadata": marked}), SOURCE)
+            self.writer.put(current.obj.model_copy(update={"metadata": marked}))
         self._cleanup[key] = asyncio.get_running_loop().call_later(self.grace_period, self._remove, key)
 
     def _remove(self, key: ConfigKey) -> None:
@@ -119,11 +201,13 @@ class AutoRegistration:
         if self._connections.get(key):
             return
         current = self.store.get(key)
-        if current is not None and current.source == SOURCE:
-            self.store.delete(key)
+        if current is not None and self.writer.owns(current):
+            self.writer.remove(key)
             log.info("auto-registration: removed after the grace period", entry=f"{key.namespace}/{key.name}")
 
     def close(self) -> None:
         for timer in self._cleanup.values():
             timer.cancel()
         self._cleanup.clear()
+        if isinstance(self.writer, KubeWriter):
+            self.writer.close()

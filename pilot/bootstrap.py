@@ -17,7 +17,7 @@ from aiohttp import web
 
 from pilot import features as feat
 from pilot import logging as plog
-from pilot.autoregistration import AutoRegistration
+from pilot.autoregistration import AutoRegistration, KubeWriter
 from pilot.cli import Options
 from pilot.config.mesh import MeshConfig, MeshConfigError, parse_mesh_config
 from pilot.config.networking.proxy_config import ProxyConfig
@@ -124,9 +124,10 @@ class ControlPlane:
         self.ads.debug.http_view = http_view(pages, self.discovery)
         self.files = (FileSource(opts.config_dir, self.store, rescan_interval=features.config_rescan_interval)
                       if opts.config_dir else None)
-        # File mode keeps auto-registered WorkloadEntries in memory (Kubernetes mode: not wired yet).
+        # File mode keeps auto-registered WorkloadEntries in memory; Kubernetes mode writes them
+        # (its writer is set in _start_kube).
         self.autoregistration: AutoRegistration | None = None
-        if self.files is not None and features.enable_workload_entry_autoregistration:
+        if features.enable_workload_entry_autoregistration:
             self.autoregistration = AutoRegistration(self.store, features.workload_entry_grace_period)
             self.discovery.connection_listeners.append(self.autoregistration)
         self.kube: Kube | None = None
@@ -222,6 +223,8 @@ class ControlPlane:
 
     async def _start_kube(self) -> None:
         self.kube = Kube(await load_api_client(self.opts.kubeconfig, identity=self.identity))
+        if self.autoregistration is not None:
+            self.autoregistration.writer = KubeWriter(self.kube)
         self.kube_source = KubeSource(self.kube, self.store, self.mesh.configmap_key,
                                       selectors_of=lambda: self.mesh.peek(self.store).discovery_selectors,
                                       revision=self.features.revision)

@@ -530,6 +530,27 @@ async def test_required_rules_cover_every_request_the_code_makes_and_nothing_mor
     assert deployer.applies == 3
     calls += kube.calls
 
+    # Auto-registration's writer: POST an entry (409: GET and PUT it), DELETE it.
+    from pilot.autoregistration import KubeWriter
+    from pilot.config.networking import WorkloadEntry
+
+    def entries(method, path, body):
+        if method == "POST":
+            raise ApiError(409, "AlreadyExists")
+        return {"metadata": {"resourceVersion": "3"}} if method == "GET" else body
+
+    kube = RecordingKube(entries)
+    writer = KubeWriter(kube)
+    entry = WorkloadEntry.model_validate({"apiVersion": "networking.istio.io/v1", "kind": "WorkloadEntry",
+                                          "metadata": {"name": "vm-10.0.0.1", "namespace": "vms"},
+                                          "spec": {"address": "10.0.0.1"}})
+    writer.put(entry)
+    writer.remove(ConfigKey.of(entry))
+    assert writer._task is not None
+    await writer._task
+    assert [m for m, _p, _q in kube.calls] == ["POST", "GET", "PUT", "DELETE"]
+    calls += kube.calls
+
     used = {_rbac_of(*c) for c in calls}
     denied = sorted(u for u in used if not _allowed(*u))
     assert denied == [], f"requests the code makes that required_rules() does not grant: {denied}"

@@ -94,3 +94,35 @@ async def endpoints_are(cp: ControlPlane, want: list[tuple[str, int]]) -> bool:
 
 async def gone(cp: ControlPlane) -> bool:
     return await registered(cp) is None
+
+
+async def test_kubernetes_mode_writes_the_entry_to_the_apiserver(tmp_path):
+    from tests.fakes.apiserver import FakeApiServer
+
+    async with FakeApiServer() as fake:
+        for plural, kind in (("workloadgroups", "WorkloadGroup"), ("workloadentries", "WorkloadEntry")):
+            fake.register_crd("networking.istio.io", "v1", plural, kind)
+        for ns in ("istio-system", "vms"):
+            fake.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+        fake.create(GROUP)
+        kubeconfig = fake.write_kubeconfig(tmp_path / "kubeconfig")
+        async with ControlPlane(tmp_path, kubeconfig=kubeconfig, env={"PILOT_WORKLOAD_ENTRY_GRACE_PERIOD": "1s"}) as cp:
+            name = f"billing-vm-{VM_IP}"
+
+            def stored() -> dict | None:
+                return fake.get("workloadentries.networking.istio.io", name, namespace="vms")
+
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{cp.xds_port}") as ch:
+                call = ch.stream_stream(SOTW, request_serializer=discovery_pb2.DiscoveryRequest.SerializeToString,
+                                        response_deserializer=discovery_pb2.DiscoveryResponse.FromString)()
+                await call.write(discovery_pb2.DiscoveryRequest(type_url=CDS, node=vm_node()))
+                assert (await call.read()).type_url == CDS
+                entry = await wait_for(stored, timeout=20, message=f"the entry is written\n{cp.log_tail()}")
+                assert entry["spec"]["address"] == VM_IP
+                assert entry["spec"]["labels"] == {"app": "billing", "version": "v2"}
+                assert entry["metadata"]["annotations"]["istio.io/autoRegistrationGroup"] == "billing-vm"
+                # ... and read back through the informer like any WorkloadEntry.
+                await wait_for(lambda: registered(cp), timeout=20, message="the informer has it")
+                call.cancel()
+            await wait_for(lambda: stored() is None, timeout=30,
+                           message=f"deleted after the grace period\n{cp.log_tail()}")

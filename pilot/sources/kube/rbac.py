@@ -28,7 +28,8 @@ INFORMER_VERBS: frozenset[str] = frozenset({"list", "watch"})
 RBAC_MODULES: tuple[str, ...] = ("pilot.sources.kube.leader", "pilot.sources.kube.writers", "pilot.security.ca_storage",
                                  "pilot.security.authn", "pilot.sources.kube.status_writer",
                                  "pilot.security.secret_access", "pilot.webhook.ca_bundle",
-                                 "pilot.sources.kube.tags", "pilot.gateway_deploy.controller")
+                                 "pilot.sources.kube.tags", "pilot.gateway_deploy.controller",
+                                 "pilot.autoregistration")
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, field_vali
 from pydantic.alias_generators import to_camel
 
 from pilot.config.base import Model, StrictModel, Unsupported
+from pilot.config.ext_authz import ExtAuthzProviderKinds
 from pilot.durations import parse_duration
 
 TOLERATED = ("extra_forbidden", "unsupported")
@@ -79,6 +80,12 @@ class ProxyConfig(Model):
     discovery_address: str = "istiod.istio-system.svc:15012"
 
 
+class ExtensionProvider(ExtAuthzProviderKinds):
+    """One of `extensionProviders`: a name and one kind (ext_authz kinds: pilot/config/ext_authz.py)."""
+
+    name: str = ""
+
+
 class MeshConfig(StrictModel):
     # --- applied ---
     trust_domain: str = "cluster.local"
@@ -99,6 +106,8 @@ class MeshConfig(StrictModel):
     # servers of an alias trust domain on the client side; here a client verifies the server's
     # identity in the trust domain only, which refuses more, never less.)
     trust_domain_aliases: tuple[str, ...] = ()
+    # Providers CUSTOM AuthorizationPolicies name (kinds not modelled are left out, as unsupported).
+    extension_providers: tuple[ExtensionProvider, ...] = ()
     # --- istio 1.30 fields not applied here (mesh/v1alpha1/config.proto) ---
     proxy_listen_port: Unsupported = None
     proxy_inbound_listen_port: Unsupported = None
@@ -133,7 +142,6 @@ class MeshConfig(StrictModel):
     enable_prometheus_merge: Unsupported = None
     verify_certificate_at_client: Unsupported = None
     ca: Unsupported = None
-    extension_providers: Unsupported = None
     default_providers: Unsupported = None
     path_normalization: Unsupported = None
     mesh_mtls: Unsupported = Field(default=None, alias="meshMTLS")

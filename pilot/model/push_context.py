@@ -26,6 +26,7 @@ from pilot.config.security import AuthorizationPolicy
 from pilot.model import dependencies as dep
 from pilot.model import envoy_filters as ef
 from pilot.model.ambient.index import AMBIENT_INPUT_KINDS, AmbientInputs
+from pilot.model.ext_authz import resolve_providers
 from pilot.model.gateway_api import EMPTY as NO_GATEWAY_API
 from pilot.model.gateway_api import GatewayApiResult, translate
 from pilot.model.gateways import GatewayIndex
@@ -131,6 +132,7 @@ class PushContext:
                     taken.add(se_svc.hostname)
                     entries.append(se_svc)
         services = tuple(sorted(kube + entries, key=lambda s: s.hostname))
+        by_host = MappingProxyType({s.hostname: s for s in services})
         settings = MeshSettings.of(mesh)
         if previous is not None and previous.settings == settings:
             settings = previous.settings
@@ -141,7 +143,7 @@ class PushContext:
             mesh_version=mesh_version,
             domain=domain,
             services=services,
-            by_host=MappingProxyType({s.hostname: s for s in services}),
+            by_host=by_host,
             slices=_index_slices(store),
             settings=settings,
             traffic=TrafficIndex.build(store, domain, mesh.root_namespace, gateway_api.mesh_virtual_services),
@@ -152,7 +154,8 @@ class PushContext:
             pods=_index_pods(store),
             gateways=GatewayIndex.build(store, domain, gateway_api.gateways, gateway_api.virtual_services),
             gateway_api=gateway_api,
-            security=SecurityIndex.build(store, mesh.root_namespace, jwks),
+            security=SecurityIndex.build(store, mesh.root_namespace, jwks,
+                                         resolve_providers(mesh.extension_providers, by_host, domain)),
             ambient=AmbientInputs.build(store),
             envoy_filters=MappingProxyType(ef.index(store.list(EnvoyFilter), disabled_envoy_filters)),
         )
@@ -244,7 +247,10 @@ class PushContext:
     def workload_policies(self, namespace: str, labels: Mapping[str, str]):
         """AuthorizationPolicies and RequestAuthentications selecting a workload."""
         self._note(dep.security(namespace), dep.security(self.mesh.root_namespace), dep.JWKS)
-        return self.security.for_workload(namespace, labels)
+        found = self.security.for_workload(namespace, labels)
+        if found.custom:  # the provider's service appearing or going changes the filters
+            self._note(dep.ALL_SERVICES)
+        return found
 
     def authorization_policies(self) -> Mapping[str, tuple[Entry[AuthorizationPolicy], ...]]:
         self._note(dep.kind("AuthorizationPolicy"))

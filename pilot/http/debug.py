@@ -265,6 +265,9 @@ class DebugHandlers:
                       "conflicts": list(ctx.conflicts) + list(ctx.traffic.conflicts)
                       + list(destination_problems(ctx.traffic, set(ctx.by_host), ctx.domain))
                       + self._inbound_problems(),
+                      # Accepted policies applied differently from what they ask (a CUSTOM policy
+                      # whose ext_authz provider does not resolve denies), with the reason.
+                      "policyProblems": list(ctx.security.problems),
                       # EnvoyFilter revisions left out because a proxy rejected what they made.
                       "envoyFilterRejections": sorted(s.rejected_envoy_filters.values(),
                                                       key=lambda r: r["envoyFilter"]),

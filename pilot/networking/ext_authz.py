@@ -75,7 +75,7 @@ def http_ext_authz(r: ResolvedExtAuthz, rbac_filter: str) -> http_pb2.ExtAuthz:
     config = http_pb2.ExtAuthz(failure_mode_allow=p.fail_open, transport_api_version=config_source_pb2.V3)
     config.filter_enabled_metadata.CopyFrom(_matcher(rbac_filter))
     if p.status_on_error:
-        config.status_on_error.code = int(p.status_on_error)  # type: ignore[assignment]
+        config.status_on_error.code = int(p.status_on_error)
     body = p.include_request_body_in_check
     if body is not None:
         config.with_request_body.CopyFrom(http_pb2.BufferSettings(

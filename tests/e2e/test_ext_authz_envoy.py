@@ -24,7 +24,6 @@ from envoy.type.v3 import http_status_pb2
 from google.rpc import code_pb2, status_pb2
 
 from pilot.config.mesh import parse_mesh_config
-from pilot.config.validation import parse_object
 from pilot.model.push_context import PushContext
 from pilot.networking.policy_filters import inbound_http_filters, inbound_network_filters
 from tests.e2e.test_tcp_tls_routes import TcpBackend, exchange
@@ -83,7 +82,7 @@ class GrpcAuthz(external_auth_pb2_grpc.AuthorizationServicer):
         self.port = 0
         self._server: grpc.aio.Server | None = None
 
-    async def Check(self, request, context):  # noqa: N802 - the gRPC method name
+    async def Check(self, request, context):
         self.checks.append(request)
         http = request.attributes.request.http
         if not http.method:  # a TCP connection

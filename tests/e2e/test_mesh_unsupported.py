@@ -37,7 +37,7 @@ async def test_unsupported_mesh_fields_and_unknown_knobs_are_reported_not_fatal(
     async with ControlPlane(tmp_path, mesh_config=MESH, env={"PILOT_TRACE_SAMPLING": "50"}) as cp:
         mesh = await cp.debug("/debug/mesh")
         assert mesh["mesh"]["trustDomain"] == "td.example"  # the rest applies
-        assert mesh["unsupported"] == ["enableTracing", "extensionProviders"]
+        assert mesh["unsupported"] == ["enableTracing"]  # extensionProviders (ext_authz) applies
         unknown = mesh["unknownEnv"]
         assert "PILOT_TRACE_SAMPLING" in unknown and "PILOT_DEBOUNCE_AFTER" not in unknown
         assert len(warnings(cp, "MeshConfig fields not supported")) == 1

@@ -28,7 +28,7 @@ def test_statuses_follow_the_marks_on_the_models() -> None:
     ap = rows_of("AuthorizationPolicy")
     assert ap["spec.rules[].from[].source.trustDomains"].status == ft.APPLIED
     assert ap["spec.rules[].from[].source.notTrustDomains"].status == ft.APPLIED
-    assert ap["spec.provider"].status == ft.FAILS_CLOSED and "deny" in ap["spec.provider"].note
+    assert ap["spec.provider"].status == ft.APPLIED and "deny" in ap["spec.provider"].note
     gw = rows_of("Gateway (KubernetesGateway)")
     assert gw["spec.tls"].status == ft.UNSUPPORTED
     assert gw["spec.listeners[].tls.options"].status == ft.APPLIED  # (keys other than tls-terminate-mode refused)
@@ -42,7 +42,8 @@ def test_statuses_follow_the_marks_on_the_models() -> None:
     assert route["spec.rules[].retry.codes"].status == ft.APPLIED
     assert route["spec.rules[].sessionPersistence"].status == ft.UNSUPPORTED
     mesh = rows_of("MeshConfig")
-    assert mesh["extensionProviders"].status == mesh["meshMTLS"].status == ft.UNSUPPORTED
+    assert mesh["meshMTLS"].status == ft.UNSUPPORTED
+    assert mesh["extensionProviders[].envoyExtAuthzHttp.failOpen"].status == ft.APPLIED
     assert mesh["trustDomain"].status == ft.APPLIED
 
 

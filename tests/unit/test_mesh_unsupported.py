@@ -35,13 +35,14 @@ def test_unsupported_fields_are_listed_and_everything_else_still_applies() -> No
     assert m.unsupported == (
         "accessLogEncoding", "accessLogFormat", "caCertificates",
         "defaultHttpRetryPolicy.retryRemoteLocalities", "defaultProviders", "enableTracing",
-        "extensionProviders", "localityLbSetting", "meshMTLS", "notAMeshField",
+        "localityLbSetting", "meshMTLS", "notAMeshField",
         "outboundTrafficPolicy.egressProxy")
     # applied fields stay applied next to ignored ones
     assert m.trust_domain == "td.example" and m.outbound_traffic_policy.mode == "REGISTRY_ONLY"
     assert m.default_http_retry_policy.attempts == 3
     assert m.discovery_selectors[0].match_labels == {"team": "a"}
     assert m.trust_domains == ("td.example", "old.td")
+    assert m.extension_providers[0].envoy_ext_authz_grpc.port == 9000  # an ext_authz kind: applied
     assert parse_mesh_config("trustDomain: td.example").unsupported == ()
 
 

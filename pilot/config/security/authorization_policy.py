@@ -236,7 +236,9 @@ class AuthorizationPolicySpec(StrictModel):
     action: Action = "ALLOW"
     # A MeshConfig extensionProviders name (ext_authz kinds); one that does not resolve makes the
     # selected workloads deny every request, as istiod does.
-    provider: Provider | None = None
+    provider: Provider | None = Field(
+        default=None, description="a MeshConfig extensionProviders name (envoyExtAuthzHttp or envoyExtAuthzGrpc); "
+                                  "one that does not resolve makes the selected workloads deny every request")
 
     @model_validator(mode="after")
     def _valid(self) -> AuthorizationPolicySpec:

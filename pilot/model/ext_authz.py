@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pilot.config.ext_authz import EnvoyExtAuthzGrpcProvider, EnvoyExtAuthzHttpProvider
-from pilot.config.mesh import ExtensionProvider
+from pilot.config.extension_providers import ExtensionProvider
 from pilot.durations import parse_duration
 from pilot.model.services import MeshService
 

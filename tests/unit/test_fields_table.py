@@ -43,6 +43,7 @@ def test_statuses_follow_the_marks_on_the_models() -> None:
     assert route["spec.rules[].sessionPersistence"].status == ft.UNSUPPORTED
     mesh = rows_of("MeshConfig")
     assert mesh["meshMTLS"].status == ft.UNSUPPORTED
+    assert mesh["extensionProviders[].zipkin"].status == ft.APPLIED
     assert mesh["extensionProviders[].envoyExtAuthzHttp.failOpen"].status == ft.APPLIED
     assert mesh["trustDomain"].status == ft.APPLIED
 

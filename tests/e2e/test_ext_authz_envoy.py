@@ -28,9 +28,11 @@ from pilot.model.push_context import PushContext
 from pilot.networking.policy_filters import inbound_http_filters, inbound_network_filters
 from tests.e2e.test_tcp_tls_routes import TcpBackend, exchange
 from tests.support.backends import HttpBackend
-from tests.support.envoy import Envoy
+from tests.support.envoy import Envoy, envoy_validate
 from tests.support.policies import authz, store_of
-from tests.support.static_config import _static_cluster, policy_bootstrap, to_dict
+from tests.support.static_config import _static_cluster, policy_bootstrap, static_bootstrap, to_dict
+from tests.unit.helpers import World
+from tests.unit.test_mtls_generation import SIDECAR_POD, mesh_proxy, reviews_service, reviews_slice
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -265,3 +267,32 @@ def test_generated_filters_are_istiods():
     # An HTTP provider cannot check TCP: no network filters at all (istiod).
     _http, tcp, _ctx = filters_for(mesh_text("envoyExtAuthzHttp"), custom_policy())
     assert tcp == []
+
+
+@pytest.mark.parametrize("kind", ["envoyExtAuthzHttp", "envoyExtAuthzGrpc"])
+def test_a_sidecars_generated_config_with_custom_passes_envoy_validate(kind: str, tmp_path) -> None:
+    """The whole sidecar (CDS, EDS, LDS) the generators give a workload with a CUSTOM policy: the
+    ext_authz filter sits before the RBAC filters and names a cluster the proxy's CDS holds."""
+    extra: dict[str, Any] = {"timeout": "2s", "failOpen": False, "statusOnError": "503",
+                             "includeRequestBodyInCheck": {"maxRequestBytes": 4096, "allowPartialMessage": True}}
+    if kind == "envoyExtAuthzHttp":
+        extra.update(pathPrefix="/check", includeRequestHeadersInCheck=["x-a", "x-pre*", "*-suf"],
+                     includeAdditionalHeadersInCheck={"x-mesh": "1"}, headersToUpstreamOnAllow=["x-user"],
+                     headersToDownstreamOnDeny=["x-reason"], headersToDownstreamOnAllow=["x-ok"])
+    world = World(parse_mesh_config(mesh_text(kind, **extra)))
+    world.apply(reviews_service(), reviews_slice(), SIDECAR_POD, SERVICE,
+                authz("ext", action="CUSTOM", provider={"name": "my-authz"}, selector={"matchLabels": {"app": "reviews"}},
+                      rules=[{"to": [{"operation": {"paths": ["/protected*"]}}]}]),
+                authz("deny", action="DENY", rules=[{"to": [{"operation": {"paths": ["/admin"]}}]}]))
+    config = static_bootstrap(world.ctx(), mesh_proxy())
+    assert CLUSTER in {c["name"] for c in config["static_resources"]["clusters"]}
+    text = json.dumps(config)
+    assert '"envoy.filters.http.ext_authz"' in text and "istio-ext-authz-ns[default]-policy[ext]-rule[0]" in text
+    inbound = next(ld for ld in config["static_resources"]["listeners"] if ld["name"].startswith("inbound"))
+    hcm = next(f for fc in inbound["filter_chains"] for f in fc["filters"]
+               if f["name"] == "envoy.filters.network.http_connection_manager")
+    names = [f["name"] for f in hcm["typed_config"]["http_filters"]]
+    assert names[-4:] == ["envoy.filters.http.rbac", "envoy.filters.http.ext_authz", "envoy.filters.http.rbac",
+                          "envoy.filters.http.router"]
+    ok, output = envoy_validate(config, tmp_path)
+    assert ok, f"envoy rejected the generated CUSTOM config:\n{output}"

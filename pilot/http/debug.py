@@ -277,11 +277,17 @@ class DebugHandlers:
                       "pushes": [p.as_dict() for p in s.history.recent()]})
 
     def _inbound_problems(self) -> list[str]:
-        """Workload ports connected sidecars cannot serve inbound, and why."""
+        """Workload ports connected sidecars cannot serve inbound, and CUSTOM policies failing
+        closed for them, and why."""
         ctx, out = self.server.push_context, list[str]()
         for conn in list(self.server.connections.values()):
             if conn.proxy.type == "sidecar" and not conn.proxy.is_grpc:
                 out.extend(f"{conn.proxy.id}: {p}" for p in ctx.inbound_plan(conn.proxy).problems)
+                # Per workload: its CUSTOM policies may each be fine yet name different providers.
+                ext = ctx.security.for_workload(conn.proxy.namespace, conn.proxy.labels).ext_authz
+                if ext is not None and ext.error:
+                    out.append(f"{conn.proxy.id}: CUSTOM AuthorizationPolicy denies every request "
+                               f"(default-deny-all-due-to-bad-CUSTOM-action): {ext.error}")
         return sorted(set(out))
 
     async def mesh(self, _req: web.Request) -> web.Response:

@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 import grpc
 import pytest
+import yaml
 from aiohttp import web
 from envoy.config.core.v3 import base_pb2
 from envoy.service.auth.v3 import external_auth_pb2, external_auth_pb2_grpc
@@ -28,9 +29,12 @@ from pilot.model.push_context import PushContext
 from pilot.networking.policy_filters import inbound_http_filters, inbound_network_filters
 from tests.e2e.test_tcp_tls_routes import TcpBackend, exchange
 from tests.support.backends import HttpBackend
+from tests.support.control_plane import ControlPlane
 from tests.support.envoy import Envoy, envoy_validate
+from tests.support.node import sidecar_node_id
 from tests.support.policies import authz, store_of
 from tests.support.static_config import _static_cluster, policy_bootstrap, static_bootstrap, to_dict
+from tests.support.wait import wait_for
 from tests.unit.helpers import World
 from tests.unit.test_mtls_generation import SIDECAR_POD, mesh_proxy, reviews_service, reviews_slice
 
@@ -296,3 +300,29 @@ def test_a_sidecars_generated_config_with_custom_passes_envoy_validate(kind: str
                           "envoy.filters.http.router"]
     ok, output = envoy_validate(config, tmp_path)
     assert ok, f"envoy rejected the generated CUSTOM config:\n{output}"
+
+
+async def test_a_connected_proxy_whose_custom_policies_disagree_is_reported(tmp_path) -> None:
+    """Two CUSTOM policies, each naming a good provider, select one workload: istiod allows one
+    provider per workload, so it denies everything; /debug/push_status says so for that proxy."""
+    mesh = json.dumps({"extensionProviders": [
+        {"name": "a", "envoyExtAuthzHttp": {"service": "foo/ext-authz", "port": AUTHZ_PORT}},
+        {"name": "b", "envoyExtAuthzGrpc": {"service": "foo/ext-authz", "port": AUTHZ_PORT}}]})
+    cp = ControlPlane(tmp_path, mesh_config=mesh)
+    cp.write("config.yaml", yaml.safe_dump_all([
+        SERVICE, authz("one", action="CUSTOM", provider={"name": "a"}, rules=[{}]),
+        authz("two", action="CUSTOM", provider={"name": "b"}, rules=[{}])]))
+    async with cp:
+        envoy = Envoy()
+        try:
+            node = sidecar_node_id("web-1", "default")
+            await envoy.start(Envoy.bootstrap(node, cp.xds_port), tmp_path)
+
+            async def reported() -> list[str]:
+                status = await cp.debug("/debug/push_status")
+                return [c for c in status["conflicts"] if c.startswith(node) and "CUSTOM" in c]
+
+            (line,) = await wait_for(reported, timeout=30, message="the proxy's CUSTOM conflict is reported")
+            assert "only 1 provider can be used per workload, found multiple providers: ['a', 'b']" in line
+        finally:
+            await envoy.stop()

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from pilot.durations import parse_duration
+from pilot.model.mesh_settings import GenerationKnobs
 
 T = TypeVar("T")
 
@@ -211,6 +212,29 @@ DEBUG_ENDPOINT_AUTH_ALLOWED_NAMESPACES = _knob(
     "Namespaces whose identities may read every proxy's debug info, as the system namespace can.")
 
 
+def _optional_duration(text: str) -> float | None:
+    return parse_duration(text) if text.strip() else None
+
+
+# --- knobs that change generated config (istiod's names, defaults and meaning) -----------------
+SNIFF_OUTBOUND = _knob(
+    "PILOT_ENABLE_PROTOCOL_SNIFFING_FOR_OUTBOUND", "true", _bool,
+    "Outbound ports that name no protocol (no prefix, no appProtocol) are sniffed: HTTP gets L7 "
+    "routing, anything else TCP. Off: such ports are plain TCP.")
+SNIFF_INBOUND = _knob(
+    "PILOT_ENABLE_PROTOCOL_SNIFFING_FOR_INBOUND", "true", _bool,
+    "Inbound ports that name no protocol are sniffed (HTTP filters for HTTP, TCP otherwise). Off: "
+    "such ports are plain TCP.")
+INBOUND_PROTOCOL_DETECTION_TIMEOUT = _knob(
+    "PILOT_INBOUND_PROTOCOL_DETECTION_TIMEOUT", "", _optional_duration,
+    "When set, the inbound listeners' protocol detection timeout instead of MeshConfig "
+    "protocolDetectionTimeout (istiod's default when set is 1s; unset, the MeshConfig value applies).")
+HTTP10 = _knob(
+    "PILOT_HTTP10", "false", _bool,
+    "Sidecar HTTP listeners accept HTTP/1.0 (and sniffing recognises it as HTTP); off, HTTP/1.0 "
+    "requests are refused with 426 (on sniffed ports they pass as TCP).")
+
+
 @dataclass(frozen=True)
 class Features:
     """A snapshot of the knobs, read once at start so a run is reproducible."""
@@ -247,6 +271,14 @@ class Features:
     debug_endpoint_auth_allowed_namespaces: tuple[str, ...] = ()
     record_dependencies: bool = True
     config_rescan_interval: float = 60.0
+    sniff_outbound: bool = True
+    sniff_inbound: bool = True
+    inbound_protocol_detection_timeout: float | None = None
+    http10: bool = False
+
+    def generation_knobs(self) -> GenerationKnobs:
+        return GenerationKnobs(self.sniff_outbound, self.sniff_inbound, self.http10,
+                               self.inbound_protocol_detection_timeout)
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Features:
@@ -280,6 +312,10 @@ class Features:
             debug_endpoint_auth_allowed_namespaces=DEBUG_ENDPOINT_AUTH_ALLOWED_NAMESPACES.get(environ),
             record_dependencies=RECORD_DEPENDENCIES.get(environ),
             config_rescan_interval=CONFIG_RESCAN_INTERVAL.get(environ),
+            sniff_outbound=SNIFF_OUTBOUND.get(environ),
+            sniff_inbound=SNIFF_INBOUND.get(environ),
+            inbound_protocol_detection_timeout=INBOUND_PROTOCOL_DETECTION_TIMEOUT.get(environ),
+            http10=HTTP10.get(environ),
         )
 
 

@@ -77,9 +77,16 @@ def _endpoint_for(default_endpoint: str, port: int, proxy_ip: str) -> str:
 
 
 def plan_inbound(proxy: Proxy, services: tuple[MeshService, ...], slices_of, sidecar: Entry[Sidecar] | None,
-                 mtls_mode, mesh_tls: bool, policies: WorkloadPolicies = NO_POLICIES) -> InboundPlan:
+                 mtls_mode, mesh_tls: bool, policies: WorkloadPolicies = NO_POLICIES,
+                 sniff: bool = True) -> InboundPlan:
     """`slices_of(svc)`: a service's EndpointSlice entries; `mtls_mode(port) -> str` the
-    PeerAuthentication mode for one workload port."""
+    PeerAuthentication mode for one workload port. `sniff`
+    (PILOT_ENABLE_PROTOCOL_SNIFFING_FOR_INBOUND): ports naming no protocol stay UNSUPPORTED (sniffed),
+    else they are TCP."""
+
+    def proto(p: Protocol) -> Protocol:
+        return Protocol.TCP if p.is_unsupported and not sniff else p
+
     ip = proxy.ip_addresses[0] if proxy.ip_addresses else LOCALHOST
     none_mode = proxy.interception_mode == "NONE"
     ports: dict[int, InboundPort] = {}
@@ -96,7 +103,7 @@ def plan_inbound(proxy: Proxy, services: tuple[MeshService, ...], slices_of, sid
             capture_none = listener.capture_mode == "NONE" or (listener.capture_mode in (None, "DEFAULT") and none_mode)
             bind = (listener.bind or ip) if capture_none else ""
             ports[p.number] = InboundPort(
-                p.number, select_protocol(p.name, p.protocol.lower() or None),
+                p.number, proto(select_protocol(p.name, p.protocol.lower() or None)),
                 _endpoint_for(listener.default_endpoint, p.number, ip), bind, mtls_mode(p.number), origin,
                 listener.connection_pool or shared_pool)
         return InboundPlan(tuple(ports[k] for k in sorted(ports)), mesh_tls, policies)
@@ -128,7 +135,7 @@ def plan_inbound(proxy: Proxy, services: tuple[MeshService, ...], slices_of, sid
                 problems.append(f"{svc.origin} port {sp.port}: the workload address is {LOCALHOST}, where the app "
                                 f"itself listens on {target}; give the proxy its own IP to serve it inbound")
                 continue
-            ports[target] = InboundPort(target, sp.protocol, f"{LOCALHOST}:{target}",
+            ports[target] = InboundPort(target, proto(sp.protocol), f"{LOCALHOST}:{target}",
                                         ip if none_mode else "", mtls_mode(target), svc.origin, shared_pool,
                                         (here,))
     return InboundPlan(tuple(ports[k] for k in sorted(ports)), mesh_tls, policies, tuple(problems))

@@ -23,9 +23,31 @@ class RouteSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class GenerationKnobs:
+    """The environment knobs (pilot/features.py) that change generated config, as builders read
+    them: part of MeshSettings, so every cache key that holds the settings holds them too."""
+
+    sniff_outbound: bool = True  # PILOT_ENABLE_PROTOCOL_SNIFFING_FOR_OUTBOUND
+    sniff_inbound: bool = True  # PILOT_ENABLE_PROTOCOL_SNIFFING_FOR_INBOUND
+    http10: bool = False  # PILOT_HTTP10
+    # INBOUND_PROTOCOL_DETECTION_TIMEOUT when set (seconds): wins over MeshConfig's for inbound.
+    inbound_detection_timeout_s: float | None = None
+
+
+DEFAULT_KNOBS = GenerationKnobs()
+
+
+@dataclass(frozen=True, slots=True)
 class ListenerSettings:
     access_log_file: str
     registry_only: bool
+    sniff_outbound: bool = True
+    sniff_inbound: bool = True
+    http10: bool = False  # HCMs accept HTTP/1.0, and sniffing matches it
+    # MeshConfig protocolDetectionTimeout (seconds; 0 = wait for the client's first bytes for ever),
+    # the listener filter timeout of listeners that sniff.
+    detection_timeout_s: float = 0.0
+    inbound_detection_timeout_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,8 +57,12 @@ class MeshSettings:
     listeners: ListenerSettings
 
     @classmethod
-    def of(cls, mesh: MeshConfig) -> MeshSettings:
+    def of(cls, mesh: MeshConfig, knobs: GenerationKnobs = DEFAULT_KNOBS) -> MeshSettings:
         registry_only = mesh.outbound_traffic_policy.mode == "REGISTRY_ONLY"
+        detection = mesh.protocol_detection_timeout_seconds
+        inbound_detection = (knobs.inbound_detection_timeout_s if knobs.inbound_detection_timeout_s is not None
+                             else detection)
         return cls(ClusterSettings(mesh.connect_timeout_seconds),
                    RouteSettings(mesh.default_http_retry_policy, registry_only),
-                   ListenerSettings(mesh.access_log_file, registry_only))
+                   ListenerSettings(mesh.access_log_file, registry_only, knobs.sniff_outbound, knobs.sniff_inbound,
+                                    knobs.http10, detection, inbound_detection))

@@ -77,17 +77,18 @@ class ServiceView:
 
     @classmethod
     def of(cls, services: tuple[MeshService, ...], registry_only: bool | None = None,
-           port_visible=None, binds: Mapping[int, str] | None = None) -> ServiceView:
+           port_visible=None, binds: Mapping[int, str] | None = None, sniff: bool = True) -> ServiceView:
         """`port_visible(svc, port)`: whether the service is reached on that port (a Sidecar's
-        port-specific egress listener narrows who is behind its port)."""
+        port-specific egress listener narrows who is behind its port). `sniff`: ports naming no
+        protocol are sniffed (their services get HTTP routes too), else they are TCP."""
         by_port: dict[int, list[MeshService]] = {}
         for svc in services:
             for p in svc.ports:
                 if port_visible is None or port_visible(svc, p.port):
                     by_port.setdefault(p.port, []).append(svc)
         ports = MappingProxyType({p: tuple(v) for p, v in sorted(by_port.items())})
-        plans, conflicts = plan_ports(ports)
-        http = MappingProxyType({p: tuple(s for s in v if port_is_http(s, p)) for p, v in ports.items()})
+        plans, conflicts = plan_ports(ports, sniff)
+        http = MappingProxyType({p: tuple(s for s in v if port_is_http(s, p, sniff)) for p, v in ports.items()})
         return cls(services, ports, http, tuple(plans), registry_only, tuple(conflicts),
                    MappingProxyType(dict(binds or {})))
 
@@ -96,14 +97,14 @@ class ServiceView:
 LOCALHOST = "127.0.0.1"
 
 
-def scoped_view(sidecar: Entry[Sidecar], services: tuple[MeshService, ...]) -> ServiceView:
+def scoped_view(sidecar: Entry[Sidecar], services: tuple[MeshService, ...], sniff: bool = True) -> ServiceView:
     """istiod's egress listeners: one with a port owns that port (only its hosts are reached
     there, on its `bind` address when set); the one without a port covers every other port."""
     spec = sidecar.obj.spec
     policy = spec.outbound_traffic_policy
     registry_only = None if policy is None else policy.mode == "REGISTRY_ONLY"
     if not spec.egress:
-        return ServiceView.of(services, registry_only)
+        return ServiceView.of(services, registry_only, sniff=sniff)
     own = sidecar.key.namespace
     by_port = {listener.port.number: listener for listener in spec.egress if listener.port and listener.port.number}
     catch_all = [listener for listener in spec.egress if not (listener.port and listener.port.number)]
@@ -116,4 +117,4 @@ def scoped_view(sidecar: Entry[Sidecar], services: tuple[MeshService, ...]) -> S
     visible = tuple(s for s in services if any(port_visible(s, p.port) for p in s.ports))
     binds = {port: listener.bind or LOCALHOST for port, listener in by_port.items()
              if listener.bind or listener.capture_mode == "NONE"}
-    return ServiceView.of(visible, registry_only, port_visible, binds)
+    return ServiceView.of(visible, registry_only, port_visible, binds, sniff)

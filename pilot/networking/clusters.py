@@ -23,11 +23,13 @@ _HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSettings,
                      destination_rule: Entry[DestinationRule] | None = None, subset: str = "",
                      dns_targets: tuple[EndpointAddress, ...] = (),
-                     mesh_tls: MeshTls | None = None) -> cluster_pb2.Cluster:
+                     mesh_tls: MeshTls | None = None, downstream_protocol: bool = False) -> cluster_pb2.Cluster:
     """`destination_rule` is the DestinationRule in force for this client (its traffic policy and,
     for a subset cluster, the subset's). ServiceEntries with DNS resolution resolve
     `dns_targets` in Envoy; with resolution NONE traffic goes where the client sent it.
-    `mesh_tls`: Istio mTLS toward this cluster (see pilot.model.mtls), None for none."""
+    `mesh_tls`: Istio mTLS toward this cluster (see pilot.model.mtls), None for none.
+    `downstream_protocol`: a sniffed port seen by a sidecar: requests go upstream in the HTTP
+    version they arrived in (h2c stays HTTP/2), as istiod's setUseDownstreamProtocol."""
     name = names.outbound_cluster_name(port.port, svc.hostname, subset)
     c = cluster_pb2.Cluster(
         name=name,
@@ -52,6 +54,8 @@ def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSetti
         opts = http_protocol_options_pb2.HttpProtocolOptions()
         opts.explicit_http_config.http2_protocol_options.CopyFrom(protocol_pb2.Http2ProtocolOptions())
         c.typed_extension_protocol_options[_HTTP_OPTIONS_KEY].CopyFrom(pack(opts))
+    elif downstream_protocol:
+        use_downstream_protocol(c)
     sni = tls.outbound_sni(port.port, subset, svc.hostname)
     dr_path, dr_tls = "", None
     if destination_rule is not None:
@@ -72,6 +76,14 @@ def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSetti
     metadata.set_cluster_metadata(c.metadata, svc.hostname, short, svc.namespace, dr_path, subset,
                                   dr_tls.mode if dr_tls is not None else None)
     return c
+
+
+def use_downstream_protocol(c: cluster_pb2.Cluster) -> None:
+    opts = http_protocol_options_pb2.HttpProtocolOptions()
+    cfg = opts.use_downstream_protocol_config
+    cfg.http_protocol_options.SetInParent()
+    cfg.http2_protocol_options.SetInParent()
+    c.typed_extension_protocol_options[_HTTP_OPTIONS_KEY].CopyFrom(pack(opts))
 
 
 def apply_mesh_tls(c: cluster_pb2.Cluster, mesh_tls: MeshTls, sni: str, http2: bool) -> None:

@@ -153,7 +153,7 @@ class DiscoveryServer:
         """`previous` lends its unchanged services, so cache keys compare by identity."""
         self.mesh.refresh(self.store)
         ctx = PushContext.build(self.store, self.mesh.current, self.mesh.version, self.domain, version, previous,
-                                self.jwks())
+                                self.jwks(), self.features.generation_knobs())
         for listener in self.context_listeners:
             listener(ctx)
         return ctx

@@ -30,6 +30,9 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         dns = svc.resolution in ("DNS", "DNS_ROUND_ROBIN")
         sans = ctx.service_accounts(svc) if has_identity else ()
         for port in svc.ports:
+            # A sniffed port carries HTTP/1.1 and h2c alike: keep the client's version upstream.
+            downstream = proxy.type == "sidecar" and port.protocol.is_unsupported and \
+                ctx.settings.listeners.sniff_outbound
             targets = ctx.endpoints(svc, port.port) if dns else ()
             for subset in ("", *subsets):
                 name = names.outbound_cluster_name(port.port, svc.hostname, subset)
@@ -37,7 +40,7 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
                     mesh_tls = _mesh_tls(ctx, svc, port.port, dr, subset, sans) if has_identity else None
                     out.append(cache.resource(CLUSTER, name, clusters.outbound_cluster,
                                               svc, port, ctx.settings.clusters, dr, subset, targets, mesh_tls,
-                                              origins=origins))
+                                              downstream, origins=origins))
     if proxy.type == "sidecar" and not proxy.is_grpc:
         plan = ctx.inbound_plan(proxy)
         for port in plan.ports:

@@ -229,6 +229,15 @@ INBOUND_PROTOCOL_DETECTION_TIMEOUT = _knob(
     "PILOT_INBOUND_PROTOCOL_DETECTION_TIMEOUT", "", _optional_duration,
     "When set, the inbound listeners' protocol detection timeout instead of MeshConfig "
     "protocolDetectionTimeout (istiod's default when set is 1s; unset, the MeshConfig value applies).")
+SEND_UNHEALTHY_ENDPOINTS = _knob(
+    "PILOT_SEND_UNHEALTHY_ENDPOINTS", "false", _bool,
+    "EDS carries endpoints that are not ready, marked UNHEALTHY (Envoy does not balance to them, but "
+    "counts them for panic threshold and outlier detection); off, they are left out. Terminating "
+    "endpoints are left out either way.")
+CLUSTER_ID = _knob(
+    "CLUSTER_ID", "Kubernetes", str,
+    "The name of the cluster this control plane runs in: the cluster of every workload it discovers "
+    "(ztunnel's WDS), and what a proxy that sends no CLUSTER_ID metadata is taken to be in.")
 HTTP10 = _knob(
     "PILOT_HTTP10", "false", _bool,
     "Sidecar HTTP listeners accept HTTP/1.0 (and sniffing recognises it as HTTP); off, HTTP/1.0 "
@@ -275,10 +284,13 @@ class Features:
     sniff_inbound: bool = True
     inbound_protocol_detection_timeout: float | None = None
     http10: bool = False
+    send_unhealthy_endpoints: bool = False
+    cluster_id: str = "Kubernetes"
 
     def generation_knobs(self) -> GenerationKnobs:
         return GenerationKnobs(self.sniff_outbound, self.sniff_inbound, self.http10,
-                               self.inbound_protocol_detection_timeout)
+                               self.inbound_protocol_detection_timeout, self.send_unhealthy_endpoints,
+                               self.cluster_id)
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Features:
@@ -316,6 +328,8 @@ class Features:
             sniff_inbound=SNIFF_INBOUND.get(environ),
             inbound_protocol_detection_timeout=INBOUND_PROTOCOL_DETECTION_TIMEOUT.get(environ),
             http10=HTTP10.get(environ),
+            send_unhealthy_endpoints=SEND_UNHEALTHY_ENDPOINTS.get(environ),
+            cluster_id=CLUSTER_ID.get(environ),
         )
 
 

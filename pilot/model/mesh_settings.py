@@ -32,6 +32,8 @@ class GenerationKnobs:
     http10: bool = False  # PILOT_HTTP10
     # INBOUND_PROTOCOL_DETECTION_TIMEOUT when set (seconds): wins over MeshConfig's for inbound.
     inbound_detection_timeout_s: float | None = None
+    send_unhealthy_endpoints: bool = False  # PILOT_SEND_UNHEALTHY_ENDPOINTS
+    cluster_id: str = "Kubernetes"  # CLUSTER_ID
 
 
 DEFAULT_KNOBS = GenerationKnobs()
@@ -55,6 +57,7 @@ class MeshSettings:
     clusters: ClusterSettings
     routes: RouteSettings
     listeners: ListenerSettings
+    knobs: GenerationKnobs = DEFAULT_KNOBS  # the rest of the knobs, for builders no slice above covers
 
     @classmethod
     def of(cls, mesh: MeshConfig, knobs: GenerationKnobs = DEFAULT_KNOBS) -> MeshSettings:
@@ -65,4 +68,5 @@ class MeshSettings:
         return cls(ClusterSettings(mesh.connect_timeout_seconds),
                    RouteSettings(mesh.default_http_retry_policy, registry_only),
                    ListenerSettings(mesh.access_log_file, registry_only, knobs.sniff_outbound, knobs.sniff_inbound,
-                                    knobs.http10, detection, inbound_detection))
+                                    knobs.http10, detection, inbound_detection),
+                   knobs)

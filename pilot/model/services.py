@@ -93,8 +93,10 @@ def _slice_port(slice_: EndpointSlice, svc_port: ServicePort) -> int | None:
 
 def endpoints_for_port(slices: tuple[Entry[EndpointSlice], ...], svc_port: ServicePort,
                        subset_labels: tuple[tuple[str, str], ...] = (),
-                       pods: tuple[Entry[Pod], ...] = ()) -> tuple[EndpointAddress, ...]:
-    """Ready endpoints of one service port across all its slices, deduplicated, stable order.
+                       pods: tuple[Entry[Pod], ...] = (), unhealthy: bool = False) -> tuple[EndpointAddress, ...]:
+    """Ready endpoints of one service port across all its slices, deduplicated, stable order;
+    with `unhealthy` (PILOT_SEND_UNHEALTHY_ENDPOINTS) not-ready ones too, with ready False, as
+    istiod sends them (terminating ones never).
     With `subset_labels`, only endpoints whose Pod (in `pods`) carries all those labels. A Pod's
     `security.istio.io/tlsMode` label becomes its endpoint's tls_mode."""
     pod_labels = {(p.key.namespace, p.key.name): p.obj.metadata.labels for p in pods}
@@ -108,7 +110,7 @@ def endpoints_for_port(slices: tuple[Entry[EndpointSlice], ...], svc_port: Servi
         if port is None:
             continue
         for ep in s.endpoints:
-            if not ep.is_ready:
+            if not ep.is_ready and (not unhealthy or ep.conditions.terminating):
                 continue
             ref = ep.target_ref
             labels = pod_labels.get((ref.namespace or entry.key.namespace, ref.name)) \
@@ -121,7 +123,7 @@ def endpoints_for_port(slices: tuple[Entry[EndpointSlice], ...], svc_port: Servi
                 if (addr, port) in seen:
                     continue
                 seen.add((addr, port))
-                out.append(EndpointAddress(addr, port, locality, True, tls_mode))
+                out.append(EndpointAddress(addr, port, locality, ep.is_ready, tls_mode))
     out.sort(key=lambda e: (e.locality.label(), e.address, e.port))
     return tuple(out)
 

@@ -109,6 +109,8 @@ def _http_chain_filter(port: InboundPort, secure: bool, settings: ListenerSettin
     F = hcm_pb2.HttpConnectionManager
     hcm = F(stat_prefix=f"inbound_0.0.0.0_{port.port}", codec_type=F.AUTO, route_config=route,
             http_filters=[*http_filters, router_filter()], access_log=access_logs(settings))
+    if settings.http10:
+        hcm.http_protocol_options.accept_http_10 = True  # PILOT_HTTP10, as istiod's inbound
     if secure:
         # The app learns who called: the peer certificate's URI SAN (its SPIFFE identity).
         hcm.forward_client_cert_details = F.APPEND_FORWARD

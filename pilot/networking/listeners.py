@@ -19,14 +19,13 @@ from pilot.model.mesh_settings import ListenerSettings
 from pilot.model.ports import PortPlan
 from pilot.model.services import MeshService
 from pilot.model.store import Entry
-from pilot.networking import names
+from pilot.networking import names, sniffing
 from pilot.networking.filters import (
     hcm_network_filter,
     http_connection_manager,
     router_filter,
     tcp_proxy_filter,
 )
-from pilot.networking import sniffing
 from pilot.networking.protos import ads_config_source, pack
 from pilot.networking.tcp_routes import NO_CLIENT, Client, sni_chains, tcp_filter_for, tls_inspector
 
@@ -59,6 +58,11 @@ def _hcm_chain(stat_prefix: str, port: int, settings: ListenerSettings) -> liste
     if settings.http10:
         hcm.http_protocol_options.accept_http_10 = True  # PILOT_HTTP10, as istiod sets it
     return listener_components_pb2.FilterChain(filters=[hcm_network_filter(hcm)])
+
+
+def _sniffed(svc: MeshService, port: int) -> bool:
+    sp = svc.port(port)
+    return sp is not None and sp.protocol.is_unsupported
 
 
 def _sniffing(listener: listener_pb2.Listener, settings: ListenerSettings) -> None:
@@ -126,8 +130,7 @@ def unbound_outbound_listener(plan: PortPlan, settings: ListenerSettings,
         # service). Services without a cluster IP, and HTTP services, share one without.
         alpns = sniffing.plaintext_http_alpns(settings.http10)
         stat = f"outbound_{WILDCARD}_{plan.port}"
-        vips = sorted({s.cluster_ip for s in plan.tcp_services if s.cluster_ip and s.port(plan.port)
-                       and s.port(plan.port).protocol.is_unsupported})
+        vips = sorted({s.cluster_ip for s in plan.tcp_services if s.cluster_ip and _sniffed(s, plan.port)})
         if vips:
             chain = sniffing.match_http(_hcm_chain(stat, plan.port, settings), alpns)
             for ip in vips:

@@ -35,6 +35,9 @@ class MeshService:
     kind: str = "Service"  # or "ServiceEntry"
     resolution: str = ""  # ServiceEntry resolution: NONE, STATIC, DNS, DNS_ROUND_ROBIN
     selector: tuple[tuple[str, str], ...] = ()  # a Kubernetes Service's pod selector (inbound side)
+    # An ExternalName Service's target: istiod's DNSLB resolution (resolution "DNS"), its
+    # clusters resolve this name, mesh-external (no mTLS).
+    external_name: str = ""
 
     @property
     def origin(self) -> str:
@@ -77,6 +80,9 @@ def mesh_service(entry: Entry[Service], domain: str) -> MeshService:
         for p in svc.spec.ports
     )
     selector = tuple(sorted((svc.spec.selector or {}).items()))
+    if svc.spec.type == "ExternalName" and svc.spec.external_name:
+        return MeshService(f"{name}.{ns}.svc.{domain}", name, ns, None, ports, entry.revision, resolution="DNS",
+                           external_name=svc.spec.external_name.rstrip("."))
     return MeshService(f"{name}.{ns}.svc.{domain}", name, ns, cluster_ip, ports, entry.revision, selector=selector)
 
 

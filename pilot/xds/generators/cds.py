@@ -29,6 +29,8 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         subsets = [s.name for s in dr.obj.spec.subsets] if dr else []
         dns = svc.resolution in ("DNS", "DNS_ROUND_ROBIN")
         sans = ctx.service_accounts(svc) if has_identity else ()
+        # An ExternalName is outside the mesh (istiod's MeshExternal): never mesh mTLS.
+        mesh_tls_possible = has_identity and not svc.external_name
         for port in svc.ports:
             # A sniffed port carries HTTP/1.1 and h2c alike: keep the client's version upstream.
             downstream = proxy.type == "sidecar" and port.protocol.is_unsupported and \
@@ -37,7 +39,7 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
             for subset in ("", *subsets):
                 name = names.outbound_cluster_name(port.port, svc.hostname, subset)
                 if want(name):
-                    mesh_tls = _mesh_tls(ctx, svc, port.port, dr, subset, sans) if has_identity else None
+                    mesh_tls = _mesh_tls(ctx, svc, port.port, dr, subset, sans) if mesh_tls_possible else None
                     out.append(cache.resource(CLUSTER, name, clusters.outbound_cluster,
                                               svc, port, ctx.settings.clusters, dr, subset, targets, mesh_tls,
                                               downstream, origins=origins))

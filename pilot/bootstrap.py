@@ -19,13 +19,15 @@ from pilot import features as feat
 from pilot import logging as plog
 from pilot.cli import Options
 from pilot.config.mesh import MeshConfig, MeshConfigError, parse_mesh_config
+from pilot.gateway_deploy.controller import DeploymentController
+from pilot.gateway_deploy.render import Inputs as GatewayInputs
 from pilot.http.debug_xds import http_view
 from pilot.http.server import build_app
 from pilot.inject.config import InjectorConfigHolder
 from pilot.inject.handler import add_routes as add_inject_routes
 from pilot.inject.metrics import InjectionMetrics
 from pilot.inject.review import InjectionContext
-from pilot.inject.store import follow_configmap, namespace_labels
+from pilot.inject.store import configmap_name, follow_configmap, namespace_labels
 from pilot.loop_lag import lag_metrics, sample_lag
 from pilot.model import push_request as push_reasons
 from pilot.model.mesh import MeshHolder
@@ -52,9 +54,10 @@ from pilot.sources.kube.client import Kube, in_cluster, load_api_client
 from pilot.sources.kube.leader import LeaderElection
 from pilot.sources.kube.source import KubeSource
 from pilot.sources.kube.status_writer import StatusWriter
+from pilot.sources.kube.tags import TagWatcher
 from pilot.sources.kube.writers import RootCertWriter
 from pilot.status.view import GatewayStatusView
-from pilot.webhook.ca_bundle import MUTATING_PATH, CABundleWriter, injector_config_name
+from pilot.webhook.ca_bundle import CABundleWriter, InjectorBundleWriter
 from pilot.webhook.server import WebhookServer
 from pilot.xds.ads import AdsService
 from pilot.xds.discovery import DiscoveryServer
@@ -64,6 +67,8 @@ log = plog.get("bootstrap")
 
 # istiod's lease name for its namespace controller, which writes istio-ca-root-cert.
 LEADER_LEASE = "istio-namespace-controller-election"
+# Per revision, suffixed -REVISION: istiod's name for its gateway deployment controller's lease.
+REVISION_LEASE = "istio-gateway-deployment"
 
 
 def split_addr(addr: str, default_host: str = "0.0.0.0") -> tuple[str, int] | None:
@@ -100,7 +105,8 @@ class ControlPlane:
         if features.unknown_env:
             log.warning("environment variables no knob of this control plane reads are ignored",
                         names=list(features.unknown_env))
-        self.mesh = MeshHolder(load_mesh_file(opts.mesh_config), features.pod_namespace)
+        self.mesh = MeshHolder(load_mesh_file(opts.mesh_config), features.pod_namespace,
+                               revision=features.revision)
         self.discovery = DiscoveryServer(self.store, self.mesh, features, opts.domain)
         self.discovery.metrics.registry.register(StateCollector(self.discovery))  # pilot_services, ...
         self.jwks = JwksResolver(self.store, self._jwks_changed, refresh_interval=features.jwt_pub_key_refresh_interval)
@@ -115,7 +121,7 @@ class ControlPlane:
                       if opts.config_dir else None)
         self.kube: Kube | None = None
         self.kube_source: KubeSource | None = None
-        self.leader: LeaderElection | None = None
+        self.leaders: list[LeaderElection] = []
         self.root_cert_writer: RootCertWriter | None = None
         self.status_writer: StatusWriter | None = None
         self.ca: CertificateAuthority | None = None
@@ -123,6 +129,9 @@ class ControlPlane:
         self.webhook: WebhookServer | None = None
         self.ca_bundle_writer: CABundleWriter | None = None
         self.injector_bundle_writer: CABundleWriter | None = None
+        self.tag_watcher: TagWatcher | None = None
+        self.injector_config: InjectorConfigHolder | None = None
+        self.gateway_deployer: DeploymentController | None = None
         try:
             self.jwt_rules = authn.parse_jwt_rules(features.jwt_rule)
         except authn.JwtRuleError as e:
@@ -170,6 +179,8 @@ class ControlPlane:
         self._write_ports()
         if self.kube_source is not None:
             await self.kube_source.wait_synced()
+        if self.tag_watcher is not None:
+            await self.tag_watcher.wait_synced()
         await self._start_ca()  # after the sync: the mesh's trust domain may come from the ConfigMap
         await self._start_webhook()
         self._write_ports()
@@ -201,8 +212,11 @@ class ControlPlane:
     async def _start_kube(self) -> None:
         self.kube = Kube(await load_api_client(self.opts.kubeconfig, identity=self.identity))
         self.kube_source = KubeSource(self.kube, self.store, self.mesh.configmap_key,
-                                      selectors_of=lambda: self.mesh.peek(self.store).discovery_selectors)
+                                      selectors_of=lambda: self.mesh.peek(self.store).discovery_selectors,
+                                      revision=self.features.revision)
         self.kube_source.start()
+        self.tag_watcher = TagWatcher(self.kube, self.features.revision)
+        self.tag_watcher.start()
         # Credentials go to proven proxies whose service account RBAC lets read Secrets (istiod's rule).
         self.discovery.credential_access = SecretAccess(self.kube).refusal
 
@@ -301,17 +315,43 @@ class ControlPlane:
     def _injector(self) -> Callable[[web.Application], None]:
         """The sidecar injector (/inject on the webhook port): its template and values from the
         `istio-sidecar-injector[-REV]` ConfigMap as it changes, Namespace labels from the Store."""
-        holder = InjectorConfigHolder()
+        holder = self.injector_config = InjectorConfigHolder()
         follow_configmap(self.store, holder, namespace=self.features.pod_namespace, revision=self.features.revision)
         ctx = InjectionContext.from_env(
-            holder, namespace_labels(self.store),
-            mesh=lambda: self.mesh.current.model_dump(mode="json", by_alias=True, exclude_none=True),
+            holder, namespace_labels(self.store), mesh=self._mesh_for_injection,
             metrics=InjectionMetrics(self.discovery.metrics.registry))
+        if self.tag_watcher is not None:
+            ctx.tags = self.tag_watcher.current
         return lambda app: add_inject_routes(app, ctx)
 
+    def _mesh_for_injection(self, mesh: MeshConfig | None = None) -> dict:
+        """The MeshConfig as the template reads it. A discoveryAddress nobody wrote is left out,
+        so the injector's own default applies: this revision's Service (istiod-REV), the one
+        the injected proxy must reach to be served by the revision that injected it."""
+        mesh = mesh or self.mesh.current
+        out = mesh.model_dump(mode="json", by_alias=True, exclude_none=True)
+        if "discovery_address" not in mesh.default_config.model_fields_set:
+            out.get("defaultConfig", {}).pop("discoveryAddress", None)
+        return out
+
+    def _gateway_inputs(self) -> GatewayInputs:
+        values = self.injector_config.current.values if self.injector_config is not None else {}
+        # The Store's MeshConfig, not the last pushed one: a mesh ConfigMap change redeploys at once.
+        return GatewayInputs(revision=self.features.revision, values=values,
+                             mesh=self._mesh_for_injection(self.mesh.peek(self.store)))
+
     def _leader_workers(self) -> list:
-        return [w for w in (self.root_cert_writer, self.ca_bundle_writer, self.injector_bundle_writer,
-                            self.status_writer) if w is not None]
+        return self._shared_workers() + self._revision_workers()
+
+    def _shared_workers(self) -> list:
+        """One leader among every revision (istiod's namespace controller lease)."""
+        return [w for w in (self.root_cert_writer, self.status_writer) if w is not None]
+
+    def _revision_workers(self) -> list:
+        """One leader per revision (a per-revision lease, as istiod's gateway deployment
+        controller): each revision keeps its own webhooks' caBundle and deploys its own Gateways."""
+        return [w for w in (self.ca_bundle_writer, self.injector_bundle_writer, self.gateway_deployer)
+                if w is not None]
 
     def _start_leader_election(self) -> None:
         assert self.kube is not None and self.kube_source is not None  # Kubernetes mode
@@ -319,17 +359,26 @@ class ControlPlane:
             self.root_cert_writer = RootCertWriter(self.kube, self.store, self.ca.root_cert_pem,
                                                    namespace_selected=self._namespace_selected)
         if self.webhook is not None and self.ca is not None:  # (a webhook has a CA)
-            self.injector_bundle_writer = CABundleWriter(
-                self.kube, self.features.pod_namespace, self.features.revision, self.ca.root_cert_pem,
-                path=MUTATING_PATH, name=injector_config_name(self.features.revision), failure_policy=False)
+            self.injector_bundle_writer = InjectorBundleWriter(
+                self.kube, self.features.pod_namespace, self.features.revision, self.ca.root_cert_pem)
             self.ca_bundle_writer = CABundleWriter(self.kube, self.features.pod_namespace, self.features.revision,
                                                    self.ca.root_cert_pem)
+        if self.tag_watcher is not None:
+            deployer = self.gateway_deployer = DeploymentController(
+                self.kube, self.store, self.tag_watcher.current, self._gateway_inputs,
+                resync_keys=frozenset({self.mesh.configmap_key, ConfigKey(
+                    "ConfigMap", self.features.pod_namespace, configmap_name(self.features.revision))}))
+            self.tag_watcher.listeners.append(lambda _state: deployer.resync())
         source = self.kube_source
         status = self.status_writer = StatusWriter(self.kube, source.latest, source.objects_of)
         self.gateway_status.listeners.append(status.offer)
         status.offer(self.gateway_status.desired)
-        workers = self._leader_workers()
+        f = self.features
+        for lease, workers in ((LEADER_LEASE, self._shared_workers()),
+                               (f"{REVISION_LEASE}-{f.revision or 'default'}", self._revision_workers())):
+            self._elect(lease, workers)
 
+    def _elect(self, lease: str, workers: list) -> None:
         async def started() -> None:
             for w in workers:
                 await w.start()
@@ -339,13 +388,15 @@ class ControlPlane:
                 await w.stop()
 
         if not self.features.enable_leader_election:
-            self._tasks.append(asyncio.create_task(started(), name="always-leader"))
+            self._tasks.append(asyncio.create_task(started(), name=f"always-leader-{lease}"))
             return
         f = self.features
-        self.leader = LeaderElection(self.kube, f.pod_namespace, LEADER_LEASE, self.identity,
-                                     lease_duration=f.leader_lease_duration, renew_deadline=f.leader_renew_deadline,
-                                     retry_period=f.leader_retry_period, on_started=started, on_stopped=stopped)
-        self._tasks.append(asyncio.create_task(self.leader.run(), name="leader-election"))
+        assert self.kube is not None  # Kubernetes mode
+        election = LeaderElection(self.kube, f.pod_namespace, lease, self.identity,
+                                  lease_duration=f.leader_lease_duration, renew_deadline=f.leader_renew_deadline,
+                                  retry_period=f.leader_retry_period, on_started=started, on_stopped=stopped)
+        self.leaders.append(election)
+        self._tasks.append(asyncio.create_task(election.run(), name=f"leader-election-{lease}"))
 
     def _namespace_selected(self, namespace: str) -> bool:
         selectors = self.mesh.peek(self.store).discovery_selectors
@@ -406,8 +457,9 @@ class ControlPlane:
         spread over `duration` so proxies do not all reconnect to the other replicas at once."""
         self.draining = True
         await self.ads.drain(duration)
-        if self.leader is not None:
-            await self.leader.release()
+        if self.leaders:
+            for election in self.leaders:
+                await election.release()
         else:
             for w in self._leader_workers():
                 await w.stop()
@@ -422,6 +474,8 @@ class ControlPlane:
             await w.stop()
         if self.kube_source is not None:
             await self.kube_source.stop()
+        if self.tag_watcher is not None:
+            await self.tag_watcher.stop()
         servers = ([self.secure.stop(grace=1.0)] if self.secure is not None else []) + \
             ([self._grpc.stop(grace=1.0)] if self._grpc is not None else [])
         await asyncio.gather(*servers)

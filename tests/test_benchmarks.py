@@ -4,6 +4,7 @@ server and from the floor) and write a result with every field the issue asks fo
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import subprocess
@@ -14,7 +15,9 @@ from envoy.config.cluster.v3 import cluster_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
 from benchmarks import responses
+from benchmarks.options import Options
 from benchmarks.responses import CDS
+from benchmarks.scenarios import gateway_api
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROXIES = 5
@@ -123,3 +126,14 @@ def test_load_generator_acks_are_the_requests_envoy_would_send():
     tail = discovery_pb2.DiscoveryRequest(type_url=CDS, response_nonce="n-7").SerializeToString()
     assert head + _names_field(names) + tail == discovery_pb2.DiscoveryRequest(
         version_info="v7", resource_names=sorted(names), type_url=CDS, response_nonce="n-7").SerializeToString()
+
+
+def test_gateway_api_scenario_translates_every_route_on_every_listener(monkeypatch):
+    for name, value in (("GATEWAYS", 2), ("ROUTES", 20), ("SERVICES", 10), ("FIRST_RUNS", 1), ("UNCHANGED_RUNS", 2)):
+        monkeypatch.setattr(gateway_api, name, value)
+    opts = Options(services=1, proxies=1, full=False, delta=False, channels=1, namespaces=1, rounds=1,
+                   churn_rate=0, churn_seconds=0, out=None, keep_workdir=False, server_env=())
+    result = asyncio.run(gateway_api.run(opts))
+    # One VirtualService per route hostname per listener: every route attached, every listener served.
+    assert (result["listeners"], result["virtual_services"]) == (8, 20 * 4)
+    assert result["first_s"] > 0 and result["unchanged_s"] > 0 and len(result["unchanged"]["runs_cpu_s"]) == 2

@@ -481,16 +481,53 @@ async def test_required_rules_cover_every_request_the_code_makes_and_nothing_mor
     calls += kube.calls
 
     # The injector's configuration: the same writer, caBundle only.
-    from pilot.webhook.ca_bundle import MUTATING_PATH, injector_config_name
+    from pilot.webhook.ca_bundle import InjectorBundleWriter
 
-    kube = RecordingKube(webhooks)
-    injector_writer = CABundleWriter(kube, SYSTEM_NS, "default", "PEM", path=MUTATING_PATH,
-                                     name=injector_config_name(), failure_policy=False)
-    assert await injector_writer._reconcile() is False and injector_writer.writes == 1
+    def injector_configs(method, path, body):
+        if method == "GET":  # every configuration labelled with the revision: its own and its tags'
+            return {"items": [{"metadata": {"name": n}, "webhooks": [{"name": "rev.object.sidecar-injector.istio.io"}]}
+                              for n in ("istio-sidecar-injector", "istio-revision-tag-prod")]}
+        return body
+
+    kube = RecordingKube(injector_configs)
+    injector_writer = InjectorBundleWriter(kube, SYSTEM_NS, "default", "PEM")
+    assert await injector_writer._reconcile() is False and injector_writer.writes == 2
     watch = asyncio.create_task(injector_writer._watch())
     while not any(q.get("watch") for _m, _p, q in kube.calls):
         await asyncio.sleep(0)
     watch.cancel()
+    calls += kube.calls
+
+    # The revision-tag watcher: LIST then WATCH of the tag webhooks and istiod-default-validator.
+    from pilot.sources.kube.tags import TagWatcher
+
+    kube = RecordingKube(lambda *_: {"items": [], "metadata": {"resourceVersion": "7"}})
+    tags = TagWatcher(kube, "canary")
+    for labels in (tags._webhooks, tags._validator):
+        await labels._watch(await labels._list())  # the watch ends at once (empty stream)
+    calls += kube.calls
+
+    # The Gateway deployment controller: create the istio GatewayClass, then for a Gateway read
+    # each of its objects (absent) and apply it.
+    from pilot.gateway_deploy.controller import DeploymentController
+    from pilot.gateway_deploy.render import Inputs
+    from pilot.model.revisions import TagState
+
+    def deployments(method, path, body):
+        if method == "GET":
+            raise ApiError(404, "NotFound")
+        return body
+
+    store = Store()
+    store.apply(parse_object({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+                              "metadata": {"name": "gw", "namespace": "apps", "uid": "u-1"},
+                              "spec": {"gatewayClassName": "istio",
+                                       "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}]}}))
+    kube = RecordingKube(deployments)
+    deployer = DeploymentController(kube, store, lambda: TagState("default"), Inputs)
+    assert await deployer._create_class()
+    await deployer._reconcile(ConfigKey("KubernetesGateway", "apps", "gw"))
+    assert deployer.applies == 3
     calls += kube.calls
 
     used = {_rbac_of(*c) for c in calls}
@@ -678,3 +715,45 @@ def test_dockerignore_keeps_the_context_small_but_buildable():
     copied = {w for line in _dockerfile_stages()[1] if line.upper().startswith("COPY ") and "--from" not in line
               for w in line.split()[1:-1]}
     assert copied and not copied & patterns, f"the builder copies something .dockerignore excludes: {copied}"
+
+
+def test_a_revision_install_is_named_and_selected_as_istiods_chart_names_it(objects):
+    from pilot.config.mesh import parse_mesh_config
+    from pilot.deploy_revision import revision_objects
+    from pilot.features import Features
+    from pilot.model.revisions import labels_in_revision
+
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in revision_objects("canary")}
+    assert set(docs) == {
+        ("ServiceAccount", "istiod-canary"), ("ClusterRole", "istiod-canary-istio-system"),
+        ("ClusterRoleBinding", "istiod-canary-istio-system"), ("Role", "istiod-canary"),
+        ("RoleBinding", "istiod-canary"), ("ConfigMap", "istio-canary"),
+        ("ConfigMap", "istio-sidecar-injector-canary"), ("Deployment", "istiod-canary"),
+        ("Service", "istiod-canary"), ("PodDisruptionBudget", "istiod-canary"),
+        ("HorizontalPodAutoscaler", "istiod-canary"), ("MutatingWebhookConfiguration", "istio-sidecar-injector-canary"),
+        ("ValidatingWebhookConfiguration", "istio-validator-canary-istio-system")}
+    deployment, service = docs[("Deployment", "istiod-canary")], docs[("Service", "istiod-canary")]
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    # The default revision's Service and Deployment do not select canary pods.
+    base_service = objects[("Service", "istiod")]
+    assert not base_service["spec"]["selector"].items() <= pod_labels.items()
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "istiod-canary"
+    (container,) = pod["containers"]
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    assert Features.from_env(env).revision == "canary"
+    assert {"name": "config-volume", "configMap": {"name": "istio-canary", "optional": True}} in pod["volumes"]
+    mesh = parse_mesh_config(docs[("ConfigMap", "istio-canary")]["data"]["mesh"])
+    assert mesh.default_config.discovery_address == "istiod-canary.istio-system.svc:15012"
+    binding = docs[("ClusterRoleBinding", "istiod-canary-istio-system")]
+    assert binding["roleRef"]["name"] == "istiod-canary-istio-system"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "istiod-canary", "namespace": "istio-system"}]
+    for kind, name in (("MutatingWebhookConfiguration", "istio-sidecar-injector-canary"),
+                       ("ValidatingWebhookConfiguration", "istio-validator-canary-istio-system")):
+        assert {w["clientConfig"]["service"]["name"] for w in docs[(kind, name)]["webhooks"]} == {"istiod-canary"}
+    (validator,) = docs[("ValidatingWebhookConfiguration", "istio-validator-canary-istio-system")]["webhooks"]
+    selector = validator["objectSelector"]["matchExpressions"][0]
+    assert selector == {"key": "istio.io/rev", "operator": "In", "values": ["canary"]}
+    assert labels_in_revision({"istio.io/rev": "canary"}, "canary")

@@ -559,3 +559,21 @@ async def test_token_review_hook(fake, api):
     result = await auth.create_token_review(review)
     assert result.status.authenticated is True
     assert result.status.user.username == "system:serviceaccount:ns:sa"
+
+
+async def test_deleting_an_owner_collects_the_objects_it_owns_alone(fake, api):
+    owner = fake.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "owner", "namespace": "a"}})
+    other = fake.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "other", "namespace": "a"}})
+
+    def ref(o):
+        return {"apiVersion": "v1", "kind": "ConfigMap", "name": o["metadata"]["name"], "uid": o["metadata"]["uid"]}
+
+    fake.create({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "owned", "namespace": "a",
+                                                                      "ownerReferences": [ref(owner)]}})
+    fake.create({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "shared", "namespace": "a",
+                                                                      "ownerReferences": [ref(owner), ref(other)]}})
+    await client.CoreV1Api(api).delete_namespaced_config_map("owner", "a")
+    assert fake.get("services", "owned", namespace="a") is None
+    assert fake.get("services", "shared", namespace="a") is not None  # another owner remains
+    fake.delete("configmaps", "other", namespace="a")
+    assert fake.get("services", "shared", namespace="a") is None

@@ -11,12 +11,14 @@ A field marked inherits to everything under it. Nothing is listed by hand: the m
 models, so the table cannot drift from what parsing does (tests/unit/test_fields_table.py checks
 the committed file is the generated one). Regenerate with `make docs`.
 
-Usage: python -m pilot.config.fields_table [--write PATH]
+Usage: python -m pilot.config.fields_table [--write PATH | --summary]
+(`--summary`: per kind, fields applied / unsupported (refused) / failing closed, as JSON.)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import types
 import typing
@@ -179,10 +181,23 @@ def render() -> str:
     return "\n".join(lines) + "\n"
 
 
+def summary_figures() -> dict:
+    """Per kind: how many fields are applied, refused as unsupported, accepted failing closed."""
+    out = {}
+    for title, _versions, _policy, rows in tables():
+        applied, unsupported, closed = summary(rows)
+        out[title] = {"applied": applied, "unsupported": unsupported, "fails_closed": closed}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", metavar="PATH", help="write the table here instead of stdout")
+    parser.add_argument("--summary", action="store_true", help="print the per-kind counts as JSON")
     args = parser.parse_args(argv)
+    if args.summary:
+        sys.stdout.write(json.dumps(summary_figures(), indent=1) + "\n")
+        return 0
     text = render()
     if args.write:
         Path(args.write).write_text(text)

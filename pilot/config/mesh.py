@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, PrivateAttr, ValidationError, field_validator
+from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic.alias_generators import to_camel
 
 from pilot.config.base import Model, StrictModel, Unsupported
 from pilot.durations import parse_duration
@@ -69,7 +70,11 @@ class LabelSelector(StrictModel):
 
 class ProxyConfig(Model):
     """`defaultConfig` is pilot-agent's (pilot/agent/config.py applies it and warns about what it
-    does not know); the control plane reads none of it, so it is kept lenient here."""
+    does not know); the control plane reads none of it, so it is kept lenient here. Every field is
+    kept as written (extra="allow"): the injector and the gateway deployments pass it on to the
+    proxies in PROXY_CONFIG, as istiod does."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow", frozen=True)
 
     discovery_address: str = "istiod.istio-system.svc:15012"
 
@@ -121,7 +126,8 @@ class MeshConfig(StrictModel):
     default_destination_rule_export_to: Unsupported = None
     locality_lb_setting: Unsupported = None
     dns_refresh_rate: Unsupported = None
-    h2_upgrade_policy: Unsupported = None
+    # istiod's mesh default for HTTP ports' outbound clusters (a DestinationRule's wins).
+    h2_upgrade_policy: Literal["DO_NOT_UPGRADE", "UPGRADE"] | None = None
     inbound_cluster_stat_name: Unsupported = None
     outbound_cluster_stat_name: Unsupported = None
     certificates: Unsupported = None

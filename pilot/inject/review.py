@@ -29,6 +29,7 @@ from pilot.inject.config import InjectorConfig, InjectorConfigHolder
 from pilot.inject.metrics import InjectionMetrics
 from pilot.inject.patch import diff
 from pilot.inject.pod import InjectionError, Inputs, inject
+from pilot.model.revisions import DEFAULT, TagState
 
 log = plog.get("inject")
 
@@ -53,6 +54,18 @@ class InjectionContext:
     revision: str = "default"
     native_sidecars: bool = False
     metrics: InjectionMetrics | None = None
+    # The revision tags pointing at this revision (pilot/sources/kube/tags.py), None without a
+    # cluster: the webhooks of a tag call this revision's /inject with the tag's selectors.
+    tags: Callable[[], TagState] | None = None
+
+    def served_revisions(self) -> frozenset[str]:
+        """The revision names whose webhook selectors route pods here: mine and my tags'. The
+        default revision stops answering for `default` once a `default` tag points elsewhere
+        (`tag set default` turns its own webhooks off, as istioctl does)."""
+        if self.tags is None:
+            return frozenset({self.revision})
+        state = self.tags()
+        return state.mine_all - {DEFAULT} if state.other_default_tag else state.mine_all
 
     @classmethod
     def from_env(
@@ -270,7 +283,8 @@ def _review(ar: Any, ctx: InjectionContext, path: str) -> tuple[dict[str, Any], 
     ns_labels = ctx.namespace_labels(namespace) if namespace else None
     # A Namespace we do not know (yet: the informer may lag the apiserver) is no reason to skip:
     # the apiserver evaluated the same selectors before calling us, and istiod relies on that alone.
-    if ns_labels is not None and not selection.webhook_matches(ctx.revision, ns_labels, labels):
+    if ns_labels is not None and not any(selection.webhook_matches(rev, ns_labels, labels)
+                                         for rev in ctx.served_revisions()):
         log.debug("skipping: not selected by the webhook selectors", pod=where, revision=ctx.revision)
         return _response(ar, uid, {"allowed": True}), "skip"
     if selection.already_injected(pod):

@@ -6,15 +6,20 @@ malformed raises CredentialError with the reason: a bad Secret must yield no res
 would reject the whole SDS update) rather than a crash or a broken certificate.
 
 The PEM check is structural (markers, base64, a DER SEQUENCE), not cryptographic: whether the
-key matches the certificate is Envoy's to say (it NACKs, and keeps the previous secret).
+key matches the certificate is Envoy's to say (it NACKs, and keeps the previous secret), except
+for Gateway API listeners, which istiod refuses in status first (`key_pair_problem`).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import re
 from dataclasses import dataclass
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 CERT_KEYS = (("tls.crt", "tls.key"), ("cert", "key"))
 # How generated config names a Secret for SDS, as istiod: `kubernetes://NAME` (chain and key),
@@ -87,6 +92,44 @@ def certificate_and_key(data: dict[str, str]) -> CertificateAndKey:
             key = check_private_key(_decode(data, key_key), f"data[{key_key!r}]")
             return CertificateAndKey(cert, key)
     raise CredentialError("no certificate and key: want data keys tls.crt and tls.key (or cert and key)")
+
+
+_PAIR_VERDICTS: dict[bytes, str] = {}  # digest of (chain, key) -> "" or why not; no key material kept
+_PAIR_VERDICTS_MAX = 4096
+
+
+def key_pair_problem(data: dict[str, str]) -> str:
+    """Why a Secret's certificate and key cannot serve TLS ("" when they can): what Go's
+    tls.X509KeyPair checks (istiod's test for Gateway API listeners): both parse, and the key
+    is the private half of the first certificate's public key. Remembered per content digest
+    (never the key itself), so an unchanged Secret is checked once."""
+    digest = hashlib.blake2b(repr(sorted(data.items())).encode(), digest_size=16).digest()
+    hit = _PAIR_VERDICTS.get(digest)
+    if hit is None:
+        hit = _key_pair_problem(data)
+        if len(_PAIR_VERDICTS) >= _PAIR_VERDICTS_MAX:
+            _PAIR_VERDICTS.clear()
+        _PAIR_VERDICTS[digest] = hit
+    return hit
+
+
+def _key_pair_problem(data: dict[str, str]) -> str:
+    try:
+        pair = certificate_and_key(data)
+    except CredentialError as e:
+        return str(e)
+    try:
+        cert = x509.load_pem_x509_certificate(pair.cert_chain)
+    except ValueError as e:
+        return f"the certificate does not parse: {e}"
+    try:
+        key = serialization.load_pem_private_key(pair.private_key, password=None)
+    except (ValueError, TypeError) as e:
+        return f"the private key does not parse: {e}"
+    fmt = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    if cert.public_key().public_bytes(*fmt) != key.public_key().public_bytes(*fmt):
+        return "private key does not match public key"
+    return ""
 
 
 def ca_bundle(data: dict[str, str]) -> bytes:

@@ -34,8 +34,9 @@ class InboundPort:
     bind: str  # address a NONE-mode listener binds; "" when it is reached through virtualInbound
     mtls: str  # STRICT, PERMISSIVE or DISABLE (what PeerAuthentication says for this port)
     origin: str  # Service/ns/name or Sidecar/ns/name, for debug views
-    # The Sidecar's connection pool for this port's inbound cluster: its ingress listener's, else
-    # its inboundConnectionPool (istiod's InboundConnectionPoolForPort); None for none.
+    # The connection pool of this port's inbound cluster, as istiod's buildInboundCluster picks
+    # it: the Sidecar's (its ingress listener's, else its inboundConnectionPool) over the one of
+    # the DestinationRule for the service behind the port; None for none.
     pool: ConnectionPoolSettings | None = None
     # (host, name, namespace) of every Service that targets this port: the inbound cluster's
     # `istio.services` metadata, as istiod's (telemetry and istioctl read it).
@@ -76,13 +77,30 @@ def _endpoint_for(default_endpoint: str, port: int, proxy_ip: str) -> str:
     return f"{host}:{p}"
 
 
+def _selecting(services: tuple[MeshService, ...], proxy: Proxy) -> list[MeshService]:
+    return [svc for svc in services if svc.kind == "Service" and svc.namespace == proxy.namespace
+            and svc.selector and selects(svc.selector, proxy.labels)]
+
+
+def _service_on(services: list[MeshService], target: int) -> MeshService | None:
+    """istiod's findOrCreateService: the first service selecting the workload whose port targets
+    this port (its DestinationRule shapes a Sidecar ingress listener's cluster)."""
+    for svc in services:
+        for sp in svc.ports:
+            t = sp.target_port if sp.target_port is not None else sp.port
+            if t == target or (isinstance(t, str) and t.isdigit() and int(t) == target):
+                return svc
+    return None
+
+
 def plan_inbound(proxy: Proxy, services: tuple[MeshService, ...], slices_of, sidecar: Entry[Sidecar] | None,
                  mtls_mode, mesh_tls: bool, policies: WorkloadPolicies = NO_POLICIES,
-                 sniff: bool = True) -> InboundPlan:
+                 rule_pool=lambda svc, port: None, sniff: bool = True) -> InboundPlan:
     """`slices_of(svc)`: a service's EndpointSlice entries; `mtls_mode(port) -> str` the
-    PeerAuthentication mode for one workload port. `sniff`
-    (PILOT_ENABLE_PROTOCOL_SNIFFING_FOR_INBOUND): ports naming no protocol stay UNSUPPORTED (sniffed),
-    else they are TCP."""
+    PeerAuthentication mode for one workload port; `rule_pool(svc, service_port)` the
+    connection pool of the DestinationRule in force for that service port (inbound: the rule
+    without a workloadSelector), or None. `sniff` (PILOT_ENABLE_PROTOCOL_SNIFFING_FOR_INBOUND):
+    ports naming no protocol stay UNSUPPORTED (sniffed), else they are TCP."""
 
     def proto(p: Protocol) -> Protocol:
         return Protocol.TCP if p.is_unsupported and not sniff else p
@@ -97,23 +115,22 @@ def plan_inbound(proxy: Proxy, services: tuple[MeshService, ...], slices_of, sid
     if ingress:
         assert sidecar is not None  # ingress listeners come from it
         origin = f"Sidecar/{sidecar.key.namespace}/{sidecar.key.name}"
+        mine = _selecting(services, proxy)
         for listener in ingress:
             p = listener.port
             assert p is not None  # required (IstioIngressListener._required)
             capture_none = listener.capture_mode == "NONE" or (listener.capture_mode in (None, "DEFAULT") and none_mode)
             bind = (listener.bind or ip) if capture_none else ""
+            pool = listener.connection_pool or shared_pool
+            if pool is None and (behind := _service_on(mine, p.number)) is not None:
+                pool = rule_pool(behind, p.number)  # port-level settings by the listener's port, as istiod
             ports[p.number] = InboundPort(
                 p.number, proto(select_protocol(p.name, p.protocol.lower() or None)),
-                _endpoint_for(listener.default_endpoint, p.number, ip), bind, mtls_mode(p.number), origin,
-                listener.connection_pool or shared_pool)
+                _endpoint_for(listener.default_endpoint, p.number, ip), bind, mtls_mode(p.number), origin, pool)
         return InboundPlan(tuple(ports[k] for k in sorted(ports)), mesh_tls, policies)
     if not mesh_tls:
         return NO_INBOUND
-    for svc in services:
-        if svc.kind != "Service" or svc.namespace != proxy.namespace or not svc.selector:
-            continue
-        if not selects(svc.selector, proxy.labels):
-            continue
+    for svc in _selecting(services, proxy):
         for sp in svc.ports:
             target = sp.target_port
             if target is None:
@@ -136,6 +153,6 @@ def plan_inbound(proxy: Proxy, services: tuple[MeshService, ...], slices_of, sid
                                 f"itself listens on {target}; give the proxy its own IP to serve it inbound")
                 continue
             ports[target] = InboundPort(target, proto(sp.protocol), f"{LOCALHOST}:{target}",
-                                        ip if none_mode else "", mtls_mode(target), svc.origin, shared_pool,
-                                        (here,))
+                                        ip if none_mode else "", mtls_mode(target), svc.origin,
+                                        shared_pool or rule_pool(svc, sp.port), (here,))
     return InboundPlan(tuple(ports[k] for k in sorted(ports)), mesh_tls, policies, tuple(problems))

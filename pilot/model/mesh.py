@@ -1,4 +1,5 @@
-"""Which MeshConfig is in force: the `istio` ConfigMap's `mesh` key when present, else the file.
+"""Which MeshConfig is in force: the `istio` ConfigMap's `mesh` key (`istio-REV` with a REVISION)
+when present, else the file.
 
 An invalid ConfigMap is rejected with its reason and the last good MeshConfig stays in force, so
 a typo in the mesh config never takes the whole mesh down. Fields that are not applied (unknown,
@@ -14,6 +15,7 @@ from pilot import logging as plog
 from pilot.config.core import ConfigMap
 from pilot.config.mesh import MeshConfig, MeshConfigError, parse_mesh_config
 from pilot.config.validation import Rejection
+from pilot.model.revisions import suffix
 from pilot.model.store import ConfigKey, Store
 
 MESH_CONFIGMAP = "istio"
@@ -29,9 +31,11 @@ def mesh_version(mesh: MeshConfig) -> str:
 
 
 class MeshHolder:
-    def __init__(self, file_mesh: MeshConfig, system_namespace: str) -> None:
+    def __init__(self, file_mesh: MeshConfig, system_namespace: str, revision: str = "") -> None:
         self.file_mesh = file_mesh
         self.system_namespace = system_namespace
+        # istiod's name: `istio`, or `istio-REV` for a named revision (bootstrap/mesh.go).
+        self.configmap_name = MESH_CONFIGMAP + suffix(revision)
         self.current = file_mesh
         self.version = mesh_version(file_mesh)
         self.source = "file"
@@ -47,7 +51,7 @@ class MeshHolder:
 
     @property
     def configmap_key(self) -> ConfigKey:
-        return ConfigKey("ConfigMap", self.system_namespace, MESH_CONFIGMAP)
+        return ConfigKey("ConfigMap", self.system_namespace, self.configmap_name)
 
     def peek(self, store: Store) -> MeshConfig:
         """The MeshConfig the Store holds right now (before the next push applies it)."""

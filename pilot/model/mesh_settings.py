@@ -14,6 +14,7 @@ from pilot.config.mesh import HttpRetryPolicy, MeshConfig
 @dataclass(frozen=True, slots=True)
 class ClusterSettings:
     connect_timeout_s: float
+    h2_upgrade: bool = False  # MeshConfig h2UpgradePolicy UPGRADE: HTTP ports talk HTTP/2 upstream
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +66,7 @@ class MeshSettings:
         detection = mesh.protocol_detection_timeout_seconds
         inbound_detection = (knobs.inbound_detection_timeout_s if knobs.inbound_detection_timeout_s is not None
                              else detection)
-        return cls(ClusterSettings(mesh.connect_timeout_seconds),
+        return cls(ClusterSettings(mesh.connect_timeout_seconds, mesh.h2_upgrade_policy == "UPGRADE"),
                    RouteSettings(mesh.default_http_retry_policy, registry_only),
                    ListenerSettings(mesh.access_log_file, registry_only, knobs.sniff_outbound, knobs.sniff_inbound,
                                     knobs.http10, detection, inbound_detection),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from pilot.model.protocol import Protocol
 from pilot.model.services import MeshService
 
 
@@ -34,14 +35,24 @@ def _sniffed(svc: MeshService, port: int) -> bool:
 
 
 def plan_ports(by_port: Mapping[int, tuple[MeshService, ...]],
+               protocols: Mapping[int, Protocol] | None = None,
                sniff: bool = True) -> tuple[list[PortPlan], list[str]]:
     """Decide each port's protocol. HTTP wins a port shared with TCP services, as in istiod where
-    the HTTP listener takes the wildcard port; the losers are reported as conflicts. A port with
-    a service that names no protocol is sniffed when `sniff` (PILOT_ENABLE_PROTOCOL_SNIFFING_FOR_OUTBOUND):
-    then HTTP and TCP services share it."""
+    the HTTP listener takes the wildcard port; the losers are reported as conflicts.
+    `protocols`: ports whose listener protocol is given (a Sidecar egress listener's
+    `port.protocol`, as istiod builds that listener): every service on it is served that way.
+    A port with a service that names no protocol is sniffed when `sniff`
+    (PILOT_ENABLE_PROTOCOL_SNIFFING_FOR_OUTBOUND): then HTTP and TCP services share it."""
     plans: list[PortPlan] = []
     conflicts: list[str] = []
     for port, services in sorted(by_port.items()):
+        given = (protocols or {}).get(port)
+        if given is not None and not (given.is_unsupported and sniff):
+            plans.append(PortPlan(port, True, ()) if given.is_http else PortPlan(port, False, tuple(services)))
+            continue
+        if given is not None:  # the egress listener names no protocol: sniff for every service
+            plans.append(PortPlan(port, True, tuple(services), sniff=True))
+            continue
         auto = [s for s in services if _sniffed(s, port)] if sniff else []
         http = [s for s in services if port_is_http(s, port) and not _sniffed(s, port)]
         tcp = tuple(s for s in services if not port_is_http(s, port, sniff))  # (sniff off: unnamed too)

@@ -7,8 +7,7 @@ that shares the services and replaces only the endpoint index.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
@@ -38,7 +37,7 @@ from pilot.model.services import (
 )
 from pilot.model.sidecar_scope import ServiceView, scoped_view, select_sidecar
 from pilot.model.store import Entry, ObjT, Store
-from pilot.model.traffic import TrafficIndex
+from pilot.model.traffic import TrafficIndex, effective_policy
 
 # Store kinds an endpoint-only refresh (`with_endpoints`) covers: a change of only these keeps
 # every other index (services, traffic rules, gateways, policies) and rebuilds these.
@@ -49,6 +48,23 @@ CONTEXT_KINDS = ENDPOINT_KINDS | AMBIENT_INPUT_KINDS | frozenset({
     "Service", "ServiceEntry", "VirtualService", "DestinationRule", "Sidecar", "Gateway", "Secret",
     "PeerAuthentication", "AuthorizationPolicy", "RequestAuthentication", "Namespace",
     "GatewayClass", "KubernetesGateway", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute", "ReferenceGrant"})
+
+
+class _Recording:
+    """`with ctx.recording() as deps:` without a generator's frame (it runs for every generated
+    result and memoized sub-result of a push)."""
+
+    __slots__ = ("deps", "stack")
+
+    def __init__(self, stack: list, deps: dep.Deps) -> None:
+        self.stack, self.deps = stack, deps
+
+    def __enter__(self) -> dep.Deps:
+        self.stack.append(self.deps)
+        return self.deps
+
+    def __exit__(self, *exc: object) -> None:
+        self.stack.pop()
 
 
 @dataclass(frozen=True)
@@ -129,16 +145,10 @@ class PushContext:
         )
 
     # --- dependency recording (pilot/model/dependencies.py) ------------------------------------
-    @contextmanager
-    def recording(self, deps: dep.Deps | None = None) -> Iterator[dep.Deps]:
+    def recording(self, deps: dep.Deps | None = None) -> _Recording:
         """Note into `deps` what the accessors are asked while the block runs (generation is
         synchronous, so a stack is enough; nested recordings note into the innermost)."""
-        deps = dep.Deps() if deps is None else deps
-        self._rec.append(deps)
-        try:
-            yield deps
-        finally:
-            self._rec.pop()
+        return _Recording(self._rec, dep.Deps() if deps is None else deps)
 
     def begin_resource(self, name: str) -> bool:
         """Within a recording: what is read until `end_resource` is the Deps of resource `name`
@@ -355,10 +365,19 @@ class PushContext:
             made = plan_inbound(proxy, self.services_in(proxy.namespace), self.service_slices, sidecar,
                                 lambda port: self.mtls_mode(proxy.namespace, labels, port), mesh_tls,
                                 self.workload_policies(proxy.namespace, labels),
+                                lambda svc, port: self._inbound_rule_pool(proxy.namespace, svc, port),
                                 self.settings.listeners.sniff_inbound)
             return self._memo.setdefault(("plan", made), made)  # equal plans: one object
 
         return self._memoized(key, plan)
+
+    def _inbound_rule_pool(self, namespace: str, svc: MeshService, port: int):
+        """istiod's SidecarScope.DestinationRule(inbound, ...): the rule without a workloadSelector
+        (selectors are honoured outbound only), its connection pool for the service port."""
+        rule = self.destination_rule(svc.hostname, namespace, svc.namespace)
+        if rule is None:
+            return None
+        return effective_policy(rule.obj.spec, "", port)["connection_pool"]
 
     def gateway_port_map(self, proxy: Proxy) -> tuple[tuple[int, int], ...]:
         """(port, targetPort) of the Services in a router's namespace that select it."""

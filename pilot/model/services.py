@@ -38,6 +38,14 @@ class MeshService:
     # An ExternalName Service's target: istiod's DNSLB resolution (resolution "DNS"), its
     # clusters resolve this name, mesh-external (no mTLS).
     external_name: str = ""
+    # A ServiceEntry's other `addresses` (IPs and CIDRs; `cluster_ip` is its first IP): istiod makes
+    # one service per (host, address), so traffic to any of them reaches the service.
+    extra_addresses: tuple[str, ...] = ()
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        """Every address a client may dial the service at (cluster IP first)."""
+        return ((self.cluster_ip,) if self.cluster_ip else ()) + self.extra_addresses
 
     @property
     def origin(self) -> str:
@@ -140,9 +148,20 @@ def service_entry_services(entry: Entry[ServiceEntry]) -> list[MeshService]:
     spec = se.spec
     ports = tuple(ServicePort(p.name, p.number, select_protocol(p.name, p.protocol.lower() or None), p.target_port)
                   for p in spec.ports)
-    address = next((a for a in spec.addresses if "/" not in a), None)
+    addresses = [_single_address(a) for a in spec.addresses]
+    address = next((a for a in addresses if "/" not in a), None)
+    extra = tuple(a for a in addresses if a != address)
     return [MeshService(host, se.metadata.name, se.metadata.namespace, address, ports, entry.revision,
-                        kind="ServiceEntry", resolution=spec.resolution) for host in spec.hosts]
+                        kind="ServiceEntry", resolution=spec.resolution, extra_addresses=extra)
+            for host in spec.hosts]
+
+
+def _single_address(address: str) -> str:
+    """istiod's conversion: a CIDR of one address (/32, /128) is that address."""
+    ip, slash, bits = address.partition("/")
+    if slash and bits == ("128" if ":" in ip else "32"):
+        return ip
+    return address
 
 
 def service_entry_endpoints(entry: Entry[ServiceEntry], port: ServicePort,

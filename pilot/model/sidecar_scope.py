@@ -14,6 +14,7 @@ from types import MappingProxyType
 from pilot.config.networking import Sidecar
 from pilot.model.labels import selects
 from pilot.model.ports import PortPlan, plan_ports, port_is_http
+from pilot.model.protocol import Protocol, select_protocol
 from pilot.model.services import MeshService
 from pilot.model.store import Entry
 from pilot.model.traffic import host_matches
@@ -77,18 +78,23 @@ class ServiceView:
 
     @classmethod
     def of(cls, services: tuple[MeshService, ...], registry_only: bool | None = None,
-           port_visible=None, binds: Mapping[int, str] | None = None, sniff: bool = True) -> ServiceView:
+           port_visible=None, binds: Mapping[int, str] | None = None,
+           protocols: Mapping[int, Protocol] | None = None, sniff: bool = True) -> ServiceView:
         """`port_visible(svc, port)`: whether the service is reached on that port (a Sidecar's
-        port-specific egress listener narrows who is behind its port). `sniff`: ports naming no
-        protocol are sniffed (their services get HTTP routes too), else they are TCP."""
+        port-specific egress listener narrows who is behind its port); `protocols`: the ports
+        whose listener protocol that egress listener gives. `sniff`: ports naming no protocol are
+        sniffed (their services get HTTP routes too), else they are TCP."""
         by_port: dict[int, list[MeshService]] = {}
         for svc in services:
             for p in svc.ports:
                 if port_visible is None or port_visible(svc, p.port):
                     by_port.setdefault(p.port, []).append(svc)
         ports = MappingProxyType({p: tuple(v) for p, v in sorted(by_port.items())})
-        plans, conflicts = plan_ports(ports, sniff)
-        http = MappingProxyType({p: tuple(s for s in v if port_is_http(s, p, sniff)) for p, v in ports.items()})
+        plans, conflicts = plan_ports(ports, protocols, sniff)
+        given = protocols or {}
+        http = MappingProxyType({p: (v if given[p].is_http or (sniff and given[p].is_unsupported) else ())
+                                 if p in given else tuple(s for s in v if port_is_http(s, p, sniff))
+                                 for p, v in ports.items()})
         return cls(services, ports, http, tuple(plans), registry_only, tuple(conflicts),
                    MappingProxyType(dict(binds or {})))
 
@@ -117,4 +123,8 @@ def scoped_view(sidecar: Entry[Sidecar], services: tuple[MeshService, ...], snif
     visible = tuple(s for s in services if any(port_visible(s, p.port) for p in s.ports))
     binds = {port: listener.bind or LOCALHOST for port, listener in by_port.items()
              if listener.bind or listener.capture_mode == "NONE"}
-    return ServiceView.of(visible, registry_only, port_visible, binds, sniff)
+    # istiod builds a port-specific egress listener with the protocol it declares, whatever the
+    # services' own ports say (their clusters keep the services' protocols).
+    protocols = {port: select_protocol(p.name, p.protocol.lower())
+                 for port, listener in by_port.items() if (p := listener.port) is not None and p.protocol}
+    return ServiceView.of(visible, registry_only, port_visible, binds, protocols, sniff)

@@ -192,6 +192,7 @@ def destination_problems(index: TrafficIndex, known_hosts: set[str], domain: str
             spec = vs.obj.spec
             dests = [d.destination for rule in spec.http for d in rule.route]
             dests += [rule.mirror for rule in spec.http if rule.mirror is not None]
+            dests += [m.destination for rule in spec.http for m in rule.mirrors]
             dests += [d.destination for rule in _rules(vs.obj)[len(spec.http):] for d in rule.route]  # tcp, tls
             for dest in dests:
                 host = resolve_host(dest.host, vs.key.namespace, domain)
@@ -205,3 +206,28 @@ def destination_problems(index: TrafficIndex, known_hosts: set[str], domain: str
                         problems.append(f"{where}: subset {dest.subset!r} of {host} is not defined by any "
                                         "DestinationRule")
     return tuple(sorted(set(problems)))
+
+
+# The parts of a DestinationRule's traffic policy; port-level settings carry the first four.
+_FIELDS = ("load_balancer", "connection_pool", "outlier_detection", "tls")
+_POLICY_ONLY = ("retry_budget", "proxy_protocol")  # not in port-level settings
+
+
+def effective_policy(spec, subset: str, port: int) -> dict:
+    """The policy parts in force for (subset, port): {field: value or None}."""
+    layers = [spec.traffic_policy]
+    if subset:
+        layers.append(next((s.traffic_policy for s in spec.subsets if s.name == subset), None))
+    out: dict = {f: None for f in (*_FIELDS, *_POLICY_ONLY)}
+    for layer in layers:
+        if layer is None:
+            continue
+        for f in (*_FIELDS, *_POLICY_ONLY):
+            if getattr(layer, f) is not None:
+                out[f] = getattr(layer, f)
+        for pls in layer.port_level_settings:
+            if pls.port is not None and pls.port.number == port:
+                for f in _FIELDS:
+                    if getattr(pls, f) is not None:
+                        out[f] = getattr(pls, f)
+    return out

@@ -15,7 +15,15 @@ from pilot.model.store import Entry
 from pilot.networking import metadata, names, tls
 from pilot.networking.endpoints import cluster_load_assignment
 from pilot.networking.protos import ads_config_source, duration, pack
-from pilot.networking.traffic_policy import apply_policy, apply_proxy_protocol, effective_policy
+from pilot.networking.traffic_policy import (
+    DEFAULT_LB_POLICY,
+    apply_default_circuit_breakers,
+    apply_h2_upgrade,
+    apply_policy,
+    apply_proxy_protocol,
+    effective_policy,
+    should_h2_upgrade,
+)
 
 _HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
@@ -34,7 +42,7 @@ def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSetti
     c = cluster_pb2.Cluster(
         name=name,
         connect_timeout=duration(settings.connect_timeout_s),
-        lb_policy=cluster_pb2.Cluster.ROUND_ROBIN,
+        lb_policy=DEFAULT_LB_POLICY,
     )
     if svc.resolution in ("DNS", "DNS_ROUND_ROBIN"):
         c.type = cluster_pb2.Cluster.STRICT_DNS if svc.resolution == "DNS" else cluster_pb2.Cluster.LOGICAL_DNS
@@ -56,19 +64,27 @@ def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSetti
         c.typed_extension_protocol_options[_HTTP_OPTIONS_KEY].CopyFrom(pack(opts))
     elif downstream_protocol:
         use_downstream_protocol(c)
+    apply_default_circuit_breakers(c)  # istiod's, until a connection pool says otherwise
     sni = tls.outbound_sni(port.port, subset, svc.hostname)
     dr_path, dr_tls = "", None
+    policy = None
     if destination_rule is not None:
         policy = effective_policy(destination_rule.obj.spec, subset, port.port)
-        apply_policy(c, policy, svc.hostname, port.protocol.is_http2)
+    # istiod's order: the HTTP/2 upgrade first, so the pool's HTTP/2 settings find it.
+    http2 = port.protocol.is_http2
+    if should_h2_upgrade(policy["connection_pool"] if policy else None, settings.h2_upgrade, port.protocol.is_http):
+        apply_h2_upgrade(c)
+        http2 = True
+    if destination_rule is not None and policy is not None:
+        apply_policy(c, policy, svc.hostname, http2)
         dr_tls = policy["tls"]
         key = destination_rule.key
         dr_path = metadata.config_path(key.kind, key.namespace, key.name)
         if dr_tls is not None and dr_tls.mode == "ISTIO_MUTUAL" and dr_tls.sni:
             sni = dr_tls.sni  # istiod: a DestinationRule's sni wins for ISTIO_MUTUAL too
     if mesh_tls is not None:
-        apply_mesh_tls(c, mesh_tls, sni, port.protocol.is_http2)
-    if destination_rule is not None and policy["proxy_protocol"] is not None:
+        apply_mesh_tls(c, mesh_tls, sni, http2)  # ALPN h2 for an upgraded cluster too, as istiod
+    if policy is not None and policy["proxy_protocol"] is not None:
         apply_proxy_protocol(c, policy["proxy_protocol"])  # around whichever TLS the cluster got
     # What istioctl's DESTINATION RULE column and telemetry read (pilot.networking.metadata).
     # A ServiceEntry host's short name is the host itself in istiod.
@@ -108,9 +124,11 @@ def blackhole_cluster(settings: ClusterSettings) -> cluster_pb2.Cluster:
 
 
 def passthrough_cluster(settings: ClusterSettings) -> cluster_pb2.Cluster:
-    return cluster_pb2.Cluster(
+    c = cluster_pb2.Cluster(
         name=names.PASSTHROUGH_CLUSTER,
         type=cluster_pb2.Cluster.ORIGINAL_DST,
         lb_policy=cluster_pb2.Cluster.CLUSTER_PROVIDED,
         connect_timeout=duration(settings.connect_timeout_s),
     )
+    apply_default_circuit_breakers(c)  # istiod's buildDefaultPassthroughCluster
+    return c

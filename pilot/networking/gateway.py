@@ -20,7 +20,8 @@ ports itself, so 0.0.0.0 also serves tests that connect to 127.0.0.1 without roo
   and the mesh root from pilot-agent's SDS (`default`, `ROOTCA`), client certificate required;
   only for routers with a mesh identity.
 - TLS servers in PASSTHROUGH: a chain per SNI of the bound VirtualServices' `tls` routes, to a
-  tcp_proxy (with tls_inspector to read the SNI). TLS servers that terminate route `tcp` rules.
+  tcp_proxy (with tls_inspector to read the SNI). TLS servers that terminate route `tcp` rules
+  (or, for VirtualServices made from TLSRoutes, their `tls` rules, as istiod does).
 - TLS servers in AUTO_PASSTHROUGH: a chain per `outbound_.PORT_.SUBSET_.HOST` SNI of the services
   the server's hosts match, to that cluster (istiod's sni-dnat for multi-network meshes).
 - TCP servers: the first matching `tcp` route of the bound VirtualServices.
@@ -46,7 +47,7 @@ from pilot.config.mesh import HttpRetryPolicy
 from pilot.config.networking import VirtualService
 from pilot.config.networking.virtual_service import TCPRoute, TLSRoute
 from pilot.model import credentials
-from pilot.model.gateway_api.internal import SEMANTICS
+from pilot.model.gateway_api.internal import PARENTS, SEMANTICS
 from pilot.model.gateways import (
     Binding,
     PortView,
@@ -169,13 +170,21 @@ def _targets(route, vs: Entry[VirtualService], port: int, domain: str,
 
 def _tcp_targets(ref: ServerRef, bindings: tuple[Binding, ...], domain: str,
                  services: Mapping[str, MeshService]) -> tuple[tuple[tuple[str, int], ...], tuple[str, ...]]:
-    """The first `tcp` rule of the bound VirtualServices that applies to this server."""
+    """The first `tcp` rule of the bound VirtualServices that applies to this server; for a
+    VirtualService made from a TLSRoute (on a TLS listener that terminates: istiod's fallback),
+    its first `tls` rule whose match applies by port and gateway (the SNI was the listener's to
+    check when it chose the certificate)."""
     for b in bindings:
         vs = b.virtual_service
-        for rule in vs.obj.spec.tcp:
+        spec = vs.obj.spec
+        for rule in spec.tcp:
             if not rule.match or any(_match_applies(m, ref.gateway_name, vs.key.namespace, ref.port)
                                      for m in rule.match):
                 return _targets(rule, vs, ref.port, domain, services), config_origins(vs)
+        if vs.obj.metadata.annotations.get(PARENTS, "").startswith("TLSRoute/"):
+            for rule in spec.tls:
+                if any(_match_applies(m, ref.gateway_name, vs.key.namespace, ref.port) for m in rule.match):
+                    return _targets(rule, vs, ref.port, domain, services), config_origins(vs)
     return (), ()
 
 
@@ -352,8 +361,11 @@ class VhostSource:
     require_tls: bool  # the server's tls.httpsRedirect
 
 
-def _domains(host: str, port: int) -> list[str]:
-    return ["*"] if host == "*" else [host, f"{host}:{port}"]
+def _domains(host: str) -> list[str]:
+    """istiod's gateway domains: the host alone, with the route configuration set to ignore the
+    port in Host (`ignore_port_in_host_matching`), so `HOST:ANY-PORT` matches as well: clients
+    behind a load balancer or port-forward send ports the router's listener does not have."""
+    return [host]
 
 
 def gateway_route_config(name: str, port: int, sources: tuple[VhostSource, ...], retry: HttpRetryPolicy,
@@ -376,6 +388,7 @@ def gateway_route_config(name: str, port: int, sources: tuple[VhostSource, ...],
         routes = virtual_service_routes(rules, RouteInputs(vs.key.namespace, domain, port, by_host, retry,
                                                            client_namespace, dict(client_labels),
                                                            gateway_semantics=gateway_api,
+                                                           tls=name.startswith("https."),
                                                            config=config_path(vs.key.kind, vs.key.namespace,
                                                                               vs.key.name)))
         for host in src.hosts:
@@ -384,12 +397,13 @@ def gateway_route_config(name: str, port: int, sources: tuple[VhostSource, ...],
             contributed.add((host, vs.key))
             vh = vhosts.get(host)
             if vh is None:
-                vh = route_components_pb2.VirtualHost(name=f"{host}:{port}", domains=_domains(host, port))
+                vh = route_components_pb2.VirtualHost(name=f"{host}:{port}", domains=_domains(host))
                 if src.require_tls:
                     vh.require_tls = route_components_pb2.VirtualHost.ALL
                 vhosts[host] = vh
             vh.routes.extend(routes)
-    rc = route_pb2.RouteConfiguration(name=name, validate_clusters=wrappers_pb2.BoolValue(value=False))
+    rc = route_pb2.RouteConfiguration(name=name, validate_clusters=wrappers_pb2.BoolValue(value=False),
+                                      ignore_port_in_host_matching=True)
     if not vhosts:
         rc.virtual_hosts.add(name=f"blackhole:{port}", domains=["*"])
     for host in sorted(vhosts):
@@ -409,6 +423,8 @@ def referenced_hosts(virtual_services: tuple[Entry[VirtualService], ...], domain
                 out.add(resolve_host(d.destination.host, vs.key.namespace, domain))
             if rule.mirror is not None:
                 out.add(resolve_host(rule.mirror.host, vs.key.namespace, domain))
+            for m in rule.mirrors:
+                out.add(resolve_host(m.destination.host, vs.key.namespace, domain))
         l4: list[TCPRoute | TLSRoute] = [*spec.tcp, *spec.tls]
         for rule in l4:
             for d in rule.route:

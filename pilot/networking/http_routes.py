@@ -58,6 +58,7 @@ class RouteInputs:
     gateway_semantics: bool = False  # rules translated from Gateway API routes (see the module doc)
     sidecar: bool = False  # routes for sidecars (the `mesh` gateway): matches for other gateways are dropped
     config: str = ""  # the VirtualService's `config` path, written into each route's istio metadata
+    tls: bool = False  # the requests arrive over TLS (a redirect without a scheme keeps https)
 
 
 def _source_ok(match, inputs: RouteInputs) -> bool:
@@ -160,16 +161,22 @@ def _percent(p, default: float = 100.0) -> percent_pb2.FractionalPercent:
 
 
 def _fault(fault) -> fault_pb2.HTTPFault:
+    """istiod's TranslateFault. A delay without `percentage` takes the deprecated integer
+    `percent`, and without either delays no request (0 of 100, as istiod writes it); an abort
+    without `percentage` leaves Envoy's percentage unset, which aborts no request either."""
     out = fault_pb2.HTTPFault()
     if fault.delay is not None and fault.delay.fixed_delay:
-        share = _percent(fault.delay.percentage)
-        if fault.delay.percentage is None and fault.delay.percent is not None:  # the deprecated integer
-            share = percent_pb2.FractionalPercent(numerator=fault.delay.percent,
+        if fault.delay.percentage is not None:
+            share = _percent(fault.delay.percentage)
+        else:
+            share = percent_pb2.FractionalPercent(numerator=fault.delay.percent or 0,
                                                   denominator=percent_pb2.FractionalPercent.HUNDRED)
         out.delay.CopyFrom(common_fault_pb2.FaultDelay(
             fixed_delay=duration(parse_duration(fault.delay.fixed_delay)), percentage=share))
     if fault.abort is not None:
-        abort = fault_pb2.FaultAbort(percentage=_percent(fault.abort.percentage))
+        abort = fault_pb2.FaultAbort()
+        if fault.abort.percentage is not None:
+            abort.percentage.CopyFrom(_percent(fault.abort.percentage))
         if fault.abort.http_status:
             abort.http_status = fault.abort.http_status
         elif fault.abort.grpc_status:
@@ -248,6 +255,11 @@ def _action(rule, inputs: RouteInputs, route: rc.Route, match) -> None:
             action.port_redirect = inputs.port  # (FROM_PROTOCOL_DEFAULT is Envoy's own behaviour)
         if r.scheme:
             action.scheme_redirect = r.scheme
+        if r.port or r.derive_port:
+            # istiod: never an explicit :80 for http or :443 for https (the scheme's own port).
+            scheme = r.scheme or ("https" if inputs.tls else "http")
+            if (action.port_redirect, scheme) in ((80, "http"), (443, "https")):
+                action.port_redirect = 0
         if isinstance(rule, GatewayApiRule):
             if rule.redirect_prefix is not None:
                 action.prefix_rewrite = rule.redirect_prefix

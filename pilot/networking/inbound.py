@@ -33,7 +33,7 @@ from pilot.networking.filters import access_logs, hcm_network_filter, router_fil
 from pilot.networking.policy_filters import TrustDomains, inbound_http_filters, inbound_network_filters
 from pilot.networking.protos import duration, pack
 from pilot.networking.tcp_routes import tls_inspector
-from pilot.networking.traffic_policy import apply_connection_pool
+from pilot.networking.traffic_policy import apply_connection_pool, apply_default_circuit_breakers
 
 VIRTUAL_INBOUND_LISTENER = "virtualInbound"
 VIRTUAL_INBOUND_PORT = 15006
@@ -78,9 +78,11 @@ def inbound_cluster(port: InboundPort, settings: ClusterSettings) -> cluster_pb2
     elif port.protocol.is_unsupported:
         use_downstream_protocol(c)  # sniffed: the app gets the HTTP version the client spoke
     if port.pool is not None:
-        # The Sidecar's inbound limits, as istiod applies them to the inbound cluster (no h2
-        # upgrade inbound: the app speaks what it speaks).
+        # The Sidecar's (or DestinationRule's) inbound limits, as istiod applies them to the
+        # inbound cluster (no h2 upgrade inbound: the app speaks what it speaks).
         apply_connection_pool(c, port.pool, port.protocol.is_http2)
+    else:
+        apply_default_circuit_breakers(c)  # istiod applies an empty pool: its default thresholds
     if port.services:
         metadata.set_services(c.metadata, port.services)
     return c
@@ -93,6 +95,7 @@ def inbound_passthrough_cluster(settings: ClusterSettings) -> cluster_pb2.Cluste
                             connect_timeout=duration(settings.connect_timeout_s))
     c.upstream_bind_config.source_address.address = INBOUND_PASSTHROUGH_BIND
     c.upstream_bind_config.source_address.port_value = 0
+    apply_default_circuit_breakers(c)  # istiod: built from the default passthrough cluster
     return c
 
 

@@ -60,6 +60,14 @@ def _hcm_chain(stat_prefix: str, port: int, settings: ListenerSettings) -> liste
     return listener_components_pb2.FilterChain(filters=[hcm_network_filter(hcm)])
 
 
+def _add_prefixes(chain: listener_components_pb2.FilterChain, addresses: tuple[str, ...]) -> None:
+    for address in addresses:
+        ip, _, bits = address.partition("/")
+        full = 128 if ":" in ip else 32
+        chain.filter_chain_match.prefix_ranges.add(
+            address_prefix=ip, prefix_len=wrappers_pb2.UInt32Value(value=int(bits) if bits else full))
+
+
 def _sniffed(svc: MeshService, port: int) -> bool:
     sp = svc.port(port)
     return sp is not None and sp.protocol.is_unsupported
@@ -130,12 +138,10 @@ def unbound_outbound_listener(plan: PortPlan, settings: ListenerSettings,
         # service). Services without a cluster IP, and HTTP services, share one without.
         alpns = sniffing.plaintext_http_alpns(settings.http10)
         stat = f"outbound_{WILDCARD}_{plan.port}"
-        vips = sorted({s.cluster_ip for s in plan.tcp_services if s.cluster_ip and _sniffed(s, plan.port)})
+        vips = sorted({a for s in plan.tcp_services if _sniffed(s, plan.port) for a in s.addresses})
         if vips:
             chain = sniffing.match_http(_hcm_chain(stat, plan.port, settings), alpns)
-            for ip in vips:
-                chain.filter_chain_match.prefix_ranges.add(address_prefix=ip,
-                                                           prefix_len=wrappers_pb2.UInt32Value(value=32))
+            _add_prefixes(chain, tuple(vips))
             listener.filter_chains.append(chain)
         listener.filter_chains.append(sniffing.match_http(_hcm_chain(stat, plan.port, settings), alpns))
     for i, svc in enumerate(plan.tcp_services):
@@ -153,9 +159,7 @@ def unbound_outbound_listener(plan: PortPlan, settings: ListenerSettings,
             tcp_raw.filter_chain_match.transport_protocol = sniffing.RAW_BUFFER
             defaults = [tcp_raw, default] if sni else [tcp_raw]
         for chain in sni + defaults:
-            if svc.cluster_ip:
-                chain.filter_chain_match.prefix_ranges.add(address_prefix=svc.cluster_ip,
-                                                           prefix_len=wrappers_pb2.UInt32Value(value=32))
+            _add_prefixes(chain, svc.addresses)  # a ServiceEntry's every address and CIDR, as istiod
             listener.filter_chains.append(chain)
         if sni and not listener.listener_filters:
             listener.listener_filters.append(tls_inspector())

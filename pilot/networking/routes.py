@@ -21,7 +21,8 @@ from pilot.networking.traffic_policy import effective_policy
 
 def service_domains(svc: MeshService, port: int, proxy_namespace: str) -> list[str]:
     """Every name a client may use for a service: FQDN, name.namespace(.svc), the short name when
-    the client is in the same namespace (it would resolve elsewhere otherwise), and the cluster IP;
+    the client is in the same namespace (it would resolve elsewhere otherwise), and its IPs (the
+    cluster IP, a ServiceEntry's every address but CIDRs);
     each with and without the port."""
     if svc.kind == "ServiceEntry":
         hosts = [svc.hostname]  # external names have no Kubernetes short forms
@@ -29,10 +30,11 @@ def service_domains(svc: MeshService, port: int, proxy_namespace: str) -> list[s
         hosts = [svc.hostname, f"{svc.name}.{svc.namespace}.svc", f"{svc.name}.{svc.namespace}"]
         if proxy_namespace == svc.namespace:
             hosts.append(svc.name)
-    if svc.cluster_ip:
-        hosts.append(svc.cluster_ip)
+    hosts.extend(a for a in svc.addresses if "/" not in a)  # a ServiceEntry's every IP
     out: list[str] = []
     for h in hosts:
+        if ":" in h:  # an IPv6 address, bracketed as istiod writes it (IPv6Compliant)
+            h = f"[{h}]"
         out.append(h)
         out.append(f"{h}:{port}")
     return out

@@ -16,33 +16,12 @@ from google.protobuf import wrappers_pb2
 
 from pilot.durations import parse_duration
 from pilot.model.credentials import CA_SUFFIX, SDS_PREFIX
+from pilot.model.traffic import effective_policy  # noqa: F401 - the builders' import path
 from pilot.networking.protos import ads_config_source, duration, pack
 
 HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
-_FIELDS = ("load_balancer", "connection_pool", "outlier_detection", "tls")
-_POLICY_ONLY = ("retry_budget", "proxy_protocol")  # not in port-level settings
-
-
-def effective_policy(spec, subset: str, port: int) -> dict:
-    """The policy parts in force for (subset, port): {field: value or None}."""
-    layers = [spec.traffic_policy]
-    if subset:
-        layers.append(next((s.traffic_policy for s in spec.subsets if s.name == subset), None))
-    out: dict = {f: None for f in (*_FIELDS, *_POLICY_ONLY)}
-    for layer in layers:
-        if layer is None:
-            continue
-        for f in (*_FIELDS, *_POLICY_ONLY):
-            if getattr(layer, f) is not None:
-                out[f] = getattr(layer, f)
-        for pls in layer.port_level_settings:
-            if pls.port is not None and pls.port.number == port:
-                for f in _FIELDS:
-                    if getattr(pls, f) is not None:
-                        out[f] = getattr(pls, f)
-    return out
-
-
+# istiod's defaultLBAlgorithm: outbound clusters without a `simple` balancer use least request.
+DEFAULT_LB_POLICY = cluster_pb2.Cluster.LEAST_REQUEST
 def _uint(v: int | None) -> wrappers_pb2.UInt32Value | None:
     return wrappers_pb2.UInt32Value(value=v) if v is not None else None
 
@@ -89,7 +68,8 @@ def apply_load_balancer(c: cluster_pb2.Cluster, lb) -> None:
         return
     c.lb_policy = {"LEAST_CONN": cluster_pb2.Cluster.LEAST_REQUEST,
                    "LEAST_REQUEST": cluster_pb2.Cluster.LEAST_REQUEST,
-                   "RANDOM": cluster_pb2.Cluster.RANDOM}.get(lb.simple or "", cluster_pb2.Cluster.ROUND_ROBIN)
+                   "RANDOM": cluster_pb2.Cluster.RANDOM,
+                   "ROUND_ROBIN": cluster_pb2.Cluster.ROUND_ROBIN}.get(lb.simple or "", DEFAULT_LB_POLICY)
     slow_start = _slow_start(lb)
     if slow_start is not None:  # istiod: only the round-robin and least-request balancers warm up
         if c.lb_policy == cluster_pb2.Cluster.ROUND_ROBIN:
@@ -113,13 +93,23 @@ def _store_http_options(c: cluster_pb2.Cluster, opts: http_protocol_options_pb2.
     c.typed_extension_protocol_options[HTTP_OPTIONS_KEY].CopyFrom(pack(opts))
 
 
-def apply_h2_upgrade(c: cluster_pb2.Cluster, pool) -> None:
-    """istiod's shouldH2Upgrade for a DestinationRule's `h2UpgradePolicy: UPGRADE`: talk HTTP/2
-    to the upstream whatever the client spoke (useClientProtocol wins over it). DO_NOT_UPGRADE
-    and DEFAULT keep the port's protocol: this mesh does not upgrade by default."""
+def should_h2_upgrade(pool, mesh_upgrade: bool, port_is_http: bool) -> bool:
+    """istiod's shouldH2Upgrade (outbound clusters only): useClientProtocol never upgrades; a
+    DestinationRule's `h2UpgradePolicy` UPGRADE or DO_NOT_UPGRADE decides; otherwise the mesh's
+    `h2UpgradePolicy` does, for ports declared HTTP (not for TCP or sniffed ones)."""
     http = pool.http if pool is not None else None
-    if http is None or http.use_client_protocol or http.h2_upgrade_policy != "UPGRADE":
-        return
+    if http is not None:
+        if http.use_client_protocol:
+            return False
+        if http.h2_upgrade_policy == "UPGRADE":
+            return True
+        if http.h2_upgrade_policy == "DO_NOT_UPGRADE":
+            return False
+    return port_is_http and mesh_upgrade
+
+
+def apply_h2_upgrade(c: cluster_pb2.Cluster) -> None:
+    """Talk HTTP/2 to the upstream whatever the client spoke (a port already HTTP/2 keeps its options)."""
     opts = _http_options(c)
     if not opts.HasField("explicit_http_config") and not opts.HasField("use_downstream_protocol_config"):
         opts.explicit_http_config.http2_protocol_options.SetInParent()
@@ -138,25 +128,44 @@ def _tcp_keepalive(c: cluster_pb2.Cluster, keepalive) -> None:
         ka.keepalive_interval.value = int(parse_duration(keepalive.interval))
 
 
+MAX_UINT32 = 2**32 - 1
+
+
+def default_thresholds() -> circuit_breaker_pb2.CircuitBreakers.Thresholds:
+    """istiod's getDefaultCircuitBreakerThresholds: no limit of its own (Envoy's defaults, 1024
+    connections and requests and 3 parallel retries, turn pod churn into 503s), remaining
+    capacity tracked. Every outbound, inbound and passthrough cluster starts from these; a
+    connection pool overrides the limits it sets."""
+    return circuit_breaker_pb2.CircuitBreakers.Thresholds(
+        priority=base_pb2.DEFAULT, max_connections=_uint(MAX_UINT32), max_pending_requests=_uint(MAX_UINT32),
+        max_requests=_uint(MAX_UINT32), max_retries=_uint(MAX_UINT32), track_remaining=True)
+
+
+def apply_default_circuit_breakers(c: cluster_pb2.Cluster) -> None:
+    del c.circuit_breakers.thresholds[:]
+    c.circuit_breakers.thresholds.append(default_thresholds())
+
+
 def apply_connection_pool(c: cluster_pb2.Cluster, pool, http2: bool) -> None:
     """istiod's applyConnectionPool. An HTTP/2 port's explicit HTTP/2 options (or those of
     h2UpgradePolicy) are already on the cluster: maxConcurrentStreams applies to them only.
     `http2` is kept for callers; the cluster itself says which protocol it speaks."""
-    thresholds = circuit_breaker_pb2.CircuitBreakers.Thresholds(priority=base_pb2.DEFAULT)
+    thresholds = default_thresholds()
     idle_timeout = None
     max_connection_duration = None
     h = pool.http
     if h is not None:
-        if h.http1_max_pending_requests is not None:
+        # istiod: a zero (or absent) limit keeps the default (it cannot tell unset from zero).
+        if h.http1_max_pending_requests:
             thresholds.max_pending_requests.value = h.http1_max_pending_requests
-        if h.http2_max_requests is not None:
+        if h.http2_max_requests:
             thresholds.max_requests.value = h.http2_max_requests
-        if h.max_retries is not None:
+        if h.max_retries:
             thresholds.max_retries.value = h.max_retries
         idle_timeout = h.idle_timeout
     if pool.tcp is not None:
         t = pool.tcp
-        if t.max_connections is not None:
+        if t.max_connections:
             thresholds.max_connections.value = t.max_connections
         if t.connect_timeout:
             c.connect_timeout.CopyFrom(duration(parse_duration(t.connect_timeout)))
@@ -189,6 +198,7 @@ def apply_connection_pool(c: cluster_pb2.Cluster, pool, http2: bool) -> None:
         opts.use_downstream_protocol_config.http_protocol_options.CopyFrom(http1)
         opts.use_downstream_protocol_config.http2_protocol_options.SetInParent()
         _store_http_options(c, opts)
+    del c.circuit_breakers.thresholds[:]
     c.circuit_breakers.thresholds.append(thresholds)
 
 
@@ -293,9 +303,8 @@ def apply_proxy_protocol(c: cluster_pb2.Cluster, proxy_protocol) -> None:
 
 
 def apply_policy(c: cluster_pb2.Cluster, policy: dict, hostname: str, http2: bool) -> None:
-    # istiod's order: the HTTP/2 upgrade first, so the pool's HTTP/2 settings find it.
+    """`http2`: the cluster talks HTTP/2 upstream (its port's protocol, or the upgrade above)."""
     if policy["connection_pool"] is not None:
-        apply_h2_upgrade(c, policy["connection_pool"])
         apply_connection_pool(c, policy["connection_pool"], http2)
     if policy["load_balancer"] is not None:
         apply_load_balancer(c, policy["load_balancer"])

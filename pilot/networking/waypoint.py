@@ -49,6 +49,7 @@ from pilot.networking.http_routes import RouteInputs, virtual_service_routes
 from pilot.networking.metadata import config_path
 from pilot.networking.policy_filters import TrustDomains, inbound_http_filters, inbound_network_filters
 from pilot.networking.protos import ads_config_source, duration, pack
+from pilot.networking.traffic_policy import DEFAULT_LB_POLICY, apply_default_circuit_breakers
 
 CONNECT_TERMINATE = "connect_terminate"
 MAIN_INTERNAL = "main_internal"
@@ -243,6 +244,8 @@ def main_internal_cluster() -> cluster_pb2.Cluster:
 def inbound_vip_cluster(name: str) -> cluster_pb2.Cluster:
     """The service's endpoints (EDS), reached directly: workloads that only speak HBONE through
     their ztunnel would need an encapsulating (connect_originate) hop, which is not built."""
-    return cluster_pb2.Cluster(
-        name=name, type=cluster_pb2.Cluster.EDS, connect_timeout=duration(10),
+    c = cluster_pb2.Cluster(
+        name=name, type=cluster_pb2.Cluster.EDS, connect_timeout=duration(10), lb_policy=DEFAULT_LB_POLICY,
         eds_cluster_config=cluster_pb2.Cluster.EdsClusterConfig(eds_config=ads_config_source()))
+    apply_default_circuit_breakers(c)  # istiod's waypoint clusters: its default pool and balancer
+    return c

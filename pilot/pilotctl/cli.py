@@ -4,6 +4,7 @@
     pilotctl [--addr ...] proxy-config|pc clusters|listeners|routes|endpoints|secrets|all|bootstrap PROXY
     pilotctl [--addr ...] explain PROXY TYPE NAME
     pilotctl jwt init|rule|token DIR ...
+    pilotctl tag set|generate|list|remove ...   (pilot/pilotctl/tag.py: the cluster, not the debug port)
     pilotctl completion bash|zsh|fish
 
 Sources: the control plane replicas' debug endpoints (`--addr`, repeatable: a proxy is found on
@@ -25,6 +26,7 @@ import argcomplete
 import yaml
 
 from pilot.pilotctl import devjwt, tables
+from pilot.pilotctl import tag as tagctl
 from pilot.pilotctl.client import CtlError, EnvoyAdmin, Replica, Replicas, check_addr
 from pilot.pilotctl.dump import bootstrap_of, resources_of
 from pilot.pilotctl.status import diff_text, proxy_diff, status_rows, status_table
@@ -328,6 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
     tok.add_argument("--lifetime", type=float, default=24 * 3600, help="seconds (default: %(default)s)")
     jwt.set_defaults(run=cmd_jwt)
 
+    tagctl.add_parser(sub)
+
     comp = sub.add_parser("completion", help="shell completion script: eval \"$(pilotctl completion bash)\"")
     comp.add_argument("shell", choices=["bash", "zsh", "fish", "tcsh"])
     comp.set_defaults(run=cmd_completion)
@@ -356,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     warn = Warnings()
     try:
-        replicas = _replicas(args) if args.run not in (cmd_jwt, cmd_completion) else Replicas([])
+        replicas = _replicas(args) if args.run not in (cmd_jwt, cmd_completion, tagctl.run) else Replicas([])
         out = args.run(args, replicas, warn)
     except CtlError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -38,12 +38,13 @@ GATEWAYS = "/apis/networking.istio.io/v1/namespaces/{namespace}/gateways"
 DENIED = "denied the request"
 NO_RESOURCE = "the server could not find the requested resource"
 NO_DRY_RUN = "does not support dry run"
-# What this module calls: watch and GET the configuration, PUT the corrected copy; the dry-run
+# What this module calls: watch and GET the configuration (the injector's: LIST them by revision
+# label), PUT the corrected copy; the dry-run
 # create of the probe Gateway in the control plane's namespace (nothing is stored).
 RBAC = (Rule("cluster", "admissionregistration.k8s.io", "validatingwebhookconfigurations",
              frozenset({"get", "watch", "update"})),
         Rule("cluster", "admissionregistration.k8s.io", "mutatingwebhookconfigurations",
-             frozenset({"get", "watch", "update"})),
+             frozenset({"list", "watch", "update"})),
         Rule("namespace", "networking.istio.io", "gateways", frozenset({"create"})))
 WATCH_TIMEOUT_S = 300
 
@@ -160,6 +161,9 @@ class CABundleWriter(LeaderWorker):
         log.info("not ready to fail closed: the probe was not rejected", name=self.name)
         return False
 
+    def _selector(self) -> dict[str, str]:
+        return {"fieldSelector": f"metadata.name={self.name}"}
+
     async def _watch(self) -> None:
         """Wake the reconcile on every change of the configuration (someone blanking the bundle,
         the manifests being applied later). A plain watch by name; resumed from the last version."""
@@ -167,7 +171,7 @@ class CABundleWriter(LeaderWorker):
         rv = ""
         while True:
             try:
-                query = {"watch": "true", "fieldSelector": f"metadata.name={self.name}",
+                query = {"watch": "true", **self._selector(),
                          "timeoutSeconds": str(WATCH_TIMEOUT_S), "allowWatchBookmarks": "true"}
                 if rv:
                     query["resourceVersion"] = rv
@@ -196,3 +200,37 @@ class CABundleWriter(LeaderWorker):
             except Exception as e:  # noqa: BLE001 - the apiserver went away: back off and watch again
                 log.debug("webhook configuration watch ended", error=str(e))
                 await asyncio.sleep(backoff.next())
+
+
+INJECTOR_SUFFIX = "sidecar-injector.istio.io"
+
+
+class InjectorBundleWriter(CABundleWriter):
+    """The injector's caBundle, as istiod's webhook patcher (pkg/webhooks/webhookpatch.go) keeps
+    it: in every MutatingWebhookConfiguration labelled `istio.io/rev=REVISION` (the revision's own
+    `istio-sidecar-injector[-REV]` and its tags' `istio-revision-tag-TAG`), on each webhook whose
+    name ends in `sidecar-injector.istio.io`; failurePolicy is the manifests'."""
+
+    def __init__(self, kube: Kube, namespace: str, revision: str, root_pem: str) -> None:
+        super().__init__(kube, namespace, revision, root_pem, path=MUTATING_PATH,
+                         name=injector_config_name(revision), failure_policy=False)
+        self.label_selector = f"istio.io/rev={revision or 'default'}"
+
+    def _selector(self) -> dict[str, str]:
+        return {"labelSelector": self.label_selector}
+
+    async def _reconcile(self) -> bool:
+        bundle = base64.b64encode(self.root_pem.encode()).decode()
+        configs = (await self.kube.request("GET", self.path, query=self._selector())).get("items") or []
+        for config in configs:
+            dirty = False
+            for wh in config.get("webhooks") or []:
+                client = wh.setdefault("clientConfig", {})
+                if wh.get("name", "").endswith(INJECTOR_SUFFIX) and client.get("caBundle") != bundle:
+                    client["caBundle"], dirty = bundle, True
+            if dirty:
+                name = config["metadata"]["name"]
+                await self.kube.request("PUT", f"{self.path}/{name}", body=config)
+                self.writes += 1
+                log.info("updated the injector webhook configuration", name=name)
+        return False

@@ -90,8 +90,8 @@ async def test_status_written_by_the_leader_only_when_changed_and_never_pushing(
     fake, planes, envoy, port, tmp_path = cluster
     # Created once both replicas run: each of these objects is then in a push of its own, before
     # any status is computed for it, so a push caused by a status write could not hide in it.
-    fake.create({"apiVersion": f"{API}/v1", "kind": "GatewayClass", "metadata": {"name": "istio"},
-                 "spec": {"controllerName": "istio.io/gateway-controller"}})
+    # The `istio` GatewayClass is the leader's (created at start, as istiod does).
+    await wait_for(lambda: fake.get(f"gatewayclasses.{API}", "istio"), 20, message="the leader's GatewayClass")
     fake.create(gateway(GW_NAME, port))
     fake.create(http_route("shop", "shop.example.com"))
 
@@ -170,4 +170,9 @@ async def test_status_written_by_the_leader_only_when_changed_and_never_pushing(
         "lastTransitionTime"]  # an unchanged condition keeps its transition time
     assert accepted["observedGeneration"] == fake.get(f"httproutes.{API}", "shop", namespace="default")[
         "metadata"]["generation"] == 2
-    assert (await request(port, "shop.example.com", "/")).status == 500
+    # The status is written from the same PushContext the push is made from, but the push can
+    # reach Envoy after the write: wait for it.
+    async def refused():
+        return (await request(port, "shop.example.com", "/")).status == 500
+
+    await wait_for(refused, 20, message="the route without its backend answers 500")

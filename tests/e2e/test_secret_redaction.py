@@ -63,7 +63,8 @@ async def scan(cp: ControlPlane, forms: dict[str, str]) -> list[str]:
     index = await cp.debug("/debug")
     found = []
     bodies = {}
-    for path in index["endpoints"]:
+    for entry in index["endpoints"]:
+        path = entry["path"]
         query = f"?proxyID={ROUTER}&type=secret&name=kubernetes://cred" if path in (
             "/debug/config_dump", "/debug/explain") else f"?proxyID={ROUTER}"
         for port in ("http", "monitoring"):

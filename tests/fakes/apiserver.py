@@ -24,7 +24,8 @@ informers and leader election:
 * Writes: POST (409 AlreadyExists), PUT (409 Conflict on a stale
   ``metadata.resourceVersion``; no-op updates do not bump the RV), PATCH (merge,
   strategic-merge treated as merge, JSON patch, apply treated as upsert+merge),
-  DELETE (finalizers honoured through ``deletionTimestamp``), DELETE collection,
+  DELETE (finalizers honoured through ``deletionTimestamp``; dependents whose owners are all
+  gone are deleted at once, as the garbage collector's background propagation), DELETE collection,
   and the ``/status`` subresource. Every effective write bumps the RV and emits
   a watch event.
 * Discovery (``/api``, ``/api/v1``, ``/apis``, ``/apis/G``, ``/apis/G/V``),

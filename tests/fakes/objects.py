@@ -429,7 +429,24 @@ class ObjectStore:
         final = copy.deepcopy(old)
         self._bump(final)
         self._record(rtype, "DELETED", final, old)
+        self._collect_dependents(old)
         return final
+
+    def _collect_dependents(self, owner: JSON) -> None:
+        """The garbage collector's background propagation, done at once: objects whose every
+        ownerReference names a uid that no longer exists are deleted (finalizers honoured).
+        Namespaced dependents are looked for in the owner's namespace, as the GC resolves them."""
+        uid = owner["metadata"].get("uid")
+        if not uid:
+            return
+        live = {o["metadata"].get("uid") for st in self._stores.values() for o in st.objects.values()}
+        for t in {t.store_key: t for t in self._types.values() if not t.virtual}.values():
+            for (ns, n), obj in list(self._stores[t.store_key].objects.items()):
+                refs = obj["metadata"].get("ownerReferences") or []
+                if (refs and any(r.get("uid") == uid for r in refs)
+                        and not any(r.get("uid") in live for r in refs)
+                        and (not t.namespaced or ns == owner["metadata"].get("namespace", ns))):
+                    self._delete(t, ns, n)
 
     # --------------------------------------------------- Python test helpers
 

@@ -105,6 +105,7 @@ _BUILTINS: tuple[ResourceType, ...] = (
     ResourceType("", "v1", "serviceaccounts", "ServiceAccount", short_names=("sa",)),
     ResourceType("", "v1", "events", "Event", short_names=("ev",)),
     ResourceType("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice"),
+    ResourceType("apps", "v1", "deployments", "Deployment", status_subresource=True, short_names=("deploy",)),
     ResourceType("coordination.k8s.io", "v1", "leases", "Lease"),
     ResourceType("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",
                  "MutatingWebhookConfiguration", namespaced=False),

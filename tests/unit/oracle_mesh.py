@@ -1,5 +1,6 @@
-"""The mesh the push oracle (test_push_oracle.py) changes: every config kind a generator reads,
-as *slots* (one object each) with a few variants, one of which may be "absent".
+"""The mesh the push oracle (test_push_oracle.py) changes: every config kind a generator reads
+(Gateway API Gateways, HTTPRoutes to a Gateway and to a Service, an ambient waypoint and the
+labels that enrol a namespace in it, RequestAuthentications included), as *slots* (one object each) with a few variants, one of which may be "absent".
 
 A random change picks a slot and moves it to another variant: an add, a modify or a delete of
 that kind. Slots are independent, so orders such as "the Pod after its EndpointSlice" (or the
@@ -163,6 +164,41 @@ def workload_entry(name: str, address: str, labels: dict, sa: str, ns: str = "de
     return _istio("WorkloadEntry", name, ns, {"address": address, "labels": labels, "serviceAccount": sa})
 
 
+def request_authentication(name: str, ns: str, selector: dict | None, issuer: str) -> dict:
+    spec: dict[str, Any] = {"jwtRules": [{"issuer": issuer, "jwks": JWKS}]}
+    if selector is not None:
+        spec["selector"] = {"matchLabels": selector}
+    return _istio("RequestAuthentication", name, ns, spec, "security.istio.io")
+
+
+# A syntactically valid JWK set (the oracle compares generated config, it verifies no token).
+JWKS = '{"keys": [{"kty": "RSA", "e": "AQAB", "kid": "k1", "n": "sXchDaQebHnPiGvyDOAT4saGEUetSyo9MKLOoWFsueri23bOdgWp4Dy1WlUzewbgBHod5pcM9H95GQRV3JDXboIRROSBigeC5yjU1hGzHHyXss8UDprecbAYxknTcQkhslANGRUZmdTOQ5qTRsLAt6BTYuyvVRdhS8exSZEy_c4gs_7svlJJQ4H9_NxsiIoLwAEk7-Q3UXERGYw_75IDrGA84-lA_-Ct4eTlXHBIY2EaV7t7LjJaynVJCpkv4LKjTTAumiGUIuQhrNhZLuF_RJLqHpM2kgWFLU7-VTdL1VbC2tejvcI2BlMkEpk1BzBZI0KQB0GaDWFLN-aEAw3vRw"}]}'
+
+
+def gateway_class(name: str, controller: str) -> dict:
+    return {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass", "metadata": {"name": name},
+            "spec": {"controllerName": controller}}
+
+
+def k8s_gateway(name: str, ns: str, class_name: str, listeners: list[dict], **extra: Any) -> dict:
+    return {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "metadata": _meta(name, ns),
+            "spec": {"gatewayClassName": class_name, "listeners": listeners, **extra}}
+
+
+def http_route(name: str, ns: str, parent: dict, backend: str, port: int, path: str | None = None) -> dict:
+    rule: dict[str, Any] = {"backendRefs": [{"name": backend, "port": port}]}
+    if path is not None:
+        rule["matches"] = [{"path": {"type": "PathPrefix", "value": path}}]
+    return {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": _meta(name, ns),
+            "spec": {"parentRefs": [parent], "rules": [rule]}}
+
+
+WEB_PARENT = {"name": "web", "namespace": SYSTEM_NS}
+RATINGS_PARENT = {"group": "", "kind": "Service", "name": "ratings", "port": 9080}  # GAMMA: a mesh route
+ALL_ROUTES = {"namespaces": {"from": "All"}}
+HBONE = [{"name": "mesh", "port": 15008, "protocol": "HBONE"}]
+
+
 def namespace(name: str, labels: dict) -> dict:
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
 
@@ -270,6 +306,10 @@ def slots() -> dict[str, list[dict | None]]:
             destination_rule("reviews", "reviews", {"subsets": SUBSETS["subsets"][:1]}),
             destination_rule(
                 "reviews", "reviews", {**SUBSETS, "trafficPolicy": {"tls": {"mode": "DISABLE"}}}
+            ),
+            # Its pool shapes the reviews servers' inbound cluster too (istiod's buildInboundCluster)
+            destination_rule(
+                "reviews", "reviews", {**SUBSETS, "trafficPolicy": {"connectionPool": {"tcp": {"maxConnections": 7}}}}
             ),
             None,
         ],
@@ -423,8 +463,50 @@ def slots() -> dict[str, list[dict | None]]:
             None,
         ],
         "we/db-2": [None, workload_entry("db-2", "10.2.0.3", {"app": "db"}, "db")],
-        # Namespaces (ambient enrolment) and the mesh
-        "ns/shop": [namespace("shop", {}), namespace("shop", {"istio.io/dataplane-mode": "ambient"})],
+        "ra/reviews": [
+            None,
+            request_authentication("reviews", "default", {"app": "reviews"}, "https://issuer.example"),
+            request_authentication("reviews", "default", {"app": "reviews"}, "https://other.example"),
+        ],
+        "ra/mesh": [None, request_authentication("mesh", SYSTEM_NS, None, "https://mesh.example")],
+        # Gateway API: a Gateway served by its own router, its HTTPRoute, and a mesh (GAMMA) route
+        "gwclass/istio": [gateway_class("istio", "istio.io/gateway-controller"), None],
+        "k8sgw/web": [
+            None,
+            k8s_gateway("web", SYSTEM_NS, "istio", [{"name": "http", "port": 80, "protocol": "HTTP",
+                                                     "allowedRoutes": ALL_ROUTES}]),
+            k8s_gateway("web", SYSTEM_NS, "istio", [{"name": "http", "port": 8080, "protocol": "HTTP",
+                                                     "hostname": "*.example.com", "allowedRoutes": ALL_ROUTES}]),
+        ],
+        "httproute/web": [
+            None,
+            http_route("web", "default", WEB_PARENT, "productpage", 9080),
+            http_route("web", "default", WEB_PARENT, "reviews", 9080, path="/reviews"),
+        ],
+        "httproute/mesh": [
+            None,
+            http_route("ratings-split", "default", RATINGS_PARENT, "reviews", 9080),
+            http_route("ratings-split", "default", RATINGS_PARENT, "ratings", 9080, path="/v2"),
+        ],
+        # Ambient waypoint of namespace shop (its Service gives it an address)
+        "waypoint/shop": [
+            None,
+            k8s_gateway("waypoint", "shop", "istio-waypoint", HBONE),
+            k8s_gateway("waypoint", "shop", "istio-waypoint", HBONE, addresses=[{"type": "IPAddress",
+                                                                                 "value": "10.96.0.98"}]),
+        ],
+        "svc/waypoint": [
+            None,
+            {"apiVersion": "v1", "kind": "Service",
+             "metadata": _meta("waypoint", "shop", labels={"gateway.istio.io/managed": "istio.io-mesh-controller"}),
+             "spec": {"clusterIP": "10.96.0.99", "ports": [{"name": "mesh", "port": 15008}]}},
+        ],
+        # Namespaces (ambient enrolment, waypoint use) and the mesh
+        "ns/shop": [
+            namespace("shop", {}),
+            namespace("shop", {"istio.io/dataplane-mode": "ambient"}),
+            namespace("shop", {"istio.io/dataplane-mode": "ambient", "istio.io/use-waypoint": "waypoint"}),
+        ],
         "ns/default": [
             namespace("default", {}),
             namespace("default", {"istio.io/dataplane-mode": "ambient"}),

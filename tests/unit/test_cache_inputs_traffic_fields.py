@@ -230,7 +230,7 @@ def test_workload_selector_never_applies_in_another_namespace(world: World) -> N
                    namespace="default"))
     elsewhere = proxy("other")
     elsewhere.metadata["LABELS"] = {"app": "productpage"}
-    assert not cluster(world.cds(elsewhere)[CLUSTER]).circuit_breakers.thresholds
+    assert cluster(world.cds(elsewhere)[CLUSTER]).circuit_breakers.thresholds[0].max_connections.value == 2**32 - 1
     assert max_connections(world, labelled({"app": "productpage"})) == 1
 
 
@@ -452,7 +452,7 @@ def test_sidecar_inbound_connection_pools(world: World) -> None:
     world.apply(sidecar_doc({"ingress": per_port, "inboundConnectionPool": {"tcp": {"maxConnections": 11}}}))
     http, tcp = cluster(world.cds(p)["inbound|9080||"]), cluster(world.cds(p)["inbound|9090||"])
     assert http.circuit_breakers.thresholds[0].max_pending_requests.value == 3
-    assert not http.circuit_breakers.thresholds[0].HasField("max_connections")
+    assert http.circuit_breakers.thresholds[0].max_connections.value == 2**32 - 1  # istiod's default
     assert http_options(http).common_http_protocol_options.idle_timeout.seconds == 15
     assert tcp.circuit_breakers.thresholds[0].max_connections.value == 11
 

@@ -211,3 +211,33 @@ def test_traffic_rule_fields_pass_envoy_validate(interception: str, tmp_path: Pa
     assert clusters["outbound|8080||unnamed.other.svc.cluster.local"]["lb_policy"] == "MAGLEV"
     assert "circuit_breakers" in clusters["inbound|18082||"]
     assert_valid(config, tmp_path)
+
+
+# What istiod applies in full that was once applied in part (tests/unit/test_istiod_defaults.py):
+# egress listeners serving a TCP service as HTTP and an HTTP one as TCP, the mesh h2 upgrade,
+# faults without percentages, a ServiceEntry's several addresses and CIDRs.
+PARTIAL_FIELDS = (
+    service("db", cluster_ip="10.96.1.8", ports=[{"name": "tcp", "port": 3306}]),
+    _rule("Sidecar", "default", {"egress": [
+        {"port": {"number": 3306, "protocol": "HTTP", "name": "http"}, "hosts": ["./db.default.svc.cluster.local"]},
+        {"port": {"number": 9080, "protocol": "TCP", "name": "tcp"}, "hosts": ["./*"]},
+        {"hosts": ["./*", "istio-system/*"]}]}),
+    _rule("ServiceEntry", "legacy", {"hosts": ["legacy.internal"], "location": "MESH_INTERNAL",
+                                     "resolution": "STATIC", "endpoints": [{"address": "10.30.0.1"}],
+                                     "addresses": ["10.20.0.1", "10.20.0.2", "192.168.0.0/16", "2001:db8::5"],
+                                     "ports": [{"number": 5432, "name": "tcp", "protocol": "TCP"},
+                                               {"number": 8081, "name": "http", "protocol": "HTTP"}]}),
+    _rule("VirtualService", "db", {"hosts": ["db"], "http": [{
+        "fault": {"delay": {"fixedDelay": "1s"}, "abort": {"httpStatus": 418}},
+        "route": [{"destination": {"host": "db"}}]}]}),
+)
+
+
+@pytest.mark.parametrize("interception", ["NONE", "REDIRECT"])
+def test_partial_field_shapes_pass_envoy_validate(interception: str, tmp_path: Path) -> None:
+    config = generated_bootstrap(interception, {"h2UpgradePolicy": "UPGRADE"}, PARTIAL_FIELDS)
+    listeners = {ld["name"]: ld for ld in config["static_resources"]["listeners"]}
+    prefix = "127.0.0.1" if interception == "NONE" else "0.0.0.0"
+    db = listeners[f"{prefix}_3306"]["filter_chains"]
+    assert any(f["name"] == "envoy.filters.network.http_connection_manager" for fc in db for f in fc["filters"])
+    assert_valid(config, tmp_path)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from pilot.config import fields_table as ft
 
 
@@ -28,7 +30,8 @@ def test_statuses_follow_the_marks_on_the_models() -> None:
     assert ap["spec.rules[].from[].source.notTrustDomains"].status == ft.APPLIED
     assert ap["spec.provider"].status == ft.FAILS_CLOSED and "deny" in ap["spec.provider"].note
     gw = rows_of("Gateway (KubernetesGateway)")
-    assert gw["spec.tls"].status == gw["spec.listeners[].tls.options"].status == ft.UNSUPPORTED
+    assert gw["spec.tls"].status == ft.UNSUPPORTED
+    assert gw["spec.listeners[].tls.options"].status == ft.APPLIED  # (keys other than tls-terminate-mode refused)
     assert gw["spec.listeners[].tls.certificateRefs[].name"].status == ft.APPLIED
     assert "status" not in gw  # ours to write, not configuration
     route = rows_of("HTTPRoute")
@@ -44,3 +47,13 @@ def test_statuses_follow_the_marks_on_the_models() -> None:
 def test_summary_counts_add_up() -> None:
     for _t, _v, _p, rows in ft.tables():
         assert sum(ft.summary(rows)) == len(rows)
+
+
+def test_the_summary_figures_are_the_tables_counts(capsys) -> None:
+    """`python -m pilot.config.fields_table --summary` (the closing note's per-kind figures)."""
+    assert ft.main(["--summary"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert set(figures) == {t for t, *_ in ft.tables()}
+    vs = next(rows for t, _v, _p, rows in ft.tables() if t == "VirtualService")
+    assert figures["VirtualService"] == dict(zip(("applied", "unsupported", "fails_closed"), ft.summary(vs), strict=True))
+    assert figures["MeshConfig"]["unsupported"] > 0 and figures["DestinationRule"]["applied"] > 0

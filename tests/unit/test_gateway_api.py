@@ -95,13 +95,20 @@ def listeners(result, name: str = "web") -> dict:
      "spec.rules[0].filters[0].cors.allowOrigin: unknown field"),
     # Gateway API 1.5/1.6 fields not applied here: refused by name, never ignored
     (gateway("- {name: a, port: 443, protocol: HTTPS, tls: {certificateRefs: [{name: c}], "
+             "options: {gateway.istio.io/tls-cipher-suites: ECDHE-RSA-AES128-GCM-SHA256}}}\n"),
+     "options['gateway.istio.io/tls-cipher-suites']: not supported"),
+    (gateway("- {name: a, port: 443, protocol: HTTPS, tls: {certificateRefs: [{name: c}], "
+             "options: {gateway.istio.io/tls-terminate-mode: ISTIO_SIMPLE}}}\n"),
+     "'ISTIO_SIMPLE' is not supported"),
+    (gateway("- {name: a, port: 443, protocol: TLS, tls: {mode: Passthrough, "
              "options: {gateway.istio.io/tls-terminate-mode: MUTUAL}}}\n"),
-     "spec.listeners[0].tls.options: options is not supported"),
+     "applies to mode Terminate only"),
     (gateway("- {name: a, port: 80, protocol: HTTP}\n",
              extra="  tls: {frontend: {default: {validation: {caCertificateRefs: [{name: ca}]}}}}\n"),
      "spec.tls: tls is not supported"),
-    (gateway("- {name: a, port: 80, protocol: HTTP}\n", extra="  infrastructure: {labels: {a: b}}\n"),
-     "spec.infrastructure: infrastructure is not supported"),
+    (gateway("- {name: a, port: 80, protocol: HTTP}\n",
+             extra="  infrastructure: {parametersRef: {group: '', kind: ConfigMap, name: x}}\n"),
+     "spec.infrastructure.parametersRef: parametersRef is not supported"),
     (gateway("- {name: a, port: 80, protocol: HTTP}\n",
              extra="  allowedListeners: {namespaces: {from: All}}\n"),
      "spec.allowedListeners: allowedListeners is not supported"),
@@ -175,9 +182,13 @@ def test_listener_conditions_for_protocols_conflicts_kinds_and_certificates():
           "Programmed": ("True", "Programmed"), "ResolvedRefs": ("True", "ResolvedRefs")}
     assert conds(ls["http"]) == ok and conds(ls["https"]) == ok
     assert conds(ls["tcp-on-80"]) == {"Accepted": ("False", "ProtocolConflict"), "Conflicted": ("True", "ProtocolConflict"),
-                                      "Programmed": ("False", "Invalid"), "ResolvedRefs": ("True", "ResolvedRefs")}
+                                      "Programmed": ("False", "ProtocolConflict"),
+                                      "ResolvedRefs": ("True", "ResolvedRefs")}
     assert conds(ls["tls-same-host"])["Conflicted"] == ("True", "HostnameConflict")
+    # istiod: an unsupported protocol is refused by Accepted alone (Programmed stays True), and
+    # the listener is not served.
     assert conds(ls["udp"])["Accepted"] == ("False", "UnsupportedProtocol") and ls["udp"]["supportedKinds"] == []
+    assert conds(ls["udp"])["Programmed"] == ("True", "Programmed")
     for name in ("missing", "no-keys", "not-a-secret"):
         assert conds(ls[name])["ResolvedRefs"] == ("False", "InvalidCertificateRef"), name
         assert conds(ls[name])["Programmed"] == ("False", "Invalid"), name
@@ -190,11 +201,15 @@ def test_listener_conditions_for_protocols_conflicts_kinds_and_certificates():
 
 def test_gateway_addresses_and_other_classes():
     store = store_of(CLASS, gateway("- {name: http, port: 80, protocol: HTTP}\n", name="ips",
-                                    extra="  addresses: [{type: IPAddress, value: 1.2.3.4}]\n"),
+                                    extra="  addresses: [{type: IPAddress, value: 1.2.3.4}, "
+                                          "{type: IPAddress, value: 1.2.3.5}]\n"),
                      gateway("- {name: http, port: 80, protocol: HTTP}\n", name="theirs", class_name="other"))
     result = translate(store, "cluster.local")
     gw = result.statuses[ConfigKey("KubernetesGateway", "infra", "ips")]
     assert conds(gw) == {"Accepted": ("False", "UnsupportedAddress"), "Programmed": ("False", "UnsupportedAddress")}
+    # No usable address at all: refused whole, as istiod does: no listener status, nothing served.
+    assert "listeners" not in gw and not any("ips" in e.key.name for e in result.gateways)
+    assert gw["conditions"][0]["message"] == "only Hostname is supported, ignoring [1.2.3.4 1.2.3.5]"
     assert ConfigKey("KubernetesGateway", "infra", "theirs") not in result.statuses
     assert all("theirs" not in e.key.name for e in result.gateways)
 
@@ -224,7 +239,8 @@ def test_route_parent_reasons_and_backend_problems():
     assert parent("bad-port")["conditions"][0]["message"] == "port 81 not found"
     assert parent("bad-port")["parentRef"] == {"name": "web", "namespace": "infra", "port": 81}
     assert conds(parent("bad-kind")) == {"Accepted": ("True", "Accepted"), "ResolvedRefs": ("False", "InvalidKind")}
-    assert conds(parent("no-port"))["ResolvedRefs"] == ("False", "BackendNotFound")
+    # A port the Service lacks is not a resolution error for istiod (the route answers 500).
+    assert conds(parent("no-port"))["ResolvedRefs"] == ("True", "ResolvedRefs")
     assert ConfigKey("HTTPRoute", "default", "elsewhere") not in result.statuses  # not ours to report on
     assert listeners(result)["http"]["attachedRoutes"] == 2  # bad-kind and no-port attached
 
@@ -417,7 +433,7 @@ def test_the_memo_reuses_only_what_no_input_of_it_changed():
         """,
     ]
     previous = again
-    key = ConfigKey("HTTPRoute", "default", "r")
+    key = (ConfigKey("HTTPRoute", "default", "r"), False)  # (route, for mesh parents)
     for doc in steps:
         store.apply(parse_object(yaml.safe_load(textwrap.dedent(doc))))
         now = translate(store, "cluster.local", previous)

@@ -105,17 +105,27 @@ def test_producer_route_and_virtual_service_for_one_host_oldest_wins():
     assert any("is already claimed by default/reviews" in c for c in index.conflicts)
 
 
-def test_missing_parent_service_or_port_is_not_accepted_and_routes_nothing():
+def test_missing_parent_service_is_not_accepted_and_routes_nothing_but_its_port_is_not_checked():
     missing = route("lost", """\
-        parentRefs: [{group: "", kind: Service, name: ratings}, {group: "", kind: Service, name: reviews, port: 81}]
+        parentRefs: [{group: "", kind: Service, name: ratings}]
         rules: [{backendRefs: [{name: reviews-v2, port: 9080}]}]
         """, kind="GRPCRoute")
     result = PushContext.build(store_of(SERVICES, missing), MeshConfig(), "m", "cluster.local", "1").gateway_api
     assert result.mesh_virtual_services == ()
-    parents = result.statuses[ConfigKey("GRPCRoute", "default", "lost")]["parents"]
-    assert [conds(p)["Accepted"] for p in parents] == [("False", "NoMatchingParent")] * 2
-    assert [p["conditions"][0]["message"] for p in parents] == ['parent service: "ratings" not found',
-                                                                "port 81 not found"]
+    (parent,) = result.statuses[ConfigKey("GRPCRoute", "default", "lost")]["parents"]
+    assert conds(parent)["Accepted"] == ("False", "NoMatchingParent")
+    assert parent["conditions"][0]["message"] == 'parent service: "ratings" not found'
+    # istiod does not check a Service parent's port against the Service: accepted, and the
+    # rules are for that port only (a port the Service lacks simply never matches).
+    other_port = route("other-port", """\
+        parentRefs: [{group: "", kind: Service, name: reviews, port: 81}]
+        rules: [{backendRefs: [{name: reviews-v2, port: 9080}]}]
+        """, kind="GRPCRoute")
+    result = PushContext.build(store_of(SERVICES, other_port), MeshConfig(), "m", "cluster.local", "1").gateway_api
+    (parent,) = result.statuses[ConfigKey("GRPCRoute", "default", "other-port")]["parents"]
+    assert conds(parent)["Accepted"] == ("True", "Accepted")
+    [vs] = result.mesh_virtual_services
+    assert {m.port for rule in vs.obj.spec.http for m in rule.match} == {81}
 
 
 def test_parent_port_limits_the_route_to_that_port_and_bad_backends_are_reported():

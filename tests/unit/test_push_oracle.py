@@ -2,7 +2,8 @@
 
 A mesh with every kind a generator reads (tests/unit/oracle_mesh.py) and connected proxies of
 every kind (sidecars with and without a mesh identity, under Sidecars and not, in iptables and
-bound-port modes, a router, a proxyless gRPC client, a ztunnel) takes hundreds of seeded random
+bound-port modes, an Istio Gateway's routers, a Gateway API Gateway's router, an ambient
+waypoint, a proxyless gRPC client, a ztunnel) takes hundreds of seeded random
 single changes. For each, the config of every proxy is generated before and after directly by
 the generators, from a context built afresh and a fresh cache (nothing shared with the server);
 the server is asked which proxies and types it pushes for the change (its own scoping decision,
@@ -44,7 +45,7 @@ from tests.support.scoping import pushed, subscribe
 from .oracle_mesh import SYSTEM_NS, slots
 
 SEED = 20261201
-CHANGES = 400
+CHANGES = 600
 DOMAIN = "cluster.local"
 ENVOY_TYPES = (T.CLUSTER, T.ENDPOINT, T.LISTENER, T.ROUTE)
 GRPC_TYPES = (T.LISTENER, T.ROUTE, T.CLUSTER, T.ENDPOINT)  # the order a gRPC client learns names in
@@ -120,6 +121,10 @@ def proxies() -> list[Proxy]:
             {"istio": "ingressgateway"},
             identity=_sa(SYSTEM_NS, "ingressgateway"),
         ),
+        # The Gateway API Gateway's own router, and shop's waypoint
+        _proxy("router", SYSTEM_NS, "web-1", "10.1.1.3", {"gateway.networking.k8s.io/gateway-name": "web"}),
+        _proxy("router", "shop", "waypoint-1", "10.1.1.4", {"gateway.networking.k8s.io/gateway-name": "waypoint"},
+               identity=_sa("shop", "waypoint")),
         _proxy("sidecar", "default", "grpc-client-1", "10.1.0.10", {"app": "ratings"}, generator="grpc"),
         _proxy("ztunnel", SYSTEM_NS, "ztunnel-1", "10.1.2.1", {"app": "ztunnel"}),
     ]
@@ -229,7 +234,8 @@ def _versions(resources: Mapping[str, CachedResource]) -> dict[str, str]:
 
 
 class Oracle:
-    def __init__(self, seed: int, features: Features | None = None) -> None:
+    def __init__(self, seed: int, features: Features | None = None,
+                 server_class: type[DiscoveryServer] = DiscoveryServer) -> None:
         self.rng = random.Random(seed)
         self.slots = slots()
         self.state = {s: 0 for s in self.slots}
@@ -238,7 +244,7 @@ class Oracle:
         for variants in self.slots.values():
             if variants[0] is not None:
                 self.store.apply(parse_object(variants[0]), source="oracle")
-        self.server = DiscoveryServer(
+        self.server = server_class(
             self.store, self.mesh, features or Features.from_env({"PILOT_ENABLE_AMBIENT": "true"})
         )
         self.requests = []
@@ -339,8 +345,9 @@ class Oracle:
                     self.misses.append(f"{what}: {conn.proxy.id} holds stale {T.SHORT[t]} {wrong[:4]}")
 
 
-async def run_oracle(seed: int = SEED, changes: int = CHANGES, scripted=()) -> Oracle:
-    o = Oracle(seed)
+async def run_oracle(seed: int = SEED, changes: int = CHANGES, scripted=(),
+                     server_class: type[DiscoveryServer] = DiscoveryServer) -> Oracle:
+    o = Oracle(seed, server_class=server_class)
     await o.start()
     for slot, variant in scripted:
         await o.step(slot, variant)
@@ -394,3 +401,24 @@ async def test_own_service_target_port_pushes_the_scoped_sidecar() -> None:
     await o.step("svc/productpage", 1)
     o.check_held("svc/productpage targetPort 9090")
     assert not o.misses, "\n".join(o.misses)
+
+
+class _ForgetsScopedSidecars(DiscoveryServer):
+    """The single-line slip the issue describes: Service changes stop reaching proxies under a
+    Sidecar (whatever their egress can see)."""
+
+    def scope(self, req, previous):
+        out = super().scope(req, previous)
+        if not any(k.kind == "Service" for k in req.config_keys):
+            return out
+        ctx = self.push_context
+        return {c: s for c, s in out.items() if ctx.sidecar_for(c.proxy.namespace, c.proxy.labels) is None}
+
+
+async def test_the_oracle_catches_a_server_that_pushes_too_little() -> None:
+    """The oracle itself can fail: against a server with that slip it reports the proxies under
+    the productpage and shop Sidecars that kept stale config."""
+    o = await run_oracle(server_class=_ForgetsScopedSidecars)
+    assert o.misses, "the oracle did not notice proxies left with stale config"
+    stale = {m.split(": ")[1].split(" ")[0] for m in o.misses if " not pushed " in m or " without " in m}
+    assert any("productpage" in p for p in stale) and any(".shop~" in p for p in stale), stale

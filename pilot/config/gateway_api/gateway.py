@@ -26,8 +26,8 @@ from pilot.config.networking.validation import _fail, _raise_if, is_ip
 
 class GatewayClassSpec(StrictModel):
     controller_name: ControllerName
-    # istiod reads a ConfigMap here to customise the gateway Deployments it creates; this control
-    # plane deploys nothing, so the settings could not take effect.
+    # istiod reads a ConfigMap here to customise the gateway Deployments it creates (strategic-merge
+    # overlays); this control plane's deployments take no overlays, so the settings could not take effect.
     parameters_ref: Unsupported = None
     description: str | None = Field(default=None, description="free text for people; nothing to apply")
 
@@ -61,20 +61,42 @@ class AllowedRoutes(StrictModel):
     kinds: list[RouteGroupKind] = Field(default_factory=list)
 
 
+TLS_TERMINATE_MODE = "gateway.istio.io/tls-terminate-mode"
+# istiod's values: MUTUAL / OPTIONAL_MUTUAL verify client certificates against the CA of the
+# listener's Secret (`ca.crt`, or a Secret NAME-cacert); ISTIO_MUTUAL terminates mesh mTLS with
+# the router's own workload certificate (no certificateRefs needed).
+TLS_TERMINATE_MODES = ("MUTUAL", "OPTIONAL_MUTUAL", "ISTIO_MUTUAL")
+
+
 class GatewayTLSConfig(StrictModel):
     mode: Literal["Terminate", "Passthrough"] = "Terminate"
     certificate_refs: list[SecretObjectReference] = Field(default_factory=list)
-    # istiod reads options such as gateway.istio.io/tls-terminate-mode (MUTUAL: require client
-    # certificates) and cipher suites; ignoring them would serve weaker TLS than asked.
-    options: Unsupported = None
+    # Of the options istiod reads, only gateway.istio.io/tls-terminate-mode is applied; any
+    # other (cipher suites...) is refused by name: ignoring it would serve other TLS than asked.
+    options: dict[str, str] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _refs(self) -> GatewayTLSConfig:
-        if self.mode == "Terminate" and not self.certificate_refs:
+        if self.mode == "Terminate" and not self.certificate_refs and not self.options:
             _fail("certificateRefs or options must be specified when mode is Terminate")
         if len(self.certificate_refs) > 64:
             _fail("at most 64 certificateRefs")
+        if len(self.options) > 16:
+            _fail("at most 16 options")
+        for key, value in self.options.items():
+            if key != TLS_TERMINATE_MODE:
+                _fail(f"options[{key!r}]: not supported (only {TLS_TERMINATE_MODE} is)")
+            if self.mode != "Terminate":
+                _fail(f"options[{key!r}]: applies to mode Terminate only")
+            if value not in TLS_TERMINATE_MODES:
+                _fail(f"options[{key!r}]: {value!r} is not supported (one of {', '.join(TLS_TERMINATE_MODES)}; "
+                      "ISTIO_SIMPLE's built-in certificate is not)")
         return self
+
+    @property
+    def terminate_mode(self) -> str:
+        """The server's TLS mode when terminating: SIMPLE unless the option says otherwise."""
+        return self.options.get(TLS_TERMINATE_MODE, "SIMPLE")
 
 
 class Listener(StrictModel):
@@ -120,6 +142,29 @@ class GatewayAddress(StrictModel):
         return self
 
 
+_INFRA_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                        r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+class GatewayInfrastructure(StrictModel):
+    """Labels and annotations for the resources deployed for the Gateway (pilot/gateway_deploy)."""
+
+    labels: dict[str, str] = Field(default_factory=dict, max_length=8)
+    annotations: dict[str, str] = Field(default_factory=dict, max_length=8)
+    # A ConfigMap of overlays in istiod; not applied here (see GatewayClassSpec.parameters_ref).
+    parameters_ref: Unsupported = None
+
+    @field_validator("labels", "annotations")
+    @classmethod
+    def _keys(cls, value: dict[str, str]) -> dict[str, str]:
+        for k, v in value.items():
+            if not _INFRA_KEY.match(k):
+                _fail(f"key {k!r} is not a qualified name (PREFIX/NAME)")
+            if len(v) > 4096:
+                _fail(f"value of {k!r} is longer than 4096 characters")
+        return value
+
+
 class GatewaySpec(StrictModel):
     gateway_class_name: str = Field(min_length=1, max_length=253)
     listeners: list[Listener] = Field(min_length=1, max_length=64)
@@ -128,7 +173,7 @@ class GatewaySpec(StrictModel):
     # certificate validation of the frontend (mTLS) and the Gateway's own certificate towards
     # backends: dropping either would be less secure than written.
     tls: Unsupported = None
-    infrastructure: Unsupported = None  # labels/annotations/parameters of deployed resources
+    infrastructure: GatewayInfrastructure | None = None  # labels/annotations of the deployed resources
     allowed_listeners: Unsupported = None  # ListenerSets attaching to this Gateway
     default_scope: Unsupported = None  # "All": routes that ask for default Gateways attach here
 

@@ -2,6 +2,7 @@
 step kept apart: `stamp` gives each condition its lastTransitionTime, carried over from the
 status already written while the condition's status does not change (meta.SetStatusCondition's
 rule), so an unchanged status is byte-for-byte the status already there and is never rewritten.
+Condition types another controller wrote on the same object or route parent are kept.
 """
 
 from __future__ import annotations
@@ -21,12 +22,21 @@ def sorted_conditions(conditions: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _stamp_conditions(previous: list[dict] | None, desired: list[dict], now: str) -> list[dict]:
-    before = {c.get("type"): c for c in previous or () if isinstance(c, dict)}
+    """Ours set in place, in the order already written; condition types we do not set (another
+    controller's, on the same object or route parent) kept as they are; new ones appended
+    (istiod's SetListenerConditions)."""
+    mine = {c["type"]: c for c in desired}
     out = []
-    for c in desired:
-        old = before.get(c["type"])
-        when = old.get("lastTransitionTime") if old is not None and old.get("status") == c["status"] else None
+    for old in previous or ():
+        if not isinstance(old, dict):
+            continue
+        c = mine.pop(old.get("type"), None)
+        if c is None:
+            out.append(old)
+            continue
+        when = old.get("lastTransitionTime") if old.get("status") == c["status"] else None
         out.append({**c, "lastTransitionTime": when or now})
+    out.extend({**c, "lastTransitionTime": now} for c in mine.values())
     return out
 
 
@@ -40,7 +50,7 @@ def _stamp(previous: Any, desired: Any, now: str) -> Any:
             if k == "conditions" and isinstance(v, list):
                 out[k] = _stamp_conditions(prev.get(k), v, now)
             elif k in ("listeners", "parents") and isinstance(v, list):
-                ident = "name" if k == "listeners" else "parentRef"
+                ident = ("name",) if k == "listeners" else ("parentRef", "controllerName")
                 old = {_ident(item, ident): item for item in prev.get(k) or () if isinstance(item, dict)}
                 out[k] = [_stamp(old.get(_ident(item, ident)), item, now) for item in v]
             else:
@@ -49,9 +59,28 @@ def _stamp(previous: Any, desired: Any, now: str) -> Any:
     return desired
 
 
-def _ident(item: dict, key: str) -> str:
-    value = item.get(key)
-    return repr(sorted(value.items())) if isinstance(value, dict) else str(value)
+def _ident(item: dict, keys: tuple[str, ...]) -> str:
+    return repr([sorted(v.items()) if isinstance(v := item.get(key), dict) else str(v) for key in keys])
+
+
+def merge_parents(current: list | None, ours: list[dict], controller: str) -> list[dict]:
+    """A route's `parents` as written: other controllers' entries untouched and where they are;
+    each of ours replacing our entry for the same parentRef in place (its conditions merged by
+    `stamp`), our entries for parents we no longer report dropped, new ones appended (istiod's
+    createRouteStatus)."""
+    desired = {_ident(p, ("parentRef",)): p for p in ours}
+    out = []
+    for p in current or ():
+        if not isinstance(p, dict):
+            continue
+        if p.get("controllerName") != controller:
+            out.append(p)
+            continue
+        mine = desired.pop(_ident(p, ("parentRef",)), None)
+        if mine is not None:
+            out.append(mine)
+    out.extend(desired.values())
+    return out
 
 
 def stamp(previous: Status | None, desired: Status, now: str) -> Status:

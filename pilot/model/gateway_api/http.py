@@ -10,7 +10,7 @@ order candidates are made in (the sort is stable). GRPCRoute methods become path
 
 Filters: RequestHeaderModifier/ResponseHeaderModifier -> headers (also on a single backendRef:
 that destination's headers); RequestRedirect -> redirect; URLRewrite -> rewrite (hostname, full
-path, or the matched prefix); RequestMirror -> mirror.
+path, or the matched prefix); RequestMirror -> mirrors (each one; several on a rule all apply).
 Backends keep their relative weights. An invalid backendRef (not found, not permitted, an
 unsupported kind) keeps its share of the weight on a cluster that never exists, which the
 route answers with 500 (gateway semantics); a rule with no usable backend at all, or with a
@@ -28,6 +28,7 @@ from pilot.config.gateway_api import GRPCRoute, HTTPRoute, first_per_name
 from pilot.config.networking import (
     Headers,
     HTTPDirectResponse,
+    HTTPMirrorPolicy,
     HTTPRedirect,
     HTTPRetry,
     HTTPRewrite,
@@ -152,7 +153,7 @@ _ERROR_500 = HTTPDirectResponse.model_construct(status=500, body=None)
 def _rule_fields(rule, kind: str, namespace: str, prefix: str | None, ctx: RouteRefs,
                  problems: list[Backend], unsupported: list[str]) -> dict:
     fields: dict = {"headers": None, "redirect": None, "rewrite": None, "mirror": None, "mirror_percentage": None,
-                    "route": [], "direct_response": None, "timeout": None, "retries": None}
+                    "mirrors": [], "route": [], "direct_response": None, "timeout": None, "retries": None}
     request = response = None
     broken = False
     for f in rule.filters:
@@ -160,14 +161,14 @@ def _rule_fields(rule, kind: str, namespace: str, prefix: str | None, ctx: Route
             request = _modifier(f.request_header_modifier)
         elif f.type == "ResponseHeaderModifier":
             response = _modifier(f.response_header_modifier)
-        elif f.type == "RequestMirror":
+        elif f.type == "RequestMirror":  # every one applies (Envoy's request_mirror_policies)
             m = f.request_mirror
             b = resolve_backend(m.backend_ref, kind, namespace, ctx.services, ctx.grants, ctx.domain)
             if b.valid:
-                fields["mirror"] = destination(b.host, b.port)
                 share = m.share
-                if share is not None:
-                    fields["mirror_percentage"] = Percent.model_construct(value=share)
+                fields["mirrors"].append(HTTPMirrorPolicy.model_construct(
+                    destination=destination(b.host, b.port),
+                    percentage=Percent.model_construct(value=share) if share is not None else None))
             else:
                 problems.append(b)
         elif f.type == "RequestRedirect":
@@ -177,8 +178,12 @@ def _rule_fields(rule, kind: str, namespace: str, prefix: str | None, ctx: Route
                 uri = r.path.value
             elif r.path is not None and prefix is not None:
                 fields["redirect_prefix"], fields["redirect_regex"] = _prefix_rewrite(prefix, r.path.value)
+            # No port: the request's (the listener's) unless a scheme is given, then the scheme's
+            # default (the spec's rule, istiod's derivePort).
+            derive = None if r.port else "FROM_PROTOCOL_DEFAULT" if r.scheme else "FROM_REQUEST_PORT"
             fields["redirect"] = HTTPRedirect.model_construct(uri=uri, authority=r.hostname, port=r.port,
-                                                              scheme=r.scheme, redirect_code=r.status_code)
+                                                              scheme=r.scheme, redirect_code=r.status_code,
+                                                              derive_port=derive)
         elif f.type == "URLRewrite":
             w = f.url_rewrite
             uri, regex = None, None
@@ -201,13 +206,15 @@ def _rule_fields(rule, kind: str, namespace: str, prefix: str | None, ctx: Route
                                                           retry_on=None, retry_remote_localities=None)
     backends = _backends(rule.backend_refs, kind, namespace, ctx, problems, unsupported)
     if broken:
-        fields["redirect"] = fields["rewrite"] = fields["mirror"] = None
+        fields["redirect"] = fields["rewrite"] = None
+        fields["mirrors"] = []
         fields["direct_response"] = _ERROR_500
     elif fields["redirect"] is None:
         dests = _destinations(backends)
         if dests is None:
             fields["direct_response"] = _ERROR_500
-            fields["rewrite"] = fields["mirror"] = None
+            fields["rewrite"] = None
+            fields["mirrors"] = []
         else:
             fields["route"] = dests
     return fields

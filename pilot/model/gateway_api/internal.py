@@ -24,6 +24,7 @@ from pilot.config.networking import (
     HTTPMatchRequest,
     HTTPRoute,
     HTTPRouteDestination,
+    L4MatchAttributes,
     PortSelector,
     RegexRewrite,
     RouteDestination,
@@ -140,13 +141,16 @@ def headers(request: HeaderOperations | None, response: HeaderOperations | None)
     return Headers.model_construct(request=request, response=response)
 
 
-def tcp_rule(routes: list[tuple[str, int, int]]) -> TCPRoute:
-    return TCPRoute.model_construct(match=[], route=[
+def tcp_rule(routes: list[tuple[str, int, int]], port: int | None = None) -> TCPRoute:
+    """`port`: only for connections to that port (a GAMMA parentRef's port)."""
+    match = [] if port is None else [L4MatchAttributes.model_construct(
+        port=port, gateways=[], source_labels={}, source_namespace=None, destination_subnets=None)]
+    return TCPRoute.model_construct(match=match, route=[
         RouteDestination.model_construct(destination=destination(h, p), weight=w) for h, p, w in routes])
 
 
-def tls_rule(sni_hosts: list[str], routes: list[tuple[str, int, int]]) -> TLSRoute:
-    match = TLSMatchAttributes.model_construct(sni_hosts=list(sni_hosts), destination_subnets=[], port=None,
+def tls_rule(sni_hosts: list[str], routes: list[tuple[str, int, int]], port: int | None = None) -> TLSRoute:
+    match = TLSMatchAttributes.model_construct(sni_hosts=list(sni_hosts), destination_subnets=[], port=port,
                                                source_labels={}, gateways=[], source_namespace=None)
     return TLSRoute.model_construct(match=[match], route=[
         RouteDestination.model_construct(destination=destination(h, p), weight=w) for h, p, w in routes])

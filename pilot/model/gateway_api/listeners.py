@@ -3,18 +3,22 @@ served, which route kinds each accepts, which certificate it presents, which con
 Gateway's address (the Service of its deployment).
 
 Protocols: HTTP and HTTPS take HTTPRoute and GRPCRoute; TLS Passthrough takes TLSRoute; TLS
-Terminate and TCP take TCPRoute. Anything else (UDP, unknown) is not accepted.
+Terminate takes TLSRoute and TCPRoute (istiod's: the connection is decrypted, then forwarded as
+the route says); TCP takes TCPRoute. Anything else (UDP, lowercase `http`, unknown) is not
+accepted, and takes no kind, but is reported Programmed as istiod does (Accepted says why).
 
 Conflicts, per port in listener order (the earlier listener keeps the port): a listener whose
 protocol class differs from the port's (HTTP against HTTPS/TLS against TCP) is ProtocolConflict;
 one with the same hostname as an earlier listener of its class (a second TCP listener alike) is
-HostnameConflict. A conflicted listener is neither accepted nor programmed.
+HostnameConflict. A conflicted listener is neither accepted nor programmed, nor a route parent.
 
 Addresses: the Service istiod's automated deployment creates, `<gateway>-<class>` in the
-Gateway's namespace, or the Service a `Hostname` address names; its cluster-local hostname is
-the address. (Its load balancer's addresses are not reported: a Service's status is not read,
-so that load-balancer updates never cause a push.) `IPAddress` addresses are not supported
-(istiod binds only Hostname addresses).
+Gateway's namespace, or the Services `Hostname` addresses name; their cluster-local hostnames
+are the addresses. The Gateway is Programmed when every one exists in its namespace and exposes
+every listener port (else AddressNotUsable, naming each miss). (Load balancer addresses are not
+reported: a Service's status is not read, so that load-balancer updates never cause a push.)
+`IPAddress` addresses are not supported beyond a single one (istiod binds only Hostname
+addresses; one IP is a request to the managed deployment's load balancer).
 """
 
 from __future__ import annotations
@@ -24,13 +28,15 @@ from dataclasses import dataclass
 
 from pilot.config.core import Secret, Service
 from pilot.config.gateway_api import GROUP, KubernetesGateway
-from pilot.model.credentials import CERT_KEYS
+from pilot.config.gateway_api.gateway import TLS_TERMINATE_MODE
+from pilot.model.credentials import CA_KEYS, CA_SUFFIX, CERT_KEYS, key_pair_problem
 from pilot.model.gateway_api.conditions import condition, sorted_conditions
 from pilot.model.gateway_api.references import ReferenceGrants
 from pilot.model.store import Entry
 
 HTTP_KINDS = ((GROUP, "HTTPRoute"), (GROUP, "GRPCRoute"))
 TLS_PASSTHROUGH_KINDS = ((GROUP, "TLSRoute"),)
+TLS_TERMINATE_KINDS = ((GROUP, "TLSRoute"), (GROUP, "TCPRoute"))
 TCP_KINDS = ((GROUP, "TCPRoute"),)
 _PORT_CLASS = {"HTTP": "http", "HTTPS": "tls", "TLS": "tls", "TCP": "tcp"}
 
@@ -54,6 +60,7 @@ class ListenerState:
     conflicted: Verdict  # ok=True: conflicted
     resolved: Verdict
     credential: str = ""  # the internal server's credentialName: NAME, or NAMESPACE/NAME across namespaces
+    tls_mode: str = ""  # a terminating listener's server mode: SIMPLE, MUTUAL, OPTIONAL_MUTUAL, ISTIO_MUTUAL
 
     @property
     def spec(self):
@@ -64,15 +71,29 @@ class ListenerState:
         return self.spec.name
 
     @property
+    def bad_tls(self) -> bool:
+        return self.resolved.reason in ("InvalidCertificateRef", "RefNotPermitted")
+
+    @property
     def programmed(self) -> bool:
-        return self.accepted.ok and not self.conflicted.ok and self.resolved.reason != "InvalidCertificateRef" \
-            and self.resolved.reason != "RefNotPermitted"
+        """Served: becomes a server of the router (what istiod counts as a valid listener)."""
+        return self.accepted.ok and not self.conflicted.ok and not self.bad_tls
+
+    @property
+    def parent(self) -> bool:
+        """Routes may name it as a parent (istiod: every listener but conflicted ones; one with
+        an unsupported protocol takes no kind, one with a bad certificate still takes routes)."""
+        return not self.conflicted.ok
 
     def status(self, attached: int, generation: int) -> dict:
-        programmed = self.programmed
-        why = "No errors found" if programmed else (
-            "Bad TLS configuration" if self.resolved.reason in ("InvalidCertificateRef", "RefNotPermitted")
-            else self.conflicted.message if self.conflicted.ok else self.accepted.message)
+        # istiod's Programmed: False for a conflict (its reason) or bad TLS; an unsupported
+        # protocol is reported by Accepted alone.
+        if self.conflicted.ok:
+            programmed = condition("Programmed", False, self.conflicted.reason, self.conflicted.message, generation)
+        elif self.bad_tls:
+            programmed = condition("Programmed", False, "Invalid", "Bad TLS configuration", generation)
+        else:
+            programmed = condition("Programmed", True, "Programmed", "No errors found", generation)
         return {
             "name": self.name,
             "supportedKinds": [{"group": g, "kind": k} for g, k in self.kinds],
@@ -81,7 +102,7 @@ class ListenerState:
                 condition("Accepted", self.accepted.ok, self.accepted.reason, self.accepted.message, generation),
                 condition("Conflicted", self.conflicted.ok, self.conflicted.reason, self.conflicted.message,
                           generation),
-                condition("Programmed", programmed, "Programmed" if programmed else "Invalid", why, generation),
+                programmed,
                 condition("ResolvedRefs", self.resolved.ok, self.resolved.reason, self.resolved.message, generation),
             ]),
         }
@@ -96,6 +117,8 @@ class GatewayState:
     programmed: Verdict
     addresses: tuple[tuple[str, str], ...]  # (type, value)
 
+    report_listeners: bool = True  # False: no address could be used at all (istiod writes no listeners)
+
     def status(self, attached: Mapping[str, int]) -> dict:
         gen = self.entry.obj.metadata.generation
         out: dict = {}
@@ -105,7 +128,8 @@ class GatewayState:
             condition("Accepted", self.accepted.ok, self.accepted.reason, self.accepted.message, gen),
             condition("Programmed", self.programmed.ok, self.programmed.reason, self.programmed.message, gen),
         ])
-        out["listeners"] = [ls.status(attached.get(ls.name, 0), gen) for ls in self.listeners]
+        if self.report_listeners:
+            out["listeners"] = [ls.status(attached.get(ls.name, 0), gen) for ls in self.listeners]
         return out
 
 
@@ -115,7 +139,7 @@ def _supported_kinds(listener) -> tuple[tuple[tuple[str, str], ...], Verdict | N
     if proto in ("HTTP", "HTTPS"):
         native = HTTP_KINDS
     elif proto == "TLS":
-        native = TLS_PASSTHROUGH_KINDS if listener.tls.mode == "Passthrough" else TCP_KINDS
+        native = TLS_PASSTHROUGH_KINDS if listener.tls.mode == "Passthrough" else TLS_TERMINATE_KINDS
     elif proto == "TCP":
         native = TCP_KINDS
     else:
@@ -152,7 +176,29 @@ def _certificate(gateway: Entry[KubernetesGateway], listener, secrets: Mapping[t
     if not any(c in data and k in data for c, k in CERT_KEYS):
         return "", Verdict(False, "InvalidCertificateRef", f"invalid certificate reference {where}, the secret has "
                                                             "no tls.crt and tls.key")
+    # A listener is never programmed with a certificate Envoy would refuse (its SDS update
+    # NACKed, the listener stuck warming): not PEM, or a key that is not the certificate's.
+    problem = key_pair_problem(secret.obj.reveal())
+    if problem:
+        return "", Verdict(False, "InvalidCertificateRef", f"invalid certificate reference {where}, the certificate "
+                                                            f"is malformed: {problem}")
     return (ref.name if ns == gateway.key.namespace else f"{ns}/{ref.name}"), None
+
+
+def _client_ca(credential: str, namespace: str, secrets: Mapping[tuple[str, str], Entry[Secret]]) -> Verdict | None:
+    """MUTUAL/OPTIONAL_MUTUAL verify clients against the CA the listener's Secret holds (or a
+    Secret NAME-cacert beside it), as an Istio Gateway's credentialName does. Without one the
+    listener is refused here rather than left waiting in Envoy for a CA that never comes."""
+    if "/" in credential:  # a grant names one Secret, not a NAME-cacert beside it
+        return Verdict(False, "InvalidCertificateRef", f"{TLS_TERMINATE_MODE} verifies clients with a CA of the "
+                                                       "Gateway's namespace: the certificate must be there too")
+    for candidate in (credential, credential + CA_SUFFIX):
+        secret = secrets.get((namespace, candidate))
+        if secret is not None and any(k in secret.obj.data for k in CA_KEYS):
+            return None
+    return Verdict(False, "InvalidCertificateRef", f"secret {namespace}/{credential} has no ca.crt (nor is there a "
+                                                   f"secret {namespace}/{credential}{CA_SUFFIX}) to verify client "
+                                                   f"certificates ({TLS_TERMINATE_MODE})")
 
 
 def evaluate_listeners(gateway: Entry[KubernetesGateway], secrets: Mapping[tuple[str, str], Entry[Secret]],
@@ -165,7 +211,7 @@ def evaluate_listeners(gateway: Entry[KubernetesGateway], secrets: Mapping[tuple
         resolved = kind_problem or Verdict(True, "ResolvedRefs", "No errors found")
         accepted = ACCEPTED
         conflicted = Verdict(False, "NoConflicts", "No errors found")
-        credential = ""
+        credential = tls_mode = ""
         cls = _PORT_CLASS.get(listener.protocol)
         if cls is None:
             hint = f'. hint: "{listener.protocol.upper()}" (uppercase) may be supported' \
@@ -186,37 +232,110 @@ def evaluate_listeners(gateway: Entry[KubernetesGateway], secrets: Mapping[tuple
             if conflicted.ok:
                 accepted = Verdict(False, conflicted.reason, conflicted.message)
             elif listener.tls is not None and listener.tls.mode == "Terminate":
-                credential, problem = _certificate(gateway, listener, secrets, grants)
-                if problem is not None:
-                    resolved = problem
+                tls_mode = listener.tls.terminate_mode
+                if tls_mode != "ISTIO_MUTUAL":  # (istiod: the router's own certificate, refs unread)
+                    credential, problem = _certificate(gateway, listener, secrets, grants)
+                    if problem is None and tls_mode != "SIMPLE":
+                        problem = _client_ca(credential, gateway.key.namespace, secrets)
+                    if problem is not None:
+                        resolved = problem
         out.append(ListenerState(gateway, i, kinds if cls is not None else (), accepted, conflicted, resolved,
-                                 credential))
+                                 credential, tls_mode))
     return tuple(out)
+
+
+def _human_join(items: list[str]) -> str:
+    if len(items) <= 2:
+        return " and ".join(items)
+    return ", ".join(items[:-1]) + ", and " + items[-1]
+
+
+def _gateway_services(gateway: Entry[KubernetesGateway], class_name: str, domain: str) -> tuple[list[str], Verdict | None]:
+    """istiod's extractGatewayServices: the Service hostnames the Gateway binds to, and why an
+    address is refused. No address, or a single IP address (a request for the managed
+    deployment's load balancer): the managed `<name>-<class>` Service. Otherwise every Hostname
+    address (a short name is a Service in the Gateway's namespace); other types are ignored."""
+    spec = gateway.obj.spec
+    ns, name = gateway.key.namespace, gateway.key.name
+    addresses = spec.addresses
+    if not addresses or (len(addresses) == 1 and addresses[0].type == "IPAddress"):
+        return [f"{name}-{class_name}.{ns}.svc.{domain}"], None
+    services, skipped = [], []
+    for a in addresses:
+        if a.type != "Hostname":
+            skipped.append(a.value)
+        else:
+            services.append(a.value if "." in a.value else f"{a.value}.{ns}.svc.{domain}")
+    if skipped:
+        return services, Verdict(False, "UnsupportedAddress", f"only Hostname is supported, ignoring [{' '.join(skipped)}]")
+    return services, None
+
+
+def _resolve_addresses(namespace: str, hosts: list[str], ports: list[int],
+                       services: Mapping[tuple[str, str], Entry[Service]], domain: str) -> tuple[list[str], list[str], bool]:
+    """istiod's ResolveGatewayInstances, on Services alone: (HOST:PORT assigned, warnings, all
+    usable). A hostname must be a Service of the Gateway's namespace exposing every listener
+    port. (Endpoints are not read: a Service's endpoints changing never rewrites status.)"""
+    internal: set[str] = set()
+    warnings: list[str] = []
+    usable = True
+    suffix = f".svc.{domain}"
+    for host in hosts:
+        # A Service's hostname is NAME.NAMESPACE.svc.DOMAIN: at most one Service anywhere has it.
+        name, _, rest = host.partition(".")
+        svc_ns = rest[:-len(suffix)] if rest.endswith(suffix) and "." not in rest[:-len(suffix)] else None
+        svc = services.get((namespace, name)) if svc_ns == namespace else None
+        if svc is None:
+            elsewhere = svc_ns is not None and (svc_ns, name) in services
+            warnings.append(f'hostname "{host}" not found in namespace "{namespace}", but it was found in namespace(s) '
+                            f'"{svc_ns}"' if elsewhere else f'hostname "{host}" not found')
+            usable = False
+            continue
+        exposed = {p.port for p in svc.obj.spec.ports}
+        for port in ports:
+            if port in exposed:
+                internal.add(f"{host}:{port}")
+            else:
+                warnings.append(f'port {port} not found for hostname "{host}"')
+                usable = False
+    return sorted(internal), sorted(warnings), usable
+
+
+def _programmed(internal: list[str], warnings: list[str], usable: bool) -> Verdict:
+    if warnings:
+        reason = "AddressNotAssigned" if usable else "AddressNotUsable"
+        if internal:
+            return Verdict(False, reason, f"Assigned to service(s) {_human_join(internal)}, but failed to assign to "
+                                          f"all requested addresses: {'; '.join(warnings)}")
+        return Verdict(False, reason, f"Failed to assign to any requested addresses: {'; '.join(warnings)}")
+    if internal:
+        return Verdict(True, "Programmed", f"Resource programmed, assigned to service(s) {_human_join(internal)}")
+    return Verdict(True, "Programmed", "Resource programmed")
 
 
 def evaluate_gateway(gateway: Entry[KubernetesGateway], class_name: str,
                      services: Mapping[tuple[str, str], Entry[Service]],
                      secrets: Mapping[tuple[str, str], Entry[Secret]], grants: ReferenceGrants, domain: str) -> GatewayState:
-    spec = gateway.obj.spec
-    ns, name = gateway.key.namespace, gateway.key.name
+    """As istiod's GatewayCollection: with no usable address at all the Gateway is refused whole
+    (no listener served or reported); an ignored address alone refuses Accepted, its listeners
+    still served. Accepted says ListenersNotValid when some listener cannot be served."""
+    hosts, address_problem = _gateway_services(gateway, class_name, domain)
+    if not hosts:
+        assert address_problem is not None
+        return GatewayState(gateway, class_name, (), address_problem,
+                            Verdict(False, "UnsupportedAddress", "Failed to assign to any requested addresses"), (),
+                            report_listeners=False)
     listeners = evaluate_listeners(gateway, secrets, grants)
-    ips = [a.value for a in spec.addresses if a.type != "Hostname"]
-    hostnames = [a.value for a in spec.addresses if a.type == "Hostname"]
-    if ips:
-        msg = f"only Hostname is supported, ignoring [{', '.join(ips)}]"
-        return GatewayState(gateway, class_name, listeners, Verdict(False, "UnsupportedAddress", msg),
-                            Verdict(False, "UnsupportedAddress", "Failed to assign to any requested addresses"), ())
-    host = hostnames[0] if hostnames else f"{name}-{class_name}.{ns}.svc.{domain}"
-    svc_name, _, rest = host.partition(".")
-    svc_ns = rest.split(".")[0] if rest else ns
-    service = services.get((svc_ns, svc_name))
-    accepted = Verdict(True, "Accepted", "Resource accepted")
-    if service is None:
-        return GatewayState(gateway, class_name, listeners, accepted, Verdict(
-            False, "AddressNotUsable", f'Failed to assign to any requested addresses: hostname "{host}" not found'), ())
-    fqdn = f"{svc_name}.{svc_ns}.svc.{domain}"
-    ports = sorted({ls.spec.port for ls in listeners})
-    assigned = ", ".join(f"{fqdn}:{p}" for p in ports)
-    return GatewayState(gateway, class_name, listeners, accepted,
-                        Verdict(True, "Programmed", f"Resource programmed, assigned to service(s) {assigned}"),
-                        (("Hostname", fqdn),))
+    valid = sum(1 for ls in listeners if ls.programmed)
+    if address_problem is not None:
+        accepted = address_problem
+    elif listeners and valid == 0:
+        accepted = Verdict(False, "ListenersNotValid", "None of the Gateway's listeners are valid")
+    elif valid < len(listeners):
+        accepted = Verdict(True, "ListenersNotValid", "One or more of the Gateway's listeners are invalid")
+    else:
+        accepted = Verdict(True, "Accepted", "Resource accepted")
+    ports = sorted({ls.spec.port for ls in listeners if ls.parent})
+    internal, warnings, usable = _resolve_addresses(gateway.key.namespace, hosts, ports, services, domain)
+    addresses = tuple(("Hostname", h) for h in dict.fromkeys(i.rpartition(":")[0] for i in internal))
+    return GatewayState(gateway, class_name, listeners, accepted, _programmed(internal, warnings, usable), addresses)

@@ -1,14 +1,18 @@
-"""GAMMA (Gateway API for service mesh): HTTPRoutes and GRPCRoutes whose parentRef is a Service
-(`group: ""`, `kind: Service`) route sidecars' outbound traffic to that Service (pure).
+"""GAMMA (Gateway API for service mesh): routes whose parentRef is a Service (`group: ""`,
+`kind: Service`) route sidecars' outbound traffic to that Service (pure). HTTPRoute and
+GRPCRoute become `http` rules, TCPRoute `tcp` rules and TLSRoute `tls` rules (by SNI: the
+route's hostnames, else the Service's own name), each limited to the parentRef's port if given.
 
 As istiod does it: the routes of one Service are merged, per route namespace, into one
 VirtualService for the Service's hostname bound to the `mesh` gateway, its rules in the spec's
 precedence order. A route in the Service's own namespace is a *producer* route, exported to
 every namespace; a route elsewhere is a *consumer* route, exported only to its own namespace
 (`exportTo: ["."]`), where it comes before any other rule for the host (see model/traffic).
-The routes' hostnames do not apply: the Service names the traffic. A parentRef naming a
-Service that does not exist, or a port the Service lacks, is not accepted (NoMatchingParent,
-istiod's reason and message).
+The routes' hostnames do not apply to HTTP: the Service names the traffic. A parentRef naming a
+Service that does not exist is not accepted (NoMatchingParent, istiod's reason and message); its
+port is not checked against the Service (istiod's neither). Backends in other namespaces need
+no ReferenceGrant for mesh parents (istiod enforces grants for Gateway parents only: the
+sidecar could reach those Services anyway).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from pilot.model.gateway_api.listeners import Verdict
 from pilot.model.store import Entry
 
 MESH = "mesh"
-MESH_ROUTE_KINDS = ("HTTPRoute", "GRPCRoute")
+MESH_ROUTE_KINDS = ("HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute")
 
 
 def is_service_parent(ref) -> bool:
@@ -34,11 +38,8 @@ def service_parent(ref, route_namespace: str,
     """The (namespace, name) of the Service a parentRef attaches the route to, or None, with
     the parent's Accepted verdict."""
     key = (ref.namespace or route_namespace, ref.name)
-    svc = services.get(key)
-    if svc is None:
+    if key not in services:
         return None, Verdict(False, "NoMatchingParent", f'parent service: "{ref.name}" not found')
-    if ref.port is not None and all(p.port != ref.port for p in svc.obj.spec.ports):
-        return None, Verdict(False, "NoMatchingParent", f"port {ref.port} not found")
     return key, Verdict(True, "Accepted", "Route was valid")
 
 

@@ -50,6 +50,15 @@ class ReferenceGrants:
         return False
 
 
+class _AllowAll(ReferenceGrants):
+    def allowed(self, *_args) -> bool:
+        return True
+
+
+# Mesh (GAMMA) parents: istiod does not enforce ReferenceGrants for them.
+NO_GRANTS_NEEDED: ReferenceGrants = _AllowAll({})
+
+
 @dataclass(frozen=True, slots=True)
 class Backend:
     """A resolved backendRef: where traffic goes, or why it cannot (then `host` is the sentinel)."""
@@ -83,6 +92,6 @@ def resolve_backend(ref, route_kind: str, route_namespace: str, services: Mappin
     svc = services.get((namespace, ref.name))
     if svc is None:
         return Backend(INVALID_BACKEND_HOST, port, w, "BackendNotFound", f"backend({host}) not found")
-    if port and all(p.port != port for p in svc.obj.spec.ports):
-        return Backend(INVALID_BACKEND_HOST, port, w, "BackendNotFound", f"backend({host}) has no port {port}")
+    # A port the Service does not expose is not refused (istiod's ResolvedRefs stays True): the
+    # route names a cluster that does not exist, which answers 500 (refused, for TCP).
     return Backend(host, port, w)

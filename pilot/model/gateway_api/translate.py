@@ -61,7 +61,13 @@ from pilot.model.gateway_api.mesh import (
     on_port,
     service_parent,
 )
-from pilot.model.gateway_api.references import INVALID_BACKEND_HOST, Backend, ReferenceGrants, resolve_backend
+from pilot.model.gateway_api.references import (
+    INVALID_BACKEND_HOST,
+    NO_GRANTS_NEEDED,
+    Backend,
+    ReferenceGrants,
+    resolve_backend,
+)
 from pilot.model.store import ConfigKey, Entry, Store, holds
 
 
@@ -72,7 +78,7 @@ class TranslationMemo:
     object (while what it is made of is the same). A full push for an unrelated change then
     redoes almost nothing, and unchanged generated Entries stay the very same objects."""
 
-    routes: dict[ConfigKey, tuple[tuple, tuple]] = field(default_factory=dict)
+    routes: dict[tuple[ConfigKey, bool], tuple[tuple, tuple]] = field(default_factory=dict)  # (route, mesh)
     virtual_services: dict[str, tuple[tuple, Entry[VirtualService]]] = field(default_factory=dict)
     gateways: dict[tuple, Entry[Gateway]] = field(default_factory=dict)
 
@@ -113,8 +119,10 @@ def _our_classes(classes: list[Entry[GatewayClass]]) -> dict[str, Entry[GatewayC
 
 def _resolved(problems: list[Backend], unsupported: list[str], generation: int) -> dict:
     if problems:
-        first = problems[0]
-        return condition("ResolvedRefs", False, first.reason, first.message, generation)
+        # istiod keeps the last invalid backend's error (each one overwrites the one before):
+        # of an unknown Service then an unknown kind, InvalidKind is reported.
+        last = problems[-1]
+        return condition("ResolvedRefs", False, last.reason, last.message, generation)
     if unsupported:
         return condition("ResolvedRefs", False, "InvalidKind", unsupported[0], generation)
     return condition("ResolvedRefs", True, "ResolvedRefs", "All references resolved", generation)
@@ -139,31 +147,39 @@ class _Pass:
     # GAMMA: (route namespace, Service namespace, Service name) -> (order, route, candidates)
     mesh: dict[tuple[str, str, str], list[tuple[int, Entry[Route], tuple[Candidate, ...]]]] = field(
         default_factory=lambda: defaultdict(list))
+    # ... and TCPRoute/TLSRoute: (order, route, parentRef port, SNI hosts, targets)
+    mesh_l4: dict[tuple[str, str, str], list[tuple[int, Entry, int | None, tuple[str, ...], tuple]]] = field(
+        default_factory=lambda: defaultdict(list))
 
-    def _rules(self, route: Entry[Route]) -> tuple:
+    def _rules(self, route: Entry[Route], mesh: bool = False) -> tuple:
         """(candidates, l4 targets, backend problems, unsupported filters) of a route, reused from
-        the previous translation when nothing it reads changed."""
+        the previous translation when nothing it reads changed. `mesh`: for Service parents,
+        where backends in other namespaces need no ReferenceGrant (istiod's rule); the same
+        as for Gateways when the route names no other namespace."""
         services = self.refs.services
         referenced = referenced_services(route)
         elsewhere = {ns for ns, _ in referenced if ns != route.key.namespace}
+        mesh = mesh and bool(elsewhere)
         signature = (route, tuple(services.get(k) for k in referenced),
-                     tuple(g for g in self.grants if g.key.namespace in elsewhere) if elsewhere else ())
-        hit = self.previous.routes.get(route.key)
+                     tuple(g for g in self.grants if g.key.namespace in elsewhere) if elsewhere and not mesh else ())
+        memo_key = (route.key, mesh)
+        hit = self.previous.routes.get(memo_key)
         if hit is not None and hit[0] == signature:
-            self.memo.routes[route.key] = hit
+            self.memo.routes[memo_key] = hit
             return hit[1]
+        refs = RouteRefs(services, NO_GRANTS_NEEDED, self.refs.domain) if mesh else self.refs
         problems: list[Backend] = []
         unsupported: list[str] = []
         candidates: list[Candidate] = []
         l4_targets: list[tuple[str, int, int]] = []
         if holds(route, HTTPRoute):
-            candidates = http_route_rules(route, self.refs, problems, unsupported)
+            candidates = http_route_rules(route, refs, problems, unsupported)
         elif holds(route, GRPCRoute):
-            candidates = grpc_route_rules(route, self.refs, problems, unsupported)
+            candidates = grpc_route_rules(route, refs, problems, unsupported)
         else:
-            l4_targets = self._l4_targets(route, problems)
+            l4_targets = self._l4_targets(route, refs, problems)
         out = (tuple(candidates), tuple(l4_targets), tuple(problems), tuple(unsupported))
-        self.memo.routes[route.key] = (signature, out)
+        self.memo.routes[memo_key] = (signature, out)
         return out
 
     def route(self, route: Entry[Route], order: int) -> None:
@@ -175,13 +191,15 @@ class _Pass:
         hosts = list(getattr(spec, "hostnames", [])) if kind != "TCPRoute" else None
         for ref in spec.parent_refs:
             if kind in MESH_ROUTE_KINDS and is_service_parent(ref):
-                parents.append(self._mesh_parent(route, order, ref, candidates, problems, unsupported, gen))
+                parents.append(self._mesh_parent(route, order, ref, self._rules(route, mesh=True), gen))
                 continue
             if not ref.refers_to_gateway():
                 continue
             gw = self.gateways.get((ref.namespace or route.key.namespace, ref.name))
-            if gw is None:
-                continue  # another controller's Gateway, or none at all: not ours to report on
+            if gw is None or not gw.report_listeners:
+                # another controller's Gateway, none at all, or one refused whole (no usable
+                # address: istiod makes it no route parent): not ours to report on
+                continue
             found, verdict = attach(route, ref, gw.listeners, self.labels, hosts)
             for a in found:
                 self._attach(route, order, a, candidates, l4_targets)
@@ -192,11 +210,17 @@ class _Pass:
         if parents:  # a route naming none of our Gateways is someone else's to report on
             self.statuses[route.key] = {"parents": parents}
 
-    def _mesh_parent(self, route: Entry[Route], order: int, ref, candidates: tuple[Candidate, ...],
-                     problems: tuple, unsupported: tuple, gen: int) -> dict:
+    def _mesh_parent(self, route: Entry[Route], order: int, ref, rules: tuple, gen: int) -> dict:
+        candidates, l4_targets, problems, unsupported = rules
         svc, verdict = service_parent(ref, route.key.namespace, self.refs.services)
         if svc is not None:
-            self.mesh[(route.key.namespace, *svc)].append((order, route, on_port(candidates, ref.port)))
+            where = (route.key.namespace, *svc)
+            if route.key.kind in ("TCPRoute", "TLSRoute"):
+                hosts = tuple(getattr(route.obj.spec, "hostnames", ())) or (
+                    f"{svc[1]}.{svc[0]}.svc.{self.refs.domain}",)
+                self.mesh_l4[where].append((order, route, ref.port, hosts, l4_targets))
+            else:
+                self.mesh[where].append((order, route, on_port(candidates, ref.port)))
         return {"parentRef": ref.as_status(), "controllerName": CONTROLLER_NAME,
                 "conditions": sorted_conditions([condition("Accepted", verdict.ok, verdict.reason, verdict.message, gen),
                                                  _resolved(list(problems), list(unsupported), gen)])}
@@ -217,8 +241,11 @@ class _Pass:
 
     def virtual_service(self, namespace: str, name: str, gateway: str, hosts: tuple[str, ...],
                         parents: tuple[str, ...], created: str, http: tuple = (), l4: tuple = (),
-                        kind: str = "HTTPRoute", export: tuple[str, ...] = ()) -> Entry[VirtualService]:
-        signature = (namespace, gateway, hosts, parents, created, http, l4, kind, export)
+                        kind: str = "HTTPRoute", export: tuple[str, ...] = (), mesh_tcp: tuple = (),
+                        mesh_tls: tuple = ()) -> Entry[VirtualService]:
+        """`mesh_tcp` ((port, targets), ...) and `mesh_tls` ((SNI hosts, port, targets), ...):
+        the L4 rules of a mesh VirtualService, which also holds its Service's HTTP rules."""
+        signature = (namespace, gateway, hosts, parents, created, http, l4, kind, export, mesh_tcp, mesh_tls)
         hit = self.previous.virtual_services.get(name)
         if hit is None or hit[0] != signature:
             extra: dict[str, list]
@@ -227,7 +254,9 @@ class _Pass:
             elif kind == "TCPRoute":
                 extra = {"tcp": [tcp_rule(list(l4))]}
             else:
-                extra = {"http": [c.rule for c in http]}
+                extra = {"http": [c.rule for c in http],
+                         "tcp": [tcp_rule(list(t), port) for port, t in mesh_tcp],
+                         "tls": [tls_rule(list(h), list(t), port) for h, port, t in mesh_tls]}
             hit = (signature, virtual_service_entry(namespace, name, gateway, list(hosts), parents, created,
                                                     export_to=export, **extra))
         self.memo.virtual_services[name] = hit
@@ -238,12 +267,11 @@ class _Pass:
         self.memo.gateways[args] = entry
         return entry
 
-    def _l4_targets(self, route: Entry[Route], problems: list[Backend]) -> list[tuple[str, int, int]]:
+    def _l4_targets(self, route: Entry[Route], refs: RouteRefs, problems: list[Backend]) -> list[tuple[str, int, int]]:
         rules = route.obj.spec.rules
         out = []
         for ref in rules[0].backend_refs if rules else ():
-            b = resolve_backend(ref, route.key.kind, route.key.namespace, self.refs.services, self.refs.grants,
-                                self.refs.domain)
+            b = resolve_backend(ref, route.key.kind, route.key.namespace, refs.services, refs.grants, refs.domain)
             if not b.valid:
                 problems.append(b)
             if b.weight > 0:
@@ -321,19 +349,25 @@ def translate(store: Store, domain: str, previous: GatewayApiResult | None = Non
 
 
 def _mesh_virtual_services(p: _Pass, domain: str) -> tuple[Entry[VirtualService], ...]:
-    """One VirtualService per (route namespace, Service): its routes' rules in precedence order.
-    Its creationTimestamp is its oldest route's, which places it among VirtualServices for the
-    same host (oldest first)."""
+    """One VirtualService per (route namespace, Service) (sidecars read one per host): its HTTP
+    routes' rules in precedence order, its TCPRoutes' and TLSRoutes' rules oldest first. Its
+    creationTimestamp is its oldest route's, which places it among VirtualServices for the same
+    host (oldest first)."""
     out = []
-    for (route_ns, svc_ns, svc), attached in sorted(p.mesh.items()):
+    for where in sorted(set(p.mesh) | set(p.mesh_l4)):
+        route_ns, svc_ns, svc = where
+        attached = p.mesh.get(where, [])
+        l4 = sorted(p.mesh_l4.get(where, []), key=lambda t: t[0])
         ranked = sorted(((c.rank, order, c) for order, _, cs in attached for c in cs), key=lambda t: t[:2])
         candidates = tuple(c for _, _, c in ranked)
-        routes = sorted(dict.fromkeys(r for _, r, _ in attached), key=_age)
+        routes = sorted(dict.fromkeys([r for _, r, _ in attached] + [t[1] for t in l4]), key=_age)
         parents = tuple(str(r.key) for r in routes)
+        tcp = tuple((port, targets) for _, r, port, _, targets in l4 if r.key.kind == "TCPRoute")
+        tls = tuple((hosts, port, targets) for _, r, port, hosts, targets in l4 if r.key.kind == "TLSRoute")
         out.append(p.virtual_service(route_ns, mesh_virtual_service_name(svc, svc_ns), MESH,
                                      (f"{svc}.{svc_ns}.svc.{domain}",), parents,
                                      routes[0].obj.metadata.creation_timestamp, http=candidates,
-                                     export=tuple(export_to(route_ns, svc_ns))))
+                                     export=tuple(export_to(route_ns, svc_ns)), mesh_tcp=tcp, mesh_tls=tls))
     return tuple(out)
 
 
@@ -343,9 +377,9 @@ def _internal_gateway(state: GatewayState, ls: ListenerState, p: _Pass) -> Entry
     if spec.protocol == "HTTP":
         protocol, mode = "HTTP", ""
     elif spec.protocol == "HTTPS":
-        protocol, mode = "HTTPS", "SIMPLE"
+        protocol, mode = "HTTPS", ls.tls_mode
     elif spec.protocol == "TLS":
-        protocol, mode = "TLS", ("PASSTHROUGH" if spec.tls.mode == "Passthrough" else "SIMPLE")
+        protocol, mode = "TLS", ("PASSTHROUGH" if spec.tls.mode == "Passthrough" else ls.tls_mode)
     else:
         protocol, mode = "TCP", ""
     return p.gateway(gw.key.namespace, gw.key.name, ls.name, gw.obj.metadata.creation_timestamp, spec.port,

@@ -3,6 +3,10 @@
 MeshConfig `discoverySelectors` limit which namespaces' Services, EndpointSlices and Pods reach
 the Store, as in istiod; when the selectors (or a namespace's labels) change, the informers
 re-apply their cached objects, with no restart and no extra LIST.
+
+With a REVISION, config objects (Istio's kinds and Gateway API's, except Gateways) labelled
+`istio.io/rev` for another revision never reach the Store, as istiod's crdclient filters them
+(pilot/model/revisions.py); Gateways are read by every revision, as in istiod.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from pilot import logging as plog
 from pilot.config.base import K8sObject
 from pilot.config.kinds import BY_NAME, Kind
 from pilot.config.mesh import LabelSelector
+from pilot.model.revisions import labels_in_revision
 from pilot.model.store import ConfigKey, Event, Store
 from pilot.sources.kube.client import Kube
 from pilot.sources.kube.informer import Informer
@@ -32,7 +37,15 @@ WATCHED_KINDS = ("Namespace", "Service", "EndpointSlice", "Pod", "Node", "Config
 # Gateway credentials are kubernetes.io/tls Secrets or generic (Opaque) ones with tls.crt/tls.key.
 # As istiod does, the apiserver filters out the two kinds that are numerous and never credentials
 # (service-account tokens, Helm release records); the Secret model keeps only TLS keys of the rest.
+# Kinds istiod's config store reads (crdclient), filtered by revision; Gateways are not (istiod
+# reads every Gateway and decides which are its own by revision and tags).
+CONFIG_GROUPS = ("networking.istio.io", "security.istio.io", "gateway.networking.k8s.io")
+UNFILTERED_CONFIG_KINDS = ("KubernetesGateway",)
 FIELD_SELECTORS = {"Secret": "type!=kubernetes.io/service-account-token,type!=helm.sh/release.v1"}
+
+
+def _everything(_obj: K8sObject) -> bool:
+    return True
 
 
 def watched_kinds() -> list[Kind]:
@@ -40,17 +53,25 @@ def watched_kinds() -> list[Kind]:
 
 
 class KubeSource:
-    def __init__(self, kube: Kube, store: Store, mesh_key: ConfigKey, selectors_of=lambda: ()) -> None:
+    def __init__(self, kube: Kube, store: Store, mesh_key: ConfigKey, selectors_of=lambda: (),
+                 revision: str = "") -> None:
         """`selectors_of()` returns the discoverySelectors of the MeshConfig now in the Store;
-        `mesh_key` is the mesh ConfigMap, whose changes may change them."""
+        `mesh_key` is the mesh ConfigMap, whose changes may change them. `revision` is REVISION
+        ("" reads config of every revision)."""
         self.kube = kube
         self.store = store
         self.mesh_key = mesh_key
         self.selectors_of = selectors_of
         self._selectors: tuple[LabelSelector, ...] = tuple(selectors_of())
         self.informers: dict[str, Informer] = {}
+        self.revision = revision
         for kind in watched_kinds():
-            accept = self._in_selected_namespace if kind.kind in SELECTED_KINDS else (lambda _o: True)
+            if kind.kind in SELECTED_KINDS:
+                accept = self._in_selected_namespace
+            elif kind.group in CONFIG_GROUPS and kind.config_kind not in UNFILTERED_CONFIG_KINDS:
+                accept = self._in_revision
+            else:
+                accept = _everything
             self.informers[kind.config_kind] = Informer(kube, kind, store, accept=accept,
                                                         field_selector=FIELD_SELECTORS.get(kind.kind))
         self._tasks: list[asyncio.Task] = []
@@ -82,6 +103,9 @@ class KubeSource:
     def objects_of(self, kind: str) -> list[K8sObject]:
         informer = self.informers.get(kind)
         return list(informer.objects.values()) if informer is not None else []
+
+    def _in_revision(self, obj: K8sObject) -> bool:
+        return labels_in_revision(obj.metadata.labels, self.revision)
 
     # --- discovery selectors ------------------------------------------------------------------
     def _in_selected_namespace(self, obj: K8sObject) -> bool:

@@ -5,8 +5,10 @@ object by object, with the status the informers last saw (ours and other control
 PUTs the status subresource only where it differs:
 - lastTransitionTime is carried over while a condition keeps its status, so an unchanged status
   compares equal and is never written again;
-- a route's `parents` entries of other controllers are kept as they are; ours are replaced, and
-  removed when the route no longer names our Gateway;
+- a route's `parents` entries of other controllers are kept as they are and where they are;
+  ours are updated in place, and removed when the route no longer names our Gateway;
+- condition types we do not set (another controller's, on a Gateway, a listener or our own
+  parent entry) are kept, as istiod's SetListenerConditions keeps them;
 - the PUT carries the resourceVersion the informer saw: a conflict (someone wrote meanwhile) is
   retried once the informer has the newer object.
 A status write changes only `status`, which the Gateway API models leave out of `spec_equal`: the
@@ -23,7 +25,7 @@ from pilot.config.base import K8sObject
 from pilot.config.gateway_api import CONTROLLER_NAME, ROUTE_KINDS
 from pilot.config.gateway_api.common import GatewayApiObject
 from pilot.config.kinds import BY_NAME
-from pilot.model.gateway_api.conditions import Status, stamp
+from pilot.model.gateway_api.conditions import Status, merge_parents, stamp
 from pilot.model.store import ConfigKey
 from pilot.sources.kube.client import ApiError, Kube
 from pilot.sources.kube.leader_worker import LeaderWorker
@@ -92,8 +94,8 @@ class StatusWriter(LeaderWorker):
         current: Status = obj.status or {}
         rv = obj.metadata.resource_version
         if key.kind in ROUTE_KINDS:
-            others = [p for p in current.get("parents") or () if p.get("controllerName") != CONTROLLER_NAME]
-            desired = {**current, "parents": others + list(desired.get("parents") or ())}
+            desired = {**current, "parents": merge_parents(current.get("parents"), list(desired.get("parents") or ()),
+                                                           CONTROLLER_NAME)}
         new = stamp(current, desired, self.clock())
         if new == current:
             return True

@@ -1,0 +1,58 @@
+"""The objects of Gateway API automated deployment (pilot/gateway_deploy/render.py), pure."""
+
+from __future__ import annotations
+
+import json
+
+from pilot.config.validation import parse_object
+from pilot.gateway_deploy.render import Inputs, controller_version_allows, is_managed, name_problem, render
+
+
+def gw(name="web", listeners=None, addresses=None, labels=None, annotations=None):
+    spec = {"gatewayClassName": "istio",
+            "listeners": listeners or [{"name": "http", "port": 80, "protocol": "HTTP"}]}
+    if addresses:
+        spec["addresses"] = addresses
+    return parse_object({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+                         "metadata": {"name": name, "namespace": "apps", "uid": "u", "labels": labels or {},
+                                      "annotations": annotations or {}}, "spec": spec})
+
+
+def by_kind(objs):
+    return {o["kind"]: o for o in objs}
+
+
+def test_a_canary_revisions_gateway_reaches_istiod_canary_and_says_so():
+    objs = by_kind(render(gw(), "istio", Inputs(revision="canary")))
+    pod = objs["Deployment"]["spec"]["template"]
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["CA_ADDR"] == "istiod-canary.istio-system.svc:15012"
+    assert json.loads(env["PROXY_CONFIG"])["discoveryAddress"] == "istiod-canary.istio-system.svc:15012"
+    assert pod["metadata"]["annotations"]["istio.io/rev"] == "canary"
+    # The Gateway's own labels and annotations are copied when spec.infrastructure sets none.
+    objs = by_kind(render(gw(labels={"team": "a"}, annotations={"x": "1", "gateway.istio.io/service-account": "s"}),
+                          "istio", Inputs()))
+    assert objs["Service"]["metadata"]["labels"]["team"] == "a"
+    assert objs["Service"]["metadata"]["annotations"] == {"x": "1"}
+    assert objs["ServiceAccount"]["metadata"]["name"] == "s"
+    assert objs["Service"]["metadata"]["labels"]["istio.io/dataplane-mode"] == "none"
+
+
+def test_service_ports_one_per_listener_port_with_unique_names_and_the_type_annotation():
+    g = gw(listeners=[{"name": "a.b", "port": 80, "protocol": "HTTP"},
+                      {"name": "a-b", "port": 81, "protocol": "HTTP", "hostname": "x.example.com"},
+                      {"name": "b", "port": 80, "protocol": "HTTP", "hostname": "y.example.com"}],
+           annotations={"networking.istio.io/service-type": "ClusterIP"})
+    svc = by_kind(render(g, "istio", Inputs()))["Service"]
+    assert [(p["name"], p["port"]) for p in svc["spec"]["ports"]] == [("status-port", 15021), ("a-b", 80), ("a-b-81", 81)]
+    assert svc["spec"]["type"] == "ClusterIP"
+
+
+def test_which_gateways_are_deployed():
+    assert is_managed(gw().spec)
+    assert is_managed(gw(addresses=[{"type": "IPAddress", "value": "10.0.0.1"}]).spec)
+    assert not is_managed(gw(addresses=[{"type": "Hostname", "value": "lb.example.com"}]).spec)
+    assert controller_version_allows({}) and controller_version_allows({"gateway.istio.io/controller-version": "5"})
+    assert not controller_version_allows({"gateway.istio.io/controller-version": "6"})
+    assert not controller_version_allows({"gateway.istio.io/controller-version": "x"})
+    assert name_problem(gw(name="a" * 60), "istio") is not None and name_problem(gw(), "istio") is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pilot.config.networking import DestinationRule
 from pilot.model.mtls import MeshTls, client_mesh_tls
+from pilot.model.protocol import Protocol
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
 from pilot.model.services import MeshService
@@ -23,6 +24,8 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
 
     view = ctx.view(None if proxy.type == "router" else ctx.sidecar_for(proxy.namespace, proxy.labels))
     has_identity = proxy.traits.mesh_tls
+    sniffing_sidecar = proxy.type == "sidecar" and ctx.settings.listeners.sniff_outbound
+    unsupported = Protocol.UNSUPPORTED
     for svc in view.services:
         dr = ctx.destination_rule(svc.hostname, proxy.namespace, svc.namespace, proxy.labels)
         origins = (svc.origin,) + ((ref(dr),) if dr else ())
@@ -33,16 +36,22 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         mesh_tls_possible = has_identity and not svc.external_name
         for port in svc.ports:
             # A sniffed port carries HTTP/1.1 and h2c alike: keep the client's version upstream.
-            downstream = proxy.type == "sidecar" and port.protocol.is_unsupported and \
-                ctx.settings.listeners.sniff_outbound
+            # (Only then is the flag passed: other clusters keep their key, and this hot loop
+            # its speed: no star-args call.)
+            downstream = sniffing_sidecar and port.protocol is unsupported
             targets = ctx.endpoints(svc, port.port) if dns else ()
             for subset in ("", *subsets):
                 name = names.outbound_cluster_name(port.port, svc.hostname, subset)
                 if want(name):
                     mesh_tls = _mesh_tls(ctx, svc, port.port, dr, subset, sans) if mesh_tls_possible else None
+                    if downstream:
+                        out.append(cache.resource(CLUSTER, name, clusters.outbound_cluster,
+                                                  svc, port, ctx.settings.clusters, dr, subset, targets, mesh_tls,
+                                                  True, origins=origins))
+                        continue
                     out.append(cache.resource(CLUSTER, name, clusters.outbound_cluster,
                                               svc, port, ctx.settings.clusters, dr, subset, targets, mesh_tls,
-                                              downstream, origins=origins))
+                                              origins=origins))
     if proxy.type == "sidecar" and not proxy.is_grpc:
         plan = ctx.inbound_plan(proxy)
         for port in plan.ports:

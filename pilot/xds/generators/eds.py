@@ -19,10 +19,17 @@ from pilot.xds.typeurls import ENDPOINT
 
 
 def build_cla(cluster_name: str, port: ServicePort, slices: tuple[Entry[EndpointSlice], ...],
-              subset_labels: tuple[tuple[str, str], ...] = (), pods: tuple[Entry[Pod], ...] = (),
-              unhealthy: bool = False) -> endpoint_pb2.ClusterLoadAssignment:
+              subset_labels: tuple[tuple[str, str], ...] = (), pods: tuple[Entry[Pod], ...] = ()
+              ) -> endpoint_pb2.ClusterLoadAssignment:
+    return endpoints.cluster_load_assignment(cluster_name, endpoints_for_port(slices, port, subset_labels, pods))
+
+
+def build_cla_with_unhealthy(cluster_name: str, port: ServicePort, slices: tuple[Entry[EndpointSlice], ...],
+                             subset_labels: tuple[tuple[str, str], ...] = (), pods: tuple[Entry[Pod], ...] = ()
+                             ) -> endpoint_pb2.ClusterLoadAssignment:
+    """PILOT_SEND_UNHEALTHY_ENDPOINTS: not-ready endpoints too, marked UNHEALTHY."""
     return endpoints.cluster_load_assignment(cluster_name,
-                                             endpoints_for_port(slices, port, subset_labels, pods, unhealthy))
+                                             endpoints_for_port(slices, port, subset_labels, pods, True))
 
 
 def build_service_entry_cla(cluster_name: str, port: ServicePort, service_entry: Entry[ServiceEntry],
@@ -93,13 +100,14 @@ def _load_assignment(ctx: PushContext, proxy: Proxy, name: str, cache: XdsCache)
         return cache.resource(ENDPOINT, name, build_service_entry_cla, name, port, se, wes, labels,
                               origins=origins)
     slices = ctx.service_slices(svc)
-    unhealthy = ctx.settings.knobs.send_unhealthy_endpoints
+    # PILOT_SEND_UNHEALTHY_ENDPOINTS: another builder, so another key (the builder is part of it).
+    build = build_cla_with_unhealthy if ctx.settings.knobs.send_unhealthy_endpoints else build_cla
     # Pods decide subset membership and each endpoint's tlsMode (auto mTLS).
     pods = ctx.service_pods(svc)
     origins = (svc.origin, *(f"EndpointSlice/{e.key.namespace}/{e.key.name}" for e in slices),
                *(f"Pod/{p.key.namespace}/{p.key.name}" for p in pods))
     if not subset:
-        return cache.resource(ENDPOINT, name, build_cla, name, port, slices, (), pods, unhealthy, origins=origins)
+        return cache.resource(ENDPOINT, name, build, name, port, slices, (), pods, origins=origins)
     # A subset's members are the endpoints whose Pods carry its labels; which subset
     # definition applies depends on the client's namespace (DestinationRule precedence).
     dr = ctx.destination_rule(host, proxy.namespace, svc.namespace, proxy.labels)
@@ -107,5 +115,5 @@ def _load_assignment(ctx: PushContext, proxy: Proxy, name: str, cache: XdsCache)
     if spec is None or dr is None:
         return None
     labels = tuple(sorted(spec.labels.items()))
-    return cache.resource(ENDPOINT, name, build_cla, name, port, slices, labels, pods, unhealthy,
+    return cache.resource(ENDPOINT, name, build, name, port, slices, labels, pods,
                           origins=(*origins, f"DestinationRule/{dr.key.namespace}/{dr.key.name}"))

@@ -234,6 +234,14 @@ SEND_UNHEALTHY_ENDPOINTS = _knob(
     "EDS carries endpoints that are not ready, marked UNHEALTHY (Envoy does not balance to them, but "
     "counts them for panic threshold and outlier detection); off, they are left out. Terminating "
     "endpoints are left out either way.")
+SCOPE_GATEWAY_TO_NAMESPACE = _knob(
+    "PILOT_SCOPE_GATEWAY_TO_NAMESPACE", "false", _bool,
+    "A gateway workload is configured only by the Gateway resources of its own namespace: "
+    "Gateways with a matching selector in other namespaces do not apply to it.")
+FILTER_GATEWAY_CLUSTER_CONFIG = _knob(
+    "PILOT_FILTER_GATEWAY_CLUSTER_CONFIG", "false", _bool,
+    "A gateway gets only the clusters of hosts its servers' VirtualServices route to, not every "
+    "service's (every one still when it has an AUTO_PASSTHROUGH server).")
 CLUSTER_ID = _knob(
     "CLUSTER_ID", "Kubernetes", str,
     "The name of the cluster this control plane runs in: the cluster of every workload it discovers "
@@ -286,11 +294,13 @@ class Features:
     http10: bool = False
     send_unhealthy_endpoints: bool = False
     cluster_id: str = "Kubernetes"
+    scope_gateway_to_namespace: bool = False
+    filter_gateway_clusters: bool = False
 
     def generation_knobs(self) -> GenerationKnobs:
         return GenerationKnobs(self.sniff_outbound, self.sniff_inbound, self.http10,
                                self.inbound_protocol_detection_timeout, self.send_unhealthy_endpoints,
-                               self.cluster_id)
+                               self.cluster_id, self.scope_gateway_to_namespace, self.filter_gateway_clusters)
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Features:
@@ -330,6 +340,8 @@ class Features:
             http10=HTTP10.get(environ),
             send_unhealthy_endpoints=SEND_UNHEALTHY_ENDPOINTS.get(environ),
             cluster_id=CLUSTER_ID.get(environ),
+            scope_gateway_to_namespace=SCOPE_GATEWAY_TO_NAMESPACE.get(environ),
+            filter_gateway_clusters=FILTER_GATEWAY_CLUSTER_CONFIG.get(environ),
         )
 
 

@@ -35,6 +35,8 @@ class GenerationKnobs:
     inbound_detection_timeout_s: float | None = None
     send_unhealthy_endpoints: bool = False  # PILOT_SEND_UNHEALTHY_ENDPOINTS
     cluster_id: str = "Kubernetes"  # CLUSTER_ID
+    scope_gateway_to_namespace: bool = False  # PILOT_SCOPE_GATEWAY_TO_NAMESPACE
+    filter_gateway_clusters: bool = False  # PILOT_FILTER_GATEWAY_CLUSTER_CONFIG
 
 
 DEFAULT_KNOBS = GenerationKnobs()

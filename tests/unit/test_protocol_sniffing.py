@@ -15,6 +15,7 @@ from google.protobuf import any_pb2
 
 from pilot.features import Features
 from pilot.model.mesh_settings import DEFAULT_KNOBS, GenerationKnobs
+from pilot.model.proxy import Proxy, parse_node_id
 from pilot.model.push_context import PushContext
 from pilot.networking.sniffing import HTTP_INSPECTOR
 from pilot.xds.cache import CachedResource
@@ -188,3 +189,44 @@ def test_sniffed_listeners_pass_envoy_validate(interception: str, tmp_path: Path
     config = static_bootstrap(ctx_with(w, GenerationKnobs(http10=True)), proxy(interception=interception))
     ok, output = envoy_validate(config, tmp_path)
     assert ok, f"envoy rejected the generated config:\n{output}"
+
+
+def test_scope_gateway_to_namespace_knob() -> None:
+    """A Gateway of another namespace configures the router by default (istiod's default), not
+    with PILOT_SCOPE_GATEWAY_TO_NAMESPACE."""
+    gateway = {"apiVersion": "networking.istio.io/v1", "kind": "Gateway",
+               "metadata": {"name": "web", "namespace": "apps"},
+               "spec": {"selector": {"istio": "ingressgateway"},
+                        "servers": [{"port": {"number": 8080, "name": "http", "protocol": "HTTP"}, "hosts": ["*"]}]}}
+    w = World()
+    w.apply(gateway)
+    router = _router()
+    shared = w.lds(router, ctx_with(w))
+    scoped = w.lds(router, ctx_with(w, GenerationKnobs(scope_gateway_to_namespace=True)))
+    assert "0.0.0.0_8080" in shared
+    assert "0.0.0.0_8080" not in scoped
+
+
+def _router(namespace: str = "istio-system") -> Proxy:
+    node_id = f"router~10.0.0.3~gw-1.{namespace}~{namespace}.svc.{DOMAIN}"
+    t, ips, pod_, ns, domain = parse_node_id(node_id)
+    return Proxy(node_id, t, ips, pod_, ns, domain, f"gw.{namespace}",
+                 {"NAMESPACE": ns, "LABELS": {"istio": "ingressgateway"}})
+
+
+def test_filter_gateway_cluster_config_knob() -> None:
+    """With PILOT_FILTER_GATEWAY_CLUSTER_CONFIG a gateway gets the clusters its routes use only."""
+    gateway = {"apiVersion": "networking.istio.io/v1", "kind": "Gateway",
+               "metadata": {"name": "web", "namespace": "istio-system"},
+               "spec": {"selector": {"istio": "ingressgateway"},
+                        "servers": [{"port": {"number": 8080, "name": "http", "protocol": "HTTP"}, "hosts": ["*"]}]}}
+    vs = {"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+          "metadata": {"name": "web", "namespace": "default"},
+          "spec": {"hosts": ["*"], "gateways": ["istio-system/web"],
+                   "http": [{"route": [{"destination": {"host": "web"}}]}]}}
+    w = world(service("other", cluster_ip="10.96.0.30"), gateway, vs)
+    all_clusters = set(w.cds(_router(), ctx_with(w)))
+    only = set(w.cds(_router(), ctx_with(w, GenerationKnobs(filter_gateway_clusters=True))))
+    assert {f"outbound|8000||{HOST}", f"outbound|9080||other.default.svc.{DOMAIN}"} <= all_clusters
+    assert f"outbound|8000||{HOST}" in only and f"outbound|9080||other.default.svc.{DOMAIN}" not in only
+    assert "BlackHoleCluster" in only

@@ -12,7 +12,7 @@ from pilot.model.store import Entry
 from pilot.networking import clusters, inbound, names
 from pilot.networking.traffic_policy import effective_policy
 from pilot.xds.cache import CachedResource, XdsCache
-from pilot.xds.generators import waypoint
+from pilot.xds.generators import gateway, waypoint
 from pilot.xds.typeurls import CLUSTER
 
 
@@ -26,7 +26,10 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
     has_identity = proxy.traits.mesh_tls
     sniffing_sidecar = proxy.type == "sidecar" and ctx.settings.listeners.sniff_outbound
     unsupported = Protocol.UNSUPPORTED
+    only = gateway.cluster_hosts(ctx, proxy) if proxy.type == "router" else None
     for svc in view.services:
+        if only is not None and svc.hostname not in only:
+            continue  # PILOT_FILTER_GATEWAY_CLUSTER_CONFIG: no route of this gateway reaches it
         dr = ctx.destination_rule(svc.hostname, proxy.namespace, svc.namespace, proxy.labels)
         origins = (svc.origin,) + ((ref(dr),) if dr else ())
         subsets = [s.name for s in dr.obj.spec.subsets] if dr else []

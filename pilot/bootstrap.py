@@ -69,6 +69,9 @@ log = plog.get("bootstrap")
 LEADER_LEASE = "istio-namespace-controller-election"
 # Per revision, suffixed -REVISION: istiod's name for its gateway deployment controller's lease.
 REVISION_LEASE = "istio-gateway-deployment"
+# Per revision too (istiod's NewPerRevisionLeaderElection of its GatewayStatusController): each
+# revision's leader writes the status of its own Gateways and of the route parents naming them.
+STATUS_LEASE = "istio-gateway-status-leader"
 
 
 def split_addr(addr: str, default_host: str = "0.0.0.0") -> tuple[str, int] | None:
@@ -341,11 +344,24 @@ class ControlPlane:
                              mesh=self._mesh_for_injection(self.mesh.peek(self.store)))
 
     def _leader_workers(self) -> list:
-        return self._shared_workers() + self._revision_workers()
+        return self._shared_workers() + self._revision_workers() + self._status_workers()
 
     def _shared_workers(self) -> list:
         """One leader among every revision (istiod's namespace controller lease)."""
-        return [w for w in (self.root_cert_writer, self.status_writer) if w is not None]
+        return [w for w in (self.root_cert_writer,) if w is not None]
+
+    def _status_workers(self) -> list:
+        return [w for w in (self.status_writer,) if w is not None]
+
+    def _gateway_is_mine(self, namespace: str, name: str) -> bool:
+        """Is this Gateway this revision's (its `istio.io/rev` label, else its namespace's,
+        against this revision and its tags)? Every revision reads every Gateway."""
+        if self.tag_watcher is None:
+            return True
+        gw = self.store.get(ConfigKey("KubernetesGateway", namespace, name))
+        ns = self.store.get(ConfigKey("Namespace", "", namespace))
+        return self.tag_watcher.current().is_mine(gw.obj.metadata.labels if gw is not None else {},
+                                                  ns.obj.metadata.labels if ns is not None else None)
 
     def _revision_workers(self) -> list:
         """One leader per revision (a per-revision lease, as istiod's gateway deployment
@@ -370,12 +386,17 @@ class ControlPlane:
                     "ConfigMap", self.features.pod_namespace, configmap_name(self.features.revision))}))
             self.tag_watcher.listeners.append(lambda _state: deployer.resync())
         source = self.kube_source
-        status = self.status_writer = StatusWriter(self.kube, source.latest, source.objects_of)
+        status = self.status_writer = StatusWriter(self.kube, source.latest, source.objects_of,
+                                                   owns_gateway=self._gateway_is_mine)
         self.gateway_status.listeners.append(status.offer)
         status.offer(self.gateway_status.desired)
+        if self.tag_watcher is not None:  # a tag moved: which Gateways are ours may have changed
+            self.tag_watcher.listeners.append(lambda _state: status.offer(self.gateway_status.desired))
         f = self.features
+        revision = f.revision or "default"
         for lease, workers in ((LEADER_LEASE, self._shared_workers()),
-                               (f"{REVISION_LEASE}-{f.revision or 'default'}", self._revision_workers())):
+                               (f"{REVISION_LEASE}-{revision}", self._revision_workers()),
+                               (f"{STATUS_LEASE}-{revision}", self._status_workers())):
             self._elect(lease, workers)
 
     def _elect(self, lease: str, workers: list) -> None:

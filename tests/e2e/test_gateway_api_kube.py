@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(120)
 API = "gateway.networking.k8s.io"
 FAST_LEASES = {"PILOT_LEADER_LEASE_DURATION": "3s", "PILOT_LEADER_RENEW_DEADLINE": "2s",
                "PILOT_LEADER_RETRY_PERIOD": "500ms"}
-LEASE = "istio-namespace-controller-election"
+LEASE = "istio-gateway-status-leader-default"  # the status writer's (per revision)
 CRDS = (("v1", "gatewayclasses", "GatewayClass", False), ("v1", "gateways", "Gateway", True),
         ("v1", "httproutes", "HTTPRoute", True), ("v1", "grpcroutes", "GRPCRoute", True),
         ("v1alpha2", "tcproutes", "TCPRoute", True), ("v1alpha2", "tlsroutes", "TLSRoute", True),

@@ -7,6 +7,7 @@ Condition types another controller wrote on the same object or route parent are 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 Status = dict[str, Any]
@@ -63,8 +64,10 @@ def _ident(item: dict, keys: tuple[str, ...]) -> str:
     return repr([sorted(v.items()) if isinstance(v := item.get(key), dict) else str(v) for key in keys])
 
 
-def merge_parents(current: list | None, ours: list[dict], controller: str) -> list[dict]:
-    """A route's `parents` as written: other controllers' entries untouched and where they are;
+def merge_parents(current: list | None, ours: list[dict], controller: str,
+                  keep: Callable[[dict], bool] = lambda _p: False) -> list[dict]:
+    """A route's `parents` as written: other controllers' entries untouched and where they are
+    (and those of our controller name that `keep` says another revision answers for);
     each of ours replacing our entry for the same parentRef in place (its conditions merged by
     `stamp`), our entries for parents we no longer report dropped, new ones appended (istiod's
     createRouteStatus)."""
@@ -73,7 +76,7 @@ def merge_parents(current: list | None, ours: list[dict], controller: str) -> li
     for p in current or ():
         if not isinstance(p, dict):
             continue
-        if p.get("controllerName") != controller:
+        if p.get("controllerName") != controller or keep(p):
             out.append(p)
             continue
         mine = desired.pop(_ident(p, ("parentRef",)), None)

@@ -10,7 +10,11 @@ PUTs the status subresource only where it differs:
 - condition types we do not set (another controller's, on a Gateway, a listener or our own
   parent entry) are kept, as istiod's SetListenerConditions keeps them;
 - the PUT carries the resourceVersion the informer saw: a conflict (someone wrote meanwhile) is
-  retried once the informer has the newer object.
+  retried once the informer has the newer object;
+- with several revisions, each revision's leader writes only for the Gateways that are its own
+  (`owns_gateway`: istiod's tag watcher, IsMine): their status, and the route parent entries
+  naming them. Another revision's entries carry the same controllerName, so they are told
+  apart by the Gateway they name and kept as they are.
 A status write changes only `status`, which the Gateway API models leave out of `spec_equal`: the
 Store sees no change, so it never causes a push.
 """
@@ -22,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from pilot import logging as plog
 from pilot.config.base import K8sObject
-from pilot.config.gateway_api import CONTROLLER_NAME, ROUTE_KINDS
+from pilot.config.gateway_api import CONTROLLER_NAME, GROUP, ROUTE_KINDS
 from pilot.config.gateway_api.common import GatewayApiObject
 from pilot.config.kinds import BY_NAME
 from pilot.model.gateway_api.conditions import Status, merge_parents, stamp
@@ -45,11 +49,14 @@ class StatusWriter(LeaderWorker):
     task_name = "gateway-status-writer"
 
     def __init__(self, kube: Kube, lookup: Callable[[ConfigKey], K8sObject | None],
-                 objects_of: Callable[[str], Iterable[K8sObject]], clock: Callable[[], str] = now_rfc3339) -> None:
+                 objects_of: Callable[[str], Iterable[K8sObject]], clock: Callable[[], str] = now_rfc3339,
+                 owns_gateway: Callable[[str, str], bool] = lambda _namespace, _name: True) -> None:
         """`lookup(key)` is the informers' latest copy of an object (with its status and
-        resourceVersion); `objects_of(kind)` every object of a kind they hold."""
+        resourceVersion); `objects_of(kind)` every object of a kind they hold; `owns_gateway(ns,
+        name)` whether a Gateway is this revision's to report on."""
         super().__init__()
         self.kube = kube
+        self.owns_gateway = owns_gateway
         self.lookup = lookup
         self.objects_of = objects_of
         self.clock = clock
@@ -77,11 +84,14 @@ class StatusWriter(LeaderWorker):
         desired = self._desired
         ok = True
         for key, status in desired.items():
+            if key.kind == "KubernetesGateway" and not self.owns_gateway(key.namespace, key.name):
+                continue  # another revision's Gateway: its own leader writes it
             ok &= await self._reconcile(key, status)
         for kind in ROUTE_KINDS:  # routes that stopped naming our Gateways: drop our parents
             for obj in list(self.objects_of(kind)):
                 key = ConfigKey.of(obj)
-                if key not in desired and isinstance(obj, GatewayApiObject) and _ours(obj.status.get("parents")):
+                if key not in desired and isinstance(obj, GatewayApiObject) and any(
+                        self._mine(p, key.namespace) for p in obj.status.get("parents") or ()):
                     ok &= await self._reconcile(key, {"parents": []})
         self._written = {k: v for k, v in self._written.items() if k in desired}  # forget deleted objects
         return ok
@@ -94,8 +104,10 @@ class StatusWriter(LeaderWorker):
         current: Status = obj.status or {}
         rv = obj.metadata.resource_version
         if key.kind in ROUTE_KINDS:
-            desired = {**current, "parents": merge_parents(current.get("parents"), list(desired.get("parents") or ()),
-                                                           CONTROLLER_NAME)}
+            ours = [p for p in desired.get("parents") or () if self._owns_parent(p.get("parentRef"), key.namespace)]
+            desired = {**current, "parents": merge_parents(
+                current.get("parents"), ours, CONTROLLER_NAME,
+                keep=lambda p: not self._owns_parent(p.get("parentRef"), key.namespace))}
         new = stamp(current, desired, self.clock())
         if new == current:
             return True
@@ -129,5 +141,16 @@ class StatusWriter(LeaderWorker):
         await self.kube.request("PUT", kind.path(key.namespace or None, key.name) + "/status", body=body)
 
 
-def _ours(parents) -> bool:
-    return any(isinstance(p, dict) and p.get("controllerName") == CONTROLLER_NAME for p in parents or ())
+    def _mine(self, parent: object, route_namespace: str) -> bool:
+        """A route parent entry this leader wrote and still answers for."""
+        return (isinstance(parent, dict) and parent.get("controllerName") == CONTROLLER_NAME
+                and self._owns_parent(parent.get("parentRef"), route_namespace))
+
+    def _owns_parent(self, ref: object, route_namespace: str) -> bool:
+        """Gateway parents by their Gateway's revision; a Service (mesh) parent is every
+        revision's alike (each computes it from the same route)."""
+        if not isinstance(ref, dict):
+            return True
+        if ref.get("kind", "Gateway") != "Gateway" or ref.get("group", GROUP) != GROUP:
+            return True
+        return self.owns_gateway(str(ref.get("namespace") or route_namespace), str(ref.get("name", "")))

@@ -7,12 +7,14 @@ import asyncio
 import textwrap
 
 import aiohttp
+import grpc
 import pytest
 
 from tests.e2e.mesh_config import endpoint_slice_yaml, fqdn, service_yaml
 from tests.support.backends import http_get
 from tests.support.control_plane import ControlPlane
 from tests.support.envoy import Envoy
+from tests.support.grpc_echo import METHOD, GrpcEchoBackend
 from tests.support.node import sidecar_node_id
 from tests.support.ports import free_ports
 from tests.support.wait import wait_for
@@ -155,3 +157,52 @@ async def test_unnamed_port_routes_http_at_l7_and_passes_tcp(tmp_path):
 
 async def _is(result, expected) -> bool:
     return await result == expected
+
+
+async def test_unnamed_port_routes_h2c_grpc_at_l7(tmp_path):
+    """HTTP/2 with prior knowledge (a plaintext gRPC client) is sniffed as h2c: a VirtualService
+    header match picks the backend, and the cluster keeps HTTP/2 upstream (gRPC needs it)."""
+    (port,) = free_ports(1)
+    stable, canary = GrpcEchoBackend("rpc-v1"), GrpcEchoBackend("rpc-canary")
+    await stable.start()
+    await canary.start()
+    cp = ControlPlane(tmp_path)
+    cp.write("rpc.yaml", service_yaml("rpc", port, port_name="api") + "---\n"
+             + endpoint_slice_yaml("rpc", stable.port, port_name="api") + "---\n"
+             + service_yaml("rpc2", port, port_name="api") + "---\n"
+             + endpoint_slice_yaml("rpc2", canary.port, port_name="api") + "---\n"
+             + textwrap.dedent("""\
+                apiVersion: networking.istio.io/v1
+                kind: VirtualService
+                metadata: {name: rpc, namespace: default}
+                spec:
+                  hosts: [rpc]
+                  http:
+                  - match: [{headers: {x-canary: {exact: "yes"}}}]
+                    route: [{destination: {host: rpc2}}]
+                  - route: [{destination: {host: rpc}}]
+                """))
+    envoy = Envoy()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.default_authority", "rpc")])
+    call = channel.unary_unary(METHOD)
+    try:
+        await cp.start()
+        await envoy.start(Envoy.bootstrap(NODE, cp.xds_port), tmp_path)
+
+        async def answer(metadata) -> bytes | None:
+            try:
+                return await call(b"hi", metadata=metadata, timeout=3)
+            except grpc.aio.AioRpcError:
+                return None
+
+        async def canary_answers() -> bool:
+            return await answer((("x-canary", "yes"),)) == b"rpc-canary:hi"
+
+        await wait_for(canary_answers, timeout=30, message=f"h2c header match on the unnamed port\n{cp.log_tail()}")
+        assert await answer(()) == b"rpc-v1:hi"
+    finally:
+        await channel.close()
+        await envoy.stop()
+        await cp.stop()
+        await stable.stop()
+        await canary.stop()

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import resource
 import sys
 from pathlib import Path
 
 import grpc
 import psutil
+from envoy.service.discovery.v3 import discovery_pb2
 
 from benchmarks import ipc, responses
 from benchmarks.mesh import namespace
@@ -71,7 +73,8 @@ class LoadGenerator:
 
     async def connect(self, msg: dict) -> dict:
         start, count = int(msg.get("start", len(self.proxies))), int(msg["count"])
-        new = [SimProxy(i, namespace(i % self.namespaces), self.delta, self._on_ack, capture=(i == 0))
+        every = bool(msg.get("capture_all"))  # keep every proxy's last responses (for `sharing`)
+        new = [SimProxy(i, namespace(i % self.namespaces), self.delta, self._on_ack, capture=every or i == 0)
                for i in range(start, start + count)]
         self.proxies.extend(new)
         loop = asyncio.get_running_loop()
@@ -114,6 +117,30 @@ class LoadGenerator:
         Path(msg["path"]).write_bytes(raw)
         return {"bytes": len(raw)}
 
+    async def sharing(self, msg: dict) -> dict:
+        """Per type, over the last SotW response of every capturing proxy: the resources and
+        bytes the proxies hold, and how many of those bytes are distinct (a resource's serialised
+        Any is identical for every proxy given it when the server shares it)."""
+        out = {}
+        for short in msg.get("types", ("cds", "lds", "rds")):
+            type_url = TYPE_URL[short]
+            held = held_bytes = 0
+            distinct: dict[bytes, int] = {}
+            for p in self.proxies:
+                raw = p.last_raw.get(type_url)
+                if raw is None or self.delta:
+                    continue
+                for r in discovery_pb2.DiscoveryResponse.FromString(raw).resources:
+                    b = r.SerializeToString()
+                    held += 1
+                    held_bytes += len(b)
+                    distinct[hashlib.blake2b(b, digest_size=16).digest()] = len(b)
+            unique = sum(distinct.values())
+            out[short] = {"resources_held": held, "bytes_held": held_bytes, "distinct_resources": len(distinct),
+                          "distinct_bytes": unique,
+                          "shared_fraction": round(1 - unique / held_bytes, 4) if held_bytes else None}
+        return out
+
     async def stats(self, msg: dict) -> dict:
         return {"proxies": len(self.proxies), "open": sum(not p.closed for p in self.proxies),
                 "responses": dict(self.responses), "bytes": dict(self.bytes),
@@ -138,7 +165,7 @@ class LoadGenerator:
 async def amain(args: argparse.Namespace) -> None:
     lg = LoadGenerator(args.target, args.channels, args.delta, args.namespaces)
     handlers = {"connect": lg.connect, "synced": lg.synced, "converge": lg.converge, "watching": lg.watching,
-                "capture": lg.capture, "stats": lg.stats, "disconnect": lg.disconnect}
+                "capture": lg.capture, "stats": lg.stats, "disconnect": lg.disconnect, "sharing": lg.sharing}
     try:
         await ipc.serve_commands({"ready": True, "target": args.target}, handlers)
     finally:

@@ -81,6 +81,56 @@ data:
 """
 
 
+def _selective_filter(k: int, ns: str, svc: Service) -> str:
+    return f"""apiVersion: networking.istio.io/v1alpha3
+kind: EnvoyFilter
+metadata: {{name: selective-{k}, namespace: {ns}}}
+spec:
+  workloadSelector: {{labels: {{bench-workload: w{k}}}}}
+  configPatches:
+  - applyTo: HTTP_FILTER
+    match:
+      context: SIDECAR_OUTBOUND
+      listener:
+        filterChain:
+          filter:
+            name: envoy.filters.network.http_connection_manager
+            subFilter: {{name: envoy.filters.http.router}}
+    patch:
+      operation: INSERT_BEFORE
+      value:
+        name: envoy.filters.http.lua
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua
+          inlineCode: "function envoy_on_response(h) h:headers():add('x-bench', '{k}') end"
+  - applyTo: CLUSTER
+    match: {{context: SIDECAR_OUTBOUND, cluster: {{service: {svc.host}}}}}
+    patch: {{operation: MERGE, value: {{per_connection_buffer_limit_bytes: {65536 + k}}}}}
+"""
+
+
+def _mesh_filter(j: int, svc: Service) -> str:
+    if j % 2 == 0:
+        patch = f"""  - applyTo: CLUSTER
+    match: {{context: SIDECAR_OUTBOUND, cluster: {{service: {svc.host}}}}}
+    patch: {{operation: MERGE, value: {{per_connection_buffer_limit_bytes: {131072 + j}}}}}
+"""
+    else:
+        patch = f"""  - applyTo: ROUTE_CONFIGURATION
+    match: {{context: SIDECAR_OUTBOUND}}
+    patch:
+      operation: MERGE
+      value: {{response_headers_to_add: [{{header: {{key: x-mesh-{j}, value: "1"}}}}]}}
+"""
+    return f"""apiVersion: networking.istio.io/v1alpha3
+kind: EnvoyFilter
+metadata: {{name: mesh-{j}, namespace: {SYSTEM_NAMESPACE}}}
+spec:
+  priority: {j}
+  configPatches:
+{patch}"""
+
+
 class MeshFiles:
     """Writes and mutates the mesh; every write is atomic (rename), as kubectl-like tools do."""
 
@@ -101,6 +151,23 @@ class MeshFiles:
             self._write(f"services/{svc.name}.yaml", _service_yaml(svc))
             self._write(f"endpoints/{svc.name}.yaml", _slice_yaml(svc, 0))
 
+    def write_envoy_filters(self, selective: int, mesh_wide: int) -> list[str]:
+        """EnvoyFilters: `selective` ones each selecting one `bench-workload` label in its
+        namespace (a few proxies: see benchmarks/proxy.py), inserting a Lua HTTP filter before the
+        router and merging a field into one service's cluster; `mesh_wide` ones in the root
+        namespace without a selector, alternately merging into one service's cluster and adding
+        a response header to every route configuration. Returns the files written."""
+        names = []
+        services = self.services or [Service(0, "svc-0", namespace(0))]
+        for k in range(selective):
+            svc = services[k % len(services)]
+            ns = namespace(k % self.namespaces)
+            names.append(self._write(f"envoyfilters/selective-{k}.yaml", _selective_filter(k, ns, svc)))
+        for j in range(mesh_wide):
+            svc = services[(j * 7 + 3) % len(services)]
+            names.append(self._write(f"envoyfilters/mesh-{j}.yaml", _mesh_filter(j, svc)))
+        return names
+
     def bump_connect_timeout(self) -> None:
         """A mesh-wide change: every outbound cluster's bytes change, so every proxy gets new CDS."""
         self._connect_timeout_ms += 100
@@ -112,10 +179,11 @@ class MeshFiles:
         self._generation[svc.index] = gen
         self._write(f"endpoints/{svc.name}.yaml", _slice_yaml(svc, gen))
 
-    def _write(self, name: str, text: str) -> None:
+    def _write(self, name: str, text: str) -> str:
         path = self.root / name
         path.parent.mkdir(parents=True, exist_ok=True)
         # A dot-file is ignored by the file source, so the half-written temp file is never read.
         tmp = path.parent / f".{path.name}.tmp"
         tmp.write_text(text)
         os.replace(tmp, path)
+        return name

@@ -40,10 +40,19 @@ class Received:
         self.size = size  # bytes of the serialised response
 
 
+WORKLOADS = 50  # distinct `bench-workload` labels: a workloadSelector on one picks 1 proxy in 50
+
+
+def workload_label(index: int) -> str:
+    return f"w{index % WORKLOADS}"
+
+
 def node_for(index: int, namespace: str) -> base_pb2.Node:
     ip = f"10.{200 + (index >> 16) % 50}.{(index >> 8) & 255}.{index & 255}"
     md = struct_pb2.Struct()
-    md.update({"NAMESPACE": namespace, "INTERCEPTION_MODE": "NONE", "ISTIO_VERSION": "bench"})
+    # The label is read only by selectors that ask for it (the envoyfilter scenario's).
+    md.update({"NAMESPACE": namespace, "INTERCEPTION_MODE": "NONE", "ISTIO_VERSION": "bench",
+               "LABELS": {"bench-workload": workload_label(index)}})
     return base_pb2.Node(id=f"sidecar~{ip}~proxy-{index}.{namespace}~{namespace}.svc.cluster.local",
                          cluster=f"proxy-{index}.{namespace}", metadata=md)
 

@@ -339,6 +339,33 @@ metadata: {name: istio}
 spec:
   controllerName: istio.io/gateway-controller
   description: Istio's class
+---
+apiVersion: networking.istio.io/v1alpha3
+kind: EnvoyFilter
+metadata: {name: lua, namespace: apps}
+spec:
+  workloadSelector: {labels: {app: cart}}
+  priority: 1
+  configPatches:
+  - applyTo: HTTP_FILTER
+    match:
+      context: SIDECAR_INBOUND
+      listener:
+        portNumber: 8080
+        filterChain:
+          filter:
+            name: envoy.filters.network.http_connection_manager
+            subFilter: {name: envoy.filters.http.router}
+    patch:
+      operation: INSERT_BEFORE
+      value:
+        name: envoy.filters.http.lua
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua
+          inlineCode: "function envoy_on_response(h) h:headers():add('x-lua', '1') end"
+  - applyTo: CLUSTER
+    match: {context: SIDECAR_OUTBOUND, cluster: {service: cart.apps.svc.cluster.local, portNumber: 8080}}
+    patch: {operation: MERGE, value: {connect_timeout: 3s}}
 """))
 
 

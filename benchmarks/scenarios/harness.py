@@ -31,8 +31,12 @@ class Loadgen:
         self.child = child
         self.opts = opts
 
-    async def connect(self, start: int, count: int) -> dict:
-        return await self.child.request("connect", start=start, count=count)
+    async def connect(self, start: int, count: int, capture_all: bool = False) -> dict:
+        return await self.child.request("connect", start=start, count=count, capture_all=capture_all)
+
+    async def sharing(self) -> dict:
+        """Per type: resources and bytes held over all proxies, and the distinct bytes among them."""
+        return await self.child.request("sharing", wait=120)
 
     async def synced(self, timeout: float) -> dict:
         return await self.child.request("synced", timeout=timeout, wait=timeout + 30)
@@ -97,10 +101,10 @@ class Harness:
         child, _ = await self.child("benchmarks.loadgen", args, label)
         return Loadgen(child, self.opts)
 
-    async def connect_all(self, lg: Loadgen, count: int, start: int = 0) -> dict:
+    async def connect_all(self, lg: Loadgen, count: int, start: int = 0, capture_all: bool = False) -> dict:
         """Connect proxies and wait until each holds its full config; a setup step, so any
         proxy left without config makes the scenario fail rather than report half a mesh."""
-        await lg.connect(start, count)
+        await lg.connect(start, count, capture_all)
         sync = await lg.synced(self.opts.timeout())
         if sync["synced"] != sync["proxies"]:
             raise RuntimeError(f"only {sync['synced']}/{sync['proxies']} proxies got full config: "

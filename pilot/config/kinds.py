@@ -17,6 +17,7 @@ from pilot.config.gateway_api import (
 )
 from pilot.config.networking import (
     DestinationRule,
+    EnvoyFilter,
     Gateway,
     ServiceEntry,
     Sidecar,
@@ -78,6 +79,8 @@ KINDS: tuple[Kind, ...] = (
     Kind("networking.istio.io", ISTIO_VERSIONS, "WorkloadEntry", "workloadentries", True, WorkloadEntry),
     Kind("networking.istio.io", ISTIO_VERSIONS, "Sidecar", "sidecars", True, Sidecar),
     Kind("networking.istio.io", ISTIO_VERSIONS, "Gateway", "gateways", True, Gateway),
+    # EnvoyFilter is served as v1alpha3 only (istio never promoted it).
+    Kind("networking.istio.io", ("v1alpha3",), "EnvoyFilter", "envoyfilters", True, EnvoyFilter),
     # security.istio.io: v1 is read and written; v1beta1 serves the same schema.
     Kind("security.istio.io", SECURITY_VERSIONS, "PeerAuthentication", "peerauthentications", True,
          PeerAuthentication),

@@ -265,6 +265,9 @@ class DebugHandlers:
                       "conflicts": list(ctx.conflicts) + list(ctx.traffic.conflicts)
                       + list(destination_problems(ctx.traffic, set(ctx.by_host), ctx.domain))
                       + self._inbound_problems(),
+                      # EnvoyFilter revisions left out because a proxy rejected what they made.
+                      "envoyFilterRejections": sorted(s.rejected_envoy_filters.values(),
+                                                      key=lambda r: r["envoyFilter"]),
                       "pushes": [p.as_dict() for p in s.history.recent()]})
 
     def _inbound_problems(self) -> list[str]:

@@ -17,6 +17,7 @@ A facet is a small tuple naming one thing a lookup depended on, present or absen
   with a wildcard host, ("dr*",) / ("vs*",), meets every such lookup), ("dr-all",) every
   DestinationRule;
 - ("sidecars", NS) the Sidecars of a namespace (selection runs over all of them);
+- ("envoyfilters", NS) the EnvoyFilters of a namespace (the root namespace's select everywhere);
 - ("security", NS) PeerAuthentications, AuthorizationPolicies, RequestAuthentications of NS;
   ("jwks",) keys fetched for RequestAuthentication;
 - ("workload-entries", NS), ("service-entry", NS, NAME), ("secret", NS, NAME);
@@ -77,6 +78,10 @@ def virtual_service(h: str) -> tuple:
 
 def sidecars(namespace: str) -> tuple:
     return ("sidecars", namespace)
+
+
+def envoy_filters(namespace: str) -> tuple:
+    return ("envoyfilters", namespace)
 
 
 def security(namespace: str) -> tuple:
@@ -170,6 +175,7 @@ def describe(f: tuple) -> str:
         "vs": "VirtualServices for host {}",
         "vs*": "VirtualServices with a wildcard host",
         "sidecars": "Sidecars in namespace {}",
+        "envoyfilters": "EnvoyFilters in namespace {}",
         "sidecar-egress": "every Service the egress hosts of Sidecar/{}/{} may name",
         "security": "PeerAuthentication, AuthorizationPolicy, RequestAuthentication in namespace {}",
         "jwks": "keys fetched for RequestAuthentication jwksUri",
@@ -225,6 +231,8 @@ def change_of(keys: Iterable[ConfigKey], old, new, *, mesh_changed: bool, servic
             facets.add(pod(k.namespace, k.name))
         elif k.kind == "Sidecar":
             facets.add(sidecars(k.namespace))
+        elif k.kind == "EnvoyFilter":
+            facets.add(envoy_filters(k.namespace))
         elif k.kind in ("PeerAuthentication", "AuthorizationPolicy", "RequestAuthentication"):
             facets.add(security(k.namespace))
         elif k.kind == "WorkloadEntry":

@@ -14,9 +14,17 @@ from types import MappingProxyType
 from pilot.config.core import EndpointSlice, Pod, Secret, Service
 from pilot.config.gateway_api import KubernetesGateway
 from pilot.config.mesh import MeshConfig
-from pilot.config.networking import DestinationRule, ServiceEntry, Sidecar, VirtualService, WorkloadEntry
+from pilot.config.networking import (
+    DestinationRule,
+    EnvoyFilter,
+    ServiceEntry,
+    Sidecar,
+    VirtualService,
+    WorkloadEntry,
+)
 from pilot.config.security import AuthorizationPolicy
 from pilot.model import dependencies as dep
+from pilot.model import envoy_filters as ef
 from pilot.model.ambient.index import AMBIENT_INPUT_KINDS, AmbientInputs
 from pilot.model.gateway_api import EMPTY as NO_GATEWAY_API
 from pilot.model.gateway_api import GatewayApiResult, translate
@@ -45,7 +53,7 @@ ENDPOINT_KINDS = frozenset({"EndpointSlice", "Pod", "WorkloadEntry", "Node"})
 # Every Store kind `build` reads, directly or through its indexes and translations (Gateway API
 # reads Services, Secrets and Namespace labels too). Other kinds cannot change generated config.
 CONTEXT_KINDS = ENDPOINT_KINDS | AMBIENT_INPUT_KINDS | frozenset({
-    "Service", "ServiceEntry", "VirtualService", "DestinationRule", "Sidecar", "Gateway", "Secret",
+    "Service", "ServiceEntry", "VirtualService", "DestinationRule", "Sidecar", "Gateway", "Secret", "EnvoyFilter",
     "PeerAuthentication", "AuthorizationPolicy", "RequestAuthentication", "Namespace",
     "GatewayClass", "KubernetesGateway", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute", "ReferenceGrant"})
 
@@ -93,15 +101,20 @@ class PushContext:
     ambient: AmbientInputs = field(default_factory=AmbientInputs)  # what only ztunnel's config reads
     # Gateway API objects: the Istio config they become (also in `gateways`) and their status.
     gateway_api: GatewayApiResult = NO_GATEWAY_API
+    # EnvoyFilters by namespace (their patches apply last, in pilot/xds/generators/envoy_filter.py).
+    envoy_filters: Mapping[str, tuple[Entry[EnvoyFilter], ...]] = field(default_factory=dict)
     # The Deps being recorded (innermost last) while a result is generated: see `recording`.
     _rec: list = field(default_factory=list, compare=False, repr=False)
 
     @classmethod
     def build(cls, store: Store, mesh: MeshConfig, mesh_version: str, domain: str, version: str,
               previous: PushContext | None = None, jwks: JwksSnapshot | None = None,
+              disabled_envoy_filters: frozenset = frozenset(),
               knobs: GenerationKnobs = DEFAULT_KNOBS) -> PushContext:
         """Services whose Service object did not change are carried over from `previous` as the
-        same objects, so cache keys built from them compare by identity, not field by field."""
+        same objects, so cache keys built from them compare by identity, not field by field.
+        `disabled_envoy_filters`: (key, revision) of EnvoyFilters left out because a proxy
+        rejected what they produced."""
         old = previous.by_host if previous is not None and previous.domain == domain else {}
 
         def service(e: Entry[Service]) -> MeshService:
@@ -143,6 +156,7 @@ class PushContext:
             gateway_api=gateway_api,
             security=SecurityIndex.build(store, mesh.root_namespace, jwks),
             ambient=AmbientInputs.build(store),
+            envoy_filters=MappingProxyType(ef.index(store.list(EnvoyFilter), disabled_envoy_filters)),
         )
 
     # --- dependency recording (pilot/model/dependencies.py) ------------------------------------
@@ -257,6 +271,30 @@ class PushContext:
         if not self.sidecars:
             return None
         return select_sidecar(self.sidecars, namespace, labels, self.mesh.root_namespace)
+
+    def envoy_patches(self, proxy: Proxy) -> ef.ProxyPatches:
+        """The EnvoyFilter patches for this proxy, in application order (once per proxy and push)."""
+        root = self.mesh.root_namespace
+        if self._rec:  # an EnvoyFilter of these namespaces may select it, before or after a change
+            self._rec[-1].facets.update((dep.envoy_filters(proxy.namespace), dep.envoy_filters(root)))
+        if not self.envoy_filters:
+            return ef.NO_PATCHES
+        hit = self._memo.get(("envoy-patches", id(proxy)))
+        if hit is not None and hit[0] is proxy and hit[1] is proxy.metadata:
+            return hit[2]
+        # Proxies that agree on what selection reads (namespace, labels, version, the metadata
+        # keys some patch matches on) get the same patches: worked out once for all of them.
+        meta_keys = self._memo.get("envoy-meta-keys")
+        if meta_keys is None:
+            meta_keys = self._memo["envoy-meta-keys"] = ef.metadata_keys(self.envoy_filters)
+        meta = proxy.metadata
+        key = ("envoy-select", proxy.namespace, frozenset(proxy.labels.items()), proxy.istio_version,
+               tuple(str(meta.get(k, "")) for k in meta_keys))
+        out = self._memo.get(key)
+        if out is None:
+            out = self._memo[key] = ef.select(self.envoy_filters, root, proxy)
+        self._memo[("envoy-patches", id(proxy))] = (proxy, proxy.metadata, out)
+        return out
 
     def view(self, sidecar: Entry[Sidecar] | None) -> ServiceView:
         """What proxies under this Sidecar (None: no Sidecar) see; built once per push."""

@@ -22,9 +22,9 @@ from pilot.model.events import SERVICE_ENDPOINTS, push_request_for
 from pilot.model.mesh import MeshHolder
 from pilot.model.proxy import Proxy, shown
 from pilot.model.push_context import PushContext
-from pilot.model.push_request import PushRequest
+from pilot.model.push_request import CONFIG_UPDATE, PushRequest
 from pilot.model.security_policies import JwksSnapshot
-from pilot.model.store import Event, Store
+from pilot.model.store import ConfigKey, Event, Store
 from pilot.xds import typeurls, wire
 from pilot.xds.cache import XdsCache
 from pilot.xds.connection import Connection, Nack, WatchedResource
@@ -115,6 +115,9 @@ class DiscoveryServer:
         self._merged: dict[tuple[int, int], tuple[Deps, Deps, Deps]] = {}  # partial EDS pushes
         self._subsets: dict[tuple[int, int], tuple[frozenset, frozenset, frozenset[str]]] = {}
         self._type_metrics: dict[str, tuple] = {}
+        # EnvoyFilter revisions whose output a proxy NACKed: left out of every context until the
+        # object changes (see _reject_envoy_filters), so a bad patch never NACK-loops.
+        self.rejected_envoy_filters: dict[tuple[ConfigKey, int], dict] = {}
         self.push_context = self._build_context(self._next_version(), previous=None)
         self._tasks: list[asyncio.Task] = []
         store.subscribe(self.on_store_events)
@@ -152,8 +155,14 @@ class DiscoveryServer:
     def _build_context(self, version: str, previous: PushContext | None) -> PushContext:
         """`previous` lends its unchanged services, so cache keys compare by identity."""
         self.mesh.refresh(self.store)
+        rejected = self.rejected_envoy_filters
+        for key, revision in list(rejected):  # a changed or deleted object gets a fresh chance
+            e = self.store.get(key)
+            if e is None or e.revision != revision:
+                del rejected[(key, revision)]
         ctx = PushContext.build(self.store, self.mesh.current, self.mesh.version, self.domain, version, previous,
-                                self.jwks(), self.features.generation_knobs())
+                                self.jwks(), disabled_envoy_filters=frozenset(rejected),
+                                knobs=self.features.generation_knobs())
         for listener in self.context_listeners:
             listener(ctx)
         return ctx
@@ -536,3 +545,33 @@ class DiscoveryServer:
         log.warning("proxy rejected config", proxy=conn.proxy.id, type=short, nonce=nonce,
                     accepted_version=shown(version), error=_printable(message), resources=list(names_)[:10],
                     config=list(origins)[:10])
+        # Only a resource Envoy names is blamed on its EnvoyFilters: a NACK for another reason
+        # must not switch off a filter that merely patched something else in the same response.
+        if any(r.name in message for r in named):
+            self._reject_envoy_filters(conn, short, origins, message)
+
+    def _reject_envoy_filters(self, conn: Connection, short: str, origins: tuple[str, ...], message: str) -> None:
+        """A NACKed resource that EnvoyFilters patched: the most recently changed of them (the
+        likeliest culprit; should the NACK persist, the next one goes, so this ends) is left out
+        and the config generated again without it. istiod would leave the proxy NACKing; here
+        the rest of its config moves on. Shown in /debug/push_status until the object changes."""
+        entries = []
+        for origin in origins:
+            kind, _, rest = origin.partition("/")
+            ns, _, name = rest.partition("/")
+            if kind == "EnvoyFilter":
+                entry = self.store.get(ConfigKey("EnvoyFilter", ns, name))
+                if entry is not None and (entry.key, entry.revision) not in self.rejected_envoy_filters:
+                    entries.append(entry)
+        if not entries:
+            return
+        entry = max(entries, key=lambda e: e.revision)
+        origin = f"EnvoyFilter/{entry.key.namespace}/{entry.key.name}"
+        self.rejected_envoy_filters[(entry.key, entry.revision)] = {
+            "envoyFilter": origin, "revision": entry.revision, "proxy": conn.proxy.id, "type": short,
+            "error": message[:1000], "at": time.time()}
+        log.error("EnvoyFilter produced config a proxy rejected; generating without it until it changes",
+                  envoy_filter=origin, proxy=conn.proxy.id, type=short, error=_printable(message[:300]))
+        req = PushRequest(full=True, config_keys={entry.key})
+        req.reasons[CONFIG_UPDATE] += 1
+        self.debouncer.enqueue(req)

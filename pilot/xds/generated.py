@@ -14,6 +14,7 @@ from pilot.model.dependencies import Deps
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
 from pilot.xds.cache import CachedResource, XdsCache
+from pilot.xds.generators.envoy_filter import patches_for
 
 
 @dataclass(eq=False)
@@ -66,7 +67,8 @@ class GenerationMemo:
         router: the Gateways its labels select), which sourceLabels matches and DestinationRule
         workloadSelectors its labels meet and,
         for a sidecar, its inbound plan (the services selecting it, their mTLS modes and
-        policies), for a router the ports of the Services selecting it. Worked out once per proxy and context: a push asks for it once per type."""
+        policies), for a router the ports of the Services selecting it (and, per type, the EnvoyFilter
+        patches it gets). Worked out once per proxy and context: a push asks for it once per type."""
         hit = self._proxy_keys.get(id(proxy))
         # The metadata object is replaced, never mutated, when a proxy turns out to be gRPC.
         if hit is not None and hit[0] is proxy and hit[1] is proxy.metadata:
@@ -94,7 +96,8 @@ class GenerationMemo:
             self._version = ctx.version
         independent = self.reads_no_proxy.get(type_url)
         proxy_key = None if independent is not None and independent(requested) else self._proxy_key(ctx, proxy)
-        key = (type_url, proxy_key, requested)
+        # EnvoyFilter patches of this type only: a filter of listeners splits no one's clusters.
+        key = (type_url, proxy_key, requested, None if proxy_key is None else patches_for(ctx, proxy, type_url))
         out = self._memo.get(key)
         if out is None:
             self.misses += 1

@@ -164,6 +164,31 @@ def workload_entry(name: str, address: str, labels: dict, sa: str, ns: str = "de
     return _istio("WorkloadEntry", name, ns, {"address": address, "labels": labels, "serviceAccount": sa})
 
 
+def envoy_filter(name: str, ns: str, patches: list[dict], selector: dict | None = None, priority: int = 0) -> dict:
+    spec: dict = {"configPatches": patches, "priority": priority}
+    if selector is not None:
+        spec["workloadSelector"] = {"labels": selector}
+    return {"apiVersion": "networking.istio.io/v1alpha3", "kind": "EnvoyFilter", "metadata": _meta(name, ns),
+            "spec": spec}
+
+
+def _timeout(seconds: str, host: str | None = None, context: str = "ANY") -> dict:
+    match: dict = {"context": context}
+    if host is not None:
+        match["cluster"] = {"service": host}
+    return {"applyTo": "CLUSTER", "match": match, "patch": {"operation": "MERGE", "value": {"connect_timeout": seconds}}}
+
+
+_LUA = {"applyTo": "HTTP_FILTER",
+        "match": {"listener": {"filterChain": {"filter": {"name": "envoy.filters.network.http_connection_manager",
+                                                          "subFilter": {"name": "envoy.filters.http.router"}}}}},
+        "patch": {"operation": "INSERT_BEFORE", "value": {"name": "envoy.filters.http.lua", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua", "inlineCode": "-- oracle"}}}}
+_ROUTE_HEADER = {"applyTo": "ROUTE_CONFIGURATION", "match": {"context": "GATEWAY"},
+                 "patch": {"operation": "MERGE", "value": {"response_headers_to_add": [
+                     {"header": {"key": "x-oracle", "value": "1"}}]}}}
+
+
 def request_authentication(name: str, ns: str, selector: dict | None, issuer: str) -> dict:
     spec: dict[str, Any] = {"jwtRules": [{"issuer": issuer, "jwks": JWKS}]}
     if selector is not None:
@@ -463,6 +488,18 @@ def slots() -> dict[str, list[dict | None]]:
             None,
         ],
         "we/db-2": [None, workload_entry("db-2", "10.2.0.3", {"app": "db"}, "db")],
+        # EnvoyFilters: selecting a few workloads, a namespace, the whole mesh (root namespace)
+        "ef/reviews": [
+            None,
+            envoy_filter("reviews", "default", [_timeout("3s", REVIEWS), _LUA], selector={"app": "reviews"}),
+            envoy_filter("reviews", "default", [_timeout("4s", RATINGS)], selector={"app": "productpage"}),
+        ],
+        "ef/shop": [None, envoy_filter("all", "shop", [_LUA, _timeout("5s", context="SIDECAR_INBOUND")])],
+        "ef/mesh": [
+            None,
+            envoy_filter("mesh", SYSTEM_NS, [_timeout("6s", context="SIDECAR_OUTBOUND"), _ROUTE_HEADER], priority=5),
+            envoy_filter("mesh", SYSTEM_NS, [_LUA], selector={"istio": "ingressgateway"}),
+        ],
         "ra/reviews": [
             None,
             request_authentication("reviews", "default", {"app": "reviews"}, "https://issuer.example"),

@@ -74,6 +74,20 @@ def test_outbound_clusters_balance_by_least_request_unless_told_otherwise(world:
     assert clusters(world)[CLUSTER].lb_policy == cluster_pb2.Cluster.RANDOM
 
 
+def test_proxyless_grpc_clients_balance_by_round_robin_which_their_xds_client_accepts(world: World) -> None:
+    """grpcio NACKs a LEAST_REQUEST cluster ("LB policy is not supported"): as istiod's grpcgen, a
+    gRPC client keeps round robin for the default and any simple policy but ring hash, while a
+    sidecar on the same mesh keeps least request (different bytes, not one cached cluster)."""
+    grpc = proxy(pod_name="grpc-1", generator="grpc")
+    assert clusters(world, grpc)[CLUSTER].lb_policy == cluster_pb2.Cluster.ROUND_ROBIN
+    assert clusters(world)[CLUSTER].lb_policy == cluster_pb2.Cluster.LEAST_REQUEST
+    world.apply(dr({"trafficPolicy": {"loadBalancer": {"simple": "LEAST_REQUEST", "warmup": {"duration": "30s"}}}}))
+    c = clusters(world, grpc)[CLUSTER]
+    assert c.lb_policy == cluster_pb2.Cluster.ROUND_ROBIN and not c.HasField("least_request_lb_config")
+    world.apply(dr({"trafficPolicy": {"loadBalancer": {"consistentHash": {"httpHeaderName": "x-user"}}}}))
+    assert clusters(world, grpc)[CLUSTER].lb_policy == cluster_pb2.Cluster.RING_HASH
+
+
 def test_warmup_without_a_balancer_warms_the_default_least_request_balancer(world: World) -> None:
     world.apply(dr({"trafficPolicy": {"loadBalancer": {"warmup": {"duration": "30s"}}}}))
     c = clusters(world)[CLUSTER]

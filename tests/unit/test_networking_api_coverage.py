@@ -23,7 +23,7 @@ from pilot.config.validation import InvalidObject, parse_object
 API = json.loads((Path(__file__).parent / "data" / "istio_networking_fields.json").read_text())
 ROOTS = {"VirtualService": net.VirtualServiceSpec, "DestinationRule": net.DestinationRuleSpec,
          "Gateway": net.GatewaySpec, "ServiceEntry": net.ServiceEntrySpec, "Sidecar": net.SidecarSpec,
-         "WorkloadEntry": net.WorkloadEntrySpec}
+         "WorkloadEntry": net.WorkloadEntrySpec, "EnvoyFilter": net.EnvoyFilterSpec}
 
 
 def _nested_model(annotation) -> type[BaseModel] | None:
@@ -98,7 +98,7 @@ def test_every_unsupported_field_is_refused_by_name(kind: str) -> None:
     """Set each refused field (with any value) in an otherwise valid object: the rejection names it."""
     refused = walk(kind)[0]["refused"]
     for path in refused:
-        doc = {"apiVersion": "networking.istio.io/v1", "kind": kind,
+        doc = {"apiVersion": "networking.istio.io/v1alpha3" if kind == "EnvoyFilter" else "networking.istio.io/v1", "kind": kind,
                "metadata": {"name": "x", "namespace": "ns"}, "spec": _spec_with(kind, path)}
         with pytest.raises(InvalidObject) as e:
             parse_object(doc)
@@ -115,6 +115,7 @@ _BASE = {
     "ServiceEntry": {"hosts": ["a.example.com"]},
     "Sidecar": {"egress": [{"hosts": ["*/*"]}], "ingress": [{"port": {"number": 80, "protocol": "HTTP"}}]},
     "WorkloadEntry": {"address": "10.0.0.1"},
+    "EnvoyFilter": {"configPatches": [{"applyTo": "CLUSTER", "patch": {"operation": "REMOVE"}}]},
 }
 
 

@@ -88,8 +88,13 @@ def test_registry():
     assert {(k.kind, k.plural) for k in istio} == {
         ("VirtualService", "virtualservices"), ("DestinationRule", "destinationrules"),
         ("ServiceEntry", "serviceentries"), ("WorkloadEntry", "workloadentries"), ("Sidecar", "sidecars"),
-        ("Gateway", "gateways")}
+        ("Gateway", "gateways"), ("EnvoyFilter", "envoyfilters")}
+    envoy_filter = BY_NAME["EnvoyFilter"]  # istio serves it as v1alpha3 only
+    assert envoy_filter.versions == ("v1alpha3",) and envoy_filter.accepts("networking.istio.io/v1alpha3")
+    assert not envoy_filter.accepts("networking.istio.io/v1")
     for k in istio:
+        if k is envoy_filter:
+            continue
         assert k.namespaced and k.versions == VERSIONS and k.api_version == "networking.istio.io/v1"
         assert k.path("ns1", "x") == f"/apis/networking.istio.io/v1/namespaces/ns1/{k.plural}/x"
         assert all(k.accepts(f"networking.istio.io/{v}") for v in VERSIONS)

@@ -1,5 +1,5 @@
 """The networking.istio.io kinds (VirtualService, DestinationRule, ServiceEntry, WorkloadEntry,
-Sidecar, Gateway) with istiod's validation-webhook rules.
+Sidecar, Gateway, EnvoyFilter) with istiod's validation-webhook rules.
 
 Field names are the Istio API's proto field names in snake_case; the `StrictModel` base gives them
 the API's JSON (camelCase) names and accepts the proto names too, as istio's protobuf JSON decoding
@@ -16,7 +16,7 @@ current istiod it says so next to the rule.
 
 Layout: `validation` (the shared rules and constrained field types), `common` (constants and the
 models several kinds share), then one module per kind: `virtual_service`, `destination_rule`,
-`service_entry` (ServiceEntry and WorkloadEntry), `gateway` and `sidecar`. Every public name is
+`service_entry` (ServiceEntry and WorkloadEntry), `gateway`, `sidecar` and `envoy_filter`. Every public name is
 re-exported here, so `from pilot.config.networking import X` works whichever module defines X.
 """
 
@@ -56,6 +56,7 @@ from pilot.config.networking.destination_rule import (
     TrafficPolicy,
     WarmupConfiguration,
 )
+from pilot.config.networking.envoy_filter import EnvoyConfigObjectPatch, EnvoyFilter, EnvoyFilterSpec
 from pilot.config.networking.gateway import (
     Gateway,
     GatewayPort,
@@ -130,7 +131,7 @@ from pilot.config.networking.virtual_service import (
 )
 
 NETWORKING_KINDS: tuple[type[K8sObject], ...] = (VirtualService, DestinationRule, ServiceEntry, WorkloadEntry,
-                                                 Sidecar, Gateway)
+                                                 Sidecar, Gateway, EnvoyFilter)
 
 __all__ = [
     "GROUP",
@@ -150,6 +151,9 @@ __all__ = [
     "DestinationRuleSpec",
     "Duration",
     "DurationOrZero",
+    "EnvoyConfigObjectPatch",
+    "EnvoyFilter",
+    "EnvoyFilterSpec",
     "Gateway",
     "GatewayNames",
     "GatewayPort",

@@ -12,10 +12,11 @@ from pilot.model.store import Entry
 from pilot.networking import clusters, inbound, names
 from pilot.networking.traffic_policy import effective_policy
 from pilot.xds.cache import CachedResource, XdsCache
-from pilot.xds.generators import gateway, waypoint
+from pilot.xds.generators import envoy_filter, gateway, waypoint
 from pilot.xds.typeurls import CLUSTER
 
 
+@envoy_filter.patched(CLUSTER)
 def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
              cache: XdsCache) -> list[CachedResource]:
     out: list[CachedResource] = []
@@ -24,7 +25,8 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
 
     view = ctx.view(None if proxy.type == "router" else ctx.sidecar_for(proxy.namespace, proxy.labels))
     has_identity = proxy.traits.mesh_tls
-    sniffing_sidecar = proxy.type == "sidecar" and ctx.settings.listeners.sniff_outbound
+    # (not proxyless gRPC: no sniffing there, its channel already speaks HTTP/2)
+    sniffing_sidecar = proxy.type == "sidecar" and not proxy.is_grpc and ctx.settings.listeners.sniff_outbound
     unsupported = Protocol.UNSUPPORTED
     only = gateway.cluster_hosts(ctx, proxy) if proxy.type == "router" else None
     for svc in view.services:
@@ -50,11 +52,11 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
                     if downstream:
                         out.append(cache.resource(CLUSTER, name, clusters.outbound_cluster,
                                                   svc, port, ctx.settings.clusters, dr, subset, targets, mesh_tls,
-                                                  True, origins=origins))
+                                                  False, True, origins=origins))
                         continue
                     out.append(cache.resource(CLUSTER, name, clusters.outbound_cluster,
                                               svc, port, ctx.settings.clusters, dr, subset, targets, mesh_tls,
-                                              origins=origins))
+                                              proxy.is_grpc, origins=origins))
     if proxy.type == "sidecar" and not proxy.is_grpc:
         plan = ctx.inbound_plan(proxy)
         for port in plan.ports:

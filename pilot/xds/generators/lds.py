@@ -10,7 +10,7 @@ from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
 from pilot.networking import inbound, listeners, names, tcp_routes
 from pilot.xds.cache import CachedResource, XdsCache
-from pilot.xds.generators import gateway, waypoint
+from pilot.xds.generators import envoy_filter, gateway, waypoint
 from pilot.xds.typeurls import LISTENER
 
 
@@ -64,6 +64,7 @@ def _sidecar_origin(sidecar) -> tuple[str, ...]:
     return (f"Sidecar/{sidecar.key.namespace}/{sidecar.key.name}",) if sidecar is not None else ()
 
 
+@envoy_filter.patched(LISTENER)
 def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
              cache: XdsCache) -> list[CachedResource]:
     wp = waypoint.waypoint_of(ctx, proxy)

@@ -9,11 +9,12 @@ from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
 from pilot.networking import routes
 from pilot.xds.cache import CachedResource, XdsCache
-from pilot.xds.generators import gateway
+from pilot.xds.generators import envoy_filter, gateway
 from pilot.xds.generators.lds import resolve_host_port
 from pilot.xds.typeurls import ROUTE
 
 
+@envoy_filter.patched(ROUTE)
 def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
              cache: XdsCache) -> list[CachedResource]:
     if gateway.is_gateway(proxy):

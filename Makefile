@@ -7,7 +7,7 @@ CONFIG_DIR ?= examples/mesh
 # The ControlZ page test (tests/e2e/test_controlz_ui.py) drives Debian's Chromium through its chromedriver.
 BROWSER_STAMP := $(VENV)/.browser
 
-.PHONY: run test bench protos crds docs lint install browser backends envoy clean
+.PHONY: run test bench conformance protos crds docs lint install browser backends envoy clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -72,3 +72,9 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
+
+## The upstream Gateway API conformance tests (tests/conformance, data in tests/data/gateway-api-conformance):
+## writes docs/gateway-api-conformance.yaml and the README's statement. Binds the manifests' listener
+## ports (80, 443, 8080...): needs root or CAP_NET_BIND_SERVICE. RUN=Name runs one test, no report.
+conformance: $(STAMP)
+	$(BIN)/python -m tests.conformance $(foreach t,$(RUN),--run $(t))

@@ -11,10 +11,9 @@ Pure model code, as istiod's MergeGateways and VirtualServicesForGateway:
   share one route configuration `http.PORT`; TLS-class servers (HTTPS, TLS) share one listener,
   told apart by SNI, each terminating HTTPS server with its own route configuration
   `https.PORT.PORTNAME.GATEWAY.NAMESPACE`. A server that cannot join its port (another protocol
-  class got there first) or cannot be served (file-mounted certificates need istio-agent's SDS,
-  unix sockets) is skipped with a reason. ISTIO_MUTUAL servers need the router's own mesh
-  certificate, which only a router with a mesh identity has (decided per router when its
-  listeners are built).
+  class got there first) or cannot be served (AUTO_PASSTHROUGH on HTTPS) is skipped with a
+  reason. ISTIO_MUTUAL servers need the router's own mesh certificate, which only a router with
+  a mesh identity has (decided per router when its listeners are built).
 - A VirtualService is bound to a Gateway when its `gateways` name it (`NAMESPACE/NAME`, or a
   bare `NAME` in the VirtualService's namespace, or the legacy `NAME.NAMESPACE.svc...` form);
   it routes for a server when it is exported to the router's namespace and one of its hosts
@@ -34,7 +33,7 @@ from typing import Literal
 
 from pilot.config.core import Secret
 from pilot.config.networking import Gateway, VirtualService
-from pilot.config.networking.common import MESH_GATEWAY, UNIX_PREFIX
+from pilot.config.networking.common import MESH_GATEWAY
 from pilot.config.networking.validation import host_matches  # istio host.Name.Matches
 from pilot.model.credentials import CertificateAndKey, CredentialError, ca_bundle, certificate_and_key
 from pilot.model.gateway_api.internal import PARENTS, SCOPE
@@ -232,17 +231,10 @@ class GatewayView:
 
 
 def _unservable(ref: ServerRef) -> str:
-    s = ref.server
-    if (s.bind or "").startswith(UNIX_PREFIX):
-        return "unix domain socket binds are not supported"
-    mode = ref.tls_mode
-    if ref.protocol in _TLS:
-        if mode == "AUTO_PASSTHROUGH" and ref.protocol != "tls":
-            return "tls mode AUTO_PASSTHROUGH needs protocol TLS"
-        if mode in TERMINATING_MODES and mode != "ISTIO_MUTUAL" and not (s.tls.credential_name
-                                                                          or s.tls.credential_names):
-            return ("serverCertificate/privateKey files need istio-agent's SDS, which routers here do not "
-                    "have; use credentialName (a Secret in the router's namespace)")
+    # File-mounted certificates and unix socket binds are refused when the Gateway is parsed
+    # (pilot.config.networking.gateway): no server reaching here has them.
+    if ref.protocol in _TLS and ref.tls_mode == "AUTO_PASSTHROUGH" and ref.protocol != "tls":
+        return "tls mode AUTO_PASSTHROUGH needs protocol TLS"
     return ""
 
 

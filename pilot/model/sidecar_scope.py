@@ -123,6 +123,14 @@ def scoped_view(sidecar: Entry[Sidecar], services: tuple[MeshService, ...], snif
     visible = tuple(s for s in services if any(port_visible(s, p.port) for p in s.ports))
     binds = {port: listener.bind or LOCALHOST for port, listener in by_port.items()
              if listener.bind or listener.capture_mode == "NONE"}
+    # The listener without a port binds the same way every port it serves (istiod's listenerBinding
+    # is per egress listener), the ports a port-specific listener owns excepted.
+    for listener in catch_all:
+        if listener.bind or listener.capture_mode == "NONE":
+            for svc in visible:
+                for p in svc.ports:
+                    if p.port not in by_port:
+                        binds.setdefault(p.port, listener.bind or LOCALHOST)
     # istiod builds a port-specific egress listener with the protocol it declares, whatever the
     # services' own ports say (their clusters keep the services' protocols).
     protocols = {port: select_protocol(p.name, p.protocol.lower())

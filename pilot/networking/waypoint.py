@@ -39,17 +39,26 @@ from envoy.type.matcher.v3 import filter_state_pb2
 from google.protobuf import wrappers_pb2
 
 from pilot.config.mesh import HttpRetryPolicy
-from pilot.config.networking import VirtualService
+from pilot.config.networking import DestinationRule, VirtualService
+from pilot.model.mesh_settings import ClusterSettings
 from pilot.model.security_policies import WorkloadPolicies
-from pilot.model.services import MeshService
+from pilot.model.services import MeshService, ServicePort
 from pilot.model.store import Entry
 from pilot.networking import tls
 from pilot.networking.filters import cors_filter, fault_filter, router_filter
 from pilot.networking.http_routes import RouteInputs, virtual_service_routes
-from pilot.networking.metadata import config_path
+from pilot.networking.metadata import config_path, set_cluster_metadata
 from pilot.networking.policy_filters import TrustDomains, inbound_http_filters, inbound_network_filters
 from pilot.networking.protos import ads_config_source, duration, pack
-from pilot.networking.traffic_policy import DEFAULT_LB_POLICY, apply_default_circuit_breakers
+from pilot.networking.traffic_policy import (
+    DEFAULT_LB_POLICY,
+    apply_default_circuit_breakers,
+    apply_h2_upgrade,
+    apply_policy,
+    apply_proxy_protocol,
+    effective_policy,
+    should_h2_upgrade,
+)
 
 CONNECT_TERMINATE = "connect_terminate"
 MAIN_INTERNAL = "main_internal"
@@ -241,11 +250,40 @@ def main_internal_cluster() -> cluster_pb2.Cluster:
                 name="envoy.transport_sockets.raw_buffer", typed_config=pack(raw_buffer_pb2.RawBuffer()))))))
 
 
-def inbound_vip_cluster(name: str) -> cluster_pb2.Cluster:
+def inbound_vip_cluster(name: str, svc: MeshService, port: ServicePort, protocol: str, settings: ClusterSettings,
+                        destination_rule: Entry[DestinationRule] | None = None) -> cluster_pb2.Cluster:
     """The service's endpoints (EDS), reached directly: workloads that only speak HBONE through
-    their ztunnel would need an encapsulating (connect_originate) hop, which is not built."""
+    their ztunnel would need an encapsulating (connect_originate) hop, which is not built.
+
+    As istiod's buildWaypointInboundVIPCluster: the mesh's connect timeout, and the traffic policy
+    of the DestinationRule in force at the waypoint for this service (top level, with the port's
+    settings over it): connection pool (its connectTimeout included), retry budget, HTTP/2
+    upgrade, outlier detection, load balancer, SIMPLE/MUTUAL TLS origination and the PROXY
+    protocol. ISTIO_MUTUAL is not originated (the hop to the workload is not HBONE; istiod
+    ignores it here too). The builders are the sidecar clusters' (pilot.networking.traffic_policy)."""
     c = cluster_pb2.Cluster(
-        name=name, type=cluster_pb2.Cluster.EDS, connect_timeout=duration(10), lb_policy=DEFAULT_LB_POLICY,
+        name=name, type=cluster_pb2.Cluster.EDS, connect_timeout=duration(settings.connect_timeout_s),
+        lb_policy=DEFAULT_LB_POLICY,
         eds_cluster_config=cluster_pb2.Cluster.EdsClusterConfig(eds_config=ads_config_source()))
-    apply_default_circuit_breakers(c)  # istiod's waypoint clusters: its default pool and balancer
+    http = protocol == "http"
+    http2 = http and port.protocol.is_http2
+    if http2:  # an HTTP/2 (gRPC) port speaks HTTP/2 to its endpoints, as its outbound cluster does
+        apply_h2_upgrade(c)
+    apply_default_circuit_breakers(c)  # istiod's, until a connection pool says otherwise
+    policy = effective_policy(destination_rule.obj.spec, "", port.port) if destination_rule is not None else None
+    pool = policy["connection_pool"] if policy is not None else None
+    # The upgrade before the pool, as for sidecar clusters, so maxConcurrentStreams finds the
+    # HTTP/2 options (istiod applies the pool first here and then loses that limit).
+    if http and should_h2_upgrade(pool, settings.h2_upgrade, port.protocol.is_http):
+        apply_h2_upgrade(c)
+        http2 = True
+    dr_path = ""
+    if destination_rule is not None and policy is not None:
+        apply_policy(c, policy, svc.hostname, http2)
+        if policy["proxy_protocol"] is not None:
+            apply_proxy_protocol(c, policy["proxy_protocol"])  # around the TLS, if any
+        key = destination_rule.key
+        dr_path = config_path(key.kind, key.namespace, key.name)
+    short = svc.hostname if svc.kind == "ServiceEntry" else svc.name
+    set_cluster_metadata(c.metadata, svc.hostname, short, svc.namespace, dr_path)
     return c

@@ -26,6 +26,7 @@ import aiohttp
 
 from pilot import logging as plog
 from pilot.config.security import RequestAuthentication
+from pilot.durations import parse_duration
 from pilot.model.security_policies import JwksSnapshot, jwks_source
 from pilot.model.store import Event, Store
 from pilot.security.authn import parse_jwks
@@ -96,10 +97,16 @@ class JwksResolver:
         if any(ev.key.kind == "RequestAuthentication" for ev in events):
             self._wake.set()
 
-    def wanted(self) -> set[str]:
-        return {src for e in self.store.list(RequestAuthentication)
-                for r in e.obj.spec.rules
-                if (src := jwks_source(r)) is not None}
+    def wanted(self) -> dict[str, float]:
+        """Each source to fetch, with how long to wait for it: the rules' `timeout` (istiod's
+        JWKS fetch timeout), the longest when several rules share the source, else the default."""
+        out: dict[str, float] = {}
+        for e in self.store.list(RequestAuthentication):
+            for r in e.obj.spec.rules:
+                if (src := jwks_source(r)) is not None:
+                    t = parse_duration(r.timeout) if r.timeout else self.timeout
+                    out[src] = max(out.get(src, 0.0), t)
+        return out
 
     async def run(self) -> None:
         while True:
@@ -121,7 +128,7 @@ class JwksResolver:
         now = self._clock()
         due = [s for s in sorted(wanted) if self._states.setdefault(s, _State()).next_attempt <= now]
         if due:
-            results = await asyncio.gather(*(self._fetch_one(s) for s in due))
+            results = await asyncio.gather(*(self._fetch_one(s, wanted[s]) for s in due))
             changed = changed or any(results)
         errors = {s: st.error for s, st in sorted(self._states.items()) if st.error}
         if changed or set(errors) != set(self._snapshot.errors):
@@ -133,11 +140,11 @@ class JwksResolver:
         self._snapshot = JwksSnapshot(self._snapshot.keys, MappingProxyType(errors))
         return False
 
-    async def _fetch_one(self, source: str) -> bool:
+    async def _fetch_one(self, source: str, timeout: float) -> bool:
         st = self._states[source]
         try:
-            uri = source if is_uri(source) else await self._discover(source)
-            text = await self._fetch(uri, self.timeout)
+            uri = source if is_uri(source) else await self._discover(source, timeout)
+            text = await self._fetch(uri, timeout)
             parse_jwks(text, f"JWKS at {uri}")
             canonical = json.dumps(json.loads(text), sort_keys=True, separators=(",", ":"))
         except asyncio.CancelledError:
@@ -159,9 +166,9 @@ class JwksResolver:
         st.keys = canonical
         return True
 
-    async def _discover(self, issuer: str) -> str:
+    async def _discover(self, issuer: str, timeout: float) -> str:
         url = issuer.rstrip("/") + DISCOVERY_PATH
-        doc = json.loads(await self._fetch(url, self.timeout))
+        doc = json.loads(await self._fetch(url, timeout))
         uri = doc.get("jwks_uri") if isinstance(doc, dict) else None
         if not isinstance(uri, str) or not uri:
             raise ValueError(f"{url} names no jwks_uri")

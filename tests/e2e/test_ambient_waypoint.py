@@ -217,6 +217,28 @@ async def test_a_waypoint_envoy_terminates_hbone_and_applies_l7_routing_and_poli
         # different identities never share an internal connection (or its identity).
         assert (await client.get("front", "/old/page"))[0] == 410
         assert app.request_count == 1
+
+        # The service's DestinationRule reaches the waypoint's own cluster for it, live, as with
+        # istiod: the pool's connect timeout and limit, outlier detection.
+        cp.write("dr.yaml", dump({"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule",
+                                  "metadata": {"name": "cart", "namespace": "shop"},
+                                  "spec": {"host": "cart.shop.svc.cluster.local", "trafficPolicy": {
+                                      "connectionPool": {"tcp": {"maxConnections": 7, "connectTimeout": "1.5s"}},
+                                      "outlierDetection": {"consecutive5xxErrors": 4}}}}))
+
+        async def vip_cluster() -> dict | None:
+            dump_ = await waypoint.admin_json("/config_dump?resource=dynamic_active_clusters")
+            for c in dump_["configs"]:
+                if c["cluster"]["name"] == "inbound-vip|80|http|cart.shop.svc.cluster.local" \
+                        and "outlier_detection" in c["cluster"]:
+                    return c["cluster"]
+            return None
+
+        vip = await wait_for(vip_cluster, timeout=20, message=f"DR at the waypoint\n{cp.log_tail()}")
+        assert vip["connect_timeout"] == "1.500s"
+        assert vip["circuit_breakers"]["thresholds"][0]["max_connections"] == 7
+        assert vip["outlier_detection"]["consecutive_5xx"] == 4
+        assert (await client.get("front", "/hello"))[0] == 200
     finally:
         if client is not None:
             await client.envoy.stop()

@@ -85,7 +85,8 @@ async def test_http_route_by_host_and_path_and_its_status(env: GatewayApiEnv):
                                     "Programmed": ("True", "Programmed"), "ResolvedRefs": ("True", "ResolvedRefs")}
     route = await env.status("HTTPRoute", "shop")
     parent = parent_status(route)
-    assert parent["parentRef"] == {"name": GW_NAME, "namespace": GW_NS}
+    assert parent["parentRef"] == {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": GW_NAME,
+                                   "namespace": GW_NS}
     assert parent["controllerName"] == "istio.io/gateway-controller"
     assert conditions(parent) == {"Accepted": OK, "ResolvedRefs": ("True", "ResolvedRefs")}
 
@@ -405,3 +406,78 @@ async def test_allowed_routes_namespaces_kinds_and_hostnames(env: GatewayApiEnv)
     env.cp.write("namespace.yaml", namespace_yaml("default", {"team": "other"}))
     await env.served(selected, "app.example.com", "/", None, status=404)
     assert accepted(await env.status("HTTPRoute", "to-selected"), "selected") == ("False", "NotAllowedByListeners")
+
+
+async def test_cors_filter_answers_preflights_for_allowed_origins(env: GatewayApiEnv):
+    """The HTTPRoute CORS filter becomes the route's CORS policy (istiod's translation): Envoy
+    answers preflights from an allowed origin (exact or by wildcard) itself, with the filter's
+    methods, headers and max age, and gives a disallowed origin no CORS headers."""
+    (port,) = free_ports(1)
+    await _gateway(env, port)
+    env.cp.write("route.yaml", route_yaml("HTTPRoute", "cors", f"""\
+        parentRefs: [{{name: {GW_NAME}, namespace: {GW_NS}}}]
+        hostnames: [app.example.com]
+        rules:
+        - filters:
+          - type: CORS
+            cors:
+              allowOrigins: ["https://www.foo.com", "https://*.bar.com"]
+              allowMethods: [GET, OPTIONS]
+              allowHeaders: [x-header-1]
+              exposeHeaders: [x-header-3]
+              allowCredentials: true
+              maxAge: 3600
+          backendRefs: [{{name: alpha, port: {SERVICE_PORT}}}]
+        """))
+    await env.start()
+    await env.served(port, "app.example.com", "/", "alpha")
+
+    def preflight(origin: str):
+        return request(port, "app.example.com", "/", method="OPTIONS", headers={
+            "Origin": origin, "Access-Control-Request-Method": "GET"})
+
+    for origin in ("https://www.foo.com", "https://x.www.bar.com"):
+        r = await preflight(origin)
+        assert r.status in (200, 204) and r.body is None, (origin, r)  # answered by Envoy, not the backend
+        assert r.headers["access-control-allow-origin"] == origin
+        assert r.headers["access-control-allow-methods"] == "GET,OPTIONS"
+        assert r.headers["access-control-allow-headers"] == "x-header-1"
+        assert r.headers["access-control-max-age"] == "3600"
+        assert r.headers["access-control-allow-credentials"] == "true"
+    refused = await preflight("https://bar.com.evil.org")
+    assert "access-control-allow-origin" not in refused.headers
+    # A simple request from an allowed origin reaches the backend and carries the exposed headers.
+    r = await request(port, "app.example.com", "/", headers={"Origin": "https://www.foo.com"})
+    assert r.backend == "alpha" and r.headers["access-control-expose-headers"] == "x-header-3"
+    parent = parent_status(await env.status("HTTPRoute", "cors"))
+    assert conditions(parent) == {"Accepted": OK, "ResolvedRefs": ("True", "ResolvedRefs")}
+
+
+async def test_retry_repeats_the_listed_status_codes(env: GatewayApiEnv):
+    """HTTPRoute `retry`: a 503 the rule lists is retried up to `attempts` times; a route without
+    that code in its list answers the 503."""
+    (port,) = free_ports(1)
+    await _gateway(env, port)
+    env.cp.write("route.yaml", route_yaml("HTTPRoute", "retry", f"""\
+        parentRefs: [{{name: {GW_NAME}, namespace: {GW_NS}}}]
+        hostnames: [app.example.com]
+        rules:
+        - matches: [{{path: {{value: /retried}}}}]
+          retry: {{codes: [503], attempts: 2, backoff: 10ms}}
+          backendRefs: [{{name: alpha, port: {SERVICE_PORT}}}]
+        - matches: [{{path: {{value: /other}}}}]
+          retry: {{codes: [500], attempts: 2}}
+          backendRefs: [{{name: alpha, port: {SERVICE_PORT}}}]
+        """))
+    await env.start()
+    await env.served(port, "app.example.com", "/retried", "alpha")
+    alpha = env.backends["alpha"]
+    before = alpha.request_count
+    alpha.fail_next = 2
+    r = await request(port, "app.example.com", "/retried")
+    assert (r.status, r.backend) == (200, "alpha")
+    assert alpha.request_count - before == 3  # two 503s retried, the third try answered
+    alpha.fail_next = 1
+    assert (await request(port, "app.example.com", "/other")).status == 503  # 503 is not in its codes
+    parent = parent_status(await env.status("HTTPRoute", "retry"))
+    assert conditions(parent) == {"Accepted": OK, "ResolvedRefs": ("True", "ResolvedRefs")}

@@ -217,8 +217,7 @@ spec:
     tls: {mode: SIMPLE, credentialName: bookinfo-secret}
   - port: {number: 9443, name: https-9443, protocol: HTTPS}
     hosts: [bookinfo-namespace/*.bookinfo.com]
-    tls: {mode: MUTUAL, serverCertificate: /etc/certs/server.pem, privateKey: /etc/certs/key.pem,
-          caCertificates: /etc/certs/ca.pem, minProtocolVersion: TLSV1_2}
+    tls: {mode: MUTUAL, credentialName: bookinfo-mtls, minProtocolVersion: TLSV1_2}
   - port: {number: 2379, name: tcp-etcd, protocol: TCP}
     hosts: ["*"]
   - port: {number: 15443, name: tls, protocol: TLS}

@@ -350,6 +350,14 @@ def slots() -> dict[str, list[dict | None]]:
             ),
         ],
         "dr/shop-reviews": [None, destination_rule("reviews-from-shop", REVIEWS, SUBSETS, ns="shop")],
+        # details uses shop's waypoint: its traffic policy shapes the waypoint's inbound-vip clusters
+        "dr/details": [
+            None,
+            destination_rule("details", "details", {"trafficPolicy": {"outlierDetection": {"consecutive5xxErrors": 3}}},
+                             ns="shop"),
+            destination_rule("details", "details", {"trafficPolicy": {"connectionPool": {"tcp": {
+                "connectTimeout": "2s"}}}}, ns="shop"),
+        ],
         "vs/reviews": [
             virtual_service(
                 "reviews",

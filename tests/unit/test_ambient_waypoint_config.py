@@ -8,7 +8,9 @@ from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.config.listener.v3 import listener_pb2
 from envoy.extensions.filters.http.rbac.v3 import rbac_pb2 as http_rbac_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+from envoy.extensions.transport_sockets.tls.v3 import tls_pb2
 
+from pilot.config.mesh import MeshConfig
 from pilot.model.proxy import Proxy, parse_node_id
 from pilot.xds.generators import cds, eds, lds
 from tests.support.envoy import envoy_validate
@@ -131,6 +133,63 @@ def test_a_virtual_service_routes_at_the_waypoint(tmp_path):
     assert [f.name for f in h.http_filters][-3:] == ["envoy.filters.http.fault", "envoy.filters.http.cors",
                                                      "envoy.filters.http.router"]
     config = static_bootstrap(ctx, p)
+    config["bootstrap_extensions"] = [{"name": "envoy.bootstrap.internal_listener", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.bootstrap.internal_listener.v3.InternalListener"}}]
+    ok, output = envoy_validate(config, tmp_path)
+    assert ok, f"envoy rejected the waypoint config:\n{output}"
+
+
+CART_DR = {"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule",
+           "metadata": {"name": "cart", "namespace": "shop"},
+           "spec": {"host": "cart.shop.svc.cluster.local", "trafficPolicy": {
+               "connectionPool": {"tcp": {"maxConnections": 7, "connectTimeout": "2.5s"},
+                                  "http": {"http1MaxPendingRequests": 3, "idleTimeout": "30s"}},
+               "outlierDetection": {"consecutive5xxErrors": 4, "interval": "5s"},
+               "loadBalancer": {"simple": "ROUND_ROBIN"},
+               "portLevelSettings": [{"port": {"number": 5432}, "loadBalancer": {"simple": "RANDOM"},
+                                      "tls": {"mode": "SIMPLE", "sni": "db.example"}}]}}}
+
+
+def _waypoint_clusters(w: World) -> dict[str, cluster_pb2.Cluster]:
+    return {r.name: r.message(cluster_pb2.Cluster) for r in cds.generate(w.ctx(), waypoint_proxy(), None, w.cache)
+            if r.name.startswith("inbound-vip|")}
+
+
+def test_the_destination_rule_of_the_service_applies_at_the_waypoint():
+    """istiod's buildWaypointInboundVIPCluster: the mesh connectTimeout by default, and the host's
+    DestinationRule (its port-level settings over the top level) on the VIP clusters."""
+    w = World(MeshConfig.model_validate({"connectTimeout": "3s"}))
+    w.apply(*DOCS)
+    before = _waypoint_clusters(w)
+    http, tcp = before["inbound-vip|80|http|cart.shop.svc.cluster.local"], before[
+        "inbound-vip|5432|tcp|cart.shop.svc.cluster.local"]
+    assert http.connect_timeout.ToMilliseconds() == 3000 and tcp.connect_timeout.ToMilliseconds() == 3000
+    assert not http.HasField("outlier_detection") and http.lb_policy == cluster_pb2.Cluster.LEAST_REQUEST
+
+    w.apply(CART_DR)
+    after = _waypoint_clusters(w)
+    http, tcp = after["inbound-vip|80|http|cart.shop.svc.cluster.local"], after[
+        "inbound-vip|5432|tcp|cart.shop.svc.cluster.local"]
+    for c in (http, tcp):
+        assert c.connect_timeout.ToMilliseconds() == 2500  # the pool's connectTimeout wins
+        t = c.circuit_breakers.thresholds[0]
+        assert (t.max_connections.value, t.max_pending_requests.value) == (7, 3)
+        assert c.outlier_detection.consecutive_5xx.value == 4 and c.outlier_detection.interval.seconds == 5
+        assert c.metadata.filter_metadata["istio"]["config"] == \
+            "/apis/networking.istio.io/v1/namespaces/shop/destination-rule/cart"
+    assert http.lb_policy == cluster_pb2.Cluster.ROUND_ROBIN and not http.HasField("transport_socket")
+    # Port 5432's own settings: its balancer, and TLS origination toward the database.
+    assert tcp.lb_policy == cluster_pb2.Cluster.RANDOM
+    assert tcp.transport_socket.name == "envoy.transport_sockets.tls"
+    upstream = tls_pb2.UpstreamTlsContext()
+    tcp.transport_socket.typed_config.Unpack(upstream)
+    assert upstream.sni == "db.example"
+
+
+def test_envoy_accepts_waypoint_clusters_with_a_destination_rule(tmp_path):
+    w = World()
+    w.apply(*DOCS, CART_DR)
+    config = static_bootstrap(w.ctx(), waypoint_proxy())
     config["bootstrap_extensions"] = [{"name": "envoy.bootstrap.internal_listener", "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.bootstrap.internal_listener.v3.InternalListener"}}]
     ok, output = envoy_validate(config, tmp_path)

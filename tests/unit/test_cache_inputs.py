@@ -133,13 +133,20 @@ def test_cds_service_port_number(world: World) -> None:
     assert cluster(new).eds_cluster_config.service_name == f"outbound|9081||{REVIEWS}"
 
 
-def test_cds_grpc_and_envoy_differ_only_in_catch_alls_and_share_cluster_bytes(world: World) -> None:
+def test_cds_grpc_and_envoy_differ_in_catch_alls_and_balancer_and_grpc_clients_share_bytes(world: World) -> None:
+    """The client kind is an input of the cluster (grpcio takes round robin, Envoy gets istiod's
+    least request): the two kinds never share one cached cluster, two gRPC clients do."""
     ctx = world.ctx()
     envoy_out = world.cds(proxy(), ctx)
     grpc_out = world.cds(proxy(generator="grpc", interception=None), ctx)
     assert {"BlackHoleCluster", "PassthroughCluster"} <= set(envoy_out)
     assert not {"BlackHoleCluster", "PassthroughCluster"} & set(grpc_out)
-    assert grpc_out[REVIEWS_CLUSTER] is envoy_out[REVIEWS_CLUSTER]
+    grpc_cluster, envoy_cluster = cluster(grpc_out[REVIEWS_CLUSTER]), cluster(envoy_out[REVIEWS_CLUSTER])
+    assert grpc_cluster.lb_policy != envoy_cluster.lb_policy
+    grpc_cluster.lb_policy = envoy_cluster.lb_policy
+    assert grpc_cluster == envoy_cluster  # and nothing else differs
+    other = world.cds(proxy(pod_name="grpc-2", generator="grpc", interception=None), ctx)
+    assert other[REVIEWS_CLUSTER] is grpc_out[REVIEWS_CLUSTER]
 
 
 # --- EDS --------------------------------------------------------------------------------------

@@ -36,9 +36,11 @@ def test_statuses_follow_the_marks_on_the_models() -> None:
     assert "status" not in gw  # ours to write, not configuration
     route = rows_of("HTTPRoute")
     # a mark is inherited by everything under it
-    assert route["spec.rules[].filters[].cors"].status == ft.FAILS_CLOSED
-    assert route["spec.rules[].filters[].cors.allowOrigins"].status == ft.FAILS_CLOSED
-    assert route["spec.rules[].retry"].status == ft.UNSUPPORTED
+    assert route["spec.rules[].filters[].extensionRef"].status == ft.FAILS_CLOSED
+    assert route["spec.rules[].filters[].extensionRef.name"].status == ft.FAILS_CLOSED
+    assert route["spec.rules[].filters[].cors.allowOrigins"].status == ft.APPLIED
+    assert route["spec.rules[].retry.codes"].status == ft.APPLIED
+    assert route["spec.rules[].sessionPersistence"].status == ft.UNSUPPORTED
     mesh = rows_of("MeshConfig")
     assert mesh["extensionProviders"].status == mesh["meshMTLS"].status == ft.UNSUPPORTED
     assert mesh["trustDomain"].status == ft.APPLIED

@@ -11,7 +11,7 @@ import yaml
 from pilot.config.validation import InvalidObject, parse_object
 from pilot.model.gateway_api import translate
 from pilot.model.gateway_api.conditions import stamp
-from pilot.model.gateway_api.hostnames import intersect
+from pilot.model.gateway_api.hostnames import intersect, isolate
 from pilot.model.gateways import GatewayIndex
 from pilot.model.store import ConfigKey, Store
 from tests.support.certs import issue, make_ca, tls_secret_yaml
@@ -112,7 +112,7 @@ def listeners(result, name: str = "web") -> dict:
     (gateway("- {name: a, port: 80, protocol: HTTP}\n",
              extra="  allowedListeners: {namespaces: {from: All}}\n"),
      "spec.allowedListeners: allowedListeners is not supported"),
-    (route("r", "rules: [{retry: {attempts: 3}}]"), "spec.rules[0].retry: retry is not supported"),
+    (route("r", "rules: [{retry: {codes: [200]}}]"), "spec.rules[0].retry.codes[0]: Input should be greater than or equal to 400"),
     (route("r", "rules: [{sessionPersistence: {type: Cookie}}]"),
      "spec.rules[0].sessionPersistence: sessionPersistence is not supported"),
     (route("r", "useDefaultGateways: All"), "spec.useDefaultGateways: useDefaultGateways is not supported"),
@@ -130,9 +130,9 @@ def test_invalid_objects_are_rejected_with_the_reason(doc: str, reason: str):
     assert reason in e.value.reason, e.value.reason
 
 
-def test_status_written_by_controllers_is_accepted_and_cors_fails_closed_in_the_rule():
-    """`status` is ours to write (kept, never strict); a CORS filter is accepted as Gateway API
-    prescribes for a filter an implementation lacks: the rule fails, the status says why."""
+def test_status_written_by_controllers_is_accepted_and_cors_is_parsed():
+    """`status` is ours to write (kept, never strict); a CORS filter is parsed (it becomes the
+    route's CORS policy: tests/e2e/test_gateway_api_http.py)."""
     doc = yaml.safe_load(route("r", "rules: [{filters: [{type: CORS, cors: {allowOrigins: ['*'], "
                                     "maxAge: 5}}]}]"))
     doc["status"] = {"parents": [{"controllerName": "other.io/x", "parentRef": {"name": "gw"},
@@ -237,7 +237,9 @@ def test_route_parent_reasons_and_backend_problems():
 
     assert conds(parent("bad-port"))["Accepted"] == ("False", "NoMatchingParent")
     assert parent("bad-port")["conditions"][0]["message"] == "port 81 not found"
-    assert parent("bad-port")["parentRef"] == {"name": "web", "namespace": "infra", "port": 81}
+    # group and kind as the apiserver stores them (CRD defaults), though the route left them out
+    assert parent("bad-port")["parentRef"] == {"group": "gateway.networking.k8s.io", "kind": "Gateway",
+                                               "name": "web", "namespace": "infra", "port": 81}
     assert conds(parent("bad-kind")) == {"Accepted": ("True", "Accepted"), "ResolvedRefs": ("False", "InvalidKind")}
     # A port the Service lacks is not a resolution error for istiod (the route answers 500).
     assert conds(parent("no-port"))["ResolvedRefs"] == ("True", "ResolvedRefs")
@@ -256,6 +258,22 @@ def test_route_parent_reasons_and_backend_problems():
 ])
 def test_hostname_intersection(listener, route_hosts, want):
     assert intersect(listener, route_hosts) == want
+
+
+# GatewayHTTPListenerIsolation (upstream's gateway-http-listener-isolation-with-hostname-intersection):
+# listeners "", *.example.com, *.foo.example.com, abc.foo.example.com on one port.
+SIBLINGS = [None, "*.example.com", "*.foo.example.com", "abc.foo.example.com"]
+
+
+@pytest.mark.parametrize(("own", "hosts", "want"), [
+    (None, ["bar.com", "*.example.com", "*.foo.example.com"], ["bar.com"]),
+    (None, ["*"], ["*"]),  # any host: Envoy still picks the more specific virtual hosts first
+    ("*.example.com", ["*.example.com", "*.foo.example.com"], ["*.example.com"]),
+    ("*.foo.example.com", ["*.foo.example.com"], ["*.foo.example.com"]),  # broader than abc.foo: kept
+    ("abc.foo.example.com", ["abc.foo.example.com"], ["abc.foo.example.com"]),
+])
+def test_listener_isolation_keeps_hostnames_off_broader_listeners(own, hosts, want):
+    assert isolate(own, hosts, [s for s in SIBLINGS if s != own]) == want
 
 
 def test_precedence_across_routes_and_wildcard_hosts():
@@ -285,6 +303,24 @@ def test_precedence_across_routes_and_wildcard_hosts():
     assert [r.name.split(".")[1] for r in vs["*.example.com"].obj.spec.http] == ["wild"]
     assert vs["a.example.com"].obj.metadata.annotations["internal.istio.io/parents"].split(",")[0] == \
         "HTTPRoute/default/exact"
+
+
+def test_route_names_are_istiods_the_rule_name_or_namespace_name_index():
+    """istiod's convertHTTPRoute: a rule's `name` names its routes; an unnamed rule's are
+    NAMESPACE.NAME.RULE_INDEX, the same for each of its matches (split into one route each)."""
+    store = store_of(CLASS, SVC, gateway("- {name: http, port: 80, protocol: HTTP}\n"),
+                     route("r", """\
+                         parentRefs: [{name: web, namespace: infra}]
+                         rules:
+                         - name: login
+                           matches: [{path: {value: /login}}]
+                           backendRefs: [{name: alpha, port: 80}]
+                         - matches: [{path: {value: /a}}, {path: {value: /b}}]
+                           backendRefs: [{name: alpha, port: 80}]
+                         """, namespace="infra"))
+    result = translate(store, "cluster.local")
+    (vs,) = result.virtual_services
+    assert sorted(r.name for r in vs.obj.spec.http) == ["infra.r.1", "infra.r.1", "login"]
 
 
 def test_generated_entries_are_stable_cache_inputs_and_namespace_scoped():

@@ -14,7 +14,7 @@ from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
 from envoy.extensions.transport_sockets.tls.v3 import secret_pb2, tls_pb2
 
-from pilot.config.validation import parse_object
+from pilot.config.validation import InvalidObject, parse_object
 from pilot.features import Features
 from pilot.model import credentials
 from pilot.model.events import push_request_for
@@ -197,11 +197,24 @@ def test_mutual_tls_validates_clients_with_the_cacert_secret(world: World):
 def test_unservable_servers_are_skipped_not_fatal(world: World):
     world.apply(gateway(servers=[
         {"port": {"number": 15443, "name": "mesh", "protocol": "TLS"}, "hosts": ["*"], "tls": {"mode": "ISTIO_MUTUAL"}},
-        {"port": {"number": 8443, "name": "files", "protocol": "HTTPS"}, "hosts": ["*"],
-         "tls": {"mode": "SIMPLE", "serverCertificate": "/etc/c.pem", "privateKey": "/etc/k.pem"}},
         {"port": {"number": 9443, "name": "pass", "protocol": "TLS"}, "hosts": ["*"], "tls": {"mode": "PASSTHROUGH"}},
         http_server(8080)]))
     assert set(listeners(world)) == {"0.0.0.0_8080"}  # passthrough without a tls route: no chain
+
+
+@pytest.mark.parametrize(("server", "reason"), [
+    ({"port": {"number": 8443, "name": "files", "protocol": "HTTPS"}, "hosts": ["*"],
+      "tls": {"mode": "SIMPLE", "serverCertificate": "/etc/c.pem", "privateKey": "/etc/k.pem"}},
+     "spec.servers[0].tls.serverCertificate: serverCertificate is not supported"),
+    ({"port": {"number": 0, "name": "uds", "protocol": "HTTP"}, "hosts": ["*"], "bind": "unix:///var/run/gw.sock"},
+     "spec.servers[0]: bind: a unix domain socket bind is not supported"),
+])
+def test_servers_istiod_serves_and_this_does_not_are_refused(server: dict, reason: str):
+    """Certificates from files (istiod: the gateway agent's SDS) and unix socket binds are valid
+    for istiod; not generated here, the Gateway is refused naming them, never accepted unserved."""
+    with pytest.raises(InvalidObject) as e:
+        parse_object(gateway(servers=[server]))
+    assert reason in str(e.value)
 
 
 # --- cache keys -------------------------------------------------------------------------------

@@ -277,6 +277,59 @@ def test_an_egress_listeners_protocol_decides_how_its_port_is_served(world: Worl
     assert not _speaks_h2(clusters(world)[TCP_CLUSTER])
 
 
+def _listener_ports(world: World, p=None) -> set[int]:
+    return {r.message(listener_pb2.Listener).address.socket_address.port_value
+            for r in world.lds(p or proxy()).values()}
+
+
+def test_an_egress_port_no_named_service_has_gets_no_listener(world: World) -> None:
+    """istio 1.30's SidecarScope (needsPortMatch / serviceMatchingListenerPort): a port-specific
+    egress listener sees only the services that have its port. On a port that no named service
+    has (TCP or HTTP, a VirtualService for the host or not) istiod builds no listener, and a
+    service seen only through such a listener is not seen at all; the older single-port
+    fallback is gone."""
+    world.apply({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+                 "metadata": {"name": "api", "namespace": "default"},
+                 "spec": {"hosts": ["api.example.com"], "http": [{"route": [{"destination": {"host": "reviews"}}]}]}})
+    world.apply({"apiVersion": "networking.istio.io/v1", "kind": "Sidecar",
+                 "metadata": {"name": "default", "namespace": "default"},
+                 "spec": {"egress": [{"port": {"number": 7777, "protocol": "TCP", "name": "tcp"},
+                                      "hosts": ["./db.default.svc.cluster.local"]},
+                                     {"port": {"number": 8088, "protocol": "HTTP", "name": "http"},
+                                      "hosts": ["./*"]}]}})
+    assert not {7777, 8088, 3306, 9080} & _listener_ports(world)
+    assert not {n for n in clusters(world) if n.startswith("outbound|")}
+    # With a catch-all, each service is reached on its own port as usual.
+    world.apply({"apiVersion": "networking.istio.io/v1", "kind": "Sidecar",
+                 "metadata": {"name": "default", "namespace": "default"},
+                 "spec": {"egress": [{"port": {"number": 7777, "protocol": "TCP", "name": "tcp"},
+                                      "hosts": ["./db.default.svc.cluster.local"]}, {"hosts": ["./*"]}]}})
+    ports = _listener_ports(world)
+    assert 7777 not in ports and {3306, 9080} <= ports
+
+
+def test_a_catch_all_egress_listener_binds_its_ports_as_istiod(world: World) -> None:
+    """istiod: `captureMode: NONE` (or a `bind` address) on the egress listener without a port
+    binds every port it serves, on its `bind` or 127.0.0.1, for an iptables-mode proxy too."""
+    p = proxy(interception="REDIRECT")
+    assert not any(r.message(listener_pb2.Listener).address.socket_address.address == "127.0.0.1"
+                   for r in world.lds(p).values())
+    world.apply({"apiVersion": "networking.istio.io/v1", "kind": "Sidecar",
+                 "metadata": {"name": "default", "namespace": "default"},
+                 "spec": {"egress": [{"captureMode": "NONE", "hosts": ["./*"]}]}})
+    bound = {(lis.address.socket_address.address, lis.address.socket_address.port_value)
+             for lis in (r.message(listener_pb2.Listener) for r in world.lds(p).values())
+             if not lis.HasField("bind_to_port") or lis.bind_to_port.value}
+    assert {("127.0.0.1", 9080), ("127.0.0.1", 3306)} <= bound
+    world.apply({"apiVersion": "networking.istio.io/v1", "kind": "Sidecar",
+                 "metadata": {"name": "default", "namespace": "default"},
+                 "spec": {"egress": [{"port": {"number": 3306, "protocol": "TCP", "name": "tcp"},
+                                      "hosts": ["./*"]},
+                                     {"bind": "127.0.0.2", "captureMode": "NONE", "hosts": ["./*"]}]}})
+    names = set(world.lds(p))
+    assert "127.0.0.2_9080" in names and "127.0.0.2_3306" not in names
+
+
 # --- ServiceEntry addresses -----------------------------------------------------------------------
 
 def _service_entry(protocol: str, number: int) -> dict:

@@ -3,6 +3,7 @@ failures kept visible and retried, rotation and removal noticed, a push asked fo
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -124,3 +125,32 @@ async def test_rotation_keeps_old_keys_through_bad_documents_and_removal_drops_t
         await wait_for(lambda: resolver.snapshot().keys == {} and len(pushes) > n, timeout=10)
     finally:
         await resolver.stop()
+
+
+async def test_a_rules_timeout_bounds_its_jwks_fetch(issuer: IssuerServer) -> None:
+    """istiod's JWTRule `timeout`: how long the JWKS fetch may take (default 5 s). A slow issuer
+    within the rule's timeout is fetched; one beyond it is an error, kept visible."""
+    slow = web.Application()
+
+    async def late(request: web.Request) -> web.Response:
+        await asyncio.sleep(0.6)
+        return web.json_response(issuer.jwks)
+
+    slow.router.add_get("/jwks", late)
+    runner = web.AppRunner(slow, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    uri = f"http://127.0.0.1:{runner.addresses[0][1]}/jwks"
+    try:
+        store = store_of(request_authn("short", jwtRules=[{"issuer": "https://a", "jwksUri": uri, "timeout": "0.1s"}]))
+        resolver = JwksResolver(store, lambda: None)
+        assert resolver.wanted() == {uri: pytest.approx(0.1)}
+        await resolver.refresh()
+        assert uri in resolver.snapshot().errors and uri not in resolver.snapshot().keys
+        generous = store_of(request_authn("long", jwtRules=[{"issuer": "https://a", "jwksUri": uri, "timeout": "20s"}]))
+        resolver = JwksResolver(generous, lambda: None)
+        assert await resolver.refresh() is True
+        assert resolver.snapshot().keys[uri] == canonical(issuer.jwks)
+    finally:
+        await runner.cleanup()

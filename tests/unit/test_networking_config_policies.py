@@ -219,6 +219,14 @@ CASES: list[tuple[str, dict, Callable[[dict], object], tuple[str, ...]]] = [
      lambda s: s["workloadSelector"].update(labels={"app": "*"}), ("spec.workloadSelector", "wildcard")),
     ("UDS egress without a socket bind", SIDECAR,
      lambda s: s["egress"][0]["port"].update(number=0), ("spec.egress[0]", "unix domain socket bind")),
+    # Valid for istiod, not generated here: refused rather than served as something else (a UDS
+    # listener would become a catch-all, HTTP_PROXY a plain TCP listener).
+    ("UDS egress listener", SIDECAR,
+     lambda s: s["egress"][0].update(port={"number": 0}, bind="unix:///var/run/app.sock"),
+     ("spec.egress[0]", "unix domain socket egress listener is not supported")),
+    ("HTTP_PROXY egress listener", SIDECAR,
+     lambda s: s["egress"][0]["port"].update(protocol="HTTP_PROXY"),
+     ("spec.egress[0]", "HTTP_PROXY is not supported")),
     # Gateway
     ("server without hosts", GATEWAY, lambda s: s["servers"][0].update(hosts=[]), ("spec.servers[0].hosts", "at least one host")),
     ("no servers", GATEWAY, lambda s: s.update(servers=[]), ("spec.servers", "at least one server")),
@@ -228,7 +236,12 @@ CASES: list[tuple[str, dict, Callable[[dict], object], tuple[str, ...]]] = [
     ("SIMPLE without certificate", GATEWAY,
      lambda s: s["servers"][1]["tls"].pop("credentialName"), ("spec.servers[1].tls", "SIMPLE TLS requires a server certificate")),
     ("MUTUAL without CA", GATEWAY,
-     lambda s: s["servers"][2]["tls"].pop("caCertificates"), ("spec.servers[2].tls", "client CA bundle")),
+     lambda s: s["servers"][2].update(tls={"mode": "MUTUAL"}), ("spec.servers[2].tls", "client CA bundle")),
+    ("certificates from files", GATEWAY,
+     lambda s: s["servers"][2].update(tls={"mode": "MUTUAL", "serverCertificate": "/etc/certs/server.pem",
+                                           "privateKey": "/etc/certs/key.pem", "caCertificates": "/etc/ca.pem"}),
+     ("spec.servers[2].tls.serverCertificate: serverCertificate is not supported",
+      "spec.servers[2].tls.caCertificates: caCertificates is not supported")),
     ("TLS settings on a TCP port", GATEWAY,
      lambda s: s["servers"][3].update(tls={"mode": "SIMPLE", "credentialName": "c"}),
      ("spec.servers[3]", "non HTTPS/TLS ports")),

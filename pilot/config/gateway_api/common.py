@@ -149,8 +149,10 @@ class ParentReference(StrictModel):
     port: PortNumber | None = None
 
     def as_status(self) -> dict[str, Any]:
-        """The reference as the user wrote it (status echoes parentRefs back unchanged)."""
-        return self.model_dump(by_alias=True, exclude_unset=True)
+        """The reference as the apiserver holds it: as written, with the CRD's defaults for `group`
+        and `kind` filled in (status echoes the stored parentRef, and conformance compares
+        group and kind exactly; in file mode nothing else would default them)."""
+        return {"group": self.group, "kind": self.kind, **self.model_dump(by_alias=True, exclude_unset=True)}
 
     def refers_to_gateway(self) -> bool:
         return self.group == GROUP and self.kind == "Gateway"

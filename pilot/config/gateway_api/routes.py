@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -148,7 +148,7 @@ class HTTPRouteFilter(StrictModel):
     request_redirect: RequestRedirect | None = None
     url_rewrite: URLRewrite | None = Field(default=None, alias="urlRewrite")
     extension_ref: LocalObjectReference | None = fails_closed(FAILS_CLOSED)
-    cors: CORSFilter | None = fails_closed(FAILS_CLOSED)
+    cors: CORSFilter | None = None
     # Authentication and authorisation by an external service: refused outright, as a request
     # must never pass a filter meant to check it.
     external_auth: Unsupported = None
@@ -161,6 +161,12 @@ class HTTPRouteFilter(StrictModel):
 
 class HTTPBackendRef(BackendRef):
     filters: list[HTTPRouteFilter] = Field(default_factory=list)
+
+
+class HTTPRouteRetry(StrictModel):
+    codes: list[Annotated[int, Field(ge=400, le=599)]] = Field(default_factory=list)
+    attempts: int | None = Field(default=None, ge=0)
+    backoff: GatewayDuration | None = None
 
 
 class HTTPRouteTimeouts(StrictModel):
@@ -192,7 +198,7 @@ class HTTPRouteRule(StrictModel):
     filters: list[HTTPRouteFilter] = Field(default_factory=list)
     backend_refs: list[HTTPBackendRef] = Field(default_factory=list)
     timeouts: HTTPRouteTimeouts | None = None
-    retry: Unsupported = None
+    retry: HTTPRouteRetry | None = None
     session_persistence: Unsupported = None
 
     @model_validator(mode="after")

@@ -29,9 +29,12 @@ class ServerTLSSettings(StrictModel):
     mode: Literal["PASSTHROUGH", "SIMPLE", "MUTUAL", "AUTO_PASSTHROUGH", "ISTIO_MUTUAL",
                   "OPTIONAL_MUTUAL"] = "PASSTHROUGH"
     credential_name: OptStr = None
-    server_certificate: OptStr = None
-    private_key: OptStr = None
-    ca_certificates: OptStr = None
+    # Certificates from files: istiod hands the paths to the gateway's agent (SDS `file-cert:` /
+    # `file-root:`), which routers here do not have. With credentialName istiod ignores
+    # caCertificates (the CA comes from the Secret); refused here rather than ignored.
+    server_certificate: Unsupported = None
+    private_key: Unsupported = None
+    ca_certificates: Unsupported = None
     subject_alt_names: list[str] = Field(default_factory=list)
     https_redirect: bool | None = None
     min_protocol_version: Literal["TLS_AUTO", "TLSV1_0", "TLSV1_1", "TLSV1_2", "TLSV1_3"] | None = None
@@ -133,6 +136,8 @@ class Server(StrictModel):
                 errs.append(f"bind: {err}")
             if port.number != 0:
                 errs.append("port.number: port number must be 0 for unix domain socket")
+            if not errs:  # valid for istiod; no listener here would bind it
+                errs.append("bind: a unix domain socket bind is not supported")
         elif bind and not is_ip(bind):
             errs.append(f"bind: {bind} is not a valid IP")
         if proto in _PROTOCOLS:

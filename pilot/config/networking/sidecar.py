@@ -104,6 +104,9 @@ class IstioEgressListener(StrictModel):
         if self.port is None:
             return self
         errs = self.port.problems()
+        if self.port.protocol.upper() == "HTTP_PROXY":
+            # istiod: a generic forward-proxy listener (absolute URLs, every service's routes).
+            errs.append("port.protocol: HTTP_PROXY is not supported")
         bind = self.bind or ""
         if self.port.number == 0:  # a Unix domain socket listener
             if not bind.startswith(UNIX_PREFIX):
@@ -112,6 +115,8 @@ class IstioEgressListener(StrictModel):
                 errs.append(f"bind: {err}")
             if self.capture_mode not in (None, "DEFAULT", "NONE"):
                 errs.append("captureMode: must be DEFAULT/NONE for unix domain socket listeners")
+            if not errs:  # valid for istiod, which binds it; no listener here would (nor scope the hosts)
+                errs.append("bind: a unix domain socket egress listener is not supported")
         else:
             if err := validate_port(self.port.number):
                 errs.append(f"port.number: {err}")

@@ -26,6 +26,17 @@ def intersect(listener: str | None, route_hosts: list[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def isolate(own: str | None, hosts: list[str], siblings: list[str | None]) -> list[str]:
+    """GatewayHTTPListenerIsolation: a request is served by the most specific listener of its
+    port that matches it, never by a broader one. The listeners' routes share one virtual host
+    per hostname, so a broader listener's route must not contribute a hostname that falls under
+    a more specific sibling (`siblings`: the hostnames of the other HTTP(S) listeners on the
+    port). A hostname broader than the sibling (`*.a.com` beside `*.b.a.com`) stays: Envoy picks
+    the more specific virtual host for the names under the sibling."""
+    narrower = [o for o in siblings if o and o != own and (not own or _covers(own, o))]
+    return [h for h in hosts if not any(o == h or _covers(o, h) for o in narrower)]
+
+
 def matches(pattern: str, host: str) -> bool:
     """Whether a request for `host` (possibly itself a wildcard) falls under `pattern`."""
     return pattern == "*" or pattern == host or _covers(pattern, host)

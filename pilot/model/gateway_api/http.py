@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pilot.config.core import Service
 from pilot.config.gateway_api import GRPCRoute, HTTPRoute, first_per_name
 from pilot.config.networking import (
+    CorsPolicy,
     Headers,
     HTTPDirectResponse,
     HTTPMirrorPolicy,
@@ -49,6 +50,7 @@ from pilot.model.gateway_api.references import INVALID_BACKEND_HOST, Backend, Re
 from pilot.model.store import Entry
 
 DEFAULT_ATTEMPTS = 2  # MeshConfig's default retry attempts, kept when only backendRequest is set
+RETRY_CONDITIONS = "connect-failure,refused-stream,unavailable,cancelled"  # istiod's default retryOn
 
 
 @dataclass(frozen=True, slots=True, eq=False)  # compared by identity: memoized ones are reused as is
@@ -193,17 +195,27 @@ def _rule_fields(rule, kind: str, namespace: str, prefix: str | None, ctx: Route
                 uri, regex = _prefix_rewrite(prefix, w.path.value)
             if uri is not None or regex is not None or w.hostname:
                 fields["rewrite"] = HTTPRewrite.model_construct(uri=uri, authority=w.hostname, uri_regex_rewrite=regex)
-        else:  # ExtensionRef, CORS
+        elif f.type == "CORS":
+            fields["cors_policy"] = cors_policy(f.cors)
+        else:  # ExtensionRef
             unsupported.append(f"{f.type} filters are not supported")
             broken = True
     fields["headers"] = headers(request, response)
     timeouts = getattr(rule, "timeouts", None)
+    per_try = timeouts.backend_request if timeouts is not None else None
     if timeouts is not None:
         fields["timeout"] = timeouts.request
-        if timeouts.backend_request:
-            fields["retries"] = HTTPRetry.model_construct(attempts=DEFAULT_ATTEMPTS,
-                                                          per_try_timeout=timeouts.backend_request,
+        if per_try:
+            fields["retries"] = HTTPRetry.model_construct(attempts=DEFAULT_ATTEMPTS, per_try_timeout=per_try,
                                                           retry_on=None, retry_remote_localities=None)
+    retry = getattr(rule, "retry", None)
+    if retry is not None:
+        # HTTPRoute `retry`: its codes join the connection-level conditions retried anyway (istiod's
+        # default retryOn); `attempts` unset keeps the mesh default; backendRequest is per try.
+        fields["retries"] = HTTPRetry.model_construct(
+            attempts=DEFAULT_ATTEMPTS if retry.attempts is None else retry.attempts, per_try_timeout=per_try,
+            retry_on=",".join([RETRY_CONDITIONS, *(str(c) for c in retry.codes)]), retry_remote_localities=None,
+            retry_ignore_previous_hosts=None, backoff=retry.backoff)
     backends = _backends(rule.backend_refs, kind, namespace, ctx, problems, unsupported)
     if broken:
         fields["redirect"] = fields["rewrite"] = None
@@ -218,6 +230,27 @@ def _rule_fields(rule, kind: str, namespace: str, prefix: str | None, ctx: Route
         else:
             fields["route"] = dests
     return fields
+
+
+def _origin_match(origin: str):
+    """A CORS allowOrigins entry as a string match: exact, or `*` (any origin), or a host with a
+    leading wildcard (`https://*.example.com`: any number of labels in its place, as the Gateway
+    API spec has it) as a regex."""
+    if origin == "*":
+        return string_match(regex=".*")
+    if "*" not in origin:
+        return string_match(exact=origin)
+    return string_match(regex=".+".join(re.escape(part) for part in origin.split("*")))
+
+
+def cors_policy(f) -> CorsPolicy:
+    """The HTTPRoute CORS filter as a VirtualService corsPolicy (istiod's translation), applied by
+    Envoy's CORS filter on the route."""
+    return CorsPolicy.model_construct(
+        allow_origin=[], allow_origins=[_origin_match(o) for o in f.allow_origins],
+        allow_methods=list(f.allow_methods), allow_headers=list(f.allow_headers),
+        expose_headers=list(f.expose_headers), max_age=f"{f.max_age}s" if f.max_age else None,
+        allow_credentials=True if f.allow_credentials else None, unmatched_preflights=None)
 
 
 def _http_uri(path):
@@ -236,14 +269,20 @@ def http_route_rules(route: Entry[HTTPRoute], ctx: RouteRefs, problems: list[Bac
         prefix = rule.matches[0].path.value if len(rule.matches) == 1 and rule.matches[0].path.type == "PathPrefix" \
             else None
         fields = _rule_fields(rule, "HTTPRoute", ns, prefix, ctx, problems, unsupported)
-        for j, m in enumerate(rule.matches):
+        for m in rule.matches:
             match = http_match(_http_uri(m.path), _header_matches(m.headers),
                                {q.name: _string(q.type, q.value) for q in _first_query(m.query_params)}, m.method)
-            out.append(Candidate(rank(match), GatewayApiRule.model_construct(name=f"{ns}.{name}.{i}.{j}",
+            out.append(Candidate(rank(match), GatewayApiRule.model_construct(name=_rule_name(rule, ns, name, i),
                                                                              match=[match], origin=str(route.key),
                                                                              **fields),
                                  str(route.key)))
     return out
+
+
+def _rule_name(rule, ns: str, name: str, index: int) -> str:
+    """istiod's route name: the rule's `name`, else NAMESPACE.NAME.RULE_INDEX (each match of a
+    rule is split into its own route of the same name)."""
+    return rule.name or f"{ns}.{name}.{index}"
 
 
 def _first_query(params) -> list:
@@ -274,10 +313,11 @@ def grpc_route_rules(route: Entry[GRPCRoute], ctx: RouteRefs, problems: list[Bac
     out = []
     for i, rule in enumerate(route.obj.spec.rules):
         fields = _rule_fields(rule, "GRPCRoute", ns, None, ctx, problems, unsupported)
-        for j, m in enumerate(rule.matches or [None]):
+        matches: list = list(rule.matches) or [None]  # a rule without matches matches every method
+        for m in matches:
             match = http_match(_grpc_uri(m.method if m is not None else None),
                                _header_matches(m.headers) if m is not None else {}, {}, None)
-            out.append(Candidate(rank(match), GatewayApiRule.model_construct(name=f"{ns}.{name}.{i}.{j}",
+            out.append(Candidate(rank(match), GatewayApiRule.model_construct(name=_rule_name(rule, ns, name, i),
                                                                              match=[match], origin=str(route.key),
                                                                              **fields),
                                  str(route.key)))

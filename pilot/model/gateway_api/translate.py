@@ -35,7 +35,7 @@ from pilot.config.gateway_api import (
 from pilot.config.networking import Gateway, VirtualService
 from pilot.model.gateway_api.attach import Attachment, attach
 from pilot.model.gateway_api.conditions import Status, condition, sorted_conditions
-from pilot.model.gateway_api.hostnames import matches
+from pilot.model.gateway_api.hostnames import isolate, matches
 from pilot.model.gateway_api.http import (
     Candidate,
     RouteRefs,
@@ -202,7 +202,7 @@ class _Pass:
                 continue
             found, verdict = attach(route, ref, gw.listeners, self.labels, hosts)
             for a in found:
-                self._attach(route, order, a, candidates, l4_targets)
+                self._attach(route, order, a, candidates, l4_targets, gw.listeners)
             parents.append({"parentRef": ref.as_status(), "controllerName": CONTROLLER_NAME,
                             "conditions": sorted_conditions([
                                 condition("Accepted", verdict.ok, verdict.reason, verdict.message, gen),
@@ -226,13 +226,16 @@ class _Pass:
                                                  _resolved(list(problems), list(unsupported), gen)])}
 
     def _attach(self, route: Entry[Route], order: int, a: Attachment, candidates: tuple[Candidate, ...],
-                l4_targets: tuple[tuple[str, int, int], ...]) -> None:
+                l4_targets: tuple[tuple[str, int, int], ...], listeners: tuple) -> None:
         key = (a.listener.gateway.key, a.listener.name)
         if route.key in self.attached[key]:
             return  # two parentRefs naming the same listener
         self.attached[key].add(route.key)
         if route.key.kind in ("HTTPRoute", "GRPCRoute"):
-            for host in a.hosts:
+            spec = a.listener.spec
+            siblings = [ls.spec.hostname for ls in listeners if ls is not a.listener and ls.accepted.ok
+                        and ls.spec.port == spec.port and ls.spec.protocol in _HTTP_PROTOCOLS]
+            for host in isolate(spec.hostname, list(a.hosts), siblings):
                 self.http[key][host].extend((order, c) for c in candidates)
         elif route.key.kind == "TLSRoute":
             self.l4.append((a.listener, route, a.hosts, l4_targets))
@@ -278,6 +281,9 @@ class _Pass:
                 out.append((b.host, b.port, b.weight))
         # Connections with nowhere to go are refused: a cluster that never exists.
         return out or [(INVALID_BACKEND_HOST, 1, 1)]
+
+
+_HTTP_PROTOCOLS = ("HTTP", "HTTPS")
 
 
 def _http_rules(by_host: Mapping[str, list[tuple[int, Candidate]]], host: str,

@@ -78,7 +78,7 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
                                           origins=("MeshConfig",)))
     wp = waypoint.waypoint_of(ctx, proxy)
     if wp is not None:
-        out.extend(r for r in waypoint.clusters(ctx, wp, cache) if want(r.name))
+        out.extend(r for r in waypoint.clusters(ctx, proxy, wp, cache) if want(r.name))
     return out
 
 

@@ -65,15 +65,23 @@ def listeners(ctx: PushContext, proxy: Proxy, waypoint: Waypoint, requested: fro
     return [r for r in out if requested is None or r.name in requested]
 
 
-def clusters(ctx: PushContext, waypoint: Waypoint, cache: XdsCache) -> list[CachedResource]:
+def clusters(ctx: PushContext, proxy: Proxy, waypoint: Waypoint, cache: XdsCache) -> list[CachedResource]:
     chains, _ = _service_chains(ctx, waypoint)
     out = [cache.resource(CLUSTER, wp.MAIN_INTERNAL, wp.main_internal_cluster)]
     for hostname, _, ports, _, _ in chains:
-        for port, protocol in ports:
-            name = wp.inbound_vip_cluster_name(port, protocol, hostname)
-            svc = ctx.service(hostname)
-            assert svc is not None  # the chains are of this push's services
-            out.append(cache.resource(CLUSTER, name, wp.inbound_vip_cluster, name, origins=(svc.origin,)))
+        svc = ctx.service(hostname)
+        assert svc is not None  # the chains are of this push's services
+        # istiod: the DestinationRule the waypoint itself would use for the host (its namespace
+        # and labels), applied to the VIP clusters. It is part of the cache key and, read here,
+        # a recorded dependency of this proxy's clusters.
+        dr = ctx.destination_rule(hostname, proxy.namespace, svc.namespace, proxy.labels)
+        origins = (svc.origin,) + ((f"{dr.key.kind}/{dr.key.namespace}/{dr.key.name}",) if dr else ())
+        for port_number, protocol in ports:
+            port = svc.port(port_number)
+            assert port is not None
+            name = wp.inbound_vip_cluster_name(port_number, protocol, hostname)
+            out.append(cache.resource(CLUSTER, name, wp.inbound_vip_cluster, name, svc, port, protocol,
+                                      ctx.settings.clusters, dr, origins=origins))
     return out
 
 

@@ -1,0 +1,5 @@
+import sys
+
+from tests.conformance.runner import main
+
+sys.exit(main())

@@ -70,9 +70,19 @@ ENABLE_EDS_DEBOUNCE = _knob(
 PUSH_THROTTLE = _knob(
     "PILOT_PUSH_THROTTLE", "100", _positive_int,
     "How many proxy pushes may run concurrently.")
+def _optional_rate(text: str) -> float | None:
+    if not text.strip():
+        return None
+    v = float(text)
+    if v < 0:
+        raise ValueError("must be >= 0")
+    return v
+
+
 MAX_REQUESTS_PER_SECOND = _knob(
-    "PILOT_MAX_REQUESTS_PER_SECOND", "25", float,
-    "Rate limit for new xDS connections per second (0 disables).")
+    "PILOT_MAX_REQUESTS_PER_SECOND", "", _optional_rate,
+    "Rate limit for new xDS connections per second (0: none). Unset: new connections are "
+    "admitted as fast as the server keeps up (they wait while its queue of stream work is long).")
 XDS_CACHE_SIZE = _knob(
     "PILOT_XDS_CACHE_SIZE", "60000", _positive_int,
     "Maximum number of serialised resources held in the xDS cache.")
@@ -260,7 +270,7 @@ class Features:
     debounce_max: float
     enable_eds_debounce: bool
     push_throttle: int
-    max_requests_per_second: float
+    max_requests_per_second: float | None  # None: admission by load (pilot/xds/pace.py)
     xds_cache_size: int
     pod_namespace: str
     revision: str

@@ -86,6 +86,8 @@ DESCRIPTIONS = {
     "/debug/push_status": "the push context version, conflicts and the last pushes",
     "/debug/mesh": "the MeshConfig in force, fields not applied, unknown PILOT_* variables",
     "/debug/cachez": "xDS resource cache size, hits and misses",
+    "/debug/loop_lag": "event-loop lag p50/p99/max over the kept samples (?since=UNIX_SECONDS), "
+                       "with how often stream work and new streams waited for a turn",
     "/debug/push_timeline": "the last pushes, newest first, with the time each stage took",
     "/debug/explain": "for ?proxyID=&type=&name=: what a resource is built from and which push changed it",
     "/debug/gatewayz": "Gateway API objects with their computed status and the Istio config they became",
@@ -113,6 +115,7 @@ class DebugHandlers:
             web.get("/debug/push_status", self.push_status),
             web.get("/debug/mesh", self.mesh),
             web.get("/debug/cachez", self.cachez),
+            web.get("/debug/loop_lag", self.loop_lag),
             web.get("/debug/push_timeline", self.push_timeline),
             web.get("/debug/explain", self.explain),
             web.get("/debug/gatewayz", self.gatewayz),
@@ -289,6 +292,16 @@ class DebugHandlers:
 
     async def cachez(self, _req: web.Request) -> web.Response:
         return _json(self.server.cache.stats())
+
+    async def loop_lag(self, req: web.Request) -> web.Response:
+        """Event-loop lag (pilot/loop_lag.py) since `since` (unix seconds; default: the samples kept)."""
+        try:
+            since = float(req.query.get("since", "0"))
+        except ValueError:
+            return _json({"error": "since must be unix seconds"}, status=400)
+        pace = self.server.pace
+        return _json({**self.server.loop_lag.summary(since), "turn_waits": pace.waits,
+                      "admission_waits": pace.admission_waits})
 
     async def push_timeline(self, _req: web.Request) -> web.Response:
         """The last pushes, newest first, with the time spent in each stage."""

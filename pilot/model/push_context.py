@@ -165,6 +165,19 @@ class PushContext:
         synchronous, so a stack is enough; nested recordings note into the innermost)."""
         return _Recording(self._rec, dep.Deps() if deps is None else deps)
 
+    def suspend_recording(self) -> list:
+        """Detach the recording stack, for a generation that yields to the event loop between
+        resources (pilot/xds/generated.py): what other tasks read meanwhile is not its input.
+        Hand the result back to `resume_recording` when it continues."""
+        saved = list(self._rec)
+        self._rec.clear()
+        return saved
+
+    def resume_recording(self, saved: list) -> None:
+        # Every other recording is synchronous, so none is open between two task steps.
+        assert not self._rec, "resumed over an open recording"
+        self._rec.extend(saved)
+
     def begin_resource(self, name: str) -> bool:
         """Within a recording: what is read until `end_resource` is the Deps of resource `name`
         alone (types pushed resource by resource: EDS). False, and nothing to end, otherwise."""

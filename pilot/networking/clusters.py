@@ -31,17 +31,14 @@ _HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSettings,
                      destination_rule: Entry[DestinationRule] | None = None, subset: str = "",
                      dns_targets: tuple[EndpointAddress, ...] = (),
-                     mesh_tls: MeshTls | None = None, grpc: bool = False,
-                     downstream_protocol: bool = False) -> cluster_pb2.Cluster:
+                     mesh_tls: MeshTls | None = None, downstream_protocol: bool = False) -> cluster_pb2.Cluster:
     """`destination_rule` is the DestinationRule in force for this client (its traffic policy and,
     for a subset cluster, the subset's). ServiceEntries with DNS resolution resolve
     `dns_targets` in Envoy; with resolution NONE traffic goes where the client sent it.
     `mesh_tls`: Istio mTLS toward this cluster (see pilot.model.mtls), None for none.
-    `grpc`: for a proxyless gRPC client, whose xDS client balances only by round robin or ring
-    hash (grpcio NACKs LEAST_REQUEST): istiod's grpcgen keeps round robin for any other simple
-    policy.
     `downstream_protocol`: a sniffed port seen by a sidecar: requests go upstream in the HTTP
-    version they arrived in (h2c stays HTTP/2), as istiod's setUseDownstreamProtocol."""
+    version they arrived in (h2c stays HTTP/2), as istiod's setUseDownstreamProtocol.
+    (Proxyless gRPC clients get pilot.networking.grpc.cluster instead.)"""
     name = names.outbound_cluster_name(port.port, svc.hostname, subset)
     c = cluster_pb2.Cluster(
         name=name,
@@ -95,9 +92,6 @@ def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSetti
     short = svc.hostname if svc.kind == "ServiceEntry" else svc.name
     metadata.set_cluster_metadata(c.metadata, svc.hostname, short, svc.namespace, dr_path, subset,
                                   dr_tls.mode if dr_tls is not None else None)
-    if grpc and c.lb_policy not in (cluster_pb2.Cluster.ROUND_ROBIN, cluster_pb2.Cluster.RING_HASH):
-        c.lb_policy = cluster_pb2.Cluster.ROUND_ROBIN
-        c.ClearField("least_request_lb_config")
     return c
 
 

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 
 from pilot import logging as plog
 from pilot.features import Features
+from pilot.loop_lag import LagSamples
 from pilot.metrics import Metrics
 from pilot.model import dependencies
 from pilot.model.ambient.index import AMBIENT_INPUT_KINDS
@@ -31,6 +32,7 @@ from pilot.xds.connection import Connection, Nack, WatchedResource
 from pilot.xds.debounce import Debouncer
 from pilot.xds.generated import Generated, GenerationMemo, Generator, Plan
 from pilot.xds.generators import authorization, cds, eds, lds, rds, sds, wds
+from pilot.xds.pace import Pace
 from pilot.xds.pushstatus import PushHistory, PushRecord
 
 log = plog.get("ads")
@@ -80,6 +82,10 @@ GENERATORS: dict[str, Generator] = {
     typeurls.AUTHORIZATION: authorization.generate,
 }
 
+# Types whose cold generation runs long enough to stall the loop (15-100 ms at 1,000 services),
+# generated a resource at a time so that GenerationMemo.agenerate can yield between slices.
+SLICED = {typeurls.CLUSTER: cds.sliced, typeurls.ENDPOINT: eds.resources}
+
 
 class DiscoveryServer:
     def __init__(self, store: Store, mesh: MeshHolder, features: Features, domain: str = "cluster.local",
@@ -91,12 +97,14 @@ class DiscoveryServer:
         self.metrics = metrics or Metrics()
         self.cache = XdsCache(features.xds_cache_size)
         self.generated = GenerationMemo(GENERATORS, self.cache, {typeurls.ENDPOINT: eds.reads_no_proxy},
-                                        record=features.record_dependencies)
+                                        record=features.record_dependencies, sliced=SLICED)
         self.connections: dict[str, Connection] = {}
         self.throttle = asyncio.Semaphore(features.push_throttle)
+        self.pace = Pace()  # stream work per loop iteration, bounded (pilot/xds/pace.py)
         self.debouncer = Debouncer(features.debounce_after, features.debounce_max,
                                    features.enable_eds_debounce, self._debounced_push)
         self.history = PushHistory()
+        self.loop_lag = LagSamples()  # filled by pilot.loop_lag.sample_lag, read by /debug/loop_lag
         self._busy: set[str] = set()  # connections with a push queued or being sent
         self._idle = asyncio.Event()
         self._idle.set()
@@ -361,6 +369,7 @@ class DiscoveryServer:
             slot = _Slot(self.throttle)
             await slot.acquire()
             try:
+                await self.pace.turn()
                 if first:
                     queued = time.monotonic() - queued_at
                     self.metrics.proxy_queue_time.observe(queued)
@@ -373,7 +382,7 @@ class DiscoveryServer:
                 # must be made from a context that includes that change.
                 ctx = self.push_context
                 requested = self._requested(conn, w) if subset is None else subset
-                resources = self.generated.generate(ctx, type_url, conn.proxy, requested)
+                resources = await self.generated.agenerate(ctx, type_url, conn.proxy, requested)
                 self._hold(conn, type_url, resources.deps, partial=subset is not None)
                 t1 = time.perf_counter()
                 force = changed_clusters if type_url == typeurls.ENDPOINT else frozenset()
@@ -401,7 +410,7 @@ class DiscoveryServer:
             await self._check_credentials(conn, w)
         ctx = self.push_context
         if w.type_url in GENERATORS:
-            resources = self.generated.generate(ctx, w.type_url, conn.proxy, self._requested(conn, w))
+            resources = await self.generated.agenerate(ctx, w.type_url, conn.proxy, self._requested(conn, w))
             self._hold(conn, w.type_url, resources.deps, partial=False)
         else:
             resources = Generated(())

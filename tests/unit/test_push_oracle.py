@@ -51,6 +51,10 @@ ENVOY_TYPES = (T.CLUSTER, T.ENDPOINT, T.LISTENER, T.ROUTE)
 GRPC_TYPES = (T.LISTENER, T.ROUTE, T.CLUSTER, T.ENDPOINT)  # the order a gRPC client learns names in
 ZTUNNEL_TYPES = (T.ADDRESS, T.AUTHORIZATION)
 GRPC_TARGETS = frozenset({f"reviews.default.svc.{DOMAIN}:9080", f"ratings.default.svc.{DOMAIN}:9080"})
+# A proxyless gRPC server at ratings-1's address (one variant moves that pod away): its inbound
+# listeners read the endpoints at its address, its policies and PeerAuthentications.
+GRPC_SERVER_NAMES = frozenset({"xds.istio.io/grpc/lds/inbound/0.0.0.0:9080",
+                               "xds.istio.io/grpc/lds/inbound/0.0.0.0:9091"})
 
 
 def _proxy(
@@ -126,6 +130,7 @@ def proxies() -> list[Proxy]:
         _proxy("router", "shop", "waypoint-1", "10.1.1.4", {"gateway.networking.k8s.io/gateway-name": "waypoint"},
                identity=_sa("shop", "waypoint")),
         _proxy("sidecar", "default", "grpc-client-1", "10.1.0.10", {"app": "ratings"}, generator="grpc"),
+        _proxy("sidecar", "default", "grpc-server-1", "10.1.0.4", {"app": "ratings"}, generator="grpc"),
         _proxy("ztunnel", SYSTEM_NS, "ztunnel-1", "10.1.2.1", {"app": "ztunnel"}),
     ]
 
@@ -194,9 +199,9 @@ def requested_after(type_url: str, got: Mapping[str, Mapping[str, CachedResource
     return None
 
 
-def grpc_requested(type_url: str, got) -> frozenset[str] | None:
+def grpc_requested(p: Proxy, type_url: str, got) -> frozenset[str] | None:
     if type_url == T.LISTENER:
-        return GRPC_TARGETS
+        return GRPC_SERVER_NAMES if p.pod_name.startswith("grpc-server") else GRPC_TARGETS
     if type_url == T.CLUSTER:
         out = set()
         for r in got.get(T.ROUTE, {}).values():
@@ -219,7 +224,7 @@ def expected_config(store: Store, mesh: MeshHolder, plist: list[Proxy]):
         got: dict[str, dict[str, CachedResource]] = {}
         names: dict[str, frozenset[str] | None] = {}
         for t in types_of(p):
-            requested = grpc_requested(t, got) if p.is_grpc else requested_after(t, got)
+            requested = grpc_requested(p, t, got) if p.is_grpc else requested_after(t, got)
             names[t] = requested
             got[t] = {r.name: r for r in GENERATORS[t](ctx, p, requested, cache)}
         out.append((names, got))

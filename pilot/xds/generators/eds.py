@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterator
 
 from envoy.config.endpoint.v3 import endpoint_pb2
 
@@ -61,7 +62,13 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
     """Names that are not (or no longer) services are left out: for EDS that means "unknown",
     and CDS removes the cluster itself. What each name read is recorded apart (a push of an
     endpoint change regenerates only the ClusterLoadAssignments that read it)."""
-    out: list[CachedResource] = []
+    return list(resources(ctx, proxy, requested, cache))
+
+
+def resources(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
+              cache: XdsCache) -> Iterator[CachedResource]:
+    """generate(), one resource at a time: between two, the caller may yield to the event
+    loop (GenerationMemo slices a cold generation of a thousand clusters)."""
     for name in sorted(requested or ()):
         recording = ctx.begin_resource(name)
         try:
@@ -70,8 +77,7 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
             if recording:
                 ctx.end_resource()
         if res is not None:
-            out.append(res)
-    return out
+            yield res
 
 
 def _load_assignment(ctx: PushContext, proxy: Proxy, name: str, cache: XdsCache) -> CachedResource | None:

@@ -1,4 +1,4 @@
-"""LDS generator: bound per-port listeners (NONE), istiod's virtualOutbound shape, or gRPC API listeners."""
+"""LDS generator: bound per-port listeners (NONE), istiod's virtualOutbound shape; gRPC clients' and servers' listeners come from generators.grpc."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
 from pilot.networking import inbound, listeners, names, tcp_routes
 from pilot.xds.cache import CachedResource, XdsCache
-from pilot.xds.generators import envoy_filter, gateway, waypoint
+from pilot.xds.generators import envoy_filter, gateway, grpc, waypoint
 from pilot.xds.typeurls import LISTENER
 
 
@@ -73,7 +73,7 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
     if gateway.is_gateway(proxy):
         return gateway.listeners(ctx, proxy, requested, cache)
     if proxy.is_grpc:
-        return _grpc(ctx, proxy, requested, cache)
+        return grpc.listeners(ctx, proxy, requested, cache)
     sidecar = ctx.sidecar_for(proxy.namespace, proxy.labels)
     view = ctx.view(sidecar)
     plans = view.port_plans
@@ -131,37 +131,3 @@ def _inbound(ctx: PushContext, proxy: Proxy, settings, outbound_names: set[str],
                                   origins=(*dict.fromkeys(p.origin for p in ports), *plan.policies.origins)))
     return out
 
-
-def _grpc(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
-          cache: XdsCache) -> list[CachedResource]:
-    out: list[CachedResource] = []
-    for name in sorted(requested or ()):
-        found = resolve_host_port(ctx, name)
-        if found is None:
-            continue
-        svc, port = found
-        out.append(cache.resource(LISTENER, name, _grpc_listener, name, svc.hostname, port,
-                                  origins=(svc.origin,)))
-    return out
-
-
-def _grpc_listener(name: str, hostname: str, port: int):
-    listener = listeners.grpc_api_listener(hostname, port)
-    listener.name = name  # answer under the name the client asked for (it may be a short alias)
-    return listener
-
-
-def resolve_host_port(ctx: PushContext, name: str):
-    """`host:port` as a gRPC target names it; host may be the FQDN or `name.namespace[.svc]`."""
-    host, sep, port_text = name.rpartition(":")
-    if not sep or not port_text.isdigit():
-        return None
-    port = int(port_text)
-    svc = ctx.service(host)
-    if svc is None:
-        parts = host.split(".")
-        if len(parts) in (2, 3) and (len(parts) == 2 or parts[2] == "svc"):
-            svc = ctx.service(f"{parts[0]}.{parts[1]}.svc.{ctx.domain}")
-    if svc is None or svc.port(port) is None:
-        return None
-    return svc, port

@@ -212,7 +212,7 @@ class DebugHandlers:
                 configs.append({"kind": kind, "namespace": e.key.namespace, "name": e.key.name,
                                 "revision": e.revision, "source": e.source, "object": obj})
         # Accepted policies this control plane cannot apply as written, and what it does instead.
-        unsupported = list(self.server.push_context.security.problems)
+        unsupported = [*self.server.push_context.security.problems, *self.server.push_context.telemetry_problems]
         return _json({"configs": configs, "rejected": [r.as_dict() for r in store.rejections()],
                       "unsupported": unsupported})
 

@@ -23,6 +23,7 @@ A facet is a small tuple naming one thing a lookup depended on, present or absen
 - ("workload-entries", NS), ("service-entry", NS, NAME), ("secret", NS, NAME);
 - ("gateways",) the Gateways and the VirtualServices bound to them, as a router sees them;
 - ("grants",) the Secrets other namespaces' ReferenceGrants let a gateway present;
+- ("telemetry", NS) the Telemetries of a namespace (the root namespace's reach every proxy);
 - ("kind", K) every object of kind K (indexes read whole, such as ztunnel's).
 
 Besides facets, a result may have evaluated a Sidecar's egress hosts over every service (a
@@ -98,6 +99,10 @@ def service_entry(namespace: str, name: str) -> tuple:
 
 def secret(namespace: str, name: str) -> tuple:
     return ("secret", namespace, name)
+
+
+def telemetry(namespace: str) -> tuple:
+    return ("telemetry", namespace)
 
 
 def kind(k: str) -> tuple:
@@ -184,6 +189,7 @@ def describe(f: tuple) -> str:
         "secret": "Secret/{}/{}",
         "gateways": "Gateways and the VirtualServices bound to them",
         "grants": "ReferenceGrants for gateway credentials",
+        "telemetry": "Telemetries in namespace {}",
         "kind": "every {}",
         "ambient": "every object ztunnel's workload index reads (Pods, Namespaces, Nodes, Services, ...)",
     }
@@ -243,6 +249,8 @@ def change_of(keys: Iterable[ConfigKey], old, new, *, mesh_changed: bool, servic
             facets.add(secret(k.namespace, k.name))
         elif k.kind == "JWKS":
             facets.add(JWKS)
+        elif k.kind == "Telemetry":
+            facets.add(telemetry(k.namespace))
         if k.kind in ambient_kinds:
             facets.add(AMBIENT)
     services: list[tuple[str, str]] = []

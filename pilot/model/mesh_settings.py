@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pilot.config.mesh import HttpRetryPolicy, MeshConfig
+from pilot.model.telemetry import NO_TELEMETRY, ModeTelemetry, legacy_access_logs
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,8 +45,10 @@ DEFAULT_KNOBS = GenerationKnobs()
 
 @dataclass(frozen=True, slots=True)
 class ListenerSettings:
-    access_log_file: str
     registry_only: bool
+    # What the listener's class (CLIENT: outbound, gateway; SERVER: inbound) logs and traces: the
+    # MeshConfig accessLogFile here; the generators put the proxy's Telemetry plan in its place.
+    telemetry: ModeTelemetry = NO_TELEMETRY
     sniff_outbound: bool = True
     sniff_inbound: bool = True
     http10: bool = False  # HCMs accept HTTP/1.0, and sniffing matches it
@@ -70,6 +73,6 @@ class MeshSettings:
                              else detection)
         return cls(ClusterSettings(mesh.connect_timeout_seconds, mesh.h2_upgrade_policy == "UPGRADE"),
                    RouteSettings(mesh.default_http_retry_policy, registry_only),
-                   ListenerSettings(mesh.access_log_file, registry_only, knobs.sniff_outbound, knobs.sniff_inbound,
-                                    knobs.http10, detection, inbound_detection),
+                   ListenerSettings(registry_only, legacy_access_logs(mesh), knobs.sniff_outbound,
+                                    knobs.sniff_inbound, knobs.http10, detection, inbound_detection),
                    knobs)

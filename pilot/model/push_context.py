@@ -45,6 +45,7 @@ from pilot.model.services import (
 )
 from pilot.model.sidecar_scope import ServiceView, scoped_view, select_sidecar
 from pilot.model.store import Entry, ObjT, Store
+from pilot.model.telemetry import ProxyInfo, TelemetryIndex, TelemetryPlan, plan_for
 from pilot.model.traffic import TrafficIndex, effective_policy
 
 # Store kinds an endpoint-only refresh (`with_endpoints`) covers: a change of only these keeps
@@ -55,7 +56,8 @@ ENDPOINT_KINDS = frozenset({"EndpointSlice", "Pod", "WorkloadEntry", "Node"})
 CONTEXT_KINDS = ENDPOINT_KINDS | AMBIENT_INPUT_KINDS | frozenset({
     "Service", "ServiceEntry", "VirtualService", "DestinationRule", "Sidecar", "Gateway", "Secret", "EnvoyFilter",
     "PeerAuthentication", "AuthorizationPolicy", "RequestAuthentication", "Namespace",
-    "GatewayClass", "KubernetesGateway", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute", "ReferenceGrant"})
+    "GatewayClass", "KubernetesGateway", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute", "ReferenceGrant",
+    "Telemetry"})
 
 
 class _Recording:
@@ -99,6 +101,7 @@ class PushContext:
     gateways: GatewayIndex = field(default_factory=GatewayIndex)  # Gateways, their VirtualServices, Secrets
     security: SecurityIndex = field(default_factory=SecurityIndex)  # PeerAuthn, AuthorizationPolicy, RequestAuthn
     ambient: AmbientInputs = field(default_factory=AmbientInputs)  # what only ztunnel's config reads
+    telemetry: TelemetryIndex = field(default_factory=TelemetryIndex)  # Telemetry API, by namespace
     # Gateway API objects: the Istio config they become (also in `gateways`) and their status.
     gateway_api: GatewayApiResult = NO_GATEWAY_API
     # EnvoyFilters by namespace (their patches apply last, in pilot/xds/generators/envoy_filter.py).
@@ -156,6 +159,7 @@ class PushContext:
             gateway_api=gateway_api,
             security=SecurityIndex.build(store, mesh.root_namespace, jwks),
             ambient=AmbientInputs.build(store),
+            telemetry=TelemetryIndex.build(store, mesh),
             envoy_filters=MappingProxyType(ef.index(store.list(EnvoyFilter), disabled_envoy_filters)),
         )
 
@@ -422,6 +426,55 @@ class PushContext:
             return self._memo.setdefault(("plan", made), made)  # equal plans: one object
 
         return self._memoized(key, plan)
+
+    def telemetry_plan(self, proxy: Proxy) -> TelemetryPlan:
+        """What the proxy logs and traces, per listener class (pilot/model/telemetry.py); shared by
+        proxies of one namespace with the same labels and traits."""
+        index, root = self.telemetry, self.mesh.root_namespace
+        defaults = self.mesh.default_providers
+        if not (index.by_namespace.get(root) or index.by_namespace.get(proxy.namespace)
+                or defaults.access_logging or defaults.tracing):
+            # The common case, no Telemetry for this proxy: MeshConfig's plan, without per-proxy work.
+            self._note(dep.telemetry(root), dep.telemetry(proxy.namespace))
+            shared = self._memo.get("telemetry-mesh")
+            if shared is None:
+                legacy = self.settings.listeners.telemetry
+                shared = self._memo["telemetry-mesh"] = TelemetryPlan(legacy, legacy, ())
+            return shared
+        labels = proxy.labels
+        md = proxy.metadata
+        info = ProxyInfo(proxy.namespace, labels, proxy.type == "router", str(md.get("CLUSTER_ID") or ""),
+                         str(md.get("MESH_ID") or ""), proxy.cluster)
+        key = ("telemetry", info.namespace, frozenset(labels.items()), info.is_router, info.cluster_id,
+               info.mesh_id, info.node_cluster)
+
+        def plan() -> TelemetryPlan:
+            self._note(dep.telemetry(self.mesh.root_namespace), dep.telemetry(proxy.namespace))
+            return plan_for(self.telemetry, self.mesh, info, self._provider_cluster, [], self.settings.listeners.telemetry)
+
+        return self._memoized(key, plan)
+
+    def _provider_cluster(self, service: str, port: int) -> tuple[str, str] | None:
+        """istiod's LookupCluster: `host` or `namespace/host` -> (hostname, outbound cluster)."""
+        namespace, _, hostname = service.rpartition("/")
+        svc = self.service(hostname)
+        if svc is None or (namespace and svc.namespace != namespace):
+            return None
+        return svc.hostname, f"outbound|{port}||{svc.hostname}"
+
+    @property
+    def telemetry_problems(self) -> tuple[dict, ...]:
+        """Telemetry (and defaultProviders) that cannot be applied, and providers whose service is
+        not in the registry (shown in /debug/configz)."""
+        out = list(self.telemetry.problems)
+        for p in self.mesh.providers.values():
+            settings = getattr(p, p.provider_kind)
+            service, port = getattr(settings, "service", None), getattr(settings, "port", None)
+            if isinstance(service, str) and isinstance(port, int) and self._provider_cluster(service, port) is None:
+                out.append({"kind": "MeshConfig", "namespace": "", "name": "mesh",
+                            "reason": f"extensionProviders {p.name!r}: service {service} is not in the registry; "
+                                      "what uses it is not configured"})
+        return tuple(out)
 
     def _inbound_rule_pool(self, namespace: str, svc: MeshService, port: int):
         """istiod's SidecarScope.DestinationRule(inbound, ...): the rule without a workloadSelector

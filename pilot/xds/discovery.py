@@ -173,6 +173,7 @@ class DiscoveryServer:
                                 knobs=self.features.generation_knobs())
         for listener in self.context_listeners:
             listener(ctx)
+        _log_telemetry_problems(previous, ctx)
         return ctx
 
     async def _debounced_push(self, req: PushRequest, debounce_s: float) -> None:
@@ -584,3 +585,16 @@ class DiscoveryServer:
         req = PushRequest(full=True, config_keys={entry.key})
         req.reasons[CONFIG_UPDATE] += 1
         self.debouncer.enqueue(req)
+
+
+def _log_telemetry_problems(previous: PushContext | None, ctx: PushContext) -> None:
+    """A Telemetry (or provider) that cannot be applied is logged once, when it first appears
+    (also in /debug/configz `unsupported` while it lasts)."""
+    if previous is not None and previous.telemetry is ctx.telemetry and previous.mesh is ctx.mesh \
+            and previous.by_host is ctx.by_host:
+        return
+    seen = {tuple(sorted(p.items())) for p in previous.telemetry_problems} if previous is not None else set()
+    for p in ctx.telemetry_problems:
+        if tuple(sorted(p.items())) not in seen:
+            log.warning("telemetry not applied", kind=p["kind"], namespace=p["namespace"], name=p["name"],
+                        reason=p["reason"])

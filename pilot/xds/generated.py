@@ -81,7 +81,8 @@ class GenerationMemo:
         workloadSelectors its labels meet and,
         for a sidecar, its inbound plan (the services selecting it, their mTLS modes and
         policies), for a router the ports of the Services selecting it (and, per type, the EnvoyFilter
-        patches it gets). Worked out once per proxy and context: a push asks for it once per type."""
+        patches it gets), and its telemetry plan. Worked out once per proxy and context: a push asks
+        for it once per type."""
         hit = self._proxy_keys.get(id(proxy))
         # The metadata object is replaced, never mutated, when a proxy turns out to be gRPC.
         if hit is not None and hit[0] is proxy and hit[1] is proxy.metadata:
@@ -96,7 +97,9 @@ class GenerationMemo:
         else:  # a router listens on the target ports of the Services selecting it
             own = ctx.gateway_port_map(proxy)
         traffic = ctx.traffic
-        key = (proxy.traits, scope, traffic.source_signature(labels), traffic.rule_signature(labels), own)
+        # What its Telemetries make it log and trace (workload-level ones select by labels).
+        telemetry = ctx.telemetry_plan(proxy) if not proxy.is_grpc else None
+        key = (proxy.traits, scope, traffic.source_signature(labels), traffic.rule_signature(labels), own, telemetry)
         self._proxy_keys[id(proxy)] = (proxy, proxy.metadata, key)
         return key
 

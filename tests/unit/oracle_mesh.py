@@ -237,6 +237,16 @@ def mesh_configmap(mesh: dict) -> dict:
     }
 
 
+def telemetry(name: str, ns: str, spec: dict) -> dict:
+    return _istio("Telemetry", name, ns, spec, group="telemetry.istio.io")
+
+
+# Providers the Telemetry slots name; the zipkin collector is a Service the slots change.
+TELEMETRY_MESH = {"extensionProviders": [
+    {"name": "file-log", "envoyFileAccessLog": {"path": "/dev/stdout", "logFormat": {"labels": {"c": "%RESPONSE_CODE%"}}}},
+    {"name": "zipkin", "zipkin": {"service": "ratings.default.svc.cluster.local", "port": 9080}},
+]}
+
 REVIEWS = "reviews.default.svc.cluster.local"
 RATINGS = "ratings.default.svc.cluster.local"
 V1 = {"app": "reviews", "version": "v1"}
@@ -556,7 +566,28 @@ def slots() -> dict[str, list[dict | None]]:
             namespace("default", {}),
             namespace("default", {"istio.io/dataplane-mode": "ambient"}),
         ],
-        "mesh": [mesh_configmap({}), mesh_configmap({"connectTimeout": "3s"})],
+        # Telemetry: mesh-wide, namespace-wide and workload-level (providers from the mesh below)
+        "tel/mesh": [
+            None,
+            telemetry("mesh", SYSTEM_NS, {"accessLogging": [{"providers": [{"name": "file-log"}]}]}),
+            telemetry("mesh", SYSTEM_NS, {"tracing": [{"providers": [{"name": "zipkin"}],
+                                                       "randomSamplingPercentage": 10}]}),
+        ],
+        "tel/reviews": [
+            None,
+            telemetry("reviews", "default", {"selector": {"matchLabels": {"app": "reviews"}},
+                                             "tracing": [{"providers": [{"name": "zipkin"}],
+                                                          "customTags": {"t": {"literal": {"value": "x"}}}}]}),
+            telemetry("reviews", "default", {"selector": {"matchLabels": {"app": "reviews"}},
+                                             "accessLogging": [{"match": {"mode": "SERVER"}, "disabled": True}]}),
+        ],
+        "tel/shop": [
+            None,
+            telemetry("shop", "shop", {"accessLogging": [{"providers": [{"name": "envoy"}],
+                                                          "filter": {"expression": "response.code >= 400"}}]}),
+            telemetry("shop", "shop", {"accessLogging": [{"providers": [{"name": "missing"}]}]}),
+        ],
+        "mesh": [mesh_configmap(TELEMETRY_MESH), mesh_configmap({**TELEMETRY_MESH, "connectTimeout": "3s"})],
     }
 
 

@@ -80,11 +80,19 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
     settings = ctx.settings.listeners
     if view.registry_only is not None and view.registry_only != settings.registry_only:
         settings = replace(settings, registry_only=view.registry_only)  # the Sidecar's policy wins
+    plan_t = ctx.telemetry_plan(proxy)
+    server_settings = settings
+    if plan_t.client is not settings.telemetry:
+        settings = replace(settings, telemetry=plan_t.client)  # outbound listeners: CLIENT mode
+    if plan_t.server is not server_settings.telemetry:
+        server_settings = replace(server_settings, telemetry=plan_t.server)  # inbound: SERVER mode
+    telemetry_origins = plan_t.origins
     mode = proxy.interception_mode
     out: list[CachedResource] = []
     if mode != "NONE":
         out.append(cache.resource(LISTENER, names.VIRTUAL_OUTBOUND_LISTENER,
-                                  listeners.virtual_outbound_listener, settings, origins=("MeshConfig",)))
+                                  listeners.virtual_outbound_listener, settings,
+                                  origins=("MeshConfig", *telemetry_origins)))
     for plan in plans:
         bind = view.binds.get(plan.port) or (listeners.LOCALHOST if mode == "NONE" else None)
         vss = _tcp_virtual_services(ctx, plan, proxy.namespace)
@@ -94,7 +102,7 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
             out.append(cache.resource(LISTENER, names.listener_name(bind, plan.port), listeners.bound_outbound_listener,
                                       plan, settings, vss, ctx.domain, bind, limits, client,
                                       origins=_origins(plan, view.by_port) + _sidecar_origin(sidecar)
-                                      + _vs_origins(vss) + dr_origins))
+                                      + _vs_origins(vss) + dr_origins + telemetry_origins))
         elif plan.port != names.VIRTUAL_OUTBOUND_PORT:
             # (0.0.0.0:15001 is virtualOutbound's own address: Envoy rejects the whole LDS update
             # for a second listener there. Traffic to such a port takes the fallback.)
@@ -102,8 +110,8 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
                                       listeners.unbound_outbound_listener, plan, settings, vss, ctx.domain,
                                       limits, client,
                                       origins=_origins(plan, view.by_port) + _sidecar_origin(sidecar)
-                                      + _vs_origins(vss) + dr_origins))
-    out.extend(_inbound(ctx, proxy, settings, {r.name for r in out}, cache))
+                                      + _vs_origins(vss) + dr_origins + telemetry_origins))
+    out.extend(_inbound(ctx, proxy, server_settings, {r.name for r in out}, cache))
     if requested is not None:
         out = [r for r in out if r.name in requested]
     return out
@@ -123,11 +131,15 @@ def _inbound(ctx: PushContext, proxy: Proxy, settings, outbound_names: set[str],
         out.append(cache.resource(LISTENER, inbound.inbound_listener_name(port.bind, port.port),
                                   inbound.bound_inbound_listener, port, plan.mesh_tls, settings,
                                   plan.policies, ctx.mesh.trust_domains,
-                                  origins=(port.origin, *plan.policies.origins)))
+                                  origins=(port.origin, *plan.policies.origins, *_telemetry_origins(ctx, proxy))))
     if proxy.interception_mode != "NONE" and (redirected or plan.mesh_tls):
         ports = tuple(redirected)
         out.append(cache.resource(LISTENER, inbound.VIRTUAL_INBOUND_LISTENER, inbound.virtual_inbound_listener,
                                   ports, plan.mesh_tls, settings, plan.policies, ctx.mesh.trust_domains,
-                                  origins=(*dict.fromkeys(p.origin for p in ports), *plan.policies.origins)))
+                                  origins=(*dict.fromkeys(p.origin for p in ports), *plan.policies.origins,
+                                           *_telemetry_origins(ctx, proxy))))
     return out
 
+
+def _telemetry_origins(ctx: PushContext, proxy: Proxy) -> tuple[str, ...]:
+    return ctx.telemetry_plan(proxy).origins

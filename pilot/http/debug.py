@@ -151,7 +151,7 @@ class DebugHandlers:
                             if e["path"] != "/debug/list"))
 
     def _sync_status(self, conn: Connection) -> dict:
-        out = {"cluster_id": conn.proxy.metadata.get("CLUSTER_ID", "Kubernetes"), "proxy": conn.proxy.id,
+        out = {"cluster_id": conn.proxy.metadata.get("CLUSTER_ID", self.server.features.cluster_id), "proxy": conn.proxy.id,
                "proxy_type": conn.proxy.type, "istio_version": conn.proxy.istio_version,
                "connection_id": conn.id, "delta": conn.delta,
                # Which replica answers (POD_NAME, else the host name): pilotctl's ISTIOD column.

@@ -107,9 +107,14 @@ async def test_file_mode_webhook_answers_with_the_reasons_file_mode_gives(tmp_pa
 
         # DELETE is never refused; kinds outside Istio's groups are not ours to judge.
         assert (await hook.review(review(None, "DELETE")))["allowed"] is True
+        widget = {"apiVersion": "example.com/v1", "kind": "Widget",
+                  "metadata": {"name": "w", "namespace": "default"}, "spec": {"anything": 1}}
+        assert (await hook.review(review(widget)))["allowed"] is True
+        # Telemetry is one of ours now: strict, as every served kind.
         telemetry = {"apiVersion": "telemetry.istio.io/v1", "kind": "Telemetry",
                      "metadata": {"name": "t", "namespace": "default"}, "spec": {"anything": 1}}
-        assert (await hook.review(review(telemetry)))["allowed"] is True
+        refused = await hook.review(review(telemetry))
+        assert refused["allowed"] is False and "spec.anything" in refused["status"]["message"], refused
 
         # istiod's always-reject marker (its readiness probe and istio's tests use it).
         marked = virtual_service("marked", annotations={"internal.istio.io/webhook-always-reject": "true"})

@@ -88,12 +88,15 @@ def test_registry():
     assert {(k.kind, k.plural) for k in istio} == {
         ("VirtualService", "virtualservices"), ("DestinationRule", "destinationrules"),
         ("ServiceEntry", "serviceentries"), ("WorkloadEntry", "workloadentries"), ("Sidecar", "sidecars"),
-        ("Gateway", "gateways"), ("EnvoyFilter", "envoyfilters")}
+        ("Gateway", "gateways"), ("EnvoyFilter", "envoyfilters"), ("ProxyConfig", "proxyconfigs"),
+        ("WorkloadGroup", "workloadgroups")}
     envoy_filter = BY_NAME["EnvoyFilter"]  # istio serves it as v1alpha3 only
     assert envoy_filter.versions == ("v1alpha3",) and envoy_filter.accepts("networking.istio.io/v1alpha3")
     assert not envoy_filter.accepts("networking.istio.io/v1")
+    proxy_config = BY_NAME["ProxyConfig"]  # and ProxyConfig as v1beta1 only
+    assert proxy_config.versions == ("v1beta1",) and not proxy_config.accepts("networking.istio.io/v1")
     for k in istio:
-        if k is envoy_filter:
+        if k in (envoy_filter, proxy_config):
             continue
         assert k.namespaced and k.versions == VERSIONS and k.api_version == "networking.istio.io/v1"
         assert k.path("ns1", "x") == f"/apis/networking.istio.io/v1/namespaces/ns1/{k.plural}/x"

@@ -89,7 +89,8 @@ async def run_case(cluster: Cluster, name: str, case: dict) -> tuple[str, str]:
 REQUEST_KEYS = {"host", "path", "method", "headers", "backendSetResponseHeaders", "sni"}
 RESPONSE_KEYS = {"status": "status", "backend": "backend", "namespace": "namespace", "seen": "request",
                  "responseHeaders": "headers", "absentResponseHeaders": "absentHeaders", "redirect": "redirect",
-                 "mirroredTo": "mirroredTo", "rejected": "rejected"}
+                 "mirroredTo": "mirroredTo", "rejected": "rejected", "validResponseHeaders": "validHeaders",
+                 "ignoreWhitespace": "ignoreWhitespace"}
 VIA_KEYS = {"gateway", "listener", "port", "client"}
 
 

@@ -76,14 +76,18 @@ def _fmt(v, digits: int = 0) -> str:
 def summary_table(results: list[dict]) -> str:
     """One row per scenario: the headline numbers; details are in the JSON files."""
     head = ("scenario", "services", "proxies", "acked", "p50 ms", "p99 ms", "max ms", "floor ms", "ratio",
-            "cpu s", "rss MB", "notes")
+            "cpu s", "rss MB", "peak MB", "lag p99", "lag max", "ctl p99", "ctl max", "notes")
     rows = [head]
     for r in results:
         conv = r.get("convergence_ms") or {}
         rows.append((r["scenario"], _fmt(r["params"]["services"]), _fmt(r["proxies"]),
                      _fmt(r.get("proxies_acked")), _fmt(conv.get("p50"), 1), _fmt(conv.get("p99"), 1),
                      _fmt(conv.get("max"), 1), _fmt(r.get("floor_ms"), 1), _fmt(r.get("ratio"), 2),
-                     _fmt(r.get("server_cpu_s"), 2), _fmt(r.get("server_rss_mb"), 1), r.get("note", "")))
+                     _fmt(r.get("server_cpu_s"), 2), _fmt(r.get("server_rss_mb"), 1),
+                     _fmt(r.get("server_peak_rss_mb"), 1), _fmt((r.get("loop_lag_ms") or {}).get("p99_ms"), 1),
+                     _fmt((r.get("loop_lag_ms") or {}).get("max_ms"), 1),
+                     _fmt((r.get("control_loop_lag_ms") or {}).get("p99_ms"), 1),
+                     _fmt((r.get("control_loop_lag_ms") or {}).get("max_ms"), 1), r.get("note", "")))
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(head))]
     lines = ["  ".join(str(c).rjust(w) if i not in (0, len(head) - 1) else str(c).ljust(w)
                        for i, (c, w) in enumerate(zip(row, widths))).rstrip() for row in rows]

@@ -192,7 +192,8 @@ class ControlPlane:
         # The first context is built from what is loaded now; everything after goes through debounce.
         self.discovery.rebuild()
         self.discovery.start()
-        self._tasks.append(asyncio.create_task(sample_lag(*lag_metrics(self.discovery.metrics), self._stop),
+        self._tasks.append(asyncio.create_task(sample_lag(*lag_metrics(self.discovery.metrics), self._stop,
+                                                          samples=self.discovery.loop_lag),
                                                name="loop-lag"))
         self.jwks.start()
         await self._start_grpc()

@@ -69,9 +69,19 @@ ENABLE_EDS_DEBOUNCE = _knob(
 PUSH_THROTTLE = _knob(
     "PILOT_PUSH_THROTTLE", "100", _positive_int,
     "How many proxy pushes may run concurrently.")
+def _optional_rate(text: str) -> float | None:
+    if not text.strip():
+        return None
+    v = float(text)
+    if v < 0:
+        raise ValueError("must be >= 0")
+    return v
+
+
 MAX_REQUESTS_PER_SECOND = _knob(
-    "PILOT_MAX_REQUESTS_PER_SECOND", "25", float,
-    "Rate limit for new xDS connections per second (0 disables).")
+    "PILOT_MAX_REQUESTS_PER_SECOND", "", _optional_rate,
+    "Rate limit for new xDS connections per second (0: none). Unset: new connections are "
+    "admitted as fast as the server keeps up (they wait while its queue of stream work is long).")
 XDS_CACHE_SIZE = _knob(
     "PILOT_XDS_CACHE_SIZE", "60000", _positive_int,
     "Maximum number of serialised resources held in the xDS cache.")
@@ -139,6 +149,11 @@ XDS_MAX_RESOURCE_NAMES = _knob(
 ENABLE_AMBIENT = _knob("PILOT_ENABLE_AMBIENT", "false", _bool,
                        "Serve ztunnel (ambient mode): WDS and L4 authorization over delta xDS, waypoints. "
                        "Without it ztunnel connections are refused.")
+
+ENABLE_K8S_SELECT_WORKLOAD_ENTRIES = _knob(
+    "PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES", "true", _bool,
+    "Kubernetes Services select WorkloadEntries in their namespace by their selector, as they "
+    "select Pods: the WorkloadEntries become endpoints of the Service (istiod's default: on).")
 
 # Not an istiod knob: the switch the push benchmark measures recording's cost with. Off, every
 # change pushes every watched type to every connected proxy (correct, and wasteful).
@@ -219,7 +234,7 @@ class Features:
     debounce_max: float
     enable_eds_debounce: bool
     push_throttle: int
-    max_requests_per_second: float
+    max_requests_per_second: float | None  # None: admission by load (pilot/xds/pace.py)
     xds_cache_size: int
     pod_namespace: str
     revision: str
@@ -247,6 +262,7 @@ class Features:
     debug_endpoint_auth_allowed_namespaces: tuple[str, ...] = ()
     record_dependencies: bool = True
     config_rescan_interval: float = 60.0
+    k8s_select_workload_entries: bool = True
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Features:
@@ -280,6 +296,7 @@ class Features:
             debug_endpoint_auth_allowed_namespaces=DEBUG_ENDPOINT_AUTH_ALLOWED_NAMESPACES.get(environ),
             record_dependencies=RECORD_DEPENDENCIES.get(environ),
             config_rescan_interval=CONFIG_RESCAN_INTERVAL.get(environ),
+            k8s_select_workload_entries=ENABLE_K8S_SELECT_WORKLOAD_ENTRIES.get(environ),
         )
 
 

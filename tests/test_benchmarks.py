@@ -61,6 +61,17 @@ def test_push_scenario_writes_complete_result(tmp_path):
     assert full["eds_ack_ms"]["count"] == PROXIES * result["params"]["rounds"]
     assert full["ratio"] == round(full["eds_ack_ms"]["p99"] / full["floor_eds_ack_ms"]["p99"], 3)
     assert result["eds_response_bytes"] > 0
+    # The server's event loop was sampled all through (cold cache included), and its peak RSS
+    # is the kernel's high-water mark, beside the floor's.
+    lag = result["loop_lag_ms"]
+    assert lag["samples"] > 10 and 0 <= lag["p50_ms"] <= lag["p99_ms"] <= lag["max_ms"], lag
+    control = result["control_loop_lag_ms"]  # an idle process's loop beside it: the machine's share
+    assert control["samples"] > 5 and control["p99_ms"] <= control["max_ms"], control
+    assert result["server_peak_rss_mb"] >= result["server_rss_mb"] * 0.9
+    assert result["peak_rss_ratio"] == round(result["server_peak_rss_mb"] / result["floor_peak_rss_mb"], 2)
+    floor_cpu = result["full_push"]["floor"]["cpu_s"]
+    if floor_cpu:
+        assert abs(result["cpu_ratio"] - result["server_cpu_with_eds_s"] / floor_cpu) < 0.01 + result["cpu_ratio"] / 100
     # Every proxy got the same resources; only the envelope (version, nonce) differs in length.
     per_proxy = result["bytes_received"]["cds_per_push"] / PROXIES
     assert abs(per_proxy - result["cds_response_bytes"]) < 64 and per_proxy > 0

@@ -51,6 +51,7 @@ async def run(opts: Options) -> dict:
         pushed = h.workdir / "eds-change.bin"
         await lg.capture("eds", pushed)  # the last change, as proxy 0 received it
         await lg.stop()
+        await h.server_figures()
         await h.server.stop()  # free the CPU for the floor
         floor = await floor_rounds(h, opts, captured, "floor", measure=("eds",), pushed=(pushed,))
         conv = stats.summary(pooled(changes))
@@ -65,6 +66,7 @@ async def run(opts: Options) -> dict:
             after_first_receipt_ms=after_first,
             ratio_after_first_receipt=round(after_first["p99"] / floor_p99, 3) if floor_p99 else None,
             floor=floor,
+            floor_peak_rss_mb=floor["peak_rss_mb"],
             proxies_acked=received,
             proxies_received_eds=received,
             proxies_watching=watching,

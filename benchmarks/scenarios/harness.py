@@ -7,6 +7,8 @@ never colour the next one's numbers.
 
 from __future__ import annotations
 
+import asyncio
+import os
 import shutil
 import sys
 import tempfile
@@ -16,12 +18,12 @@ from typing import Any, Self
 
 import psutil
 
-from benchmarks import stats
-from benchmarks.ipc import Child
+from benchmarks import lagcontrol, stats
+from benchmarks.ipc import REPO_ROOT, Child
 from benchmarks.mesh import MeshFiles
 from benchmarks.options import Options
 from benchmarks.report import environment
-from benchmarks.server import ServerProcess
+from benchmarks.server import ServerProcess, peak_rss_mb
 
 
 class Loadgen:
@@ -69,11 +71,25 @@ class Harness:
         self.server = ServerProcess(self.workdir, self.mesh.root, dict(opts.server_env))
         self._children: list[Child] = []
         self._failed = False
+        self._results: list[dict] = []
+        self._figures: dict | None = None
+        self._control: asyncio.subprocess.Process | None = None
+        self._control_file = self.workdir / "control-lag.txt"
+        self.started_at = 0.0
+
+    def control_lag(self, since: float, until: float | None = None) -> dict:
+        """The idle control process's loop lag from `since` to `until` (benchmarks/lagcontrol.py)."""
+        return lagcontrol.summary(str(self._control_file), since, until)
 
     async def __aenter__(self) -> Self:
         try:
             self.mesh.write_all()
             await self.server.start(timeout=self.opts.timeout())
+            self.started_at = time.time()
+            # The machine's own lag, beside the server's (benchmarks/lagcontrol.py).
+            self._control = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "benchmarks.lagcontrol", str(self._control_file),
+                cwd=str(REPO_ROOT), env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
         except BaseException as e:
             await self.__aexit__(type(e), e, e.__traceback__)  # never leave a server behind
             raise
@@ -81,9 +97,15 @@ class Harness:
 
     async def __aexit__(self, exc_type, exc, tb) -> None:
         self._failed = exc_type is not None
+        if not self._failed:
+            await self.server_figures()
+            self._apply_figures()
         for child in reversed(self._children):
             await child.stop()
         await self.server.stop()
+        if self._control is not None and self._control.returncode is None:
+            self._control.terminate()
+            await self._control.wait()
         if self._failed or self.opts.keep_workdir:
             print(f"[{self.scenario}] logs kept in {self.workdir}", file=sys.stderr)
         else:
@@ -116,12 +138,36 @@ class Harness:
         return pushes[0] if pushes else {}
 
     def result(self, **fields: Any) -> dict:
-        """The fields every scenario's JSON has, then the scenario's own."""
-        return {"scenario": self.scenario,
-                "params": {**self.opts.public(), "server_env": self.server.env},
-                "environment": environment(),
-                "proxies": self.opts.proxies,
-                **fields}
+        """The fields every scenario's JSON has, then the scenario's own. The server's event-loop
+        lag and peak RSS over the whole scenario are added on the way out (`_server_figures`),
+        while the server still runs."""
+        out = {"scenario": self.scenario,
+               "params": {**self.opts.public(), "server_env": self.server.env},
+               "environment": environment(),
+               "proxies": self.opts.proxies,
+               **fields}
+        self._results.append(out)
+        return out
+
+    async def server_figures(self) -> dict:
+        """Event-loop lag from the server's first ready moment to now (cold cache and setup
+        included: a stall there stalls proxies too), and its peak RSS. Taken once: a scenario
+        that stops the server early (to free the CPU for the floor) calls this first."""
+        if self._figures is None:
+            try:
+                lag = await self.server.loop_lag(self.started_at)
+            except Exception as e:  # noqa: BLE001 - a figure missing is reported, not fatal
+                lag = {"error": str(e)}
+            self._figures = {"loop_lag_ms": lag, "control_loop_lag_ms": self.control_lag(self.started_at),
+                             "server_peak_rss_mb": self.server.peak_rss_mb()}
+        return self._figures
+
+    def _apply_figures(self) -> None:
+        for r in self._results:
+            r.update(self._figures or {})
+            peak, floor_peak = r.get("server_peak_rss_mb"), r.get("floor_peak_rss_mb")
+            if peak and floor_peak:
+                r["peak_rss_ratio"] = round(peak / floor_peak, 2)
 
 
 def pooled(changes: list[dict], key: str = "ack_ms") -> list[float]:
@@ -145,6 +191,32 @@ class CpuWindow:
         self.cpu = self._cpu_s() - self.cpu0
         self.wall = time.time() - self.t0
         return self.cpu
+
+
+async def floor_connect(h: Harness, opts: Options, responses: dict[str, Path], label: str = "floor-connect") -> dict:
+    """The floor's initial sync: proxies connecting at once to a floor that answers each
+    subscription with the captured response of its type (the bytes our server sent proxy 0),
+    timed as the `connect` scenario times ours: until each holds CDS, EDS, LDS and RDS."""
+    args = [a for path in responses.values() for a in ("--response", str(path))]
+    floor, hello = await h.child("benchmarks.floor", [*args, *(["--delta"] if opts.delta else [])], label)
+    ps = psutil.Process(floor.pid)
+    lg = await h.loadgen(hello["port"], label=f"loadgen-{label}")
+
+    def cpu_s() -> float:
+        t = ps.cpu_times()
+        return t.user + t.system
+
+    window = CpuWindow(cpu_s)
+    await lg.connect(0, opts.proxies)
+    sync = await lg.synced(opts.timeout())
+    window.close()
+    ms = [(t - window.t0) * 1000 for t in sync["synced_at"]]
+    result = {"convergence_ms": stats.summary(ms), "all_synced_ms": max(ms, default=None),
+              "proxies_acked": sync["synced"], "cpu_s": window.cpu,
+              "rss_mb": ps.memory_info().rss / (1 << 20), "peak_rss_mb": peak_rss_mb(floor.pid)}
+    await lg.stop()
+    await floor.stop()
+    return result
 
 
 async def floor_rounds(h: Harness, opts: Options, responses: dict[str, Path], label: str, *,
@@ -183,6 +255,7 @@ async def floor_rounds(h: Harness, opts: Options, responses: dict[str, Path], la
               "proxies_acked": min(r[t]["acked"] for r in rounds for t in measure),
               "cpu_s": sum(r["cpu_s"] for r in rounds) / len(rounds),
               "rss_mb": ps.memory_info().rss / (1 << 20),
+              "peak_rss_mb": peak_rss_mb(floor.pid),
               "rounds": [{"p50": stats.summary(r[first]["ack_ms"])["p50"],
                           "p99": stats.summary(r[first]["ack_ms"])["p99"], "cpu_s": r["cpu_s"]} for r in rounds]}
     await lg.stop()

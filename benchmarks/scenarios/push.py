@@ -47,13 +47,18 @@ async def run(opts: Options) -> dict:
     async with Harness(opts, "push") as h:
         lg = await h.loadgen(h.server.grpc_port)
         setup = await h.connect_all(lg, opts.proxies)
+        setup_lag = await h.server.loop_lag(h.started_at)
+        t_rounds = time.time()
         rounds = await _server_rounds(h, lg, opts)
+        rounds_lag = await h.server.loop_lag(t_rounds)
+        rounds_control_lag = h.control_lag(t_rounds, time.time())
         rss = h.server.rss_mb()
         captured = {t: h.workdir / f"{t}-response.bin" for t in ("cds", "eds")}
         cds_bytes = await lg.capture("cds", captured["cds"])
         eds_bytes = await lg.capture("eds", captured["eds"])  # the last push's: every cluster
         lg_stats = await lg.stats()
         await lg.stop()
+        await h.server_figures()
         await h.server.stop()  # free the CPU for the floor
         floor = await floor_rounds(h, opts, {"cds": captured["cds"]}, "floor", measure=("cds",))
         floor_full = await floor_rounds(h, opts, captured, "floor-full-push", measure=("cds", "eds"))
@@ -78,6 +83,10 @@ async def run(opts: Options) -> dict:
             after_first_receipt_ms=after_first,
             ratio_after_first_receipt=round(after_first["p99"] / floor_p99, 3) if floor_p99 else None,
             floor=floor,
+            floor_peak_rss_mb=floor_full["peak_rss_mb"],
+            # CPU of a whole push (CDS then EDS of every changed cluster) over the floor's for the same bytes.
+            cpu_ratio=round(sum(r["server_cpu_with_eds_s"] for r in rounds) / len(rounds) / floor_full["cpu_s"], 3)
+            if floor_full["cpu_s"] else None,
             full_push={"eds_ack_ms": eds_ack, "floor_eds_ack_ms": floor_full["ack_ms"]["eds"],
                        "ratio": round(eds_ack["p99"] / full_floor_eds, 3) if full_floor_eds else None,
                        "cds_ratio": round(conv["p99"] / full_floor_cds, 3) if full_floor_cds else None,
@@ -87,6 +96,10 @@ async def run(opts: Options) -> dict:
             bytes_received={"cds_per_push": sum(c["bytes"] for c in cds) // len(cds),
                             "total_by_type": lg_stats["bytes"]},
             setup_ms=stats.summary(setup["synced_ms"]),
+            # Event-loop lag while the proxies connected (cold cache) and during the pushes alone.
+            setup_loop_lag_ms=setup_lag,
+            rounds_loop_lag_ms=rounds_lag,
+            rounds_control_loop_lag_ms=rounds_control_lag,
             rounds=[{**{k: v for k, v in stats.summary(r["cds"]["ack_ms"]).items() if k in ("min", "p50", "p99", "max")},
                      "acked": r["cds"]["acked"], "first_receipt_ms": r["first_receipt_ms"],
                      "server_cpu_s": r["server_cpu_s"], "server_cpu_with_eds_s": r["server_cpu_with_eds_s"],

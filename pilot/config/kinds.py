@@ -26,6 +26,8 @@ from pilot.config.networking import (
 )
 from pilot.config.security import VERSIONS as SECURITY_VERSIONS
 from pilot.config.security import AuthorizationPolicy, PeerAuthentication, RequestAuthentication
+from pilot.config.telemetry import VERSIONS as TELEMETRY_VERSIONS
+from pilot.config.telemetry import Telemetry
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,8 @@ KINDS: tuple[Kind, ...] = (
          AuthorizationPolicy),
     Kind("security.istio.io", SECURITY_VERSIONS, "RequestAuthentication", "requestauthentications", True,
          RequestAuthentication),
+    # telemetry.istio.io: v1 is read and written; v1alpha1 serves the same schema.
+    Kind("telemetry.istio.io", TELEMETRY_VERSIONS, "Telemetry", "telemetries", True, Telemetry),
     # gateway.networking.k8s.io: every version Gateway API v1.5 and v1.6 serve (standard and
     # experimental channels; the schemas agree for what is modelled), plus GRPCRoute v1alpha2 that
     # older releases served. The first one listed is watched and written. The Gateway is filed as

@@ -15,6 +15,8 @@ from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, field_vali
 from pydantic.alias_generators import to_camel
 
 from pilot.config.base import Model, StrictModel, Unsupported
+from pilot.config.extension_providers import DefaultProviders, ExtensionProvider, with_builtin
+from pilot.config.networking.locality import LocalityLbSetting
 from pilot.durations import parse_duration
 
 TOLERATED = ("extra_forbidden", "unsupported")
@@ -88,6 +90,16 @@ class MeshConfig(StrictModel):
     enable_auto_mtls: bool = True
     default_http_retry_policy: HttpRetryPolicy = Field(default_factory=HttpRetryPolicy)
     access_log_file: str = ""
+    # Text: a substitution format string (istiod's EnvoyTextLogFormat when empty); JSON: a JSON
+    # object of name -> format string (istiod's JSON fields when empty).
+    access_log_format: str = ""
+    access_log_encoding: Literal["TEXT", "JSON"] = "TEXT"
+    # Tracing without a Telemetry or defaultProviders.tracing: istiod then relies on the tracer
+    # pilot-agent writes into the bootstrap from defaultConfig.tracing, which this pilot-agent does
+    # not write: true is accepted (istio's default) and generates nothing; use a provider.
+    enable_tracing: bool = True
+    extension_providers: tuple[ExtensionProvider, ...] = ()
+    default_providers: DefaultProviders = Field(default_factory=DefaultProviders)
     default_config: ProxyConfig = Field(
         default_factory=ProxyConfig,
         description="applied by pilot-agent (pilot/agent/config.py), which warns about fields it does "
@@ -110,9 +122,6 @@ class MeshConfig(StrictModel):
     ingress_service: Unsupported = None
     ingress_controller_mode: Unsupported = None
     ingress_selector: Unsupported = None
-    enable_tracing: Unsupported = None
-    access_log_format: Unsupported = None
-    access_log_encoding: Unsupported = None
     enable_envoy_access_log_service: Unsupported = None
     disable_envoy_listener_log: Unsupported = None
     inbound_traffic_policy: Unsupported = None
@@ -121,7 +130,7 @@ class MeshConfig(StrictModel):
     default_service_export_to: Unsupported = None
     default_virtual_service_export_to: Unsupported = None
     default_destination_rule_export_to: Unsupported = None
-    locality_lb_setting: Unsupported = None
+    locality_lb_setting: LocalityLbSetting | None = None  # the default for DestinationRules without one
     dns_refresh_rate: Unsupported = None
     # istiod's mesh default for HTTP ports' outbound clusters (a DestinationRule's wins).
     h2_upgrade_policy: Literal["DO_NOT_UPGRADE", "UPGRADE"] | None = None
@@ -133,8 +142,6 @@ class MeshConfig(StrictModel):
     enable_prometheus_merge: Unsupported = None
     verify_certificate_at_client: Unsupported = None
     ca: Unsupported = None
-    extension_providers: Unsupported = None
-    default_providers: Unsupported = None
     path_normalization: Unsupported = None
     mesh_mtls: Unsupported = Field(default=None, alias="meshMTLS")
     tls_defaults: Unsupported = None
@@ -165,6 +172,21 @@ class MeshConfig(StrictModel):
     def trust_domains(self) -> tuple[str, ...]:
         """The trust domain, then its aliases (istiod's trust domain bundle)."""
         return tuple(dict.fromkeys((self.trust_domain, *self.trust_domain_aliases)))
+
+    @field_validator("extension_providers")
+    @classmethod
+    def _unique_providers(cls, v: tuple[ExtensionProvider, ...]) -> tuple[ExtensionProvider, ...]:
+        seen: set[str] = set()
+        for p in v:
+            if p.name in seen:  # istiod's validateExtensionProvider: "duplicate extension provider name"
+                raise ValueError(f"extensionProviders: duplicate extension provider name {p.name!r}")
+            seen.add(p.name)
+        return v
+
+    @property
+    def providers(self) -> dict[str, ExtensionProvider]:
+        """By name, istiod's built-in `envoy` and `prometheus` included."""
+        return {p.name: p for p in with_builtin(self.extension_providers)}
 
     @property
     def unsupported(self) -> tuple[str, ...]:

@@ -173,7 +173,7 @@ def summary(server: DiscoveryServer) -> dict:
         "proxies": sorted((_proxy(c) for c in conns), key=lambda p: p["id"]),
         "pushes": [p.as_dict() for p in server.history.recent()[:PUSHES_SHOWN]],
         "rejected": [r.as_dict() for r in server.store.rejections()],
-        "unsupported": list(server.push_context.security.problems),
+        "unsupported": [*server.push_context.security.problems, *server.push_context.telemetry_problems],
         "nacks": _nacks(server),
         "scopes": plog.scopes(),
         "levels": list(plog.LEVEL_NAMES),

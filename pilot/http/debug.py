@@ -86,6 +86,8 @@ DESCRIPTIONS = {
     "/debug/push_status": "the push context version, conflicts and the last pushes",
     "/debug/mesh": "the MeshConfig in force, fields not applied, unknown PILOT_* variables",
     "/debug/cachez": "xDS resource cache size, hits and misses",
+    "/debug/loop_lag": "event-loop lag p50/p99/max over the kept samples (?since=UNIX_SECONDS), "
+                       "with how often stream work and new streams waited for a turn",
     "/debug/push_timeline": "the last pushes, newest first, with the time each stage took",
     "/debug/explain": "for ?proxyID=&type=&name=: what a resource is built from and which push changed it",
     "/debug/gatewayz": "Gateway API objects with their computed status and the Istio config they became",
@@ -113,6 +115,7 @@ class DebugHandlers:
             web.get("/debug/push_status", self.push_status),
             web.get("/debug/mesh", self.mesh),
             web.get("/debug/cachez", self.cachez),
+            web.get("/debug/loop_lag", self.loop_lag),
             web.get("/debug/push_timeline", self.push_timeline),
             web.get("/debug/explain", self.explain),
             web.get("/debug/gatewayz", self.gatewayz),
@@ -209,7 +212,7 @@ class DebugHandlers:
                 configs.append({"kind": kind, "namespace": e.key.namespace, "name": e.key.name,
                                 "revision": e.revision, "source": e.source, "object": obj})
         # Accepted policies this control plane cannot apply as written, and what it does instead.
-        unsupported = list(self.server.push_context.security.problems)
+        unsupported = [*self.server.push_context.security.problems, *self.server.push_context.telemetry_problems]
         return _json({"configs": configs, "rejected": [r.as_dict() for r in store.rejections()],
                       "unsupported": unsupported})
 
@@ -289,6 +292,16 @@ class DebugHandlers:
 
     async def cachez(self, _req: web.Request) -> web.Response:
         return _json(self.server.cache.stats())
+
+    async def loop_lag(self, req: web.Request) -> web.Response:
+        """Event-loop lag (pilot/loop_lag.py) since `since` (unix seconds; default: the samples kept)."""
+        try:
+            since = float(req.query.get("since", "0"))
+        except ValueError:
+            return _json({"error": "since must be unix seconds"}, status=400)
+        pace = self.server.pace
+        return _json({**self.server.loop_lag.summary(since), "turn_waits": pace.waits,
+                      "admission_waits": pace.admission_waits})
 
     async def push_timeline(self, _req: web.Request) -> web.Response:
         """The last pushes, newest first, with the time spent in each stage."""

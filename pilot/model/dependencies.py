@@ -13,6 +13,8 @@ A facet is a small tuple naming one thing a lookup depended on, present or absen
 - ("slices", NS, SVC) the EndpointSlices of a Kubernetes Service; ("pod", NS, NAME) a Pod an
   endpoint refers to (whether or not that Pod exists yet); ("sans", H) the identities of a
   Kubernetes service's workloads (the set: a change meets it only when the set differs);
+  ("ns-pods", NS) every Pod of a namespace (a ServiceEntry's workloadSelector runs over them);
+  ("node", NAME) a Node an endpoint runs on (its topology labels are the endpoint's locality);
 - ("dr", H) / ("vs", H) the DestinationRules / VirtualServices claiming host H (a change of one
   with a wildcard host, ("dr*",) / ("vs*",), meets every such lookup), ("dr-all",) every
   DestinationRule;
@@ -23,6 +25,7 @@ A facet is a small tuple naming one thing a lookup depended on, present or absen
 - ("workload-entries", NS), ("service-entry", NS, NAME), ("secret", NS, NAME);
 - ("gateways",) the Gateways and the VirtualServices bound to them, as a router sees them;
 - ("grants",) the Secrets other namespaces' ReferenceGrants let a gateway present;
+- ("telemetry", NS) the Telemetries of a namespace (the root namespace's reach every proxy);
 - ("kind", K) every object of kind K (indexes read whole, such as ztunnel's).
 
 Besides facets, a result may have evaluated a Sidecar's egress hosts over every service (a
@@ -68,6 +71,14 @@ def pod(namespace: str, name: str) -> tuple:
     return ("pod", namespace, name)
 
 
+def ns_pods(namespace: str) -> tuple:
+    return ("ns-pods", namespace)
+
+
+def node(name: str) -> tuple:
+    return ("node", name)
+
+
 def destination_rule(h: str) -> tuple:
     return ("dr", h)
 
@@ -98,6 +109,10 @@ def service_entry(namespace: str, name: str) -> tuple:
 
 def secret(namespace: str, name: str) -> tuple:
     return ("secret", namespace, name)
+
+
+def telemetry(namespace: str) -> tuple:
+    return ("telemetry", namespace)
 
 
 def kind(k: str) -> tuple:
@@ -168,6 +183,8 @@ def describe(f: tuple) -> str:
         "ns-services": "every Service and ServiceEntry in namespace {}",
         "slices": "EndpointSlices of Service {}/{}",
         "pod": "Pod/{}/{}",
+        "node": "Node/{} (its topology labels: endpoint locality)",
+        "ns-pods": "every Pod in namespace {} (a workloadSelector over them)",
         "sans": "the service accounts of the Pods behind {}",
         "dr": "DestinationRules for host {}",
         "dr*": "DestinationRules with a wildcard host",
@@ -184,6 +201,7 @@ def describe(f: tuple) -> str:
         "secret": "Secret/{}/{}",
         "gateways": "Gateways and the VirtualServices bound to them",
         "grants": "ReferenceGrants for gateway credentials",
+        "telemetry": "Telemetries in namespace {}",
         "kind": "every {}",
         "ambient": "every object ztunnel's workload index reads (Pods, Namespaces, Nodes, Services, ...)",
     }
@@ -228,7 +246,9 @@ def change_of(keys: Iterable[ConfigKey], old, new, *, mesh_changed: bool, servic
         if k.kind == service_endpoints_kind:
             facets.add(slices(k.namespace, k.name))
         elif k.kind == "Pod":
-            facets.add(pod(k.namespace, k.name))
+            facets.update((pod(k.namespace, k.name), ns_pods(k.namespace)))
+        elif k.kind == "Node":
+            facets.add(node(k.name))
         elif k.kind == "Sidecar":
             facets.add(sidecars(k.namespace))
         elif k.kind == "EnvoyFilter":
@@ -243,6 +263,8 @@ def change_of(keys: Iterable[ConfigKey], old, new, *, mesh_changed: bool, servic
             facets.add(secret(k.namespace, k.name))
         elif k.kind == "JWKS":
             facets.add(JWKS)
+        elif k.kind == "Telemetry":
+            facets.add(telemetry(k.namespace))
         if k.kind in ambient_kinds:
             facets.add(AMBIENT)
     services: list[tuple[str, str]] = []
@@ -278,6 +300,12 @@ def _identities_changed(keys: frozenset[ConfigKey], old, new, service_endpoints_
     accounts of their endpoints' Pods, what mTLS clients verify) differ: only the services
     whose EndpointSlices changed or whose slices name a changed Pod are compared."""
     candidates = {(k.namespace, k.name) for k in keys if k.kind == service_endpoints_kind}
+    # A WorkloadEntry a Kubernetes Service selects is one of its workloads too.
+    we_namespaces = {k.namespace for k in keys if k.kind == "WorkloadEntry"}
+    if we_namespaces:
+        for ctx in (old, new):
+            candidates.update((s.namespace, s.name) for s in ctx.services
+                              if s.kind == "Service" and s.selector and s.namespace in we_namespaces)
     pods = {(k.namespace, k.name) for k in keys if k.kind == "Pod"}
     if pods:
         for ctx in (old, new):

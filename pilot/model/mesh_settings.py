@@ -9,11 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pilot.config.mesh import HttpRetryPolicy, MeshConfig
+from pilot.model.locality import ENABLED, LocalitySetting, mesh_setting
+from pilot.model.telemetry import NO_TELEMETRY, ModeTelemetry, legacy_access_logs
 
 
 @dataclass(frozen=True, slots=True)
 class ClusterSettings:
     connect_timeout_s: float
+    # MeshConfig localityLbSetting (None: disabled): DestinationRules without one inherit it.
+    locality: LocalitySetting | None = ENABLED
     h2_upgrade: bool = False  # MeshConfig h2UpgradePolicy UPGRADE: HTTP ports talk HTTP/2 upstream
 
 
@@ -25,8 +29,10 @@ class RouteSettings:
 
 @dataclass(frozen=True, slots=True)
 class ListenerSettings:
-    access_log_file: str
     registry_only: bool
+    # What the listener's class (CLIENT: outbound, gateway; SERVER: inbound) logs and traces: the
+    # MeshConfig accessLogFile here; the generators put the proxy's Telemetry plan in its place.
+    telemetry: ModeTelemetry = NO_TELEMETRY
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +44,7 @@ class MeshSettings:
     @classmethod
     def of(cls, mesh: MeshConfig) -> MeshSettings:
         registry_only = mesh.outbound_traffic_policy.mode == "REGISTRY_ONLY"
-        return cls(ClusterSettings(mesh.connect_timeout_seconds, mesh.h2_upgrade_policy == "UPGRADE"),
+        return cls(ClusterSettings(mesh.connect_timeout_seconds, locality=mesh_setting(mesh.locality_lb_setting),
+                                   h2_upgrade=mesh.h2_upgrade_policy == "UPGRADE"),
                    RouteSettings(mesh.default_http_retry_policy, registry_only),
-                   ListenerSettings(mesh.access_log_file, registry_only))
+                   ListenerSettings(registry_only, legacy_access_logs(mesh)))

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 from google.protobuf import json_format
 
+from pilot.model.services import LOCALITY_LABEL, NO_LOCALITY, Locality
+
 PROXY_TYPES = ("sidecar", "router", "ztunnel")
 GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name"
 
@@ -50,6 +52,17 @@ class Proxy:
     # The SPIFFE identity the proxy proved on the secure port (15012); "" on plaintext 15010.
     # Only a proxy with an identity has certificates (from pilot-agent), so only it gets mTLS.
     identity: str = ""
+    # Envoy's `node.locality` (istio-agent fills it from the Pod's Node); see `locality`.
+    node_locality: Locality = NO_LOCALITY
+
+    @property
+    def locality(self) -> Locality:
+        """Where the proxy runs: its Node message's locality, else its `istio-locality` label
+        (region.zone.subzone), as istiod reads it. Locality load balancing ranks endpoints by it."""
+        if self.node_locality != NO_LOCALITY:
+            return self.node_locality
+        label = self.labels.get(LOCALITY_LABEL)
+        return Locality.parse(label, ".") if label else NO_LOCALITY
 
     @property
     def labels(self) -> dict[str, str]:
@@ -117,4 +130,6 @@ def proxy_from_node(node) -> Proxy:
     if meta_ns and meta_ns != namespace:
         raise InvalidNode(f"node id namespace {shown(namespace)} disagrees with metadata NAMESPACE "
                           f"{shown(str(meta_ns))}")
-    return Proxy(node.id, ptype, ips, pod, namespace, domain, node.cluster, metadata)
+    loc = node.locality
+    return Proxy(node.id, ptype, ips, pod, namespace, domain, node.cluster, metadata,
+                 node_locality=Locality(loc.region, loc.zone, loc.sub_zone))

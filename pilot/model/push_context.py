@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from pilot.config.core import EndpointSlice, Pod, Secret, Service
+from pilot.config.core import EndpointSlice, Node, Pod, Secret, Service
 from pilot.config.gateway_api import KubernetesGateway
 from pilot.config.mesh import MeshConfig
 from pilot.config.networking import (
@@ -36,15 +36,20 @@ from pilot.model.mtls import spiffe_id
 from pilot.model.proxy import Proxy
 from pilot.model.security_policies import JwksSnapshot, SecurityIndex
 from pilot.model.services import (
+    NO_LOCALITY,
     EndpointAddress,
+    Locality,
     MeshService,
     endpoints_for_port,
+    merge_endpoints,
     mesh_service,
     service_entry_endpoints,
     service_entry_services,
+    workload_entry_endpoints,
 )
 from pilot.model.sidecar_scope import ServiceView, scoped_view, select_sidecar
 from pilot.model.store import Entry, ObjT, Store
+from pilot.model.telemetry import ProxyInfo, TelemetryIndex, TelemetryPlan, plan_for
 from pilot.model.traffic import TrafficIndex, effective_policy
 
 # Store kinds an endpoint-only refresh (`with_endpoints`) covers: a change of only these keeps
@@ -55,7 +60,8 @@ ENDPOINT_KINDS = frozenset({"EndpointSlice", "Pod", "WorkloadEntry", "Node"})
 CONTEXT_KINDS = ENDPOINT_KINDS | AMBIENT_INPUT_KINDS | frozenset({
     "Service", "ServiceEntry", "VirtualService", "DestinationRule", "Sidecar", "Gateway", "Secret", "EnvoyFilter",
     "PeerAuthentication", "AuthorizationPolicy", "RequestAuthentication", "Namespace",
-    "GatewayClass", "KubernetesGateway", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute", "ReferenceGrant"})
+    "GatewayClass", "KubernetesGateway", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute", "ReferenceGrant",
+    "Telemetry"})
 
 
 class _Recording:
@@ -99,8 +105,11 @@ class PushContext:
     gateways: GatewayIndex = field(default_factory=GatewayIndex)  # Gateways, their VirtualServices, Secrets
     security: SecurityIndex = field(default_factory=SecurityIndex)  # PeerAuthn, AuthorizationPolicy, RequestAuthn
     ambient: AmbientInputs = field(default_factory=AmbientInputs)  # what only ztunnel's config reads
+    telemetry: TelemetryIndex = field(default_factory=TelemetryIndex)  # Telemetry API, by namespace
     # Gateway API objects: the Istio config they become (also in `gateways`) and their status.
     gateway_api: GatewayApiResult = NO_GATEWAY_API
+    # PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES: Kubernetes Services select WorkloadEntries too.
+    k8s_select_workload_entries: bool = True
     # EnvoyFilters by namespace (their patches apply last, in pilot/xds/generators/envoy_filter.py).
     envoy_filters: Mapping[str, tuple[Entry[EnvoyFilter], ...]] = field(default_factory=dict)
     # The Deps being recorded (innermost last) while a result is generated: see `recording`.
@@ -109,7 +118,8 @@ class PushContext:
     @classmethod
     def build(cls, store: Store, mesh: MeshConfig, mesh_version: str, domain: str, version: str,
               previous: PushContext | None = None, jwks: JwksSnapshot | None = None,
-              disabled_envoy_filters: frozenset = frozenset()) -> PushContext:
+              disabled_envoy_filters: frozenset = frozenset(), *,
+              k8s_select_workload_entries: bool = True) -> PushContext:
         """Services whose Service object did not change are carried over from `previous` as the
         same objects, so cache keys built from them compare by identity, not field by field.
         `disabled_envoy_filters`: (key, revision) of EnvoyFilters left out because a proxy
@@ -154,6 +164,8 @@ class PushContext:
             gateway_api=gateway_api,
             security=SecurityIndex.build(store, mesh.root_namespace, jwks),
             ambient=AmbientInputs.build(store),
+            telemetry=TelemetryIndex.build(store, mesh),
+            k8s_select_workload_entries=k8s_select_workload_entries,
             envoy_filters=MappingProxyType(ef.index(store.list(EnvoyFilter), disabled_envoy_filters)),
         )
 
@@ -162,6 +174,19 @@ class PushContext:
         """Note into `deps` what the accessors are asked while the block runs (generation is
         synchronous, so a stack is enough; nested recordings note into the innermost)."""
         return _Recording(self._rec, dep.Deps() if deps is None else deps)
+
+    def suspend_recording(self) -> list:
+        """Detach the recording stack, for a generation that yields to the event loop between
+        resources (pilot/xds/generated.py): what other tasks read meanwhile is not its input.
+        Hand the result back to `resume_recording` when it continues."""
+        saved = list(self._rec)
+        self._rec.clear()
+        return saved
+
+    def resume_recording(self, saved: list) -> None:
+        # Every other recording is synchronous, so none is open between two task steps.
+        assert not self._rec, "resumed over an open recording"
+        self._rec.extend(saved)
 
     def begin_resource(self, name: str) -> bool:
         """Within a recording: what is read until `end_resource` is the Deps of resource `name`
@@ -342,6 +367,87 @@ class PushContext:
             rec[-1].add_child(hit[1])
         return hit[0]
 
+    def service_nodes(self, svc: MeshService) -> tuple[Entry[Node], ...]:
+        """The Nodes a Kubernetes service's endpoints run on (their topology labels are the
+        endpoints' locality), noted by name so a relabelled Node reaches the result."""
+        names: set[str] = set()
+        for s in self.service_slices(svc):
+            names.update(ep.node_name for ep in s.obj.endpoints if ep.node_name)
+        for p in self.service_pods(svc):
+            if p.obj.spec.node_name:
+                names.add(p.obj.spec.node_name)
+        if not names:
+            return ()
+        rec = self._rec[-1] if self._rec else None
+        nodes = self.ambient.nodes
+        out = []
+        for n in sorted(names):
+            if rec is not None:
+                rec.facets.add(dep.node(n))
+            e = nodes.get(n)
+            if e is not None:
+                out.append(e)
+        return tuple(out)
+
+    def proxy_locality(self, proxy: Proxy) -> Locality:
+        """Where a proxy runs: what it says (node.locality, its istio-locality label), else,
+        as istiod fills it in, the topology labels of its Pod's Node."""
+        return self.proxy_locality_source(proxy)[0]
+
+    def proxy_locality_source(self, proxy: Proxy) -> tuple[Locality, str]:
+        """`proxy_locality` and what it came from: "" (the proxy itself), "node/NAME", or
+        "pending" (no Pod, or one not scheduled yet). Proxies that share an output share its
+        recorded reads, so a generation memo keys them by this source as well; pending ones
+        (of a namespace) share one output that any Pod change in their namespace meets."""
+        own = proxy.locality
+        if own != NO_LOCALITY:
+            return own, ""
+        pod = self.pods.get((proxy.namespace, proxy.pod_name))
+        name = pod.obj.spec.node_name if pod is not None else ""
+        if not name:
+            self._note(dep.ns_pods(proxy.namespace))
+            return NO_LOCALITY, "pending"
+        if self._rec:
+            self._rec[-1].facets.add(dep.node(name))
+        return Locality.of_node(self.ambient.nodes.get(name)) or NO_LOCALITY, f"node/{name}"
+
+    def locality_lb_in_use(self) -> bool:
+        """Could locality load balancing change any cluster's endpoints? Only then does EDS
+        depend on the client's locality (and read DestinationRules for clusters without a
+        subset). True when the mesh distributes, or any DestinationRule has outlier detection
+        (the failover trigger) or a distribute setting."""
+        return self._locality_use()[0]
+
+    def dns_locality_in_use(self) -> bool:
+        """Does locality load balancing reorder some DNS cluster's own endpoints (a DNS
+        ServiceEntry whose endpoints name localities)? Only then is CDS per client locality."""
+        if not self.locality_lb_in_use():
+            return False
+        self._note(dep.ALL_SERVICES)
+        hit = self._memo.get("dns-locality")
+        if hit is None:
+            hit = self._memo["dns-locality"] = any(
+                e.locality != NO_LOCALITY
+                for svc in self.services if svc.kind == "ServiceEntry" and svc.resolution in ("DNS", "DNS_ROUND_ROBIN")
+                for p in svc.ports[:1] for e in self.endpoints(svc, p.port))
+        return hit
+
+    def locality_reads_labels(self) -> bool:
+        """Does any setting in force rank endpoints by the client's labels (failoverPriority)?"""
+        return self._locality_use()[1]
+
+    def _locality_use(self) -> tuple[bool, bool]:
+        self._note(dep.DR_ALL, dep.DR_WILDCARD)
+        hit = self._memo.get("locality-in-use")
+        if hit is None:
+            mesh = self.settings.clusters.locality
+            specs = [e.obj.spec for rules in self.traffic.destination_rules.values() for e in rules]
+            uses = [u for u in (_locality_relevant(s) for s in specs) if u is not None]
+            in_use = (mesh is not None and bool(mesh.distribute)) or bool(uses)
+            labels = in_use and ((mesh is not None and bool(mesh.failover_priority)) or any(uses))
+            hit = self._memo["locality-in-use"] = (in_use, labels)
+        return hit
+
     def service_accounts(self, svc: MeshService) -> tuple[str, ...]:
         """The SPIFFE identities a service's workloads run as (what mTLS clients verify): the
         service accounts of its Pods or WorkloadEntries, and a ServiceEntry's subjectAltNames."""
@@ -371,9 +477,14 @@ class PushContext:
                 for w in spec.endpoints + [we.obj.spec for we in self._selected_workload_entries(svc, entry)]:
                     if w.service_account:
                         out.add(spiffe_id(td, svc.namespace, w.service_account))
+                for p in self.service_entry_pods(svc, entry):
+                    out.add(spiffe_id(td, p.key.namespace, p.obj.spec.service_account_name))
         else:
             for pod in self.service_pods(svc):
                 out.add(spiffe_id(td, pod.key.namespace, pod.obj.spec.service_account_name))
+            for we in self.service_workload_entries(svc):
+                if we.obj.spec.service_account:
+                    out.add(spiffe_id(td, svc.namespace, we.obj.spec.service_account))
         return tuple(sorted(out))
 
     def services_in(self, namespace: str) -> tuple[MeshService, ...]:
@@ -406,6 +517,55 @@ class PushContext:
             return self._memo.setdefault(("plan", made), made)  # equal plans: one object
 
         return self._memoized(key, plan)
+
+    def telemetry_plan(self, proxy: Proxy) -> TelemetryPlan:
+        """What the proxy logs and traces, per listener class (pilot/model/telemetry.py); shared by
+        proxies of one namespace with the same labels and traits."""
+        index, root = self.telemetry, self.mesh.root_namespace
+        defaults = self.mesh.default_providers
+        if not (index.by_namespace.get(root) or index.by_namespace.get(proxy.namespace)
+                or defaults.access_logging or defaults.tracing):
+            # The common case, no Telemetry for this proxy: MeshConfig's plan, without per-proxy work.
+            self._note(dep.telemetry(root), dep.telemetry(proxy.namespace))
+            shared = self._memo.get("telemetry-mesh")
+            if shared is None:
+                legacy = self.settings.listeners.telemetry
+                shared = self._memo["telemetry-mesh"] = TelemetryPlan(legacy, legacy, ())
+            return shared
+        labels = proxy.labels
+        md = proxy.metadata
+        info = ProxyInfo(proxy.namespace, labels, proxy.type == "router", str(md.get("CLUSTER_ID") or ""),
+                         str(md.get("MESH_ID") or ""), proxy.cluster)
+        key = ("telemetry", info.namespace, frozenset(labels.items()), info.is_router, info.cluster_id,
+               info.mesh_id, info.node_cluster)
+
+        def plan() -> TelemetryPlan:
+            self._note(dep.telemetry(self.mesh.root_namespace), dep.telemetry(proxy.namespace))
+            return plan_for(self.telemetry, self.mesh, info, self._provider_cluster, [], self.settings.listeners.telemetry)
+
+        return self._memoized(key, plan)
+
+    def _provider_cluster(self, service: str, port: int) -> tuple[str, str] | None:
+        """istiod's LookupCluster: `host` or `namespace/host` -> (hostname, outbound cluster)."""
+        namespace, _, hostname = service.rpartition("/")
+        svc = self.service(hostname)
+        if svc is None or (namespace and svc.namespace != namespace):
+            return None
+        return svc.hostname, f"outbound|{port}||{svc.hostname}"
+
+    @property
+    def telemetry_problems(self) -> tuple[dict, ...]:
+        """Telemetry (and defaultProviders) that cannot be applied, and providers whose service is
+        not in the registry (shown in /debug/configz)."""
+        out = list(self.telemetry.problems)
+        for p in self.mesh.providers.values():
+            settings = getattr(p, p.provider_kind)
+            service, port = getattr(settings, "service", None), getattr(settings, "port", None)
+            if isinstance(service, str) and isinstance(port, int) and self._provider_cluster(service, port) is None:
+                out.append({"kind": "MeshConfig", "namespace": "", "name": "mesh",
+                            "reason": f"extensionProviders {p.name!r}: service {service} is not in the registry; "
+                                      "what uses it is not configured"})
+        return tuple(out)
 
     def _inbound_rule_pool(self, namespace: str, svc: MeshService, port: int):
         """istiod's SidecarScope.DestinationRule(inbound, ...): the rule without a workloadSelector
@@ -464,8 +624,58 @@ class PushContext:
             return ()
         if svc.kind == "ServiceEntry":
             entry = self.service_entry(svc)
-            return service_entry_endpoints(entry, sp, self.workload_entries(svc)) if entry else ()
-        return endpoints_for_port(self.service_slices(svc), sp)
+            if entry is None:
+                return ()
+            pods = self.service_entry_pods(svc, entry)
+            return service_entry_endpoints(entry, sp, self.workload_entries(svc), (), pods, self.nodes_of(pods))
+        wes = self.service_workload_entries(svc)
+        return merge_endpoints(endpoints_for_port(self.service_slices(svc), sp), workload_entry_endpoints(sp, wes))
+
+    def service_workload_entries(self, svc: MeshService) -> tuple[Entry[WorkloadEntry], ...]:
+        """The WorkloadEntries a Kubernetes Service's selector picks in its namespace (istiod's
+        PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES; an entry without labels is never selected)."""
+        if svc.kind != "Service" or not svc.selector or not self.k8s_select_workload_entries:
+            return ()
+        entries = self.workload_entries(svc)
+        if not entries:
+            return ()
+        key = ("svc-wes", svc.namespace, svc.selector)
+        hit = self._memo.get(key)
+        if hit is None:
+            selector = dict(svc.selector)
+            hit = self._memo[key] = tuple(e for e in entries if e.obj.spec.labels
+                                          and selects(selector, e.obj.spec.labels))
+        return hit
+
+    def selected_pods(self, namespace: str, selector: Mapping[str, str]) -> tuple[Entry[Pod], ...]:
+        """The ready Pods with an IP in `namespace` that `selector` picks (a ServiceEntry's
+        workloadSelector selects Pods as well as WorkloadEntries, as istiod's does). Any Pod
+        change in the namespace meets it: a new Pod may match."""
+        self._note(dep.ns_pods(namespace))
+        key = ("selected-pods", namespace, tuple(sorted(selector.items())))
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = tuple(
+                p for (ns, _), p in sorted(self.pods.items())
+                if ns == namespace and p.obj.status.pod_ip and p.obj.status.ready
+                and selects(selector, p.obj.metadata.labels))
+        return hit
+
+    def nodes_of(self, pods: tuple[Entry[Pod], ...]) -> tuple[Entry[Node], ...]:
+        names = sorted({p.obj.spec.node_name for p in pods if p.obj.spec.node_name})
+        rec = self._rec[-1] if self._rec else None
+        out = []
+        for n in names:
+            if rec is not None:
+                rec.facets.add(dep.node(n))
+            e = self.ambient.nodes.get(n)
+            if e is not None:
+                out.append(e)
+        return tuple(out)
+
+    def service_entry_pods(self, svc: MeshService, entry: Entry[ServiceEntry] | None) -> tuple[Entry[Pod], ...]:
+        selector = entry.obj.spec.workload_selector if entry is not None else None
+        return self.selected_pods(svc.namespace, selector.match_labels) if selector is not None else ()
 
     def service_entry(self, svc: MeshService) -> Entry[ServiceEntry] | None:
         self._note(dep.service_entry(svc.namespace, svc.name))
@@ -479,6 +689,23 @@ class PushContext:
     def endpoints_version(self, svc: MeshService) -> tuple[int, ...]:
         """Revisions of the slices behind a service: the EDS cache-key input."""
         return tuple(e.revision for e in self.service_slices(svc))
+
+
+def _locality_relevant(spec) -> bool | None:
+    """None when no part of this rule can turn locality load balancing on; else whether one
+    of its parts names failoverPriority (ranking by the client's labels)."""
+    relevant, priority = False, False
+    for tp in (spec.traffic_policy, *(s.traffic_policy for s in spec.subsets)):
+        if tp is None:
+            continue
+        for layer in (tp, *tp.port_level_settings):
+            lb = layer.load_balancer
+            setting = lb.locality_lb_setting if lb is not None else None
+            if layer.outlier_detection is not None or (setting is not None and setting.distribute):
+                relevant = True
+            if setting is not None and setting.failover_priority:
+                priority = True
+    return (relevant and priority) if relevant else None
 
 
 def _by_namespace(entries: list[Entry[ObjT]], oldest_first: bool = False) -> Mapping[str, tuple[Entry[ObjT], ...]]:

@@ -203,7 +203,7 @@ class SecurityIndex:
                 if spec.action == "CUSTOM":
                     provider = spec.provider.name if spec.provider else ""
                     out.append(_problem(e, f"CUSTOM action: extension provider {provider!r} is not defined "
-                                           "(extensionProviders are not supported); as istiod does for an "
+                                           "(ext_authz extension providers are not applied); as istiod does for an "
                                            "unknown provider, requests to the selected workloads are denied"))
         for entries in self.request_authentications.values():
             for e in entries:

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pilot.config.core import EndpointSlice, Pod, Service
+from pilot.config.core import EndpointSlice, Node, Pod, Service
 from pilot.config.networking import ServiceEntry, WorkloadEntry
 from pilot.model.labels import selects
 from pilot.model.protocol import Protocol, select_protocol
 from pilot.model.store import Entry
 
 TLS_MODE_LABEL = "security.istio.io/tlsMode"
+LOCALITY_LABEL = "istio-locality"  # region.zone.subzone on a Pod (or a proxy), as istiod reads it
+REGION_LABEL, ZONE_LABEL, SUBZONE_LABEL = ("topology.kubernetes.io/region", "topology.kubernetes.io/zone",
+                                           "topology.istio.io/subzone")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +68,29 @@ class Locality:
     def label(self) -> str:
         return f"{self.region}/{self.zone}/{self.subzone}".rstrip("/")
 
+    @classmethod
+    def parse(cls, text: str, sep: str = "/") -> Locality:
+        """"region/zone/subzone" (or, with sep ".", the `istio-locality` label's spelling)."""
+        parts = ([p.strip() for p in text.split(sep, 2)] + ["", "", ""])[:3] if text else ["", "", ""]
+        return cls(parts[0], parts[1], parts[2])
+
+    @classmethod
+    def of_node(cls, node: Entry[Node] | None) -> Locality | None:
+        """A Node's topology labels, or None when it carries none."""
+        if node is None:
+            return None
+        labels = node.obj.metadata.labels
+        loc = cls(labels.get(REGION_LABEL, ""), labels.get(ZONE_LABEL, ""), labels.get(SUBZONE_LABEL, ""))
+        return loc if loc != NO_LOCALITY else None
+
+    def topology_labels(self) -> tuple[tuple[str, str], ...]:
+        """The labels istiod adds to an endpoint (and a proxy) for failoverPriority to match."""
+        return tuple((k, v) for k, v in ((REGION_LABEL, self.region), (ZONE_LABEL, self.zone),
+                                         (SUBZONE_LABEL, self.subzone)) if v)
+
+
+NO_LOCALITY = Locality()
+
 
 @dataclass(frozen=True, slots=True)
 class EndpointAddress:
@@ -74,6 +100,22 @@ class EndpointAddress:
     ready: bool
     tls_mode: str = ""  # "istio" when the workload runs a sidecar (auto mTLS sends it mTLS)
     weight: int = 1  # a WorkloadEntry's weight (Envoy's load_balancing_weight, at least 1)
+    # The workload's labels with its topology labels (what failoverPriority compares), sorted.
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+def _with_topology(labels: dict[str, str] | None, locality: Locality) -> tuple[tuple[str, str], ...]:
+    merged = dict(labels or {})
+    merged.update(locality.topology_labels())
+    return tuple(sorted(merged.items()))
+
+
+def pod_locality(labels: dict[str, str] | None, node: Entry[Node] | None, zone: str | None) -> Locality:
+    """istiod's order: the Pod's `istio-locality` label, then its Node's topology labels, then
+    the zone the EndpointSlice reports."""
+    if labels and labels.get(LOCALITY_LABEL):
+        return Locality.parse(labels[LOCALITY_LABEL], ".")
+    return Locality.of_node(node) or Locality(zone=zone or "")
 
 
 def mesh_service(entry: Entry[Service], domain: str) -> MeshService:
@@ -101,11 +143,15 @@ def _slice_port(slice_: EndpointSlice, svc_port: ServicePort) -> int | None:
 
 def endpoints_for_port(slices: tuple[Entry[EndpointSlice], ...], svc_port: ServicePort,
                        subset_labels: tuple[tuple[str, str], ...] = (),
-                       pods: tuple[Entry[Pod], ...] = ()) -> tuple[EndpointAddress, ...]:
+                       pods: tuple[Entry[Pod], ...] = (),
+                       nodes: tuple[Entry[Node], ...] = ()) -> tuple[EndpointAddress, ...]:
     """Ready endpoints of one service port across all its slices, deduplicated, stable order.
     With `subset_labels`, only endpoints whose Pod (in `pods`) carries all those labels. A Pod's
-    `security.istio.io/tlsMode` label becomes its endpoint's tls_mode."""
+    `security.istio.io/tlsMode` label becomes its endpoint's tls_mode; its locality comes from
+    `pod_locality` (`nodes`: the Nodes the endpoints run on)."""
     pod_labels = {(p.key.namespace, p.key.name): p.obj.metadata.labels for p in pods}
+    pod_nodes = {(p.key.namespace, p.key.name): p.obj.spec.node_name for p in pods}
+    by_node = {n.key.name: n for n in nodes}
     seen: set[tuple[str, int]] = set()
     out: list[EndpointAddress] = []
     for entry in slices:
@@ -124,12 +170,15 @@ def endpoints_for_port(slices: tuple[Entry[EndpointSlice], ...], svc_port: Servi
             if subset_labels and (labels is None or any(labels.get(k) != v for k, v in subset_labels)):
                 continue
             tls_mode = labels.get(TLS_MODE_LABEL, "") if labels else ""
-            locality = Locality(zone=ep.zone or "")
+            node_name = ep.node_name or (pod_nodes.get((ref.namespace or entry.key.namespace, ref.name))
+                                         if ref and ref.kind == "Pod" else None)
+            locality = pod_locality(labels, by_node.get(node_name) if node_name else None, ep.zone)
+            ep_labels = _with_topology(labels, locality)
             for addr in ep.addresses:
                 if (addr, port) in seen:
                     continue
                 seen.add((addr, port))
-                out.append(EndpointAddress(addr, port, locality, True, tls_mode))
+                out.append(EndpointAddress(addr, port, locality, True, tls_mode, labels=ep_labels))
     out.sort(key=lambda e: (e.locality.label(), e.address, e.port))
     return tuple(out)
 
@@ -158,10 +207,14 @@ def _single_address(address: str) -> str:
 
 def service_entry_endpoints(entry: Entry[ServiceEntry], port: ServicePort,
                             workload_entries: tuple[Entry[WorkloadEntry], ...] = (),
-                            subset_labels: tuple[tuple[str, str], ...] = ()) -> tuple[EndpointAddress, ...]:
-    """Inline endpoints of a ServiceEntry, or the WorkloadEntries its workloadSelector picks
-    (with `subset_labels`, only those carrying them). An endpoint's port is its
-    `ports[port name]`, else the port's targetPort, else its number."""
+                            subset_labels: tuple[tuple[str, str], ...] = (),
+                            pods: tuple[Entry[Pod], ...] = (),
+                            nodes: tuple[Entry[Node], ...] = ()) -> tuple[EndpointAddress, ...]:
+    """Inline endpoints of a ServiceEntry, or the WorkloadEntries and `pods` its
+    workloadSelector picks (with `subset_labels`, only those carrying them). An endpoint's port
+    is its `ports[port name]`, else the port's targetPort, else its number; a Pod's the
+    targetPort, else the number (istiod's). `pods`: the ready Pods the selector picks (see
+    PushContext.selected_pods), `nodes` their Nodes (locality)."""
     spec = entry.obj.spec
     workloads = list(spec.endpoints)
     if spec.workload_selector is not None:
@@ -177,7 +230,56 @@ def service_entry_endpoints(entry: Entry[ServiceEntry], port: ServicePort,
         if any(w.labels.get(k) != v for k, v in subset_labels):
             continue
         number = w.ports.get(port.name) or (port.target_port if isinstance(port.target_port, int) else None) or port.port
-        parts = (w.locality.split("/") + ["", "", ""])[:3]
-        out.append(EndpointAddress(w.address, number, Locality(*parts), True, w.labels.get(TLS_MODE_LABEL, ""),
-                                   w.weight or 1))
+        locality = Locality.parse(w.locality)
+        out.append(EndpointAddress(w.address, number, locality, True, w.labels.get(TLS_MODE_LABEL, ""),
+                                   w.weight or 1, _with_topology(w.labels, locality)))
+    if pods and spec.workload_selector is not None:
+        by_node = {n.key.name: n for n in nodes}
+        number = port.target_port if isinstance(port.target_port, int) else port.port
+        for p in pods:
+            labels = p.obj.metadata.labels
+            if not selects(spec.workload_selector.match_labels, labels) or \
+                    any(labels.get(k) != v for k, v in subset_labels):
+                continue
+            locality = pod_locality(labels, by_node.get(p.obj.spec.node_name), None)
+            out.append(EndpointAddress(p.obj.status.pod_ip, number, locality, True, labels.get(TLS_MODE_LABEL, ""),
+                                       labels=_with_topology(labels, locality)))
     return tuple(sorted(set(out), key=lambda e: (e.locality.label(), e.address, e.port)))
+
+
+def workload_entry_endpoints(svc_port: ServicePort, entries: tuple[Entry[WorkloadEntry], ...],
+                             subset_labels: tuple[tuple[str, str], ...] = ()) -> tuple[EndpointAddress, ...]:
+    """The WorkloadEntries a Kubernetes Service selects, as its endpoints (istiod's
+    serviceInstanceFromWorkloadInstance): the port is the entry's `ports[name]` for the
+    targetPort's name (or, for a numeric targetPort, the service port's name), else the
+    numeric targetPort, else the port; a named targetPort the entry lacks leaves it out."""
+    explicit = isinstance(svc_port.target_port, str)
+    name = svc_port.target_port if isinstance(svc_port.target_port, str) else svc_port.name
+    number = svc_port.target_port if isinstance(svc_port.target_port, int) else svc_port.port
+    out: list[EndpointAddress] = []
+    for e in entries:
+        w = e.obj.spec
+        if not w.address or w.address.startswith("unix://"):
+            continue
+        if any(w.labels.get(k) != v for k, v in subset_labels):
+            continue
+        port = w.ports.get(name) if name else None
+        if port is None and explicit:
+            continue
+        locality = Locality.parse(w.locality)
+        out.append(EndpointAddress(w.address, port or number, locality, True, w.labels.get(TLS_MODE_LABEL, ""),
+                                   w.weight or 1, _with_topology(w.labels, locality)))
+    return tuple(out)
+
+
+def merge_endpoints(*parts: tuple[EndpointAddress, ...]) -> tuple[EndpointAddress, ...]:
+    """One endpoint per (address, port), the first part's winning, in the registry's order."""
+    seen: set[tuple[str, int]] = set()
+    out: list[EndpointAddress] = []
+    for part in parts:
+        for ep in part:
+            if (ep.address, ep.port) not in seen:
+                seen.add((ep.address, ep.port))
+                out.append(ep)
+    out.sort(key=lambda e: (e.locality.label(), e.address, e.port))
+    return tuple(out)

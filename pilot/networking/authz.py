@@ -247,6 +247,10 @@ def _rbac(policies: Sequence[Entry[AuthorizationPolicy]], action: int, for_tcp: 
     return as_rbac(enforced), as_rbac(shadow)
 
 
+# Public for the proxyless gRPC server listener, which names and filters its RBAC filters apart.
+rbac_rules = _rbac
+
+
 def _trust_domains(trust_domain: str, aliases: Sequence[str]) -> tuple[str, ...]:
     return (trust_domain, *(a for a in aliases if a != trust_domain))
 

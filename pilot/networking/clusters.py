@@ -8,6 +8,7 @@ from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 from google.protobuf import struct_pb2
 
 from pilot.config.networking import DestinationRule
+from pilot.model.locality import LocalityLb, in_force
 from pilot.model.mesh_settings import ClusterSettings
 from pilot.model.mtls import MeshTls
 from pilot.model.services import EndpointAddress, Locality, MeshService, ServicePort
@@ -31,14 +32,14 @@ _HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSettings,
                      destination_rule: Entry[DestinationRule] | None = None, subset: str = "",
                      dns_targets: tuple[EndpointAddress, ...] = (),
-                     mesh_tls: MeshTls | None = None, grpc: bool = False) -> cluster_pb2.Cluster:
+                     mesh_tls: MeshTls | None = None,
+                     locality_lb: LocalityLb | None = None) -> cluster_pb2.Cluster:
     """`destination_rule` is the DestinationRule in force for this client (its traffic policy and,
     for a subset cluster, the subset's). ServiceEntries with DNS resolution resolve
     `dns_targets` in Envoy; with resolution NONE traffic goes where the client sent it.
     `mesh_tls`: Istio mTLS toward this cluster (see pilot.model.mtls), None for none.
-    `grpc`: for a proxyless gRPC client, whose xDS client balances only by round robin or ring
-    hash (grpcio NACKs LEAST_REQUEST): istiod's grpcgen keeps round robin for any other simple
-    policy."""
+    `locality_lb`: the client's locality load balancing of a DNS cluster's own endpoints.
+    (Proxyless gRPC clients get pilot.networking.grpc.cluster instead.)"""
     name = names.outbound_cluster_name(port.port, svc.hostname, subset)
     c = cluster_pb2.Cluster(
         name=name,
@@ -51,7 +52,7 @@ def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSetti
         targets = dns_targets or (EndpointAddress(svc.hostname, port.port, Locality(), True),)
         if svc.resolution == "DNS_ROUND_ROBIN":
             targets = targets[:1]  # LOGICAL_DNS takes exactly one host
-        c.load_assignment.CopyFrom(cluster_load_assignment(name, targets))
+        c.load_assignment.CopyFrom(cluster_load_assignment(name, targets, locality_lb))
     elif svc.resolution == "NONE":
         c.type = cluster_pb2.Cluster.ORIGINAL_DST
         c.lb_policy = cluster_pb2.Cluster.CLUSTER_PROVIDED
@@ -81,6 +82,12 @@ def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSetti
         dr_path = metadata.config_path(key.kind, key.namespace, key.name)
         if dr_tls is not None and dr_tls.mode == "ISTIO_MUTUAL" and dr_tls.sni:
             sni = dr_tls.sni  # istiod: a DestinationRule's sni wins for ISTIO_MUTUAL too
+    lb_setting = in_force(settings.locality, policy["load_balancer"] if policy is not None else None,
+                          policy["outlier_detection"] if policy is not None else None)
+    if lb_setting is not None and (lb_setting.distribute or lb_setting.failover or lb_setting.failover_priority):
+        # istiod's condition: the localities' weights count only with locality-weighted LB on
+        # (outlier detection is implied for failover: in_force returns nothing without it).
+        c.common_lb_config.locality_weighted_lb_config.SetInParent()
     if mesh_tls is not None:
         apply_mesh_tls(c, mesh_tls, sni, http2)  # ALPN h2 for an upgraded cluster too, as istiod
     if policy is not None and policy["proxy_protocol"] is not None:
@@ -90,9 +97,6 @@ def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSetti
     short = svc.hostname if svc.kind == "ServiceEntry" else svc.name
     metadata.set_cluster_metadata(c.metadata, svc.hostname, short, svc.namespace, dr_path, subset,
                                   dr_tls.mode if dr_tls is not None else None)
-    if grpc and c.lb_policy not in (cluster_pb2.Cluster.ROUND_ROBIN, cluster_pb2.Cluster.RING_HASH):
-        c.lb_policy = cluster_pb2.Cluster.ROUND_ROBIN
-        c.ClearField("least_request_lb_config")
     return c
 
 

@@ -2,6 +2,8 @@
 
 Every locality carries `load_balancing_weight`: grpcio's xDS client ACKs a CLA without it and
 then fails every RPC, and Envoy ignores it unless locality-weighted LB is on, so it is always set.
+With locality load balancing (`lb`), groups get the client's priorities or weights
+(pilot/networking/locality.py).
 """
 
 from __future__ import annotations
@@ -12,24 +14,33 @@ from envoy.config.core.v3 import address_pb2, base_pb2, health_check_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 from google.protobuf import struct_pb2, wrappers_pb2
 
+from pilot.model.locality import LocalityLb
 from pilot.model.services import EndpointAddress, Locality
+from pilot.networking import locality as loc
 from pilot.networking.tls import TRANSPORT_SOCKET_MATCH
 
+_MAX = 2**32 - 1
 
-def cluster_load_assignment(cluster_name: str,
-                            endpoints: tuple[EndpointAddress, ...]) -> endpoint_pb2.ClusterLoadAssignment:
+
+def cluster_load_assignment(cluster_name: str, endpoints: tuple[EndpointAddress, ...],
+                            lb: LocalityLb | None = None) -> endpoint_pb2.ClusterLoadAssignment:
     by_locality: dict[Locality, list[EndpointAddress]] = defaultdict(list)
     for ep in endpoints:
         by_locality[ep.locality].append(ep)
+    groups = [loc.Group(locality, by_locality[locality], sum(ep.weight for ep in by_locality[locality]))
+              for locality in sorted(by_locality, key=Locality.label)]
+    if lb is not None:
+        groups = loc.apply(groups, lb)
     cla = endpoint_pb2.ClusterLoadAssignment(cluster_name=cluster_name)
-    for locality in sorted(by_locality, key=Locality.label):
-        eps = by_locality[locality]
+    for g in groups:
+        locality = g.locality
         group = cla.endpoints.add(
             locality=base_pb2.Locality(region=locality.region, zone=locality.zone, sub_zone=locality.subzone),
-            load_balancing_weight=wrappers_pb2.UInt32Value(value=min(sum(ep.weight for ep in eps), 2**32 - 1)),
+            load_balancing_weight=wrappers_pb2.UInt32Value(value=min(g.weight, _MAX)),
+            priority=g.priority,
         )
-        for ep in eps:
-            lb = endpoint_components_pb2.LbEndpoint(
+        for ep in g.endpoints:
+            lbe = endpoint_components_pb2.LbEndpoint(
                 endpoint=endpoint_components_pb2.Endpoint(address=address_pb2.Address(
                     socket_address=address_pb2.SocketAddress(address=ep.address, port_value=ep.port))),
                 health_status=health_check_pb2.HEALTHY,
@@ -37,8 +48,8 @@ def cluster_load_assignment(cluster_name: str,
             )
             if ep.tls_mode:
                 # What auto mTLS clusters' transport_socket_matches select on.
-                lb.metadata.filter_metadata[TRANSPORT_SOCKET_MATCH].CopyFrom(_tls_mode(ep.tls_mode))
-            group.lb_endpoints.append(lb)
+                lbe.metadata.filter_metadata[TRANSPORT_SOCKET_MATCH].CopyFrom(_tls_mode(ep.tls_mode))
+            group.lb_endpoints.append(lbe)
     return cla
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from envoy.config.accesslog.v3 import accesslog_pb2
 from envoy.config.listener.v3 import listener_components_pb2
-from envoy.extensions.access_loggers.file.v3 import file_pb2
 from envoy.extensions.filters.http.cors.v3 import cors_pb2
 from envoy.extensions.filters.http.fault.v3 import fault_pb2
 from envoy.extensions.filters.http.router.v3 import router_pb2
@@ -12,6 +11,7 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import http_con
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 
 from pilot.model.mesh_settings import ListenerSettings
+from pilot.networking import telemetry
 from pilot.networking.protos import ads_config_source, duration, pack
 
 HCM_FILTER = "envoy.filters.network.http_connection_manager"
@@ -19,10 +19,8 @@ TCP_PROXY_FILTER = "envoy.filters.network.tcp_proxy"
 
 
 def access_logs(settings: ListenerSettings) -> list[accesslog_pb2.AccessLog]:
-    if not settings.access_log_file:
-        return []
-    return [accesslog_pb2.AccessLog(name="envoy.access_loggers.file",
-                                    typed_config=pack(file_pb2.FileAccessLog(path=settings.access_log_file)))]
+    """The access logs of the listener's class (MeshConfig accessLogFile or the Telemetry API)."""
+    return telemetry.access_logs(settings.telemetry)
 
 
 def fault_filter() -> hcm_pb2.HttpFilter:
@@ -47,6 +45,7 @@ def http_connection_manager(stat_prefix: str, route_config_name: str,
         http_filters=[fault_filter(), cors_filter(), router_filter()],
         access_log=access_logs(settings),
     )
+    telemetry.apply_tracing(hcm, settings.telemetry)
     return hcm
 
 

@@ -26,7 +26,7 @@ from pilot.model.inbound import InboundPort
 from pilot.model.mesh_settings import ClusterSettings, ListenerSettings
 from pilot.model.security_policies import NO_POLICIES, WorkloadPolicies
 from pilot.model.services import EndpointAddress, Locality
-from pilot.networking import metadata, tls
+from pilot.networking import metadata, telemetry, tls
 from pilot.networking.endpoints import cluster_load_assignment
 from pilot.networking.filters import access_logs, hcm_network_filter, router_filter, tcp_proxy_filter
 from pilot.networking.policy_filters import TrustDomains, inbound_http_filters, inbound_network_filters
@@ -109,6 +109,7 @@ def _http_chain_filter(port: InboundPort, secure: bool, settings: ListenerSettin
     F = hcm_pb2.HttpConnectionManager
     hcm = F(stat_prefix=f"inbound_0.0.0.0_{port.port}", codec_type=F.AUTO, route_config=route,
             http_filters=[*http_filters, router_filter()], access_log=access_logs(settings))
+    telemetry.apply_tracing(hcm, settings.telemetry)
     if secure:
         # The app learns who called: the peer certificate's URI SAN (its SPIFFE identity).
         hcm.forward_client_cert_details = F.APPEND_FORWARD

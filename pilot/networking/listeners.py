@@ -1,4 +1,4 @@
-"""LDS for sidecars and proxyless gRPC clients.
+"""LDS for sidecars (proxyless gRPC clients: pilot.networking.grpc).
 
 Two sidecar shapes, chosen by the proxy's interception mode:
 - NONE (no iptables): one listener per outbound service port, bound on 127.0.0.1:PORT, so a plain
@@ -10,8 +10,7 @@ Two sidecar shapes, chosen by the proxy's interception mode:
 from __future__ import annotations
 
 from envoy.config.core.v3 import address_pb2, base_pb2
-from envoy.config.listener.v3 import api_listener_pb2, listener_components_pb2, listener_pb2
-from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
 from google.protobuf import wrappers_pb2
 
 from pilot.config.networking import VirtualService
@@ -23,10 +22,8 @@ from pilot.networking import names
 from pilot.networking.filters import (
     hcm_network_filter,
     http_connection_manager,
-    router_filter,
     tcp_proxy_filter,
 )
-from pilot.networking.protos import ads_config_source, pack
 from pilot.networking.tcp_routes import NO_CLIENT, Client, sni_chains, tcp_filter_for, tls_inspector
 
 LOCALHOST = "127.0.0.1"
@@ -132,12 +129,3 @@ def virtual_outbound_listener(settings: ListenerSettings) -> listener_pb2.Listen
         name=fallback, filters=[tcp_proxy_filter(fallback, fallback, settings)]))
     return listener
 
-
-def grpc_api_listener(hostname: str, port: int) -> listener_pb2.Listener:
-    """Proxyless gRPC: an API listener named `host:port` whose HCM fetches the same-named route."""
-    name = names.grpc_listener_name(hostname, port)
-    hcm = hcm_pb2.HttpConnectionManager(
-        rds=hcm_pb2.Rds(config_source=ads_config_source(), route_config_name=name),
-        http_filters=[router_filter()],
-    )
-    return listener_pb2.Listener(name=name, api_listener=api_listener_pb2.ApiListener(api_listener=pack(hcm)))

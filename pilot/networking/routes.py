@@ -166,15 +166,4 @@ def _apply_hash_policies(rc: route_pb2.RouteConfiguration, by_cluster: dict[str,
                 action.hash_policy.append(_hash_policy(key))
 
 
-def grpc_route_config(route_name: str, svc: MeshService, port: int) -> route_pb2.RouteConfiguration:
-    """Proxyless gRPC: the route config is named like the listener (`host:port`, possibly a short
-    alias the client used) and holds one virtual host matching every name of the service.
-    No retry policy: grpcio applies its own retry semantics from service config."""
-    host = route_name.rpartition(":")[0]
-    domains = list(dict.fromkeys([host, route_name, *service_domains(svc, port, svc.namespace)]))
-    vh = route_components_pb2.VirtualHost(
-        name=f"{svc.hostname}:{port}", domains=domains,
-        routes=[route_components_pb2.Route(
-            name="default", match=route_components_pb2.RouteMatch(prefix="/"),
-            route=route_components_pb2.RouteAction(cluster=names.outbound_cluster_name(port, svc.hostname)))])
-    return route_pb2.RouteConfiguration(name=route_name, virtual_hosts=[vh])
+apply_hash_policies = _apply_hash_policies  # (proxyless gRPC route configs use it too)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import grpc
 from envoy.service.discovery.v3 import discovery_pb2
@@ -18,7 +18,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 from pilot import logging as plog
 from pilot.model.proxy import InvalidNode, Proxy, proxy_from_node, shown
 from pilot.xds import delta_request, typeurls
-from pilot.xds.connection import Connection, WatchedResource
+from pilot.xds.connection import NOTHING_HELD, Connection, WatchedResource
 from pilot.xds.discovery import DiscoveryServer
 from pilot.xds.generators import debug
 from pilot.xds.ratelimit import TokenBucket
@@ -37,6 +37,10 @@ _WILDCARD_TYPES = {typeurls.CLUSTER, typeurls.LISTENER, *typeurls.AMBIENT_TYPES}
 MAX_NODE_ID_LENGTH = 1024
 INVALID = grpc.StatusCode.INVALID_ARGUMENT  # the usual refusal
 ABORT_WAIT = 1.0  # seconds a closing stream's handler waits for its status to be written
+
+# Distinct resumed delta maps shared (see AdsService._held_map), and the largest one hashed.
+_INTERN_MAPS = 16
+_INTERN_MAX_NAMES = 5000
 
 # Secure xDS (15012) checks the authenticated caller against the proxy once its node is known:
 # it aborts the call to refuse, or returns how to name the peer (the real client address).
@@ -72,10 +76,13 @@ class WriteTimeout(Exception):
 class AdsService:
     def __init__(self, server: DiscoveryServer) -> None:
         self.server = server
-        self.new_streams = TokenBucket(server.features.max_requests_per_second)
+        rate = server.features.max_requests_per_second
+        # An operator's fixed rate, or (unset) admission as fast as the server keeps up.
+        self.new_streams = TokenBucket(rate) if rate is not None else None
         self.draining = False
         # Counts repeated fields before parsing (the secure port's handler uses it too).
         self.parse_delta = delta_request.parser(server.features.xds_max_resource_names)
+        self._resumed: dict[frozenset, dict[str, str]] = {}  # see _held_map
         self.debug = debug.DebugXds(server)  # istio.io/debug/* (istioctl): answered, never watched
 
     async def drain(self, duration: float) -> None:
@@ -124,7 +131,10 @@ class AdsService:
             log.warning("ztunnel refused: ambient mode is off", proxy=proxy.id)
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "ztunnel requires PILOT_ENABLE_AMBIENT=true")
         peer = await admit(context, proxy) if admit is not None else None
-        await self.new_streams.acquire()
+        if self.new_streams is not None:
+            await self.new_streams.acquire()
+        else:
+            await self.server.pace.admit()
         conn = Connection(proxy, peer or context.peer() or "", delta)
         self.server.register(conn)
         log.info("connected", proxy=proxy.id, peer=conn.peer, delta=delta, conn=conn.id)
@@ -132,11 +142,13 @@ class AdsService:
         conn.inbox.put_nowait((first, 0))
         reader = asyncio.get_running_loop().create_task(self._read(requests, conn))
         send = self._writer(conn, context)
+        pace = self.server.pace
         try:
             while True:
                 item = await conn.inbox.get()
                 if item is _EOF:
                     break
+                await pace.turn()  # a thousand streams woken at once take turns (pilot/xds/pace.py)
                 if item is None:
                     req = conn.take_push()
                     if req is not None:
@@ -335,6 +347,26 @@ class AdsService:
                           f"at most {limit} are accepted (PILOT_XDS_MAX_RESOURCE_NAMES)")
 
     # --- delta ------------------------------------------------------------------------------
+    def _held_map(self, versions) -> Mapping[str, str]:
+        """What a new delta stream holds, as a map shared by every stream that holds the same:
+        the response plan and its bytes are shared by identity of that map (discovery._response),
+        so a thousand proxies (re)connecting at once build and keep one response, not a
+        thousand copies of the whole config. Fresh streams share the empty map; resumed ones
+        share one of the last few distinct maps seen (the usual storm: every proxy of a
+        restarted server claims the same versions). Huge maps are not worth hashing."""
+        if not versions:
+            return NOTHING_HELD
+        held = dict(versions)
+        if len(held) > _INTERN_MAX_NAMES:
+            return held
+        key = frozenset(held.items())
+        hit = self._resumed.get(key)
+        if hit is None:
+            if len(self._resumed) >= _INTERN_MAPS:
+                self._resumed.pop(next(iter(self._resumed)))
+            hit = self._resumed[key] = held
+        return hit
+
     async def _on_delta(self, conn: Connection, req: discovery_pb2.DeltaDiscoveryRequest, send) -> None:
         self._check_counted(req)
         type_url = req.type_url
@@ -353,7 +385,7 @@ class AdsService:
         if w is None:
             w = WatchedResource(type_url, wildcard=(type_url in _WILDCARD_TYPES and not subscribe) or "*" in subscribe)
             # Resume: the proxy already holds these versions; send only what differs.
-            w.sent = dict(req.initial_resource_versions)
+            w.sent = self._held_map(req.initial_resource_versions)
             conn.watched[type_url] = w
         if req.response_nonce and (req.response_nonce in w.pending or req.response_nonce == w.nonce_sent):
             # Only nonces this stream was sent: anything else is stale or made up.

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 
 from pilot import logging as plog
 from pilot.features import Features
+from pilot.loop_lag import LagSamples
 from pilot.metrics import Metrics
 from pilot.model import dependencies
 from pilot.model.ambient.index import AMBIENT_INPUT_KINDS
@@ -31,6 +32,7 @@ from pilot.xds.connection import Connection, Nack, WatchedResource
 from pilot.xds.debounce import Debouncer
 from pilot.xds.generated import Generated, GenerationMemo, Generator, Plan
 from pilot.xds.generators import authorization, cds, eds, lds, rds, sds, wds
+from pilot.xds.pace import Pace
 from pilot.xds.pushstatus import PushHistory, PushRecord
 
 log = plog.get("ads")
@@ -80,6 +82,10 @@ GENERATORS: dict[str, Generator] = {
     typeurls.AUTHORIZATION: authorization.generate,
 }
 
+# Types whose cold generation runs long enough to stall the loop (15-100 ms at 1,000 services),
+# generated a resource at a time so that GenerationMemo.agenerate can yield between slices.
+SLICED = {typeurls.CLUSTER: cds.sliced, typeurls.ENDPOINT: eds.resources}
+
 
 class DiscoveryServer:
     def __init__(self, store: Store, mesh: MeshHolder, features: Features, domain: str = "cluster.local",
@@ -91,12 +97,16 @@ class DiscoveryServer:
         self.metrics = metrics or Metrics()
         self.cache = XdsCache(features.xds_cache_size)
         self.generated = GenerationMemo(GENERATORS, self.cache, {typeurls.ENDPOINT: eds.reads_no_proxy},
-                                        record=features.record_dependencies)
+                                        record=features.record_dependencies, sliced=SLICED,
+                                        proxy_inputs={typeurls.ENDPOINT: eds.proxy_inputs,
+                                                      typeurls.CLUSTER: eds.cds_proxy_inputs})
         self.connections: dict[str, Connection] = {}
         self.throttle = asyncio.Semaphore(features.push_throttle)
+        self.pace = Pace()  # stream work per loop iteration, bounded (pilot/xds/pace.py)
         self.debouncer = Debouncer(features.debounce_after, features.debounce_max,
                                    features.enable_eds_debounce, self._debounced_push)
         self.history = PushHistory()
+        self.loop_lag = LagSamples()  # filled by pilot.loop_lag.sample_lag, read by /debug/loop_lag
         self._busy: set[str] = set()  # connections with a push queued or being sent
         self._idle = asyncio.Event()
         self._idle.set()
@@ -161,9 +171,11 @@ class DiscoveryServer:
             if e is None or e.revision != revision:
                 del rejected[(key, revision)]
         ctx = PushContext.build(self.store, self.mesh.current, self.mesh.version, self.domain, version, previous,
-                                self.jwks(), disabled_envoy_filters=frozenset(rejected))
+                                self.jwks(), disabled_envoy_filters=frozenset(rejected),
+                                k8s_select_workload_entries=self.features.k8s_select_workload_entries)
         for listener in self.context_listeners:
             listener(ctx)
+        _log_telemetry_problems(previous, ctx)
         return ctx
 
     async def _debounced_push(self, req: PushRequest, debounce_s: float) -> None:
@@ -360,6 +372,7 @@ class DiscoveryServer:
             slot = _Slot(self.throttle)
             await slot.acquire()
             try:
+                await self.pace.turn()
                 if first:
                     queued = time.monotonic() - queued_at
                     self.metrics.proxy_queue_time.observe(queued)
@@ -372,7 +385,7 @@ class DiscoveryServer:
                 # must be made from a context that includes that change.
                 ctx = self.push_context
                 requested = self._requested(conn, w) if subset is None else subset
-                resources = self.generated.generate(ctx, type_url, conn.proxy, requested)
+                resources = await self.generated.agenerate(ctx, type_url, conn.proxy, requested)
                 self._hold(conn, type_url, resources.deps, partial=subset is not None)
                 t1 = time.perf_counter()
                 force = changed_clusters if type_url == typeurls.ENDPOINT else frozenset()
@@ -400,7 +413,7 @@ class DiscoveryServer:
             await self._check_credentials(conn, w)
         ctx = self.push_context
         if w.type_url in GENERATORS:
-            resources = self.generated.generate(ctx, w.type_url, conn.proxy, self._requested(conn, w))
+            resources = await self.generated.agenerate(ctx, w.type_url, conn.proxy, self._requested(conn, w))
             self._hold(conn, w.type_url, resources.deps, partial=False)
         else:
             resources = Generated(())
@@ -574,3 +587,16 @@ class DiscoveryServer:
         req = PushRequest(full=True, config_keys={entry.key})
         req.reasons[CONFIG_UPDATE] += 1
         self.debouncer.enqueue(req)
+
+
+def _log_telemetry_problems(previous: PushContext | None, ctx: PushContext) -> None:
+    """A Telemetry (or provider) that cannot be applied is logged once, when it first appears
+    (also in /debug/configz `unsupported` while it lasts)."""
+    if previous is not None and previous.telemetry is ctx.telemetry and previous.mesh is ctx.mesh \
+            and previous.by_host is ctx.by_host:
+        return
+    seen = {tuple(sorted(p.items())) for p in previous.telemetry_problems} if previous is not None else set()
+    for p in ctx.telemetry_problems:
+        if tuple(sorted(p.items())) not in seen:
+            log.warning("telemetry not applied", kind=p["kind"], namespace=p["namespace"], name=p["name"],
+                        reason=p["reason"])

@@ -7,7 +7,9 @@ The assembled bytes of a SotW response body are shared too; each proxy adds only
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping
+import asyncio
+import time
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from pilot.model.dependencies import Deps
@@ -15,6 +17,8 @@ from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
 from pilot.xds.cache import CachedResource, XdsCache
 from pilot.xds.generators.envoy_filter import patches_for
+from pilot.xds.generators.grpc import server_inputs as grpc_server_inputs
+from pilot.xds.typeurls import LISTENER
 
 
 @dataclass(eq=False)
@@ -42,19 +46,33 @@ class Generated:
 Generator = Callable[[PushContext, Proxy, frozenset[str] | None, XdsCache], list[CachedResource]]
 
 
+# The same, one resource at a time (a generator function): agenerate() yields to the event loop
+# between resources once a slice has run SLICE seconds.
+Sliced = Callable[[PushContext, Proxy, frozenset[str] | None, XdsCache], Iterator[CachedResource]]
+SLICE = 0.005
+
 # Per type, optionally: whether a request's output leaves the proxy unread (then the memo key
 # holds no proxy traits and proxies in every namespace share one output, plan and body).
 ReadsNoProxy = Callable[[frozenset[str] | None], bool]
+# Per type, optionally: what of a proxy the output reads beyond its memo key, None for nothing
+# (EDS: the client's locality, while locality load balancing can apply).
+ProxyInputs = Callable[[PushContext, Proxy], Hashable | None]
 
 
 class GenerationMemo:
     def __init__(self, generators: Mapping[str, Generator], cache: XdsCache,
-                 reads_no_proxy: Mapping[str, ReadsNoProxy] | None = None, record: bool = True) -> None:
+                 reads_no_proxy: Mapping[str, ReadsNoProxy] | None = None, record: bool = True,
+                 sliced: Mapping[str, Sliced] | None = None,
+                 proxy_inputs: Mapping[str, ProxyInputs] | None = None) -> None:
         self.generators = generators
+        # Per type, optionally: the same output a resource at a time, for agenerate().
+        self.sliced = dict(sliced or {})
+        self._running: dict[Hashable, tuple[PushContext, asyncio.Future]] = {}
         # Record what each generated output read, once per output (proxies sharing it share it).
         self.record = record
         self.cache = cache
         self.reads_no_proxy = dict(reads_no_proxy or {})
+        self.proxy_inputs = dict(proxy_inputs or {})
         self._version: str | None = None
         self._memo: dict[Hashable, Generated] = {}
         self._plans: dict[Hashable, tuple[Mapping, Generated, Plan]] = {}
@@ -68,7 +86,8 @@ class GenerationMemo:
         workloadSelectors its labels meet and,
         for a sidecar, its inbound plan (the services selecting it, their mTLS modes and
         policies), for a router the ports of the Services selecting it (and, per type, the EnvoyFilter
-        patches it gets). Worked out once per proxy and context: a push asks for it once per type."""
+        patches it gets), and its telemetry plan. Worked out once per proxy and context: a push asks
+        for it once per type."""
         hit = self._proxy_keys.get(id(proxy))
         # The metadata object is replaced, never mutated, when a proxy turns out to be gRPC.
         if hit is not None and hit[0] is proxy and hit[1] is proxy.metadata:
@@ -83,21 +102,35 @@ class GenerationMemo:
         else:  # a router listens on the target ports of the Services selecting it
             own = ctx.gateway_port_map(proxy)
         traffic = ctx.traffic
-        key = (proxy.traits, scope, traffic.source_signature(labels), traffic.rule_signature(labels), own)
+        # What its Telemetries make it log and trace (workload-level ones select by labels).
+        telemetry = ctx.telemetry_plan(proxy) if not proxy.is_grpc else None
+        key = (proxy.traits, scope, traffic.source_signature(labels), traffic.rule_signature(labels), own, telemetry)
         self._proxy_keys[id(proxy)] = (proxy, proxy.metadata, key)
         return key
 
-    def generate(self, ctx: PushContext, type_url: str, proxy: Proxy,
-                 requested: frozenset[str] | None) -> Generated:
+    def _reset(self, ctx: PushContext) -> None:
         if ctx.version != self._version:
             self._memo = {}
             self._plans = {}
             self._proxy_keys = {}
             self._version = ctx.version
-        independent = self.reads_no_proxy.get(type_url)
+
+    def _key(self, ctx: PushContext, type_url: str, proxy: Proxy, requested: frozenset[str] | None) -> Hashable:
+        inputs = self.proxy_inputs.get(type_url)
+        extra = inputs(ctx, proxy) if inputs is not None else None
+        independent = self.reads_no_proxy.get(type_url) if extra is None else None
         proxy_key = None if independent is not None and independent(requested) else self._proxy_key(ctx, proxy)
+        if proxy.is_grpc and type_url == LISTENER:
+            # A gRPC server's inbound listeners read its addresses and labels (grpc_server_inputs).
+            proxy_key = (proxy_key, grpc_server_inputs(proxy, requested))
         # EnvoyFilter patches of this type only: a filter of listeners splits no one's clusters.
         key = (type_url, proxy_key, requested, None if proxy_key is None else patches_for(ctx, proxy, type_url))
+        return key if extra is None else (*key, extra)
+
+    def generate(self, ctx: PushContext, type_url: str, proxy: Proxy,
+                 requested: frozenset[str] | None) -> Generated:
+        self._reset(ctx)
+        key = self._key(ctx, type_url, proxy, requested)
         out = self._memo.get(key)
         if out is None:
             self.misses += 1
@@ -112,6 +145,68 @@ class GenerationMemo:
         else:
             self.hits += 1
         return out
+
+    async def agenerate(self, ctx: PushContext, type_url: str, proxy: Proxy,
+                        requested: frozenset[str] | None) -> Generated:
+        """generate(), without holding the event loop for long: a type with a resource-at-a-time
+        generator (`sliced`) yields to the loop every SLICE seconds of a cold generation (a
+        thousand clusters take 15-100 ms, during which every stream would wait). Streams asking
+        for an output being generated wait for it rather than generate it again."""
+        self._reset(ctx)
+        each = self.sliced.get(type_url)
+        if each is None:
+            return self.generate(ctx, type_url, proxy, requested)
+        key = self._key(ctx, type_url, proxy, requested)
+        while (running := self._running.get(key)) is not None and running[0] is ctx:
+            await asyncio.wait([running[1]])  # raises only if this task is cancelled
+            if not running[1].cancelled():
+                self.hits += 1
+                return running[1].result()
+            # The stream generating it went away mid-way: generate it here (or wait for another).
+        out = self._memo.get(key)
+        if out is not None:
+            self.hits += 1
+            return out
+        self.misses += 1
+        done: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._running[key] = (ctx, done)
+        try:
+            out = await self._sliced(ctx, each, proxy, requested)
+        except BaseException:
+            done.cancel()  # waiters generate it themselves
+            raise
+        finally:
+            if self._running.get(key, (None, None))[1] is done:
+                del self._running[key]
+        if ctx.version == self._version:  # a newer context started meanwhile: this one is not its
+            self._memo[key] = out
+        done.set_result(out)
+        return out
+
+    async def _sliced(self, ctx: PushContext, each: Sliced, proxy: Proxy,
+                      requested: frozenset[str] | None) -> Generated:
+        made: list[CachedResource] = []
+        deps = Deps() if self.record else None
+        # The recording stack is this generation's only while it runs: detached at each yield.
+        held = [deps] if deps is not None else None
+        it = each(ctx, proxy, requested, self.cache)
+        while True:
+            until = time.perf_counter() + SLICE
+            finished = True
+            if held is not None:
+                ctx.resume_recording(held)
+            try:
+                for res in it:
+                    made.append(res)
+                    if time.perf_counter() >= until:
+                        finished = False
+                        break
+            finally:
+                if held is not None:
+                    held = ctx.suspend_recording()
+            if finished:
+                return Generated(tuple(made), deps=deps)
+            await asyncio.sleep(0)  # the rest of the loop runs; then this generation goes on
 
     def plan(self, held: Mapping[str, str], generated: Generated, force: frozenset[str], **mode: bool) -> Plan:
         """`plan_response`, shared by every proxy that holds the same map and gets the same

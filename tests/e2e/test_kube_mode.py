@@ -250,3 +250,23 @@ async def test_a_crd_installed_later_is_picked_up_without_restart(cluster):
         return status == 418
 
     await wait_for(teapot, timeout=40, message="VirtualService from a CRD installed after start")
+
+
+async def test_a_telemetry_from_the_apiserver_turns_access_logs_on(cluster, tmp_path):
+    """telemetry.istio.io is watched: a mesh-wide Telemetry naming the built-in `envoy` provider
+    (here with a file provider from the mesh ConfigMap) reaches Envoy as an access log."""
+    fake, _cp, _envoy, _backends, port = cluster
+    await wait_for(lambda: routed(port, "one"), message="routing from kube EndpointSlices")
+    log = tmp_path / "kube-access.log"
+    fake.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "istio", "namespace": "istio-system"},
+                "data": {"mesh": f"extensionProviders:\n- name: file\n  envoyFileAccessLog: {{path: {log}}}\n"}})
+    fake.register_crd("telemetry.istio.io", "v1", "telemetries", "Telemetry")
+    fake.create({"apiVersion": "telemetry.istio.io/v1", "kind": "Telemetry",
+                 "metadata": {"name": "mesh-default", "namespace": "istio-system"},
+                 "spec": {"accessLogging": [{"providers": [{"name": "file"}]}]}})
+
+    async def logged() -> bool:
+        await routed(port, "one")
+        return log.exists() and f"outbound|{port}||{fqdn('web')}" in log.read_text()
+
+    await wait_for(logged, timeout=40, message="an access log line from the Telemetry in Kubernetes")

@@ -12,7 +12,8 @@ pytestmark = pytest.mark.timeout(60)
 
 MESH = """\
 trustDomain: td.example
-enableTracing: true
+enableEnvoyAccessLogService: true
+disableEnvoyListenerLog: true
 extensionProviders: [{name: authz, envoyExtAuthzGrpc: {service: authz.svc, port: 9000}}]
 """
 
@@ -23,7 +24,7 @@ metadata: {name: istio, namespace: istio-system}
 data:
   mesh: |
     trustDomain: td.example
-    accessLogEncoding: JSON
+    enableEnvoyAccessLogService: true
   meshNetworks: |
     networks: {}
 """
@@ -37,7 +38,7 @@ async def test_unsupported_mesh_fields_and_unknown_knobs_are_reported_not_fatal(
     async with ControlPlane(tmp_path, mesh_config=MESH, env={"PILOT_TRACE_SAMPLING": "50"}) as cp:
         mesh = await cp.debug("/debug/mesh")
         assert mesh["mesh"]["trustDomain"] == "td.example"  # the rest applies
-        assert mesh["unsupported"] == ["enableTracing", "extensionProviders"]
+        assert mesh["unsupported"] == ["disableEnvoyListenerLog", "enableEnvoyAccessLogService"]
         unknown = mesh["unknownEnv"]
         assert "PILOT_TRACE_SAMPLING" in unknown and "PILOT_DEBOUNCE_AFTER" not in unknown
         assert len(warnings(cp, "MeshConfig fields not supported")) == 1
@@ -50,5 +51,5 @@ async def test_unsupported_mesh_fields_and_unknown_knobs_are_reported_not_fatal(
             m = await cp.debug("/debug/mesh")
             return m if m["source"].startswith("configmap") else None
         mesh = await wait_for(switched, message="the ConfigMap's MeshConfig in force")
-        assert mesh["unsupported"] == ["accessLogEncoding", "(ConfigMap key) meshNetworks"]
+        assert mesh["unsupported"] == ["enableEnvoyAccessLogService", "(ConfigMap key) meshNetworks"]
         assert len(warnings(cp, "MeshConfig fields not supported")) == 2

@@ -60,6 +60,8 @@ class GrpcXdsClientProcess:
         call_timeout: float = 2.0,
         payload: str = "hello",
         env: dict[str, str] | None = None,
+        call_metadata: dict[str, str] | None = None,
+        xds_creds: bool = False,
     ) -> None:
         self.target = target
         self.bootstrap = grpc_bootstrap(xds_port, node_id, metadata)
@@ -68,6 +70,8 @@ class GrpcXdsClientProcess:
         self.call_timeout = call_timeout
         self.payload = payload
         self.extra_env = dict(env or {})
+        self.call_metadata = dict(call_metadata or {})
+        self.xds_creds = xds_creds  # grpc.xds_channel_credentials: TLS where a cluster asks for it
         self.lines: list[dict[str, Any]] = []
         # grpc core can be chatty on stderr; keep only the end for diagnostics.
         self.stderr_tail: deque[str] = deque(maxlen=50)
@@ -93,6 +97,8 @@ class GrpcXdsClientProcess:
             "--max-seconds", str(self.max_seconds),
             "--call-timeout", str(self.call_timeout),
             "--payload", self.payload,
+            *(a for k, v in self.call_metadata.items() for a in ("--metadata", f"{k}={v}")),
+            *(["--xds-creds"] if self.xds_creds else []),
         ]
         # fmt: on
         self.proc = await asyncio.create_subprocess_exec(

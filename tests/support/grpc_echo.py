@@ -18,8 +18,12 @@ METHOD = f"/{SERVICE}/Echo"
 class GrpcEchoBackend:
     """A ``grpc.aio`` server on 127.0.0.1 replying ``name + b":" + request``."""
 
-    def __init__(self, name: str | bytes, port: int = 0, *, host: str = "127.0.0.1") -> None:
+    def __init__(self, name: str | bytes, port: int = 0, *, host: str = "127.0.0.1",
+                 fail_every_other: bool = False) -> None:
         self.name = name if isinstance(name, str) else name.decode()
+        # Odd-numbered calls fail with UNAVAILABLE: each RPC's first attempt fails once, so a
+        # client that retries on `unavailable` always succeeds and one that does not fails half.
+        self.fail_every_other = fail_every_other
         self.host = host
         self.call_count = 0
         self._name_bytes = self.name.encode()
@@ -39,6 +43,8 @@ class GrpcEchoBackend:
 
     async def _echo(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         self.call_count += 1
+        if self.fail_every_other and self.call_count % 2 == 1:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.name}: failing call {self.call_count}")
         return self._name_bytes + b":" + request
 
     async def start(self) -> GrpcEchoBackend:

@@ -53,6 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--call-timeout", type=float, default=2.0, help="per-call deadline in seconds")
     parser.add_argument("--interval", type=float, default=0.1, help="pause between attempts in seconds")
     parser.add_argument("--payload", default="hello", help="request body (UTF-8)")
+    parser.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE",
+                        help="request metadata (headers) sent with every call; repeatable")
+    parser.add_argument("--xds-creds", action="store_true",
+                        help="use grpc.xds_channel_credentials (TLS as the clusters say; plaintext fallback)")
     args = parser.parse_args(argv)
 
     if args.target.startswith("xds:") and not (
@@ -62,20 +66,27 @@ def main(argv: list[str] | None = None) -> int:
 
     # Imported late so --help works fast and never touches grpc.
     import grpc
+    import grpc.experimental
 
     stop = threading.Event()
     threading.Thread(target=_watch_stdin, args=(stop,), daemon=True).start()
     deadline = time.monotonic() + args.max_seconds
     payload = args.payload.encode()
+    metadata = tuple(tuple(kv.split("=", 1)) for kv in args.metadata)
 
-    with grpc.insecure_channel(args.target) as channel:
+    if args.xds_creds:
+        creds = grpc.xds_channel_credentials(grpc.experimental.insecure_channel_credentials())
+        channel_cm = grpc.secure_channel(args.target, creds)
+    else:
+        channel_cm = grpc.insecure_channel(args.target)
+    with channel_cm as channel:
         # No (de)serializers: bytes in, bytes out, no generated code needed.
         echo = channel.unary_unary(METHOD)
         n = 0
         while not stop.is_set() and time.monotonic() < deadline:
             n += 1
             try:
-                reply = echo(payload, timeout=args.call_timeout)
+                reply = echo(payload, timeout=args.call_timeout, metadata=metadata or None)
                 _emit({"n": n, "ok": True, "reply": reply.decode(errors="replace")})
             except grpc.RpcError as err:
                 _emit({"n": n, "ok": False, "error": f"{err.code().name}: {err.details()}"})

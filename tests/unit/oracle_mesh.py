@@ -57,6 +57,7 @@ def endpoint_slice(
     ns: str = "default",
     port: int = 9080,
     port_name: str = "http",
+    node: str = "",
 ) -> dict:
     return {
         "apiVersion": "discovery.k8s.io/v1",
@@ -69,6 +70,7 @@ def endpoint_slice(
                 "addresses": [ip],
                 "conditions": {"ready": True},
                 "targetRef": {"kind": "Pod", "name": pod, "namespace": ns},
+                **({"nodeName": node} if node else {}),
             }
             for pod, ip in pods
         ],
@@ -164,6 +166,11 @@ def workload_entry(name: str, address: str, labels: dict, sa: str, ns: str = "de
     return _istio("WorkloadEntry", name, ns, {"address": address, "labels": labels, "serviceAccount": sa})
 
 
+def node(name: str, zone: str) -> dict:
+    labels = {"topology.kubernetes.io/region": "r1", "topology.kubernetes.io/zone": zone}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
+
+
 def envoy_filter(name: str, ns: str, patches: list[dict], selector: dict | None = None, priority: int = 0) -> dict:
     spec: dict = {"configPatches": patches, "priority": priority}
     if selector is not None:
@@ -237,6 +244,16 @@ def mesh_configmap(mesh: dict) -> dict:
     }
 
 
+def telemetry(name: str, ns: str, spec: dict) -> dict:
+    return _istio("Telemetry", name, ns, spec, group="telemetry.istio.io")
+
+
+# Providers the Telemetry slots name; the zipkin collector is a Service the slots change.
+TELEMETRY_MESH = {"extensionProviders": [
+    {"name": "file-log", "envoyFileAccessLog": {"path": "/dev/stdout", "logFormat": {"labels": {"c": "%RESPONSE_CODE%"}}}},
+    {"name": "zipkin", "zipkin": {"service": "ratings.default.svc.cluster.local", "port": 9080}},
+]}
+
 REVIEWS = "reviews.default.svc.cluster.local"
 RATINGS = "ratings.default.svc.cluster.local"
 V1 = {"app": "reviews", "version": "v1"}
@@ -293,6 +310,7 @@ def slots() -> dict[str, list[dict | None]]:
         "eps/reviews": [
             endpoint_slice("reviews-1", "reviews", [("reviews-v1", "10.1.0.1"), ("reviews-v2", "10.1.0.2")]),
             endpoint_slice("reviews-1", "reviews", [("reviews-v1", "10.1.0.1")]),
+            endpoint_slice("reviews-1", "reviews", [("reviews-v1", "10.1.0.1")], node="node-2"),
             endpoint_slice("reviews-1", "reviews", [("reviews-v3", "10.1.0.3")]),
             None,
         ],
@@ -336,8 +354,15 @@ def slots() -> dict[str, list[dict | None]]:
             destination_rule(
                 "reviews", "reviews", {**SUBSETS, "trafficPolicy": {"connectionPool": {"tcp": {"maxConnections": 7}}}}
             ),
+            # outlier detection: locality failover, EDS per client locality
+            destination_rule(
+                "reviews", "reviews", {**SUBSETS, "trafficPolicy": {"outlierDetection": {"consecutive5xxErrors": 3}}}
+            ),
             None,
         ],
+        # A Node's topology labels are its endpoints' locality
+        "node/1": [None, node("node-1", "za"), node("node-1", "zb")],
+        "node/2": [None, node("node-2", "za")],
         "dr/ratings": [
             None,
             destination_rule(
@@ -496,6 +521,12 @@ def slots() -> dict[str, list[dict | None]]:
             None,
         ],
         "we/db-2": [None, workload_entry("db-2", "10.2.0.3", {"app": "db"}, "db")],
+        # A WorkloadEntry the Kubernetes Service ratings selects (PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES)
+        "we/ratings-vm": [None, workload_entry("ratings-vm", "10.2.0.9", {"app": "ratings"}, "ratings-vm"),
+                          workload_entry("ratings-vm", "10.2.0.9", {"app": "ratings"}, "ratings-legacy")],
+        # A Pod the ServiceEntry's workloadSelector picks (istiod selects Pods too)
+        "pod/db-pod": [None, pod("db-pod", "10.1.0.30", {"app": "db"}, "db-pod"),
+                       pod("db-pod", "10.1.0.30", {"app": "other"}, "db-pod")],
         # EnvoyFilters: selecting a few workloads, a namespace, the whole mesh (root namespace)
         "ef/reviews": [
             None,
@@ -556,7 +587,28 @@ def slots() -> dict[str, list[dict | None]]:
             namespace("default", {}),
             namespace("default", {"istio.io/dataplane-mode": "ambient"}),
         ],
-        "mesh": [mesh_configmap({}), mesh_configmap({"connectTimeout": "3s"})],
+        # Telemetry: mesh-wide, namespace-wide and workload-level (providers from the mesh below)
+        "tel/mesh": [
+            None,
+            telemetry("mesh", SYSTEM_NS, {"accessLogging": [{"providers": [{"name": "file-log"}]}]}),
+            telemetry("mesh", SYSTEM_NS, {"tracing": [{"providers": [{"name": "zipkin"}],
+                                                       "randomSamplingPercentage": 10}]}),
+        ],
+        "tel/reviews": [
+            None,
+            telemetry("reviews", "default", {"selector": {"matchLabels": {"app": "reviews"}},
+                                             "tracing": [{"providers": [{"name": "zipkin"}],
+                                                          "customTags": {"t": {"literal": {"value": "x"}}}}]}),
+            telemetry("reviews", "default", {"selector": {"matchLabels": {"app": "reviews"}},
+                                             "accessLogging": [{"match": {"mode": "SERVER"}, "disabled": True}]}),
+        ],
+        "tel/shop": [
+            None,
+            telemetry("shop", "shop", {"accessLogging": [{"providers": [{"name": "envoy"}],
+                                                          "filter": {"expression": "response.code >= 400"}}]}),
+            telemetry("shop", "shop", {"accessLogging": [{"providers": [{"name": "missing"}]}]}),
+        ],
+        "mesh": [mesh_configmap(TELEMETRY_MESH), mesh_configmap({**TELEMETRY_MESH, "connectTimeout": "3s"})],
     }
 
 

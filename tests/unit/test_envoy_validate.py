@@ -213,6 +213,44 @@ def test_traffic_rule_fields_pass_envoy_validate(interception: str, tmp_path: Pa
     assert_valid(config, tmp_path)
 
 
+RATINGS = "ratings.default.svc.cluster.local"
+TELEMETRY_PROVIDERS = {"extensionProviders": [
+    {"name": "otel-als", "envoyOtelAls": {"service": RATINGS, "port": 9080,
+                                          "logFormat": {"labels": {"code": "%RESPONSE_CODE%"}}}},
+    {"name": "json", "envoyFileAccessLog": {"path": "/dev/stdout", "omitEmptyValues": True,
+                                            "logFormat": {"labels": {"path": "%REQ_WITHOUT_QUERY(:PATH)%"}}}},
+    {"name": "otel-grpc", "opentelemetry": {"service": f"default/{RATINGS}", "port": 9080, "maxTagLength": 99,
+                                            "grpc": {"timeout": "2s", "initialMetadata": [{"name": "k", "value": "v"}]}}},
+    {"name": "otel-http", "opentelemetry": {"service": RATINGS, "port": 9080,
+                                            "http": {"path": "/v1/traces", "timeout": "3s",
+                                                     "headers": [{"name": "a", "value": "b"}]}}},
+    {"name": "datadog", "datadog": {"service": RATINGS, "port": 9080}},
+    {"name": "zipkin", "zipkin": {"service": RATINGS, "port": 9080, "path": "/spans", "timeout": "1s",
+                                  "traceContextOption": "USE_B3_WITH_W3C_PROPAGATION",
+                                  "headers": [{"name": "x-auth", "value": "t"}]}},
+]}
+
+
+@pytest.mark.parametrize("logs, tracer", [(["otel-als"], "otel-grpc"), (["json", "envoy"], "datadog"),
+                                          (["otel-als", "json"], "otel-http"), (["envoy"], "zipkin")])
+def test_telemetry_shapes_pass_envoy_validate(logs: list[str], tracer: str, tmp_path: Path) -> None:
+    """Every access log and tracing provider kind this control plane generates, with a CEL filter,
+    custom tags of every kind, sampling and a request-id option, as Envoy loads them."""
+    telemetry = {"apiVersion": "telemetry.istio.io/v1", "kind": "Telemetry",
+                 "metadata": {"name": "mesh", "namespace": SYSTEM_NS},
+                 "spec": {"accessLogging": [{"providers": [{"name": n} for n in logs],
+                                             "filter": {"expression": "response.code >= 400 || request.path == '/x'"}}],
+                          "tracing": [{"providers": [{"name": tracer}], "randomSamplingPercentage": 12.5,
+                                       "useRequestIdForTraceSampling": False,
+                                       "customTags": {"lit": {"literal": {"value": "v"}},
+                                                      "env": {"environment": {"name": "HOME", "defaultValue": "-"}},
+                                                      "hdr": {"header": {"name": "x-h"}},
+                                                      "fmt": {"formatter": {"value": "%REQ(:PATH)%"}}}}]}}
+    config = generated_bootstrap("NONE", TELEMETRY_PROVIDERS, (telemetry,))
+    hcm = _http_listener(config)["filter_chains"][0]["filters"][0]["typed_config"]
+    assert len(hcm["access_log"]) == len(logs) and hcm["tracing"]["random_sampling"]["value"] == 12.5
+
+
 # What istiod applies in full that was once applied in part (tests/unit/test_istiod_defaults.py):
 # egress listeners serving a TCP service as HTTP and an HTTP one as TCP, the mesh h2 upgrade,
 # faults without percentages, a ServiceEntry's several addresses and CIDRs.

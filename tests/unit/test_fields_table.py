@@ -42,7 +42,9 @@ def test_statuses_follow_the_marks_on_the_models() -> None:
     assert route["spec.rules[].retry.codes"].status == ft.APPLIED
     assert route["spec.rules[].sessionPersistence"].status == ft.UNSUPPORTED
     mesh = rows_of("MeshConfig")
-    assert mesh["extensionProviders"].status == mesh["meshMTLS"].status == ft.UNSUPPORTED
+    assert mesh["meshMTLS"].status == ft.UNSUPPORTED
+    assert mesh["extensionProviders[].zipkin"].status == ft.APPLIED
+    assert mesh["extensionProviders[].envoyExtAuthzHttp"].status == ft.FAILS_CLOSED
     assert mesh["trustDomain"].status == ft.APPLIED
 
 

@@ -4,8 +4,12 @@ differ between them: EDS without subsets is the same for every namespace; a subs
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 from envoy.config.endpoint.v3 import endpoint_pb2
 
+from pilot.xds.cache import CachedResource
 from pilot.xds.discovery import GENERATORS
 from pilot.xds.generated import GenerationMemo
 from pilot.xds.generators import eds
@@ -62,3 +66,65 @@ def test_eds_without_subsets_is_shared_across_namespaces_and_subsets_are_not():
     assert addresses(memo.generate(ctx, ENDPOINT, there, subset)) == ["10.1.0.2"]  # its own namespace's
     both = frozenset({PLAIN, SUBSET})
     assert memo.generate(ctx, ENDPOINT, here, both) is not memo.generate(ctx, ENDPOINT, there, both)
+
+
+def _busy(seconds: float) -> None:
+    """CPU work standing in for building one resource (process time: the machine's load does not stretch it)."""
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+async def test_a_long_generation_yields_to_the_loop_and_is_shared_by_streams_asking_meanwhile():
+    """A cold generation that takes 150 ms of CPU lets other tasks run between slices (a ticker
+    keeps ticking, never held for long), two streams asking for it get one output generated
+    once, and each resource's reads are recorded as its own even though another task recorded
+    its own reads while the generation was paused."""
+    w = world()
+    ctx = w.ctx()
+    built: list[str] = []
+
+    def slow_eds(ctx, proxy, requested, cache):
+        for name in sorted(requested):
+            ctx.begin_resource(name)
+            try:
+                ctx.service(HOST)  # a recorded read
+                _busy(0.003)
+                built.append(name)
+            finally:
+                ctx.end_resource()
+            yield CachedResource.from_message(name, endpoint_pb2.ClusterLoadAssignment(cluster_name=name), ENDPOINT)
+
+    memo = GenerationMemo(GENERATORS, w.cache, {ENDPOINT: eds.reads_no_proxy}, sliced={ENDPOINT: slow_eds})
+    names = frozenset(f"outbound|9080||n{i}.default.svc.cluster.local" for i in range(50))
+    ticks: list[float] = []  # process time at each turn the ticker got
+    stop = False
+
+    async def ticker():
+        while not stop:
+            ticks.append(time.process_time())
+            # Another stream's synchronous generation, recording its own reads meanwhile.
+            with ctx.recording() as theirs:
+                ctx.service("details.default.svc.cluster.local")
+            assert not theirs.named
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    start = time.process_time()
+    first, second = await asyncio.gather(memo.agenerate(ctx, ENDPOINT, proxy("default"), names),
+                                         memo.agenerate(ctx, ENDPOINT, proxy("other", ip="10.0.0.2"), names))
+    end = time.process_time()
+    stop = True
+    await task
+
+    assert first is second and len(built) == 50, "generated once for both streams"
+    assert memo.generate(ctx, ENDPOINT, proxy("default"), names) is first  # and kept for the push
+    during = [t for t in ticks if start <= t <= end]
+    assert len(during) >= 10, f"the loop ran {len(during)} times during a {end - start:.3f} s generation"
+    gaps = [b - a for a, b in zip([start, *during], [*during, end], strict=True)]
+    assert max(gaps) < 0.05, f"the loop was held {max(gaps) * 1000:.0f} ms (CPU) at once"
+    named = first.deps.named
+    assert set(named) == names
+    facets = {f for d in named.values() for f in d.facets}
+    assert ("host", HOST) in facets and ("host", "details.default.svc.cluster.local") not in facets

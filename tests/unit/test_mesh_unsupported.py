@@ -18,7 +18,8 @@ extensionProviders: [{name: authz, envoyExtAuthzGrpc: {service: authz.svc, port:
 defaultProviders: {tracing: [zipkin]}
 accessLogFormat: "[%START_TIME%]"
 accessLogEncoding: JSON
-enableTracing: true
+enableEnvoyAccessLogService: true
+disableEnvoyListenerLog: true
 localityLbSetting: {enabled: true}
 trustDomainAliases: [old.td]
 caCertificates: [{pem: x}]
@@ -33,13 +34,16 @@ notAMeshField: 1
 def test_unsupported_fields_are_listed_and_everything_else_still_applies() -> None:
     m = parse_mesh_config(MESH)
     assert m.unsupported == (
-        "accessLogEncoding", "accessLogFormat", "caCertificates",
-        "defaultHttpRetryPolicy.retryRemoteLocalities", "defaultProviders", "enableTracing",
-        "extensionProviders", "localityLbSetting", "meshMTLS", "notAMeshField",
+        "caCertificates", "defaultHttpRetryPolicy.retryRemoteLocalities", "disableEnvoyListenerLog",
+        "enableEnvoyAccessLogService", "meshMTLS", "notAMeshField",
         "outboundTrafficPolicy.egressProxy")
+    # the telemetry fields are applied (the ext_authz provider is kept for AuthorizationPolicy CUSTOM)
+    assert m.access_log_encoding == "JSON" and m.default_providers.tracing == ["zipkin"]
+    assert m.providers["authz"].provider_kind == "envoy_ext_authz_grpc"
     # applied fields stay applied next to ignored ones
     assert m.trust_domain == "td.example" and m.outbound_traffic_policy.mode == "REGISTRY_ONLY"
     assert m.default_http_retry_policy.attempts == 3
+    assert m.locality_lb_setting is not None and m.locality_lb_setting.enabled is True
     assert m.discovery_selectors[0].match_labels == {"team": "a"}
     assert m.trust_domains == ("td.example", "old.td")
     assert parse_mesh_config("trustDomain: td.example").unsupported == ()
@@ -47,8 +51,8 @@ def test_unsupported_fields_are_listed_and_everything_else_still_applies() -> No
 
 def test_a_bad_value_still_rejects_the_mesh_config_naming_only_the_bad_field() -> None:
     with pytest.raises(MeshConfigError) as e:
-        parse_mesh_config("enableTracing: true\nconnectTimeout: 0s\n")
-    assert "connectTimeout must be positive" in str(e.value) and "enableTracing" not in str(e.value)
+        parse_mesh_config("enableEnvoyAccessLogService: true\nconnectTimeout: 0s\n")
+    assert "connectTimeout must be positive" in str(e.value) and "enableEnvoyAccessLogService" not in str(e.value)
 
 
 def configmap(mesh: str, **extra: str) -> ConfigMap:
@@ -60,16 +64,16 @@ def configmap(mesh: str, **extra: str) -> ConfigMap:
 def test_the_holder_warns_once_per_change_of_what_is_ignored() -> None:
     store = Store()
     with capture_logs() as logs:
-        holder = MeshHolder(parse_mesh_config("enableTracing: true\n"), "istio-system")
+        holder = MeshHolder(parse_mesh_config("enableEnvoyAccessLogService: true\n"), "istio-system")
         holder.refresh(store)  # same file mesh: no second warning
-        store.apply(configmap("enableTracing: true\n", meshNetworks="networks: {}"))
+        store.apply(configmap("enableEnvoyAccessLogService: true\n", meshNetworks="networks: {}"))
         holder.refresh(store)
         holder.refresh(store)
         store.apply(configmap("trustDomain: x\n"))
         holder.refresh(store)
     warnings = [e for e in logs if e["log_level"] == "warning"]
-    assert [w["fields"] for w in warnings] == [["enableTracing"],
-                                               ["enableTracing", "(ConfigMap key) meshNetworks"]]
+    assert [w["fields"] for w in warnings] == [["enableEnvoyAccessLogService"],
+                                               ["enableEnvoyAccessLogService", "(ConfigMap key) meshNetworks"]]
     assert holder.unsupported == () and holder.current.trust_domain == "x"
 
 

@@ -130,9 +130,38 @@ CASES: list[tuple[str, dict, Callable[[dict], object], tuple[str, ...]]] = [
     ("local origin failures without split", DESTINATION_RULE,
      lambda s: s["trafficPolicy"]["outlierDetection"].update(consecutiveLocalOriginFailures=5),
      ("outlierDetection", "splitExternalLocalOriginErrors")),
-    ("locality load balancing (not generated)", DESTINATION_RULE,
-     lambda s: s["trafficPolicy"]["loadBalancer"].update(localityLbSetting={"enabled": True}),
-     ("spec.trafficPolicy.loadBalancer.localityLbSetting", "is not supported")),
+    ("locality weights not summing to 100", DESTINATION_RULE,
+     lambda s: s["trafficPolicy"]["loadBalancer"].update(localityLbSetting={
+         "distribute": [{"from": "r1/zone-a/*", "to": {"r1/zone-a/*": 80, "r1/zone-b/*": 10}}]}),
+     ("spec.trafficPolicy.loadBalancer.localityLbSetting", "total locality weight 90 != 100")),
+    ("locality distribute with a wildcard in the middle", DESTINATION_RULE,
+     lambda s: s["trafficPolicy"]["loadBalancer"].update(localityLbSetting={
+         "distribute": [{"from": "r1/*/sz", "to": {"r1/*": 100}}]}),
+     ("localityLbSetting", "wildcard '*' number can not exceed 1 and must be in the end")),
+    ("locality distribute with an empty zone", DESTINATION_RULE,
+     lambda s: s["trafficPolicy"]["loadBalancer"].update(localityLbSetting={
+         "distribute": [{"from": "r1//sz", "to": {"r1/*": 100}}]}),
+     ("localityLbSetting", "must not contain empty region/zone/subzone info")),
+    ("locality failover to the same region", DESTINATION_RULE,
+     lambda s: s["trafficPolicy"]["loadBalancer"].update(localityLbSetting={
+         "failover": [{"from": "r1", "to": "r1"}]}),
+     ("localityLbSetting", "must specify different regions")),
+    ("locality failover naming a zone", DESTINATION_RULE,
+     lambda s: s["trafficPolicy"]["loadBalancer"].update(localityLbSetting={
+         "failover": [{"from": "r1/zone-a", "to": "r2"}]}),
+     ("localityLbSetting", "failover only specify region")),
+    ("locality distribute and failover together", DESTINATION_RULE,
+     lambda s: s["trafficPolicy"]["loadBalancer"].update(localityLbSetting={
+         "distribute": [{"from": "r1/*", "to": {"r1/*": 100}}], "failover": [{"from": "r1", "to": "r2"}]}),
+     ("localityLbSetting", "can not simultaneously specify 'distribute' and 'failover'")),
+    ("locality failover with a topology failoverPriority", DESTINATION_RULE,
+     lambda s: s["trafficPolicy"]["loadBalancer"].update(localityLbSetting={
+         "failover": [{"from": "r1", "to": "r2"}], "failoverPriority": ["topology.kubernetes.io/zone"]}),
+     ("localityLbSetting", "can not simultaneously set 'failover' and topology label")),
+    ("overlapping distribute sources", DESTINATION_RULE,
+     lambda s: s["trafficPolicy"]["loadBalancer"].update(localityLbSetting={
+         "distribute": [{"from": "r1/*", "to": {"r1/*": 100}}, {"from": "r1/zone-a", "to": {"r1/*": 100}}]}),
+     ("localityLbSetting", "overlap with previous specified ones")),
     ("warmup without a duration", DESTINATION_RULE,
      lambda s: s["trafficPolicy"]["loadBalancer"].update(warmup={"minimumPercent": 10}),
      ("loadBalancer.warmup.duration", "duration is required")),

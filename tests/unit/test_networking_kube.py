@@ -37,7 +37,7 @@ async def test_strict_networking_fields_through_the_informer() -> None:
         fake.create(_obj("VirtualService", "typo", {"hosts": ["web"], "http": [
             {"route": [{"destination": {"host": "web"}}], "retrys": {"attempts": 3}}]}))
         fake.create(_obj("DestinationRule", "locality", {"host": "web", "trafficPolicy": {
-            "loadBalancer": {"localityLbSetting": {"enabled": True}}}}))
+            "loadBalancer": {"localityLbSetting": {"distribute": [{"from": "r1/*", "to": {"r1/za": 60}}]}}}}))
         store = Store()
         kube = Kube(fake.api_client())
         informers = [Informer(kube, BY_NAME[k], store) for k in KINDS]
@@ -52,7 +52,7 @@ async def test_strict_networking_fields_through_the_informer() -> None:
                 assert reasons["typo"] == ("VirtualService", f"kube {path}",
                                            "spec.http[0].retrys: unknown field")
                 assert reasons["locality"][2] == ("spec.trafficPolicy.loadBalancer.localityLbSetting: "
-                                                  "localityLbSetting is not supported")
+                                                  "distribute from 'r1/*': total locality weight 60 != 100")
             finally:
                 for t in tasks:
                     t.cancel()

@@ -34,6 +34,7 @@ from pilot.features import Features
 from pilot.model.mesh import MeshHolder
 from pilot.model.proxy import Proxy, parse_node_id
 from pilot.model.push_context import PushContext
+from pilot.model.services import NO_LOCALITY, Locality
 from pilot.model.store import ConfigKey, Store
 from pilot.xds import typeurls as T
 from pilot.xds.cache import CachedResource, XdsCache
@@ -51,6 +52,10 @@ ENVOY_TYPES = (T.CLUSTER, T.ENDPOINT, T.LISTENER, T.ROUTE)
 GRPC_TYPES = (T.LISTENER, T.ROUTE, T.CLUSTER, T.ENDPOINT)  # the order a gRPC client learns names in
 ZTUNNEL_TYPES = (T.ADDRESS, T.AUTHORIZATION)
 GRPC_TARGETS = frozenset({f"reviews.default.svc.{DOMAIN}:9080", f"ratings.default.svc.{DOMAIN}:9080"})
+# A proxyless gRPC server at ratings-1's address (one variant moves that pod away): its inbound
+# listeners read the endpoints at its address, its policies and PeerAuthentications.
+GRPC_SERVER_NAMES = frozenset({"xds.istio.io/grpc/lds/inbound/0.0.0.0:9080",
+                               "xds.istio.io/grpc/lds/inbound/0.0.0.0:9091"})
 
 
 def _proxy(
@@ -63,13 +68,14 @@ def _proxy(
     interception: str = "NONE",
     generator: str | None = None,
     identity: str = "",
+    locality: Locality = NO_LOCALITY,
 ) -> Proxy:
     node_id = f"{ptype}~{ip}~{pod}.{ns}~{ns}.svc.{DOMAIN}"
     t, ips, p, namespace, domain = parse_node_id(node_id)
     meta = {"NAMESPACE": ns, "LABELS": labels, "INTERCEPTION_MODE": interception}
     if generator:
         meta["GENERATOR"] = generator
-    return Proxy(node_id, t, ips, p, namespace, domain, f"{pod}.{ns}", meta, identity=identity)
+    return Proxy(node_id, t, ips, p, namespace, domain, f"{pod}.{ns}", meta, identity=identity, node_locality=locality)
 
 
 def _sa(ns: str, sa: str) -> str:
@@ -80,7 +86,7 @@ def proxies() -> list[Proxy]:
     pp = {"app": "productpage"}
     return [
         # Under the productpage Sidecar: bound ports, no identity; two replicas.
-        _proxy("sidecar", "default", "productpage-1", "10.1.0.6", pp),
+        _proxy("sidecar", "default", "productpage-1", "10.1.0.6", pp, locality=Locality("r1", "za")),
         _proxy("sidecar", "default", "productpage-2", "10.1.0.8", pp),
         # Under the same Sidecar, with a mesh identity, iptables mode (inbound from its Service)
         _proxy(
@@ -126,6 +132,7 @@ def proxies() -> list[Proxy]:
         _proxy("router", "shop", "waypoint-1", "10.1.1.4", {"gateway.networking.k8s.io/gateway-name": "waypoint"},
                identity=_sa("shop", "waypoint")),
         _proxy("sidecar", "default", "grpc-client-1", "10.1.0.10", {"app": "ratings"}, generator="grpc"),
+        _proxy("sidecar", "default", "grpc-server-1", "10.1.0.4", {"app": "ratings"}, generator="grpc"),
         _proxy("ztunnel", SYSTEM_NS, "ztunnel-1", "10.1.2.1", {"app": "ztunnel"}),
     ]
 
@@ -194,9 +201,9 @@ def requested_after(type_url: str, got: Mapping[str, Mapping[str, CachedResource
     return None
 
 
-def grpc_requested(type_url: str, got) -> frozenset[str] | None:
+def grpc_requested(p: Proxy, type_url: str, got) -> frozenset[str] | None:
     if type_url == T.LISTENER:
-        return GRPC_TARGETS
+        return GRPC_SERVER_NAMES if p.pod_name.startswith("grpc-server") else GRPC_TARGETS
     if type_url == T.CLUSTER:
         out = set()
         for r in got.get(T.ROUTE, {}).values():
@@ -219,7 +226,7 @@ def expected_config(store: Store, mesh: MeshHolder, plist: list[Proxy]):
         got: dict[str, dict[str, CachedResource]] = {}
         names: dict[str, frozenset[str] | None] = {}
         for t in types_of(p):
-            requested = grpc_requested(t, got) if p.is_grpc else requested_after(t, got)
+            requested = grpc_requested(p, t, got) if p.is_grpc else requested_after(t, got)
             names[t] = requested
             got[t] = {r.name: r for r in GENERATORS[t](ctx, p, requested, cache)}
         out.append((names, got))

@@ -10,6 +10,7 @@ from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from pilot.config.base import K8sObject, StrictModel, Unsupported
 from pilot.config.networking.common import PortSelector, WorkloadSelector
+from pilot.config.networking.locality import LocalityLbSetting
 from pilot.config.networking.validation import (
     Duration,
     DurationOrZero,
@@ -118,9 +119,8 @@ class LoadBalancerSettings(StrictModel):
     simple: Literal["UNSPECIFIED", "LEAST_CONN", "RANDOM", "PASSTHROUGH", "ROUND_ROBIN",
                     "LEAST_REQUEST"] | None = None
     consistent_hash: ConsistentHashLB | None = None
-    # Locality-weighted and failover load balancing need the client's locality and outlier
-    # detection wired through EDS priorities: not generated yet.
-    locality_lb_setting: Unsupported = None
+    # Per client locality in EDS (priorities, weights): pilot/networking/locality.py.
+    locality_lb_setting: LocalityLbSetting | None = None
     warmup_duration_secs: Duration | None = None  # deprecated: warmup.duration
     warmup: WarmupConfiguration | None = None  # Envoy slow start (ROUND_ROBIN / LEAST_REQUEST)
 

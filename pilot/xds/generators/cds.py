@@ -1,6 +1,8 @@
-"""CDS generator: every outbound cluster a proxy can use, or just the named ones (gRPC)."""
+"""CDS generator: every outbound cluster a proxy can use (gRPC clients: generators.grpc)."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 from pilot.config.networking import DestinationRule
 from pilot.model.mtls import MeshTls, client_mesh_tls
@@ -11,19 +13,43 @@ from pilot.model.store import Entry
 from pilot.networking import clusters, inbound, names
 from pilot.networking.traffic_policy import effective_policy
 from pilot.xds.cache import CachedResource, XdsCache
-from pilot.xds.generators import envoy_filter, waypoint
+from pilot.xds.generators import eds, envoy_filter, grpc, waypoint
 from pilot.xds.typeurls import CLUSTER
 
 
 @envoy_filter.patched(CLUSTER)
 def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
              cache: XdsCache) -> list[CachedResource]:
-    out: list[CachedResource] = []
+    return list(resources(ctx, proxy, requested, cache))
+
+
+def sliced(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
+           cache: XdsCache) -> Iterator[CachedResource]:
+    """generate() as an iterator, EnvoyFilter patches included: a cluster at a time when no
+    patch applies to this proxy's clusters (the usual case); otherwise the patched list, made at
+    once (patches see every cluster)."""
+    mine = envoy_filter.patches_for(ctx, proxy, CLUSTER)
+    if not mine:
+        yield from resources(ctx, proxy, requested, cache)
+        return
+    yield from envoy_filter.apply(CLUSTER, proxy.type == "router", list(resources(ctx, proxy, requested, cache)),
+                                  mine, requested, cache)
+
+
+def resources(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
+              cache: XdsCache) -> Iterator[CachedResource]:
+    """generate(), a service at a time: between two, the caller may yield to the event loop
+    (GenerationMemo slices a cold generation of a thousand services)."""
+    if proxy.is_grpc:
+        yield from grpc.clusters(ctx, proxy, requested, cache)
+        return
+
     def want(name: str) -> bool:
         return requested is None or name in requested
 
     view = ctx.view(None if proxy.type == "router" else ctx.sidecar_for(proxy.namespace, proxy.labels))
     has_identity = proxy.traits.mesh_tls
+    dns_local = ctx.dns_locality_in_use()
     for svc in view.services:
         dr = ctx.destination_rule(svc.hostname, proxy.namespace, svc.namespace, proxy.labels)
         origins = (svc.origin,) + ((ref(dr),) if dr else ())
@@ -36,32 +62,32 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
                 name = names.outbound_cluster_name(port.port, svc.hostname, subset)
                 if want(name):
                     mesh_tls = _mesh_tls(ctx, svc, port.port, dr, subset, sans) if has_identity else None
-                    out.append(cache.resource(CLUSTER, name, clusters.outbound_cluster,
-                                              svc, port, ctx.settings.clusters, dr, subset, targets, mesh_tls,
-                                              proxy.is_grpc, origins=origins))
-    if proxy.type == "sidecar" and not proxy.is_grpc:
+                    # istiod reorders a DNS cluster's own endpoints by the client's locality
+                    # (failoverPriority aside: its TODO for STRICT_DNS).
+                    local = eds.locality_lb(ctx, proxy, dr, subset, port.port, labels=False) \
+                        if dns and dns_local else None
+                    yield cache.resource(CLUSTER, name, clusters.outbound_cluster,
+                                         svc, port, ctx.settings.clusters, dr, subset, targets, mesh_tls,
+                                         local, origins=origins)
+    if proxy.type == "sidecar":
         plan = ctx.inbound_plan(proxy)
         for port in plan.ports:
             name = inbound.inbound_cluster_name(port.port)
             if want(name):
-                out.append(cache.resource(CLUSTER, name, inbound.inbound_cluster, port, ctx.settings.clusters,
-                                          origins=(port.origin,)))
+                yield cache.resource(CLUSTER, name, inbound.inbound_cluster, port, ctx.settings.clusters,
+                                     origins=(port.origin,))
         if proxy.interception_mode != "NONE" and (plan.mesh_tls or any(not p.bind for p in plan.ports)) \
                 and want(inbound.INBOUND_PASSTHROUGH_CLUSTER):
-            out.append(cache.resource(CLUSTER, inbound.INBOUND_PASSTHROUGH_CLUSTER,
-                                      inbound.inbound_passthrough_cluster, ctx.settings.clusters,
-                                      origins=("MeshConfig",)))
-    if not proxy.is_grpc:
-        # ORIGINAL_DST/STATIC catch-alls are Envoy-only; grpcio NACKs cluster types it cannot use.
-        for name, build in ((names.BLACKHOLE_CLUSTER, clusters.blackhole_cluster),
-                            (names.PASSTHROUGH_CLUSTER, clusters.passthrough_cluster)):
-            if want(name):
-                out.append(cache.resource(CLUSTER, name, build, ctx.settings.clusters,
-                                          origins=("MeshConfig",)))
+            yield cache.resource(CLUSTER, inbound.INBOUND_PASSTHROUGH_CLUSTER,
+                                 inbound.inbound_passthrough_cluster, ctx.settings.clusters,
+                                 origins=("MeshConfig",))
+    for name, build in ((names.BLACKHOLE_CLUSTER, clusters.blackhole_cluster),
+                        (names.PASSTHROUGH_CLUSTER, clusters.passthrough_cluster)):
+        if want(name):
+            yield cache.resource(CLUSTER, name, build, ctx.settings.clusters, origins=("MeshConfig",))
     wp = waypoint.waypoint_of(ctx, proxy)
     if wp is not None:
-        out.extend(r for r in waypoint.clusters(ctx, proxy, wp, cache) if want(r.name))
-    return out
+        yield from (r for r in waypoint.clusters(ctx, proxy, wp, cache) if want(r.name))
 
 
 def _mesh_tls(ctx: PushContext, svc: MeshService, port: int, dr: Entry[DestinationRule] | None, subset: str,

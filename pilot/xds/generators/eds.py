@@ -3,32 +3,75 @@
 from __future__ import annotations
 
 import weakref
+from collections.abc import Hashable, Iterator
 
 from envoy.config.endpoint.v3 import endpoint_pb2
 
-from pilot.config.core import EndpointSlice, Pod
-from pilot.config.networking import ServiceEntry, WorkloadEntry
+from pilot.config.core import EndpointSlice, Node, Pod
+from pilot.config.networking import DestinationRule, ServiceEntry, WorkloadEntry
+from pilot.model.locality import LocalityLb, in_force
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
-from pilot.model.services import ServicePort, endpoints_for_port, service_entry_endpoints
+from pilot.model.services import (
+    ServicePort,
+    endpoints_for_port,
+    merge_endpoints,
+    service_entry_endpoints,
+    workload_entry_endpoints,
+)
 from pilot.model.store import Entry
 from pilot.networking import endpoints, names
+from pilot.networking.traffic_policy import effective_policy
 from pilot.xds.cache import CachedResource, XdsCache
 from pilot.xds.generators import waypoint
 from pilot.xds.typeurls import ENDPOINT
 
 
 def build_cla(cluster_name: str, port: ServicePort, slices: tuple[Entry[EndpointSlice], ...],
-              subset_labels: tuple[tuple[str, str], ...] = (), pods: tuple[Entry[Pod], ...] = ()
-              ) -> endpoint_pb2.ClusterLoadAssignment:
-    return endpoints.cluster_load_assignment(cluster_name, endpoints_for_port(slices, port, subset_labels, pods))
+              subset_labels: tuple[tuple[str, str], ...] = (), pods: tuple[Entry[Pod], ...] = (),
+              nodes: tuple[Entry[Node], ...] = (), lb: LocalityLb | None = None,
+              workload_entries: tuple[Entry[WorkloadEntry], ...] = ()) -> endpoint_pb2.ClusterLoadAssignment:
+    eps = endpoints_for_port(slices, port, subset_labels, pods, nodes)
+    if workload_entries:  # a Kubernetes Service selecting WorkloadEntries (PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES)
+        eps = merge_endpoints(eps, workload_entry_endpoints(port, workload_entries, subset_labels))
+    return endpoints.cluster_load_assignment(cluster_name, eps, lb)
 
 
 def build_service_entry_cla(cluster_name: str, port: ServicePort, service_entry: Entry[ServiceEntry],
-                            workload_entries: tuple[Entry[WorkloadEntry], ...], subset_labels: tuple[tuple[str, str], ...] = ()
-                            ) -> endpoint_pb2.ClusterLoadAssignment:
+                            workload_entries: tuple[Entry[WorkloadEntry], ...], subset_labels: tuple[tuple[str, str], ...] = (),
+                            lb: LocalityLb | None = None, pods: tuple[Entry[Pod], ...] = (),
+                            nodes: tuple[Entry[Node], ...] = ()) -> endpoint_pb2.ClusterLoadAssignment:
     return endpoints.cluster_load_assignment(
-        cluster_name, service_entry_endpoints(service_entry, port, workload_entries, subset_labels))
+        cluster_name, service_entry_endpoints(service_entry, port, workload_entries, subset_labels, pods, nodes), lb)
+
+
+def proxy_inputs(ctx: PushContext, proxy: Proxy) -> Hashable | None:
+    """What of a proxy EDS reads beyond its traits: its locality (and where it came from: the
+    reads recorded are those of the proxy that generated a shared output) and labels, only
+    while locality load balancing can apply somewhere (otherwise every proxy shares one output)."""
+    if not ctx.locality_lb_in_use():
+        return None
+    return (ctx.proxy_locality_source(proxy), tuple(sorted(proxy.labels.items())) if ctx.locality_reads_labels() else None)
+
+
+def cds_proxy_inputs(ctx: PushContext, proxy: Proxy) -> Hashable | None:
+    """CDS reads the client's locality only for DNS clusters whose endpoints have localities."""
+    return ctx.proxy_locality_source(proxy) if ctx.dns_locality_in_use() else None
+
+
+def locality_lb(ctx: PushContext, proxy: Proxy, dr: Entry[DestinationRule] | None, subset: str,
+                port: int, labels: bool = True) -> LocalityLb | None:
+    """The locality load balancing this client gets for one cluster, None for none (then the
+    bytes are shared by every client: the proxy's locality is not in the cache key)."""
+    policy = effective_policy(dr.obj.spec, subset, port) if dr is not None else None
+    setting = in_force(ctx.settings.clusters.locality, policy["load_balancer"] if policy else None,
+                       policy["outlier_detection"] if policy else None)
+    if setting is None:
+        return None
+    client = ctx.proxy_locality(proxy)
+    client_labels = tuple(sorted({**proxy.labels, **dict(client.topology_labels())}.items())) \
+        if labels and setting.failover_priority else ()
+    return LocalityLb(setting, client, client_labels)
 
 
 _NO_SUBSETS: weakref.WeakKeyDictionary[frozenset[str], bool] = weakref.WeakKeyDictionary()
@@ -53,20 +96,29 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
     """Names that are not (or no longer) services are left out: for EDS that means "unknown",
     and CDS removes the cluster itself. What each name read is recorded apart (a push of an
     endpoint change regenerates only the ClusterLoadAssignments that read it)."""
-    out: list[CachedResource] = []
+    return list(resources(ctx, proxy, requested, cache))
+
+
+def resources(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
+              cache: XdsCache) -> Iterator[CachedResource]:
+    """generate(), one resource at a time: between two, the caller may yield to the event
+    loop (GenerationMemo slices a cold generation of a thousand clusters)."""
+    # Read once for every name (it reads every DestinationRule): a rule change that turns
+    # locality load balancing on or off regenerates the whole output.
+    local = bool(requested) and ctx.locality_lb_in_use()
     for name in sorted(requested or ()):
         recording = ctx.begin_resource(name)
         try:
-            res = _load_assignment(ctx, proxy, name, cache)
+            res = _load_assignment(ctx, proxy, name, cache, local)
         finally:
             if recording:
                 ctx.end_resource()
         if res is not None:
-            out.append(res)
-    return out
+            yield res
 
 
-def _load_assignment(ctx: PushContext, proxy: Proxy, name: str, cache: XdsCache) -> CachedResource | None:
+def _load_assignment(ctx: PushContext, proxy: Proxy, name: str, cache: XdsCache,
+                     local: bool = False) -> CachedResource | None:
     parsed = names.parse_cluster_name(name)
     if parsed is None or parsed[0] != "outbound":
         return waypoint.load_assignment(ctx, name, cache)  # a waypoint's inbound-vip cluster
@@ -75,35 +127,37 @@ def _load_assignment(ctx: PushContext, proxy: Proxy, name: str, cache: XdsCache)
     port = svc.port(port_number) if svc else None
     if port is None or svc is None:
         return None
+    # A subset's members are the endpoints whose Pods carry its labels; which subset
+    # definition applies depends on the client's namespace (DestinationRule precedence). The
+    # rule's locality settings too: read for every cluster while any could apply.
+    dr = None
+    labels: tuple[tuple[str, str], ...] = ()
+    if subset or local:
+        dr = ctx.destination_rule(host, proxy.namespace, svc.namespace, proxy.labels)
+    if subset:
+        spec = next((s for s in dr.obj.spec.subsets if s.name == subset), None) if dr else None
+        if spec is None or dr is None:
+            return None
+        labels = tuple(sorted(spec.labels.items()))
+    lb = locality_lb(ctx, proxy, dr, subset, port_number) if local else None
+    dr_origin = (f"DestinationRule/{dr.key.namespace}/{dr.key.name}",) if dr is not None else ()
     if svc.kind == "ServiceEntry":
         if svc.resolution != "STATIC":
             return None  # DNS and NONE clusters carry no EDS
         se = ctx.service_entry(svc)
         wes = ctx.workload_entries(svc)
-        labels: tuple[tuple[str, str], ...] = ()
-        origins = (svc.origin, *(f"WorkloadEntry/{w.key.namespace}/{w.key.name}" for w in wes))
-        if subset:
-            dr = ctx.destination_rule(host, proxy.namespace, svc.namespace, proxy.labels)
-            spec = next((s for s in dr.obj.spec.subsets if s.name == subset), None) if dr else None
-            if spec is None or dr is None:
-                return None
-            labels = tuple(sorted(spec.labels.items()))
-            origins += (f"DestinationRule/{dr.key.namespace}/{dr.key.name}",)
-        return cache.resource(ENDPOINT, name, build_service_entry_cla, name, port, se, wes, labels,
-                              origins=origins)
+        se_pods = ctx.service_entry_pods(svc, se)
+        origins = (svc.origin, *(f"WorkloadEntry/{w.key.namespace}/{w.key.name}" for w in wes),
+                   *(f"Pod/{p.key.namespace}/{p.key.name}" for p in se_pods), *dr_origin)
+        return cache.resource(ENDPOINT, name, build_service_entry_cla, name, port, se, wes, labels, lb,
+                              se_pods, ctx.nodes_of(se_pods), origins=origins)
     slices = ctx.service_slices(svc)
-    # Pods decide subset membership and each endpoint's tlsMode (auto mTLS).
+    # Pods decide subset membership and each endpoint's tlsMode (auto mTLS); their Nodes the locality.
     pods = ctx.service_pods(svc)
+    nodes = ctx.service_nodes(svc)
+    wes = ctx.service_workload_entries(svc)
     origins = (svc.origin, *(f"EndpointSlice/{e.key.namespace}/{e.key.name}" for e in slices),
-               *(f"Pod/{p.key.namespace}/{p.key.name}" for p in pods))
-    if not subset:
-        return cache.resource(ENDPOINT, name, build_cla, name, port, slices, (), pods, origins=origins)
-    # A subset's members are the endpoints whose Pods carry its labels; which subset
-    # definition applies depends on the client's namespace (DestinationRule precedence).
-    dr = ctx.destination_rule(host, proxy.namespace, svc.namespace, proxy.labels)
-    spec = next((s for s in dr.obj.spec.subsets if s.name == subset), None) if dr else None
-    if spec is None or dr is None:
-        return None
-    labels = tuple(sorted(spec.labels.items()))
-    return cache.resource(ENDPOINT, name, build_cla, name, port, slices, labels, pods,
-                          origins=(*origins, f"DestinationRule/{dr.key.namespace}/{dr.key.name}"))
+               *(f"Pod/{p.key.namespace}/{p.key.name}" for p in pods),
+               *(f"WorkloadEntry/{w.key.namespace}/{w.key.name}" for w in wes), *dr_origin)
+    return cache.resource(ENDPOINT, name, build_cla, name, port, slices, labels, pods, nodes, lb, wes,
+                          origins=origins)

@@ -12,6 +12,8 @@ istiod does).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pilot import logging as plog
 from pilot.model.gateways import GatewayView, config_origins, host_matches
 from pilot.model.proxy import Proxy
@@ -58,8 +60,12 @@ def listeners(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
             log.warning("gateway server skipped", proxy=proxy.id, reason=reason)
         if plan is None:
             continue
-        out.append(cache.resource(LISTENER, plan.name, gateway.gateway_listener, plan, ctx.settings.listeners,
-                                  origins=plan.origins))
+        telemetry = ctx.telemetry_plan(proxy)  # a gateway's listeners are CLIENT mode, as istiod's
+        settings = ctx.settings.listeners
+        if telemetry.client is not settings.telemetry:
+            settings = replace(settings, telemetry=telemetry.client)
+        out.append(cache.resource(LISTENER, plan.name, gateway.gateway_listener, plan, settings,
+                                  origins=plan.origins + telemetry.origins))
     return out
 
 

@@ -1,4 +1,4 @@
-"""LDS generator: bound per-port listeners (NONE), istiod's virtualOutbound shape, or gRPC API listeners."""
+"""LDS generator: bound per-port listeners (NONE), istiod's virtualOutbound shape; gRPC clients' and servers' listeners come from generators.grpc."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
 from pilot.networking import inbound, listeners, names, tcp_routes
 from pilot.xds.cache import CachedResource, XdsCache
-from pilot.xds.generators import envoy_filter, gateway, waypoint
+from pilot.xds.generators import envoy_filter, gateway, grpc, waypoint
 from pilot.xds.typeurls import LISTENER
 
 
@@ -73,18 +73,26 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
     if gateway.is_gateway(proxy):
         return gateway.listeners(ctx, proxy, requested, cache)
     if proxy.is_grpc:
-        return _grpc(ctx, proxy, requested, cache)
+        return grpc.listeners(ctx, proxy, requested, cache)
     sidecar = ctx.sidecar_for(proxy.namespace, proxy.labels)
     view = ctx.view(sidecar)
     plans = view.port_plans
     settings = ctx.settings.listeners
     if view.registry_only is not None and view.registry_only != settings.registry_only:
         settings = replace(settings, registry_only=view.registry_only)  # the Sidecar's policy wins
+    plan_t = ctx.telemetry_plan(proxy)
+    server_settings = settings
+    if plan_t.client is not settings.telemetry:
+        settings = replace(settings, telemetry=plan_t.client)  # outbound listeners: CLIENT mode
+    if plan_t.server is not server_settings.telemetry:
+        server_settings = replace(server_settings, telemetry=plan_t.server)  # inbound: SERVER mode
+    telemetry_origins = plan_t.origins
     mode = proxy.interception_mode
     out: list[CachedResource] = []
     if mode != "NONE":
         out.append(cache.resource(LISTENER, names.VIRTUAL_OUTBOUND_LISTENER,
-                                  listeners.virtual_outbound_listener, settings, origins=("MeshConfig",)))
+                                  listeners.virtual_outbound_listener, settings,
+                                  origins=("MeshConfig", *telemetry_origins)))
     for plan in plans:
         bind = view.binds.get(plan.port) or (listeners.LOCALHOST if mode == "NONE" else None)
         vss = _tcp_virtual_services(ctx, plan, proxy.namespace)
@@ -94,7 +102,7 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
             out.append(cache.resource(LISTENER, names.listener_name(bind, plan.port), listeners.bound_outbound_listener,
                                       plan, settings, vss, ctx.domain, bind, limits, client,
                                       origins=_origins(plan, view.by_port) + _sidecar_origin(sidecar)
-                                      + _vs_origins(vss) + dr_origins))
+                                      + _vs_origins(vss) + dr_origins + telemetry_origins))
         elif plan.port != names.VIRTUAL_OUTBOUND_PORT:
             # (0.0.0.0:15001 is virtualOutbound's own address: Envoy rejects the whole LDS update
             # for a second listener there. Traffic to such a port takes the fallback.)
@@ -102,8 +110,8 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
                                       listeners.unbound_outbound_listener, plan, settings, vss, ctx.domain,
                                       limits, client,
                                       origins=_origins(plan, view.by_port) + _sidecar_origin(sidecar)
-                                      + _vs_origins(vss) + dr_origins))
-    out.extend(_inbound(ctx, proxy, settings, {r.name for r in out}, cache))
+                                      + _vs_origins(vss) + dr_origins + telemetry_origins))
+    out.extend(_inbound(ctx, proxy, server_settings, {r.name for r in out}, cache))
     if requested is not None:
         out = [r for r in out if r.name in requested]
     return out
@@ -123,45 +131,15 @@ def _inbound(ctx: PushContext, proxy: Proxy, settings, outbound_names: set[str],
         out.append(cache.resource(LISTENER, inbound.inbound_listener_name(port.bind, port.port),
                                   inbound.bound_inbound_listener, port, plan.mesh_tls, settings,
                                   plan.policies, ctx.mesh.trust_domains,
-                                  origins=(port.origin, *plan.policies.origins)))
+                                  origins=(port.origin, *plan.policies.origins, *_telemetry_origins(ctx, proxy))))
     if proxy.interception_mode != "NONE" and (redirected or plan.mesh_tls):
         ports = tuple(redirected)
         out.append(cache.resource(LISTENER, inbound.VIRTUAL_INBOUND_LISTENER, inbound.virtual_inbound_listener,
                                   ports, plan.mesh_tls, settings, plan.policies, ctx.mesh.trust_domains,
-                                  origins=(*dict.fromkeys(p.origin for p in ports), *plan.policies.origins)))
+                                  origins=(*dict.fromkeys(p.origin for p in ports), *plan.policies.origins,
+                                           *_telemetry_origins(ctx, proxy))))
     return out
 
 
-def _grpc(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
-          cache: XdsCache) -> list[CachedResource]:
-    out: list[CachedResource] = []
-    for name in sorted(requested or ()):
-        found = resolve_host_port(ctx, name)
-        if found is None:
-            continue
-        svc, port = found
-        out.append(cache.resource(LISTENER, name, _grpc_listener, name, svc.hostname, port,
-                                  origins=(svc.origin,)))
-    return out
-
-
-def _grpc_listener(name: str, hostname: str, port: int):
-    listener = listeners.grpc_api_listener(hostname, port)
-    listener.name = name  # answer under the name the client asked for (it may be a short alias)
-    return listener
-
-
-def resolve_host_port(ctx: PushContext, name: str):
-    """`host:port` as a gRPC target names it; host may be the FQDN or `name.namespace[.svc]`."""
-    host, sep, port_text = name.rpartition(":")
-    if not sep or not port_text.isdigit():
-        return None
-    port = int(port_text)
-    svc = ctx.service(host)
-    if svc is None:
-        parts = host.split(".")
-        if len(parts) in (2, 3) and (len(parts) == 2 or parts[2] == "svc"):
-            svc = ctx.service(f"{parts[0]}.{parts[1]}.svc.{ctx.domain}")
-    if svc is None or svc.port(port) is None:
-        return None
-    return svc, port
+def _telemetry_origins(ctx: PushContext, proxy: Proxy) -> tuple[str, ...]:
+    return ctx.telemetry_plan(proxy).origins

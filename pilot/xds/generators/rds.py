@@ -9,8 +9,8 @@ from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
 from pilot.networking import routes
 from pilot.xds.cache import CachedResource, XdsCache
-from pilot.xds.generators import envoy_filter, gateway
-from pilot.xds.generators.lds import resolve_host_port
+from pilot.xds.generators import envoy_filter, gateway, grpc
+from pilot.xds.generators.grpc import resolve_host_port
 from pilot.xds.typeurls import ROUTE
 
 
@@ -26,8 +26,7 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
             if found is None:
                 continue
             svc, port = found
-            out.append(cache.resource(ROUTE, name, routes.grpc_route_config, name, svc, port,
-                                      origins=(svc.origin,)))
+            out.append(grpc.route_config(ctx, proxy, name, svc, port, cache))
             continue
         port = int(name)
         sidecar = ctx.sidecar_for(proxy.namespace, proxy.labels)

@@ -1,0 +1,97 @@
+"""Stream work per event-loop iteration is bounded (pilot/xds/pace.py): a thousand streams
+woken at once by a push, or by a batch of ACKs, take turns instead of holding every timer (the
+lag sampler's, other streams') for the sum of their steps."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+
+from pilot.xds.pace import ADMIT_BACKLOG, Pace
+
+
+def _busy(seconds: float) -> None:
+    end = time.process_time() + seconds  # CPU time: the machine's load does not stretch it
+    while time.process_time() < end:
+        pass
+
+
+async def _run(pace: Pace | None, streams: int = 200, step: float = 0.001) -> tuple[float, list[int]]:
+    """The longest the loop went (in CPU time) without running a timer, and the order steps ran in."""
+    order: list[int] = []
+    ticks: list[float] = []
+    done = asyncio.Event()
+
+    async def ticker():
+        while not done.is_set():
+            ticks.append(time.process_time())
+            await asyncio.sleep(0.001)
+
+    async def stream(i: int, woken: asyncio.Event):
+        await woken.wait()
+        if pace is not None:
+            await pace.turn()
+        _busy(step)
+        order.append(i)
+
+    woken = asyncio.Event()
+    tasks = [asyncio.create_task(stream(i, woken)) for i in range(streams)]
+    tick = asyncio.create_task(ticker())
+    await asyncio.sleep(0.01)
+    start = time.process_time()
+    woken.set()  # every stream is ready in the same iteration, as after a push fan-out
+    await asyncio.gather(*tasks)
+    end = time.process_time()
+    done.set()
+    await tick
+    during = [start, *(t for t in ticks if start < t < end), end]
+    return max(b - a for a, b in itertools.pairwise(during)), order
+
+
+async def test_streams_woken_at_once_take_turns_and_keep_their_order():
+    held, order = await _run(Pace(budget=0.005))
+    assert order == list(range(200)), "turns are taken in arrival order"
+    assert held < 0.05, f"the loop ran {held * 1000:.0f} ms of stream work without a timer"
+    # Without turns the same wake-up holds the loop for all 200 steps at once.
+    unpaced, _ = await _run(None)
+    assert unpaced > 0.15, unpaced
+
+
+async def test_a_turn_costs_nothing_while_the_iteration_has_budget():
+    pace = Pace(budget=0.005)
+    await pace.turn()
+    await pace.turn()
+    assert pace.waits == 0
+
+
+async def test_new_streams_wait_while_the_server_is_behind_and_are_admitted_as_it_catches_up():
+    """Admission by load: with more queued stream work than ADMIT_BACKLOG, a new stream waits;
+    it is admitted once the queued work has had its turns (not after a fixed delay)."""
+    pace = Pace(budget=0.002)
+    order: list[str] = []
+
+    async def stream_step(i: int):
+        await pace.turn()
+        _busy(0.001)
+        order.append(f"step{i}")
+
+    backlog_at_admission: list[float] = []
+
+    async def new_stream():
+        await pace.admit()
+        backlog_at_admission.append(pace.backlog())
+        order.append("admitted")
+
+    steps = [asyncio.create_task(stream_step(i)) for i in range(300)]  # ~0.3 s of queued work
+    await asyncio.sleep(0)  # they all ask for a turn; most wait
+    assert pace.backlog() > 0.05, pace.backlog()
+    arrival = asyncio.create_task(new_stream())
+    await asyncio.gather(*steps, arrival)
+    assert pace.admission_waits == 1
+    admitted_at = order.index("admitted")
+    assert 0 < admitted_at < len(order) - 1, "admitted while work remained, but not before the backlog shrank"
+    assert backlog_at_admission[0] < ADMIT_BACKLOG, backlog_at_admission
+    # With the server keeping up, admission is immediate.
+    await pace.admit()
+    assert pace.admission_waits == 1

@@ -442,13 +442,33 @@ async def check_grpc_distribution(cluster: Cluster, default_gateway: str, spec: 
 
     from tests.conformance.echo import GRPC_SERVICE, EchoRequest, EchoResponse
 
-    gns, gname = split_name(spec.get("gateway", default_gateway))
-    port = cluster.objects[("Gateway", gns, gname)]["spec"]["listeners"][0]["port"]
-    await cluster.router_for(gns, gname)
+    if "client" in spec:  # from a mesh pod's sidecar to HOST:PORT (upstream MeshGRPCRouteWeight)
+        authority = spec["host"]
+        port = int(authority.rsplit(":", 1)[1])
+        await cluster.client_for(*split_name(spec["client"], MESH_NS))
+        gname = spec["client"]
+    else:
+        gns, gname = split_name(spec.get("gateway", default_gateway))
+        port = cluster.objects[("Gateway", gns, gname)]["spec"]["listeners"][0]["port"]
+        authority = f"{gname}-istio.{gns}.svc.cluster.local"
+        await cluster.router_for(gns, gname)
     weights, total, problem = spec["weights"], 500, "never tried"
+
+    async def first_rpc() -> str | None:  # upstream asserts one RPC succeeds before counting
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[
+                ("grpc.default_authority", authority)]) as channel:
+            call = channel.unary_unary(f"/{GRPC_SERVICE}/Echo", request_serializer=EchoRequest.SerializeToString,
+                                       response_deserializer=EchoResponse.FromString)
+            try:
+                await call(EchoRequest(), timeout=5)
+            except grpc.aio.AioRpcError as e:
+                return f"status {e.code().name}: {e.details()}"
+        return None
+
+    await _poll(first_rpc, CONSISTENCY_TIMEOUT, f"first gRPC call through {gname}")
     for _ in range(10):
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[
-                ("grpc.default_authority", f"{gname}-istio.{gns}.svc.cluster.local")]) as channel:
+                ("grpc.default_authority", authority)]) as channel:
             call = channel.unary_unary(f"/{GRPC_SERVICE}/Echo", request_serializer=EchoRequest.SerializeToString,
                                        response_deserializer=EchoResponse.FromString)
             sem = asyncio.Semaphore(10)

@@ -35,7 +35,7 @@ GW_LABEL = "gateway.networking.k8s.io/gateway-name"
 # Kinds the control plane reads from files; the rest (Deployments, ConfigMaps, ServiceAccounts)
 # is the cluster's business and is stood in for here.
 CONFIG_KINDS = {"Namespace", "Service", "Secret", "GatewayClass", "Gateway", "HTTPRoute", "GRPCRoute",
-                "TCPRoute", "TLSRoute", "ReferenceGrant"}
+                "TCPRoute", "TLSRoute", "ReferenceGrant", "EndpointSlice"}
 
 GATEWAY_CLASS_YAML = f"""\
 apiVersion: gateway.networking.k8s.io/v1

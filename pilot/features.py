@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from pilot.durations import parse_duration
+from pilot.model.mesh_settings import GenerationKnobs
 
 T = TypeVar("T")
 
@@ -226,6 +227,46 @@ DEBUG_ENDPOINT_AUTH_ALLOWED_NAMESPACES = _knob(
     "Namespaces whose identities may read every proxy's debug info, as the system namespace can.")
 
 
+def _optional_duration(text: str) -> float | None:
+    return parse_duration(text) if text.strip() else None
+
+
+# --- knobs that change generated config (istiod's names, defaults and meaning) -----------------
+SNIFF_OUTBOUND = _knob(
+    "PILOT_ENABLE_PROTOCOL_SNIFFING_FOR_OUTBOUND", "true", _bool,
+    "Outbound ports that name no protocol (no prefix, no appProtocol) are sniffed: HTTP gets L7 "
+    "routing, anything else TCP. Off: such ports are plain TCP.")
+SNIFF_INBOUND = _knob(
+    "PILOT_ENABLE_PROTOCOL_SNIFFING_FOR_INBOUND", "true", _bool,
+    "Inbound ports that name no protocol are sniffed (HTTP filters for HTTP, TCP otherwise). Off: "
+    "such ports are plain TCP.")
+INBOUND_PROTOCOL_DETECTION_TIMEOUT = _knob(
+    "PILOT_INBOUND_PROTOCOL_DETECTION_TIMEOUT", "", _optional_duration,
+    "When set, the inbound listeners' protocol detection timeout instead of MeshConfig "
+    "protocolDetectionTimeout (istiod's default when set is 1s; unset, the MeshConfig value applies).")
+SEND_UNHEALTHY_ENDPOINTS = _knob(
+    "PILOT_SEND_UNHEALTHY_ENDPOINTS", "false", _bool,
+    "EDS carries endpoints that are not ready, marked UNHEALTHY (Envoy does not balance to them, but "
+    "counts them for panic threshold and outlier detection); off, they are left out. Terminating "
+    "endpoints are left out either way.")
+SCOPE_GATEWAY_TO_NAMESPACE = _knob(
+    "PILOT_SCOPE_GATEWAY_TO_NAMESPACE", "false", _bool,
+    "A gateway workload is configured only by the Gateway resources of its own namespace: "
+    "Gateways with a matching selector in other namespaces do not apply to it.")
+FILTER_GATEWAY_CLUSTER_CONFIG = _knob(
+    "PILOT_FILTER_GATEWAY_CLUSTER_CONFIG", "false", _bool,
+    "A gateway gets only the clusters of hosts its servers' VirtualServices route to, not every "
+    "service's (every one still when it has an AUTO_PASSTHROUGH server).")
+CLUSTER_ID = _knob(
+    "CLUSTER_ID", "Kubernetes", str,
+    "The name of the cluster this control plane runs in: the cluster of every workload it discovers "
+    "(ztunnel's WDS), and what a proxy that sends no CLUSTER_ID metadata is taken to be in.")
+HTTP10 = _knob(
+    "PILOT_HTTP10", "false", _bool,
+    "Sidecar HTTP listeners accept HTTP/1.0 (and sniffing recognises it as HTTP); off, HTTP/1.0 "
+    "requests are refused with 426 (on sniffed ports they pass as TCP).")
+
+
 @dataclass(frozen=True)
 class Features:
     """A snapshot of the knobs, read once at start so a run is reproducible."""
@@ -263,6 +304,19 @@ class Features:
     record_dependencies: bool = True
     config_rescan_interval: float = 60.0
     k8s_select_workload_entries: bool = True
+    sniff_outbound: bool = True
+    sniff_inbound: bool = True
+    inbound_protocol_detection_timeout: float | None = None
+    http10: bool = False
+    send_unhealthy_endpoints: bool = False
+    cluster_id: str = "Kubernetes"
+    scope_gateway_to_namespace: bool = False
+    filter_gateway_clusters: bool = False
+
+    def generation_knobs(self) -> GenerationKnobs:
+        return GenerationKnobs(self.sniff_outbound, self.sniff_inbound, self.http10,
+                               self.inbound_protocol_detection_timeout, self.send_unhealthy_endpoints,
+                               self.cluster_id, self.scope_gateway_to_namespace, self.filter_gateway_clusters)
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Features:
@@ -297,6 +351,14 @@ class Features:
             record_dependencies=RECORD_DEPENDENCIES.get(environ),
             config_rescan_interval=CONFIG_RESCAN_INTERVAL.get(environ),
             k8s_select_workload_entries=ENABLE_K8S_SELECT_WORKLOAD_ENTRIES.get(environ),
+            sniff_outbound=SNIFF_OUTBOUND.get(environ),
+            sniff_inbound=SNIFF_INBOUND.get(environ),
+            inbound_protocol_detection_timeout=INBOUND_PROTOCOL_DETECTION_TIMEOUT.get(environ),
+            http10=HTTP10.get(environ),
+            send_unhealthy_endpoints=SEND_UNHEALTHY_ENDPOINTS.get(environ),
+            cluster_id=CLUSTER_ID.get(environ),
+            scope_gateway_to_namespace=SCOPE_GATEWAY_TO_NAMESPACE.get(environ),
+            filter_gateway_clusters=FILTER_GATEWAY_CLUSTER_CONFIG.get(environ),
         )
 
 

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from pilot.config.base import K8sObject, Model, ObjectMeta
+
+# RFC 1123 subdomain, as Kubernetes validates a Service's externalName (a trailing dot allowed).
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS_NAME = re.compile(rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*\.?$")
 
 
 class ServicePort(Model):
@@ -36,6 +41,18 @@ class ServiceSpec(Model):
         if len(ports) > 1 and any(not p.name for p in ports):
             raise ValueError("every port must have a name when a Service has more than one port")
         return ports
+
+    @model_validator(mode="after")
+    def _external_name(self) -> ServiceSpec:
+        # An ExternalName Service becomes a DNS cluster to that name: it must be one.
+        if self.type == "ExternalName":
+            name = self.external_name or ""
+            if not name:
+                raise ValueError("externalName: required for type ExternalName")
+            if len(name.rstrip(".")) > 253 or not _DNS_NAME.match(name):
+                raise ValueError(f"externalName: {name!r} is not a DNS name (RFC 1123: lowercase letters, "
+                                 "digits, '-' and '.')")
+        return self
 
 
 class Service(K8sObject):

@@ -5,7 +5,8 @@ kinds this control plane turns into Envoy config (access logs: envoyFileAccessLo
 tracing: zipkin, opentelemetry, datadog; metrics: prometheus, which is Envoy's own stats) are
 strict. The others are kept leniently (their fields are not read): a Telemetry or
 `defaultProviders` naming one is refused with the reason (pilot/model/telemetry.py), never
-silently dropped. The ext_authz kinds are for AuthorizationPolicy CUSTOM, refused as before.
+silently dropped. The ext_authz kinds (envoyExtAuthzHttp, envoyExtAuthzGrpc: pilot/config/ext_authz.py)
+are for AuthorizationPolicy CUSTOM: applied there, refused as telemetry providers.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from pilot.config.base import StrictModel, Unsupported, fails_closed
+from pilot.config.ext_authz import ExtAuthzProviderKinds
 from pilot.durations import parse_duration
 
 
@@ -110,8 +112,8 @@ TRACING_KINDS = ("zipkin", "opentelemetry", "datadog")
 METRICS_KINDS = ("prometheus",)
 # Kept but not applied (their fields are not read): why, for the refusal.
 NOT_APPLIED = {
-    "envoy_ext_authz_http": "ext_authz is for AuthorizationPolicy CUSTOM, which is not supported",
-    "envoy_ext_authz_grpc": "ext_authz is for AuthorizationPolicy CUSTOM, which is not supported",
+    "envoy_ext_authz_http": "ext_authz providers are for AuthorizationPolicy CUSTOM, not telemetry",
+    "envoy_ext_authz_grpc": "ext_authz providers are for AuthorizationPolicy CUSTOM, not telemetry",
     "envoy_http_als": "the envoyHttpAls provider is not supported (use envoyOtelAls)",
     "envoy_tcp_als": "the envoyTcpAls provider is not supported (use envoyOtelAls)",
     "lightstep": "lightstep is deprecated in istio (use opentelemetry)",
@@ -125,7 +127,7 @@ NOT_APPLIED = {
 _REFUSED = "kept, not applied: a Telemetry or defaultProviders naming it is refused with the reason"
 
 
-class ExtensionProvider(StrictModel):
+class ExtensionProvider(ExtAuthzProviderKinds):
     name: str = Field(min_length=1)
     envoy_file_access_log: EnvoyFileAccessLog | None = None
     envoy_otel_als: EnvoyOtelAls | None = None
@@ -133,8 +135,6 @@ class ExtensionProvider(StrictModel):
     opentelemetry: OpenTelemetry | None = None
     datadog: Datadog | None = None
     prometheus: Prometheus | None = None
-    envoy_ext_authz_http: dict[str, Any] | None = fails_closed(_REFUSED)
-    envoy_ext_authz_grpc: dict[str, Any] | None = fails_closed(_REFUSED)
     envoy_http_als: dict[str, Any] | None = fails_closed(_REFUSED)
     envoy_tcp_als: dict[str, Any] | None = fails_closed(_REFUSED)
     lightstep: dict[str, Any] | None = fails_closed(_REFUSED)

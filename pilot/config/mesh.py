@@ -111,12 +111,15 @@ class MeshConfig(StrictModel):
     # servers of an alias trust domain on the client side; here a client verifies the server's
     # identity in the trust domain only, which refuses more, never less.)
     trust_domain_aliases: tuple[str, ...] = ()
+    # How long a sidecar waits for a client's first bytes on a port it sniffs (no protocol named)
+    # before treating the connection as TCP; 0s (istiod's default) waits for ever, so server-first
+    # protocols on such ports need a port name or appProtocol.
+    protocol_detection_timeout: str = "0s"
     # --- istio 1.30 fields not applied here (mesh/v1alpha1/config.proto) ---
     proxy_listen_port: Unsupported = None
     proxy_inbound_listen_port: Unsupported = None
     proxy_http_port: Unsupported = None
     hbone_idle_timeout: Unsupported = None
-    protocol_detection_timeout: Unsupported = None
     tcp_keepalive: Unsupported = None
     ingress_class: Unsupported = None
     ingress_service: Unsupported = None
@@ -159,6 +162,17 @@ class MeshConfig(StrictModel):
     @property
     def connect_timeout_seconds(self) -> float:
         return parse_duration(self.connect_timeout)
+
+    @property
+    def protocol_detection_timeout_seconds(self) -> float:
+        return parse_duration(self.protocol_detection_timeout)
+
+    @field_validator("protocol_detection_timeout")
+    @classmethod
+    def _detection(cls, v: str) -> str:
+        if parse_duration(v) < 0:
+            raise ValueError("protocolDetectionTimeout must not be negative")
+        return v
 
     @field_validator("trust_domain_aliases")
     @classmethod

@@ -151,7 +151,7 @@ class DebugHandlers:
                             if e["path"] != "/debug/list"))
 
     def _sync_status(self, conn: Connection) -> dict:
-        out = {"cluster_id": conn.proxy.metadata.get("CLUSTER_ID", "Kubernetes"), "proxy": conn.proxy.id,
+        out = {"cluster_id": conn.proxy.metadata.get("CLUSTER_ID", self.server.features.cluster_id), "proxy": conn.proxy.id,
                "proxy_type": conn.proxy.type, "istio_version": conn.proxy.istio_version,
                "connection_id": conn.id, "delta": conn.delta,
                # Which replica answers (POD_NAME, else the host name): pilotctl's ISTIOD column.
@@ -268,17 +268,26 @@ class DebugHandlers:
                       "conflicts": list(ctx.conflicts) + list(ctx.traffic.conflicts)
                       + list(destination_problems(ctx.traffic, set(ctx.by_host), ctx.domain))
                       + self._inbound_problems(),
+                      # Accepted policies applied differently from what they ask (a CUSTOM policy
+                      # whose ext_authz provider does not resolve denies), with the reason.
+                      "policyProblems": list(ctx.security.problems),
                       # EnvoyFilter revisions left out because a proxy rejected what they made.
                       "envoyFilterRejections": sorted(s.rejected_envoy_filters.values(),
                                                       key=lambda r: r["envoyFilter"]),
                       "pushes": [p.as_dict() for p in s.history.recent()]})
 
     def _inbound_problems(self) -> list[str]:
-        """Workload ports connected sidecars cannot serve inbound, and why."""
+        """Workload ports connected sidecars cannot serve inbound, and CUSTOM policies failing
+        closed for them, and why."""
         ctx, out = self.server.push_context, list[str]()
         for conn in list(self.server.connections.values()):
             if conn.proxy.type == "sidecar" and not conn.proxy.is_grpc:
                 out.extend(f"{conn.proxy.id}: {p}" for p in ctx.inbound_plan(conn.proxy).problems)
+                # Per workload: its CUSTOM policies may each be fine yet name different providers.
+                ext = ctx.security.for_workload(conn.proxy.namespace, conn.proxy.labels).ext_authz
+                if ext is not None and ext.error:
+                    out.append(f"{conn.proxy.id}: CUSTOM AuthorizationPolicy denies every request "
+                               f"(default-deny-all-due-to-bad-CUSTOM-action): {ext.error}")
         return sorted(set(out))
 
     async def mesh(self, _req: web.Request) -> web.Response:

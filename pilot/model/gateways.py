@@ -3,7 +3,8 @@ how their servers merge into listeners per port, and which VirtualServices each 
 
 Pure model code, as istiod's MergeGateways and VirtualServicesForGateway:
 - A Gateway applies to a router whose labels include its `selector` (an empty selector applies
-  to every router), in any namespace (istiod's default PILOT_SCOPE_GATEWAY_TO_NAMESPACE=false),
+  to every router), in any namespace (istiod's default PILOT_SCOPE_GATEWAY_TO_NAMESPACE=false; set,
+  only routers of the Gateway's namespace),
   except the Gateways generated from Gateway API Gateways (model/gateway_api), which apply only
   to routers in their own namespace (`select_for`).
 - Servers are grouped by (bind, port), oldest Gateway first. Plain-text HTTP servers on a port
@@ -280,11 +281,14 @@ class GatewayIndex:
     virtual_services: Mapping[tuple[str, str], tuple[Entry[VirtualService], ...]] = field(default_factory=dict)
     secrets: Mapping[tuple[str, str], Entry[Secret]] = field(default_factory=dict)
     domain: str = "cluster.local"
+    # PILOT_SCOPE_GATEWAY_TO_NAMESPACE: a router is selected only by Gateways of its own namespace.
+    scope_to_namespace: bool = False
     _memo: dict = field(default_factory=dict, compare=False, repr=False)  # per-push memo
 
     @classmethod
     def build(cls, store: Store, domain: str, extra_gateways: tuple[Entry[Gateway], ...] = (),
-              extra_virtual_services: tuple[Entry[VirtualService], ...] = ()) -> GatewayIndex:
+              extra_virtual_services: tuple[Entry[VirtualService], ...] = (),
+              scope_to_namespace: bool = False) -> GatewayIndex:
         """`extra_*`: generated config (from Gateway API objects) served alongside the Store's."""
         gateways = tuple(sorted([*store.list(Gateway), *extra_gateways], key=_age))
         by_gateway: dict[tuple[str, str], list[Entry[VirtualService]]] = defaultdict(list)
@@ -293,7 +297,7 @@ class GatewayIndex:
                 by_gateway[ref].append(vs)
         secrets = {(e.key.namespace, e.key.name): e for e in store.list(Secret)}
         return cls(gateways, MappingProxyType({k: tuple(sorted(v, key=_age)) for k, v in by_gateway.items()}),
-                   MappingProxyType(secrets), domain)
+                   MappingProxyType(secrets), domain, scope_to_namespace)
 
     def select(self, labels: Mapping[str, str]) -> tuple[Entry[Gateway], ...]:
         """The Gateways whose selector the router's labels satisfy, oldest first."""
@@ -307,9 +311,11 @@ class GatewayIndex:
 
     def select_for(self, labels: Mapping[str, str], namespace: str) -> tuple[Entry[Gateway], ...]:
         """`select`, less the Gateways that only serve routers of their own namespace (those of
-        Gateway API Gateways) when the router is elsewhere."""
+        Gateway API Gateways) when the router is elsewhere; with PILOT_SCOPE_GATEWAY_TO_NAMESPACE,
+        every Gateway of another namespace."""
         return tuple(g for g in self.select(labels)
-                     if g.key.namespace == namespace or g.obj.metadata.annotations.get(SCOPE) != "namespace")
+                     if g.key.namespace == namespace
+                     or (not self.scope_to_namespace and g.obj.metadata.annotations.get(SCOPE) != "namespace"))
 
     def view(self, gateways: tuple[Entry[Gateway], ...], port_map: tuple[tuple[int, int], ...] = ()) -> GatewayView:
         key = ("view", gateways, port_map)

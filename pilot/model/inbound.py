@@ -95,11 +95,16 @@ def _service_on(services: list[MeshService], target: int) -> MeshService | None:
 
 def plan_inbound(proxy: Proxy, services: tuple[MeshService, ...], slices_of, sidecar: Entry[Sidecar] | None,
                  mtls_mode, mesh_tls: bool, policies: WorkloadPolicies = NO_POLICIES,
-                 rule_pool=lambda svc, port: None) -> InboundPlan:
+                 rule_pool=lambda svc, port: None, sniff: bool = True) -> InboundPlan:
     """`slices_of(svc)`: a service's EndpointSlice entries; `mtls_mode(port) -> str` the
     PeerAuthentication mode for one workload port; `rule_pool(svc, service_port)` the
     connection pool of the DestinationRule in force for that service port (inbound: the rule
-    without a workloadSelector), or None."""
+    without a workloadSelector), or None. `sniff` (PILOT_ENABLE_PROTOCOL_SNIFFING_FOR_INBOUND):
+    ports naming no protocol stay UNSUPPORTED (sniffed), else they are TCP."""
+
+    def proto(p: Protocol) -> Protocol:
+        return Protocol.TCP if p.is_unsupported and not sniff else p
+
     ip = proxy.ip_addresses[0] if proxy.ip_addresses else LOCALHOST
     none_mode = proxy.interception_mode == "NONE"
     ports: dict[int, InboundPort] = {}
@@ -120,7 +125,7 @@ def plan_inbound(proxy: Proxy, services: tuple[MeshService, ...], slices_of, sid
             if pool is None and (behind := _service_on(mine, p.number)) is not None:
                 pool = rule_pool(behind, p.number)  # port-level settings by the listener's port, as istiod
             ports[p.number] = InboundPort(
-                p.number, select_protocol(p.name, p.protocol.lower() or None),
+                p.number, proto(select_protocol(p.name, p.protocol.lower() or None)),
                 _endpoint_for(listener.default_endpoint, p.number, ip), bind, mtls_mode(p.number), origin, pool)
         return InboundPlan(tuple(ports[k] for k in sorted(ports)), mesh_tls, policies)
     if not mesh_tls:
@@ -147,7 +152,7 @@ def plan_inbound(proxy: Proxy, services: tuple[MeshService, ...], slices_of, sid
                 problems.append(f"{svc.origin} port {sp.port}: the workload address is {LOCALHOST}, where the app "
                                 f"itself listens on {target}; give the proxy its own IP to serve it inbound")
                 continue
-            ports[target] = InboundPort(target, sp.protocol, f"{LOCALHOST}:{target}",
+            ports[target] = InboundPort(target, proto(sp.protocol), f"{LOCALHOST}:{target}",
                                         ip if none_mode else "", mtls_mode(target), svc.origin,
                                         shared_pool or rule_pool(svc, sp.port), (here,))
     return InboundPlan(tuple(ports[k] for k in sorted(ports)), mesh_tls, policies, tuple(problems))

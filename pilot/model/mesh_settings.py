@@ -28,11 +28,37 @@ class RouteSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class GenerationKnobs:
+    """The environment knobs (pilot/features.py) that change generated config, as builders read
+    them: part of MeshSettings, so every cache key that holds the settings holds them too."""
+
+    sniff_outbound: bool = True  # PILOT_ENABLE_PROTOCOL_SNIFFING_FOR_OUTBOUND
+    sniff_inbound: bool = True  # PILOT_ENABLE_PROTOCOL_SNIFFING_FOR_INBOUND
+    http10: bool = False  # PILOT_HTTP10
+    # INBOUND_PROTOCOL_DETECTION_TIMEOUT when set (seconds): wins over MeshConfig's for inbound.
+    inbound_detection_timeout_s: float | None = None
+    send_unhealthy_endpoints: bool = False  # PILOT_SEND_UNHEALTHY_ENDPOINTS
+    cluster_id: str = "Kubernetes"  # CLUSTER_ID
+    scope_gateway_to_namespace: bool = False  # PILOT_SCOPE_GATEWAY_TO_NAMESPACE
+    filter_gateway_clusters: bool = False  # PILOT_FILTER_GATEWAY_CLUSTER_CONFIG
+
+
+DEFAULT_KNOBS = GenerationKnobs()
+
+
+@dataclass(frozen=True, slots=True)
 class ListenerSettings:
     registry_only: bool
     # What the listener's class (CLIENT: outbound, gateway; SERVER: inbound) logs and traces: the
     # MeshConfig accessLogFile here; the generators put the proxy's Telemetry plan in its place.
     telemetry: ModeTelemetry = NO_TELEMETRY
+    sniff_outbound: bool = True
+    sniff_inbound: bool = True
+    http10: bool = False  # HCMs accept HTTP/1.0, and sniffing matches it
+    # MeshConfig protocolDetectionTimeout (seconds; 0 = wait for the client's first bytes for ever),
+    # the listener filter timeout of listeners that sniff.
+    detection_timeout_s: float = 0.0
+    inbound_detection_timeout_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,11 +66,17 @@ class MeshSettings:
     clusters: ClusterSettings
     routes: RouteSettings
     listeners: ListenerSettings
+    knobs: GenerationKnobs = DEFAULT_KNOBS  # the rest of the knobs, for builders no slice above covers
 
     @classmethod
-    def of(cls, mesh: MeshConfig) -> MeshSettings:
+    def of(cls, mesh: MeshConfig, knobs: GenerationKnobs = DEFAULT_KNOBS) -> MeshSettings:
         registry_only = mesh.outbound_traffic_policy.mode == "REGISTRY_ONLY"
+        detection = mesh.protocol_detection_timeout_seconds
+        inbound_detection = (knobs.inbound_detection_timeout_s if knobs.inbound_detection_timeout_s is not None
+                             else detection)
         return cls(ClusterSettings(mesh.connect_timeout_seconds, locality=mesh_setting(mesh.locality_lb_setting),
                                    h2_upgrade=mesh.h2_upgrade_policy == "UPGRADE"),
                    RouteSettings(mesh.default_http_retry_policy, registry_only),
-                   ListenerSettings(registry_only, legacy_access_logs(mesh)))
+                   ListenerSettings(registry_only, legacy_access_logs(mesh), knobs.sniff_outbound,
+                                    knobs.sniff_inbound, knobs.http10, detection, inbound_detection),
+                   knobs)

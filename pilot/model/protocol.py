@@ -1,4 +1,9 @@
-"""Protocol selection as istiod does it: appProtocol first, then the port-name prefix."""
+"""Protocol selection as istiod does it: appProtocol first, then the port-name prefix.
+
+A port that names no known protocol is UNSUPPORTED (istiod's `protocol.Unsupported`): not TCP, but
+"find out per connection". Sidecars sniff such ports (pilot/networking/sniffing.py) while the
+`PILOT_ENABLE_PROTOCOL_SNIFFING_FOR_*` knobs allow it, and treat them as TCP otherwise.
+"""
 
 from __future__ import annotations
 
@@ -17,10 +22,15 @@ class Protocol(str, Enum):
     REDIS = "Redis"
     MYSQL = "MySQL"
     UDP = "UDP"
+    UNSUPPORTED = "UnsupportedProtocol"  # istiod's name for it, as its debug views show it
 
     @property
     def is_http(self) -> bool:
         return self in (Protocol.HTTP, Protocol.HTTP2, Protocol.GRPC, Protocol.GRPC_WEB)
+
+    @property
+    def is_unsupported(self) -> bool:
+        return self is Protocol.UNSUPPORTED
 
     @property
     def is_http2(self) -> bool:
@@ -62,4 +72,4 @@ def select_protocol(port_name: str, app_protocol: str | None, transport: str = "
     for prefix in sorted(_NAMES, key=len, reverse=True):
         if name.startswith(prefix + "-"):
             return _NAMES[prefix]
-    return Protocol.TCP
+    return Protocol.UNSUPPORTED

@@ -26,12 +26,13 @@ from pilot.config.security import AuthorizationPolicy
 from pilot.model import dependencies as dep
 from pilot.model import envoy_filters as ef
 from pilot.model.ambient.index import AMBIENT_INPUT_KINDS, AmbientInputs
+from pilot.model.ext_authz import resolve_providers
 from pilot.model.gateway_api import EMPTY as NO_GATEWAY_API
 from pilot.model.gateway_api import GatewayApiResult, translate
 from pilot.model.gateways import GatewayIndex
 from pilot.model.inbound import NO_INBOUND, InboundPlan, plan_inbound
 from pilot.model.labels import selects
-from pilot.model.mesh_settings import MeshSettings
+from pilot.model.mesh_settings import DEFAULT_KNOBS, GenerationKnobs, MeshSettings
 from pilot.model.mtls import spiffe_id
 from pilot.model.proxy import Proxy
 from pilot.model.security_policies import JwksSnapshot, SecurityIndex
@@ -118,7 +119,8 @@ class PushContext:
     @classmethod
     def build(cls, store: Store, mesh: MeshConfig, mesh_version: str, domain: str, version: str,
               previous: PushContext | None = None, jwks: JwksSnapshot | None = None,
-              disabled_envoy_filters: frozenset = frozenset(), *,
+              disabled_envoy_filters: frozenset = frozenset(),
+              knobs: GenerationKnobs = DEFAULT_KNOBS, *,
               k8s_select_workload_entries: bool = True) -> PushContext:
         """Services whose Service object did not change are carried over from `previous` as the
         same objects, so cache keys built from them compare by identity, not field by field.
@@ -141,7 +143,8 @@ class PushContext:
                     taken.add(se_svc.hostname)
                     entries.append(se_svc)
         services = tuple(sorted(kube + entries, key=lambda s: s.hostname))
-        settings = MeshSettings.of(mesh)
+        by_host = MappingProxyType({s.hostname: s for s in services})
+        settings = MeshSettings.of(mesh, knobs)
         if previous is not None and previous.settings == settings:
             settings = previous.settings
         gateway_api = translate(store, domain, previous.gateway_api if previous is not None else None)
@@ -151,18 +154,20 @@ class PushContext:
             mesh_version=mesh_version,
             domain=domain,
             services=services,
-            by_host=MappingProxyType({s.hostname: s for s in services}),
+            by_host=by_host,
             slices=_index_slices(store),
             settings=settings,
             traffic=TrafficIndex.build(store, domain, mesh.root_namespace, gateway_api.mesh_virtual_services),
             sidecars=_by_namespace(store.list(Sidecar), oldest_first=True),
             service_entries=MappingProxyType({(e.key.namespace, e.key.name): e for e in store.list(ServiceEntry)}),
             workload_entries_by_ns=_by_namespace(store.list(WorkloadEntry)),
-            full_view=ServiceView.of(services),
+            full_view=ServiceView.of(services, sniff=settings.listeners.sniff_outbound),
             pods=_index_pods(store),
-            gateways=GatewayIndex.build(store, domain, gateway_api.gateways, gateway_api.virtual_services),
+            gateways=GatewayIndex.build(store, domain, gateway_api.gateways, gateway_api.virtual_services,
+                                        knobs.scope_gateway_to_namespace),
             gateway_api=gateway_api,
-            security=SecurityIndex.build(store, mesh.root_namespace, jwks),
+            security=SecurityIndex.build(store, mesh.root_namespace, jwks,
+                                         resolve_providers(mesh.extension_providers, by_host, domain)),
             ambient=AmbientInputs.build(store),
             telemetry=TelemetryIndex.build(store, mesh),
             k8s_select_workload_entries=k8s_select_workload_entries,
@@ -269,7 +274,10 @@ class PushContext:
     def workload_policies(self, namespace: str, labels: Mapping[str, str]):
         """AuthorizationPolicies and RequestAuthentications selecting a workload."""
         self._note(dep.security(namespace), dep.security(self.mesh.root_namespace), dep.JWKS)
-        return self.security.for_workload(namespace, labels)
+        found = self.security.for_workload(namespace, labels)
+        if found.custom:  # the provider's service appearing or going changes the filters
+            self._note(dep.ALL_SERVICES)
+        return found
 
     def authorization_policies(self) -> Mapping[str, tuple[Entry[AuthorizationPolicy], ...]]:
         self._note(dep.kind("AuthorizationPolicy"))
@@ -329,7 +337,7 @@ class PushContext:
                 view = self.full_view
             else:  # every service its egress hosts name, before or after a change
                 deps.scopes = [sidecar]
-                view = scoped_view(sidecar, self.services)
+                view = scoped_view(sidecar, self.services, self.settings.listeners.sniff_outbound)
             hit = self._views[sidecar] = (view, deps)
         self._note_child(hit[1])
         return hit[0]
@@ -513,7 +521,8 @@ class PushContext:
             made = plan_inbound(proxy, self.services_in(proxy.namespace), self.service_slices, sidecar,
                                 lambda port: self.mtls_mode(proxy.namespace, labels, port), mesh_tls,
                                 self.workload_policies(proxy.namespace, labels),
-                                lambda svc, port: self._inbound_rule_pool(proxy.namespace, svc, port))
+                                lambda svc, port: self._inbound_rule_pool(proxy.namespace, svc, port),
+                                self.settings.listeners.sniff_inbound)
             return self._memo.setdefault(("plan", made), made)  # equal plans: one object
 
         return self._memoized(key, plan)

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from pilot.config.security import AuthorizationPolicy, PeerAuthentication, RequestAuthentication
+from pilot.model.ext_authz import ResolvedExtAuthz
+from pilot.model.ext_authz import for_workload as ext_authz_for_workload
 from pilot.model.labels import selects
 from pilot.model.store import Entry, ObjT, Store
 
@@ -92,6 +94,8 @@ class WorkloadPolicies:
     audit: tuple[Entry[AuthorizationPolicy], ...] = ()
     request_authentications: tuple[Entry[RequestAuthentication], ...] = ()
     jwks: tuple[tuple[str, str], ...] = ()
+    # The ext_authz provider the CUSTOM policies name (its `error` set: they deny); None without CUSTOM.
+    ext_authz: ResolvedExtAuthz | None = None
 
     @property
     def authorization_policies(self) -> tuple[Entry[AuthorizationPolicy], ...]:
@@ -126,15 +130,19 @@ class SecurityIndex:
     request_authentications: Mapping[str, tuple[Entry[RequestAuthentication], ...]] = field(default_factory=dict)
     # keys fetched at the edge (pilot/security/jwks.py) by source; a missing source is not fetched
     jwks: JwksSnapshot = field(default_factory=JwksSnapshot)
+    # MeshConfig's ext_authz extension providers by name, resolved against the registry
+    ext_authz: Mapping[str, ResolvedExtAuthz] = field(default_factory=dict)
     _memo: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def build(cls, store: Store, root_namespace: str, jwks: JwksSnapshot | None = None) -> SecurityIndex:
+    def build(cls, store: Store, root_namespace: str, jwks: JwksSnapshot | None = None,
+              ext_authz: Mapping[str, ResolvedExtAuthz] | None = None) -> SecurityIndex:
         return cls(root_namespace,
                    _by_namespace(store.list(PeerAuthentication)),
                    _by_namespace(store.list(AuthorizationPolicy)),
                    _by_namespace(store.list(RequestAuthentication)),
-                   jwks or JwksSnapshot())
+                   jwks or JwksSnapshot(),
+                   MappingProxyType(dict(ext_authz or {})))
 
     # --- mutual TLS ---------------------------------------------------------------------------
     def mtls_policy(self, namespace: str, labels: Mapping[str, str]) -> MtlsPolicy:
@@ -186,25 +194,28 @@ class SecurityIndex:
             return NO_POLICIES
         custom, deny, allow, audit = (tuple(sorted(by_action.get(a, ()), key=_age))
                                       for a in ("CUSTOM", "DENY", "ALLOW", "AUDIT"))
+        provider = None
+        if custom:
+            names = [e.obj.spec.provider.name if e.obj.spec.provider else "" for e in custom]
+            provider = ext_authz_for_workload(self.ext_authz, names)
         return WorkloadPolicies(custom, deny, allow, audit,
                                 tuple(sorted(authns, key=_age)),
-                                tuple((src, keys[src]) for src in sources))
+                                tuple((src, keys[src]) for src in sources), provider)
 
     # --- what cannot be honoured as written -----------------------------------------------------
     @property
     def problems(self) -> tuple[dict, ...]:
         """Policies this control plane applies differently from what they ask, with the reason
-        (shown in /debug/configz): CUSTOM actions (no extension providers here) and JWKS URIs
-        whose keys are not fetched."""
+        (shown in /debug/configz): CUSTOM actions whose provider does not resolve (they deny)
+        and JWKS URIs whose keys are not fetched."""
         out = []
         for entries in self.authorization_policies.values():
             for e in entries:
                 spec = e.obj.spec
                 if spec.action == "CUSTOM":
-                    provider = spec.provider.name if spec.provider else ""
-                    out.append(_problem(e, f"CUSTOM action: extension provider {provider!r} is not defined "
-                                           "(ext_authz extension providers are not applied); as istiod does for an "
-                                           "unknown provider, requests to the selected workloads are denied"))
+                    error = self.custom_problem(e)
+                    if error:
+                        out.append(_problem(e, error))
         for entries in self.request_authentications.values():
             for e in entries:
                 for i, r in enumerate(e.obj.spec.rules):
@@ -217,6 +228,16 @@ class SecurityIndex:
                                            f"{'(' + error + ')' if error else '(yet)'}; tokens of issuer "
                                            f"{r.issuer!r} are rejected with 401 until they are"))
         return tuple(sorted(out, key=lambda p: (p["kind"], p["namespace"], p["name"], p["reason"])))
+
+
+    def custom_problem(self, e: Entry[AuthorizationPolicy]) -> str:
+        """Why a CUSTOM policy's provider cannot be used (empty when it can)."""
+        provider = e.obj.spec.provider.name if e.obj.spec.provider else ""
+        resolved = ext_authz_for_workload(self.ext_authz, [provider])
+        if not resolved.error:
+            return ""
+        return (f"CUSTOM action: {resolved.error}; as istiod does, requests to the selected workloads "
+                "are denied (default-deny-all-due-to-bad-CUSTOM-action)")
 
 
 def _problem(e: Entry[_Policy], reason: str) -> dict:

@@ -38,6 +38,9 @@ class MeshService:
     kind: str = "Service"  # or "ServiceEntry"
     resolution: str = ""  # ServiceEntry resolution: NONE, STATIC, DNS, DNS_ROUND_ROBIN
     selector: tuple[tuple[str, str], ...] = ()  # a Kubernetes Service's pod selector (inbound side)
+    # An ExternalName Service's target: istiod's DNSLB resolution (resolution "DNS"), its
+    # clusters resolve this name, mesh-external (no mTLS).
+    external_name: str = ""
     # A ServiceEntry's other `addresses` (IPs and CIDRs; `cluster_ip` is its first IP): istiod makes
     # one service per (host, address), so traffic to any of them reaches the service.
     extra_addresses: tuple[str, ...] = ()
@@ -127,6 +130,9 @@ def mesh_service(entry: Entry[Service], domain: str) -> MeshService:
         for p in svc.spec.ports
     )
     selector = tuple(sorted((svc.spec.selector or {}).items()))
+    if svc.spec.type == "ExternalName" and svc.spec.external_name:
+        return MeshService(f"{name}.{ns}.svc.{domain}", name, ns, None, ports, entry.revision, resolution="DNS",
+                           external_name=svc.spec.external_name.rstrip("."))
     return MeshService(f"{name}.{ns}.svc.{domain}", name, ns, cluster_ip, ports, entry.revision, selector=selector)
 
 
@@ -144,8 +150,10 @@ def _slice_port(slice_: EndpointSlice, svc_port: ServicePort) -> int | None:
 def endpoints_for_port(slices: tuple[Entry[EndpointSlice], ...], svc_port: ServicePort,
                        subset_labels: tuple[tuple[str, str], ...] = (),
                        pods: tuple[Entry[Pod], ...] = (),
-                       nodes: tuple[Entry[Node], ...] = ()) -> tuple[EndpointAddress, ...]:
-    """Ready endpoints of one service port across all its slices, deduplicated, stable order.
+                       nodes: tuple[Entry[Node], ...] = (), unhealthy: bool = False) -> tuple[EndpointAddress, ...]:
+    """Ready endpoints of one service port across all its slices, deduplicated, stable order;
+    with `unhealthy` (PILOT_SEND_UNHEALTHY_ENDPOINTS) not-ready ones too, with ready False, as
+    istiod sends them (terminating ones never).
     With `subset_labels`, only endpoints whose Pod (in `pods`) carries all those labels. A Pod's
     `security.istio.io/tlsMode` label becomes its endpoint's tls_mode; its locality comes from
     `pod_locality` (`nodes`: the Nodes the endpoints run on)."""
@@ -162,7 +170,7 @@ def endpoints_for_port(slices: tuple[Entry[EndpointSlice], ...], svc_port: Servi
         if port is None:
             continue
         for ep in s.endpoints:
-            if not ep.is_ready:
+            if not ep.is_ready and (not unhealthy or ep.conditions.terminating):
                 continue
             ref = ep.target_ref
             labels = pod_labels.get((ref.namespace or entry.key.namespace, ref.name)) \
@@ -178,7 +186,7 @@ def endpoints_for_port(slices: tuple[Entry[EndpointSlice], ...], svc_port: Servi
                 if (addr, port) in seen:
                     continue
                 seen.add((addr, port))
-                out.append(EndpointAddress(addr, port, locality, True, tls_mode, labels=ep_labels))
+                out.append(EndpointAddress(addr, port, locality, ep.is_ready, tls_mode, labels=ep_labels))
     out.sort(key=lambda e: (e.locality.label(), e.address, e.port))
     return tuple(out)
 

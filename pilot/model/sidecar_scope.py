@@ -79,20 +79,22 @@ class ServiceView:
     @classmethod
     def of(cls, services: tuple[MeshService, ...], registry_only: bool | None = None,
            port_visible=None, binds: Mapping[int, str] | None = None,
-           protocols: Mapping[int, Protocol] | None = None) -> ServiceView:
+           protocols: Mapping[int, Protocol] | None = None, sniff: bool = True) -> ServiceView:
         """`port_visible(svc, port)`: whether the service is reached on that port (a Sidecar's
         port-specific egress listener narrows who is behind its port); `protocols`: the ports
-        whose listener protocol that egress listener gives."""
+        whose listener protocol that egress listener gives. `sniff`: ports naming no protocol are
+        sniffed (their services get HTTP routes too), else they are TCP."""
         by_port: dict[int, list[MeshService]] = {}
         for svc in services:
             for p in svc.ports:
                 if port_visible is None or port_visible(svc, p.port):
                     by_port.setdefault(p.port, []).append(svc)
         ports = MappingProxyType({p: tuple(v) for p, v in sorted(by_port.items())})
-        plans, conflicts = plan_ports(ports, protocols)
+        plans, conflicts = plan_ports(ports, protocols, sniff)
         given = protocols or {}
-        http = MappingProxyType({p: (v if given[p].is_http else ()) if p in given
-                                 else tuple(s for s in v if port_is_http(s, p)) for p, v in ports.items()})
+        http = MappingProxyType({p: (v if given[p].is_http or (sniff and given[p].is_unsupported) else ())
+                                 if p in given else tuple(s for s in v if port_is_http(s, p, sniff))
+                                 for p, v in ports.items()})
         return cls(services, ports, http, tuple(plans), registry_only, tuple(conflicts),
                    MappingProxyType(dict(binds or {})))
 
@@ -101,14 +103,14 @@ class ServiceView:
 LOCALHOST = "127.0.0.1"
 
 
-def scoped_view(sidecar: Entry[Sidecar], services: tuple[MeshService, ...]) -> ServiceView:
+def scoped_view(sidecar: Entry[Sidecar], services: tuple[MeshService, ...], sniff: bool = True) -> ServiceView:
     """istiod's egress listeners: one with a port owns that port (only its hosts are reached
     there, on its `bind` address when set); the one without a port covers every other port."""
     spec = sidecar.obj.spec
     policy = spec.outbound_traffic_policy
     registry_only = None if policy is None else policy.mode == "REGISTRY_ONLY"
     if not spec.egress:
-        return ServiceView.of(services, registry_only)
+        return ServiceView.of(services, registry_only, sniff=sniff)
     own = sidecar.key.namespace
     by_port = {listener.port.number: listener for listener in spec.egress if listener.port and listener.port.number}
     catch_all = [listener for listener in spec.egress if not (listener.port and listener.port.number)]
@@ -133,4 +135,4 @@ def scoped_view(sidecar: Entry[Sidecar], services: tuple[MeshService, ...]) -> S
     # services' own ports say (their clusters keep the services' protocols).
     protocols = {port: select_protocol(p.name, p.protocol.lower())
                  for port, listener in by_port.items() if (p := listener.port) is not None and p.protocol}
-    return ServiceView.of(visible, registry_only, port_visible, binds, protocols)
+    return ServiceView.of(visible, registry_only, port_visible, binds, protocols, sniff)

@@ -15,10 +15,14 @@ Semantics users rely on:
 - DENY is evaluated before ALLOW, so a DENY match wins.
 - A policy annotated `istio.io/dry-run: "true"` goes into shadow rules: evaluated, logged in
   stats (`istio_dry_run_allow_` / `istio_dry_run_deny_`), never enforced.
-- CUSTOM needs an ext_authz extension provider from MeshConfig; this control plane has none, so,
-  as istiod does when a CUSTOM policy's provider cannot be resolved, the workload gets a deny-all
-  RBAC filter (`default-deny-all-due-to-bad-CUSTOM-action`) and the policy is reported in
-  /debug/configz. Failing closed keeps a policy meant to restrict from silently allowing.
+- CUSTOM delegates the decision to the ext_authz provider its policies name (MeshConfig
+  extensionProviders, pilot/networking/ext_authz.py): an RBAC filter holding their rules as shadow
+  rules (named `istio-ext-authz-ns[NS]-policy[NAME]-rule[I]`, never enforced) marks the requests
+  they match, and the ext_authz filter after it checks only those. When the provider cannot be
+  used (not defined, in error, several providers for one workload), the workload gets a deny-all
+  RBAC filter (`default-deny-all-due-to-bad-CUSTOM-action`), as istiod: failing closed keeps a
+  policy meant to restrict from silently allowing. The reason is in /debug/configz and
+  /debug/push_status.
 
 TCP (the network filter), istiod's rule (authz/model/model.go `checkError`): attributes only
 HTTP carries (hosts, methods, paths, requestPrincipals, request.headers[...], request.auth.*)
@@ -44,6 +48,7 @@ from envoy.extensions.filters.network.rbac.v3 import rbac_pb2 as network_rbac_pb
 from pilot.config.security import AuthorizationPolicy
 from pilot.model.security_policies import WorkloadPolicies
 from pilot.model.store import Entry
+from pilot.networking import ext_authz as xa
 from pilot.networking import rbac_matchers as m
 from pilot.networking.protos import pack
 
@@ -218,8 +223,8 @@ def is_dry_run(e: Entry[AuthorizationPolicy]) -> bool:
     return e.obj.metadata.annotations.get(DRY_RUN_ANNOTATION, "") in ("1", "t", "T", "TRUE", "true", "True")
 
 
-def _rbac(policies: Sequence[Entry[AuthorizationPolicy]], action: int, for_tcp: bool, trust_domains: Sequence[str]
-          ) -> tuple[rbac_pb2.RBAC | None, rbac_pb2.RBAC | None]:
+def _rbac(policies: Sequence[Entry[AuthorizationPolicy]], action: int, for_tcp: bool, trust_domains: Sequence[str],
+          prefix: str = "") -> tuple[rbac_pb2.RBAC | None, rbac_pb2.RBAC | None]:
     """(enforced rules, shadow rules), each None when no policy of that kind exists."""
     enforced: dict[str, rbac_pb2.Policy] | None = None
     shadow: dict[str, rbac_pb2.Policy] | None = None
@@ -237,9 +242,9 @@ def _rbac(policies: Sequence[Entry[AuthorizationPolicy]], action: int, for_tcp: 
                 continue
             generated = rule_policy(rule, ns, action, for_tcp, trust_domains)
             if generated is not None:
-                target[f"ns[{ns}]-policy[{name}]-rule[{i}]"] = generated
+                target[f"{prefix}ns[{ns}]-policy[{name}]-rule[{i}]"] = generated
         if not spec.rules:
-            target[f"ns[{ns}]-policy[{name}]-rule[0]"] = MATCH_NEVER
+            target[f"{prefix}ns[{ns}]-policy[{name}]-rule[0]"] = MATCH_NEVER
 
     def as_rbac(p: dict | None) -> rbac_pb2.RBAC | None:
         return None if p is None else rbac_pb2.RBAC(action=action, policies=p)
@@ -259,13 +264,50 @@ def _by_action(policies: WorkloadPolicies) -> list[tuple[int, tuple[Entry[Author
     return [(ACTIONS["AUDIT"], policies.audit), (ACTIONS["DENY"], policies.deny), (ACTIONS["ALLOW"], policies.allow)]
 
 
+# --- CUSTOM ---------------------------------------------------------------------------------------
+_DENY_ALL = rbac_pb2.RBAC(action=rbac_pb2.RBAC.DENY, policies={CUSTOM_DENY_ALL: MATCH_ALL})
+
+
+def _custom_rules(policies: WorkloadPolicies, for_tcp: bool, tds: Sequence[str]) -> rbac_pb2.RBAC | None:
+    # DENY semantics for the rules, so an HTTP-only value on TCP widens the match (checks more).
+    # Dry-run CUSTOM policies are not checked at all, as in istiod.
+    rules, _shadow = _rbac(policies.custom, rbac_pb2.RBAC.DENY, for_tcp, tds, prefix=xa.MATCH_PREFIX + "-")
+    return rules
+
+
+def _custom_http(policies: WorkloadPolicies, tds: Sequence[str]) -> list[hcm_pb2.HttpFilter]:
+    provider = policies.ext_authz
+    if not policies.custom:
+        return []
+    if provider is None or provider.error:
+        return [hcm_pb2.HttpFilter(name=HTTP_RBAC_FILTER, typed_config=pack(http_rbac_pb2.RBAC(rules=_DENY_ALL)))]
+    marker = http_rbac_pb2.RBAC(shadow_rules=_custom_rules(policies, False, tds),
+                                shadow_rules_stat_prefix=xa.SHADOW_STAT_PREFIX)
+    return [hcm_pb2.HttpFilter(name=HTTP_RBAC_FILTER, typed_config=pack(marker)),
+            hcm_pb2.HttpFilter(name=xa.HTTP_EXT_AUTHZ_FILTER,
+                               typed_config=pack(xa.http_ext_authz(provider, HTTP_RBAC_FILTER)))]
+
+
+def _custom_network(policies: WorkloadPolicies, tds: Sequence[str]) -> list[listener_components_pb2.Filter]:
+    provider = policies.ext_authz
+    if not policies.custom:
+        return []
+    if provider is None or provider.error:
+        config = network_rbac_pb2.RBAC(rules=_DENY_ALL, stat_prefix=TCP_STAT_PREFIX)
+        return [listener_components_pb2.Filter(name=NETWORK_RBAC_FILTER, typed_config=pack(config))]
+    check = xa.network_ext_authz(provider, NETWORK_RBAC_FILTER)
+    if check is None:
+        return []  # an HTTP provider cannot check a TCP connection (istiod ignores it there)
+    marker = network_rbac_pb2.RBAC(shadow_rules=_custom_rules(policies, True, tds), stat_prefix=TCP_STAT_PREFIX,
+                                   shadow_rules_stat_prefix=xa.SHADOW_STAT_PREFIX)
+    return [listener_components_pb2.Filter(name=NETWORK_RBAC_FILTER, typed_config=pack(marker)),
+            listener_components_pb2.Filter(name=xa.NETWORK_EXT_AUTHZ_FILTER, typed_config=pack(check))]
+
+
 def http_rbac_filters(policies: WorkloadPolicies, trust_domain: str,
                       trust_domain_aliases: Sequence[str] = ()) -> list[hcm_pb2.HttpFilter]:
     tds = _trust_domains(trust_domain, trust_domain_aliases)
-    out = []
-    if policies.custom:
-        deny_all = rbac_pb2.RBAC(action=rbac_pb2.RBAC.DENY, policies={CUSTOM_DENY_ALL: MATCH_ALL})
-        out.append(hcm_pb2.HttpFilter(name=HTTP_RBAC_FILTER, typed_config=pack(http_rbac_pb2.RBAC(rules=deny_all))))
+    out = _custom_http(policies, tds)
     for action, entries in _by_action(policies):
         if not entries:
             continue
@@ -279,11 +321,7 @@ def http_rbac_filters(policies: WorkloadPolicies, trust_domain: str,
 def network_rbac_filters(policies: WorkloadPolicies, trust_domain: str,
                          trust_domain_aliases: Sequence[str] = ()) -> list[listener_components_pb2.Filter]:
     tds = _trust_domains(trust_domain, trust_domain_aliases)
-    out = []
-    if policies.custom:
-        deny_all = rbac_pb2.RBAC(action=rbac_pb2.RBAC.DENY, policies={CUSTOM_DENY_ALL: MATCH_ALL})
-        config = network_rbac_pb2.RBAC(rules=deny_all, stat_prefix=TCP_STAT_PREFIX)
-        out.append(listener_components_pb2.Filter(name=NETWORK_RBAC_FILTER, typed_config=pack(config)))
+    out = _custom_network(policies, tds)
     for action, entries in _by_action(policies):
         if not entries:
             continue

@@ -32,13 +32,15 @@ _HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSettings,
                      destination_rule: Entry[DestinationRule] | None = None, subset: str = "",
                      dns_targets: tuple[EndpointAddress, ...] = (),
-                     mesh_tls: MeshTls | None = None,
-                     locality_lb: LocalityLb | None = None) -> cluster_pb2.Cluster:
+                     mesh_tls: MeshTls | None = None, locality_lb: LocalityLb | None = None,
+                     downstream_protocol: bool = False) -> cluster_pb2.Cluster:
     """`destination_rule` is the DestinationRule in force for this client (its traffic policy and,
     for a subset cluster, the subset's). ServiceEntries with DNS resolution resolve
     `dns_targets` in Envoy; with resolution NONE traffic goes where the client sent it.
     `mesh_tls`: Istio mTLS toward this cluster (see pilot.model.mtls), None for none.
     `locality_lb`: the client's locality load balancing of a DNS cluster's own endpoints.
+    `downstream_protocol`: a sniffed port seen by a sidecar: requests go upstream in the HTTP
+    version they arrived in (h2c stays HTTP/2), as istiod's setUseDownstreamProtocol.
     (Proxyless gRPC clients get pilot.networking.grpc.cluster instead.)"""
     name = names.outbound_cluster_name(port.port, svc.hostname, subset)
     c = cluster_pb2.Cluster(
@@ -49,7 +51,7 @@ def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSetti
     if svc.resolution in ("DNS", "DNS_ROUND_ROBIN"):
         c.type = cluster_pb2.Cluster.STRICT_DNS if svc.resolution == "DNS" else cluster_pb2.Cluster.LOGICAL_DNS
         c.dns_lookup_family = cluster_pb2.Cluster.V4_PREFERRED
-        targets = dns_targets or (EndpointAddress(svc.hostname, port.port, Locality(), True),)
+        targets = dns_targets or (EndpointAddress(svc.external_name or svc.hostname, port.port, Locality(), True),)
         if svc.resolution == "DNS_ROUND_ROBIN":
             targets = targets[:1]  # LOGICAL_DNS takes exactly one host
         c.load_assignment.CopyFrom(cluster_load_assignment(name, targets, locality_lb))
@@ -64,6 +66,8 @@ def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSetti
         opts = http_protocol_options_pb2.HttpProtocolOptions()
         opts.explicit_http_config.http2_protocol_options.CopyFrom(protocol_pb2.Http2ProtocolOptions())
         c.typed_extension_protocol_options[_HTTP_OPTIONS_KEY].CopyFrom(pack(opts))
+    elif downstream_protocol:
+        use_downstream_protocol(c)
     apply_default_circuit_breakers(c)  # istiod's, until a connection pool says otherwise
     sni = tls.outbound_sni(port.port, subset, svc.hostname)
     dr_path, dr_tls = "", None
@@ -98,6 +102,14 @@ def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSetti
     metadata.set_cluster_metadata(c.metadata, svc.hostname, short, svc.namespace, dr_path, subset,
                                   dr_tls.mode if dr_tls is not None else None)
     return c
+
+
+def use_downstream_protocol(c: cluster_pb2.Cluster) -> None:
+    opts = http_protocol_options_pb2.HttpProtocolOptions()
+    cfg = opts.use_downstream_protocol_config
+    cfg.http_protocol_options.SetInParent()
+    cfg.http2_protocol_options.SetInParent()
+    c.typed_extension_protocol_options[_HTTP_OPTIONS_KEY].CopyFrom(pack(opts))
 
 
 def apply_mesh_tls(c: cluster_pb2.Cluster, mesh_tls: MeshTls, sni: str, http2: bool) -> None:

@@ -43,7 +43,7 @@ def cluster_load_assignment(cluster_name: str, endpoints: tuple[EndpointAddress,
             lbe = endpoint_components_pb2.LbEndpoint(
                 endpoint=endpoint_components_pb2.Endpoint(address=address_pb2.Address(
                     socket_address=address_pb2.SocketAddress(address=ep.address, port_value=ep.port))),
-                health_status=health_check_pb2.HEALTHY,
+                health_status=health_check_pb2.HEALTHY if ep.ready else health_check_pb2.UNHEALTHY,
                 load_balancing_weight=wrappers_pb2.UInt32Value(value=ep.weight),
             )
             if ep.tls_mode:

@@ -26,7 +26,8 @@ from pilot.model.inbound import InboundPort
 from pilot.model.mesh_settings import ClusterSettings, ListenerSettings
 from pilot.model.security_policies import NO_POLICIES, WorkloadPolicies
 from pilot.model.services import EndpointAddress, Locality
-from pilot.networking import metadata, telemetry, tls
+from pilot.networking import metadata, sniffing, telemetry, tls
+from pilot.networking.clusters import use_downstream_protocol
 from pilot.networking.endpoints import cluster_load_assignment
 from pilot.networking.filters import access_logs, hcm_network_filter, router_filter, tcp_proxy_filter
 from pilot.networking.policy_filters import TrustDomains, inbound_http_filters, inbound_network_filters
@@ -74,6 +75,8 @@ def inbound_cluster(port: InboundPort, settings: ClusterSettings) -> cluster_pb2
         opts = http_protocol_options_pb2.HttpProtocolOptions()
         opts.explicit_http_config.http2_protocol_options.CopyFrom(protocol_pb2.Http2ProtocolOptions())
         c.typed_extension_protocol_options[_HTTP_OPTIONS_KEY].CopyFrom(pack(opts))
+    elif port.protocol.is_unsupported:
+        use_downstream_protocol(c)  # sniffed: the app gets the HTTP version the client spoke
     if port.pool is not None:
         # The Sidecar's (or DestinationRule's) inbound limits, as istiod applies them to the
         # inbound cluster (no h2 upgrade inbound: the app speaks what it speaks).
@@ -110,6 +113,8 @@ def _http_chain_filter(port: InboundPort, secure: bool, settings: ListenerSettin
     hcm = F(stat_prefix=f"inbound_0.0.0.0_{port.port}", codec_type=F.AUTO, route_config=route,
             http_filters=[*http_filters, router_filter()], access_log=access_logs(settings))
     telemetry.apply_tracing(hcm, settings.telemetry)
+    if settings.http10:
+        hcm.http_protocol_options.accept_http_10 = True  # PILOT_HTTP10, as istiod's inbound
     if secure:
         # The app learns who called: the peer certificate's URI SAN (its SPIFFE identity).
         hcm.forward_client_cert_details = F.APPEND_FORWARD
@@ -123,20 +128,49 @@ def _http_chain_filter(port: InboundPort, secure: bool, settings: ListenerSettin
 
 
 def _chain(port: InboundPort, secure: bool, settings: ListenerSettings, policies: WorkloadPolicies,
-           trust_domain: TrustDomains) -> listener_components_pb2.FilterChain:
+           trust_domain: TrustDomains, http: bool | None = None, suffix: str = ""
+           ) -> listener_components_pb2.FilterChain:
+    """`http`: serve HTTP (default: what the port declares); `suffix` tells the chains of a
+    sniffed port apart."""
     # Authentication and authorization run in front of the app on every chain, TLS or not: a
     # plaintext caller simply has no peer identity to match.
-    if port.protocol.is_http:
+    if http is None:
+        http = port.protocol.is_http
+    if http:
         filters = [_http_chain_filter(port, secure, settings, inbound_http_filters(policies, trust_domain))]
     else:
         cluster = inbound_cluster_name(port.port)
         filters = [*inbound_network_filters(policies, trust_domain), tcp_proxy_filter(cluster, cluster, settings)]
     chain = listener_components_pb2.FilterChain(
-        name=f"{inbound_cluster_name(port.port)}{'-mtls' if secure else ''}", filters=filters)
+        name=f"{inbound_cluster_name(port.port)}{suffix}{'-mtls' if secure else ''}", filters=filters)
     if secure:
-        chain.transport_socket.CopyFrom(tls.tls_socket(tls.istio_downstream_tls(port.protocol.is_http)))
+        chain.transport_socket.CopyFrom(tls.tls_socket(tls.istio_downstream_tls(http)))
         chain.filter_chain_match.transport_protocol = "tls"
     return chain
+
+
+def _sniffed_chains(port: InboundPort, mode: str, settings: ListenerSettings, policies: WorkloadPolicies,
+                    trust_domain: TrustDomains) -> list[listener_components_pb2.FilterChain]:
+    """A port that names no protocol, as istiod's inbound*FilterChainMatchOptions for
+    ListenerProtocolAuto: mesh mTLS tells HTTP from TCP by the client's ALPN, plaintext by the
+    HTTP inspector. (A client sidecar built on upstream Envoy offers the TCP ALPNs for both, so
+    its HTTP arrives on the TCP chain: it was routed at the client already.)"""
+    def make(secure: bool, http: bool, alpns: tuple[str, ...] = (), transport: str = sniffing.RAW_BUFFER):
+        chain = _chain(port, secure, settings, policies, trust_domain, http, "-http" if http else "-tcp")
+        chain.filter_chain_match.application_protocols.extend(alpns)
+        chain.filter_chain_match.transport_protocol = transport
+        return chain
+
+    plain_http = sniffing.plaintext_http_alpns(settings.http10)
+    if mode == "STRICT":
+        return [make(True, True, sniffing.MTLS_HTTP_ALPNS, sniffing.TLS), make(True, False, (), sniffing.TLS)]
+    if mode == "PERMISSIVE":
+        tls_passthrough = make(False, False, (), sniffing.TLS)  # the app's own TLS, not the mesh's
+        tls_passthrough.name = f"{inbound_cluster_name(port.port)}-tls"
+        return [make(True, True, sniffing.MTLS_HTTP_ALPNS, sniffing.TLS), make(False, True, plain_http),
+                make(True, False, sniffing.MTLS_TCP_ALPNS, sniffing.TLS), make(False, False),
+                tls_passthrough]
+    return [make(False, True, plain_http), make(False, False)]
 
 
 def port_chains(port: InboundPort, mesh_tls: bool, settings: ListenerSettings,
@@ -144,6 +178,8 @@ def port_chains(port: InboundPort, mesh_tls: bool, settings: ListenerSettings,
                 ) -> list[listener_components_pb2.FilterChain]:
     """The chains serving one workload port. Without certificates only plaintext can be served."""
     mode = port.mtls if mesh_tls else "DISABLE"
+    if port.protocol.is_unsupported:
+        return _sniffed_chains(port, mode, settings, policies, trust_domain)
     if mode == "STRICT":
         return [_chain(port, True, settings, policies, trust_domain)]  # plaintext matches no chain: closed
     if mode == "PERMISSIVE":
@@ -151,6 +187,11 @@ def port_chains(port: InboundPort, mesh_tls: bool, settings: ListenerSettings,
         secure.filter_chain_match.application_protocols.extend(tls.MESH_ALPNS)
         return [secure, _chain(port, False, settings, policies, trust_domain)]
     return [_chain(port, False, settings, policies, trust_domain)]
+
+
+def _sniffs(chains) -> bool:
+    return any(c.filter_chain_match.transport_protocol == sniffing.RAW_BUFFER
+               and c.filter_chain_match.application_protocols for c in chains)
 
 
 def bound_inbound_listener(port: InboundPort, mesh_tls: bool, settings: ListenerSettings,
@@ -164,6 +205,9 @@ def bound_inbound_listener(port: InboundPort, mesh_tls: bool, settings: Listener
         filter_chains=port_chains(port, mesh_tls, settings, policies, trust_domain))
     if any(c.filter_chain_match.transport_protocol for c in listener.filter_chains):
         listener.listener_filters.append(tls_inspector())
+    if _sniffs(listener.filter_chains):
+        listener.listener_filters.append(sniffing.http_inspector())
+        sniffing.set_detection_timeout(listener, settings.inbound_detection_timeout_s)
     return listener
 
 
@@ -181,10 +225,19 @@ def virtual_inbound_listener(ports: tuple[InboundPort, ...], mesh_tls: bool, set
     listener.listener_filters.add(name="envoy.filters.listener.original_dst",
                                   typed_config=pack(original_dst_pb2.OriginalDst()))
     listener.listener_filters.append(tls_inspector())
+    sniffed: list[int] = []
     for port in ports:
-        for chain in port_chains(port, mesh_tls, settings, policies, trust_domain):
+        chains = port_chains(port, mesh_tls, settings, policies, trust_domain)
+        if _sniffs(chains):
+            sniffed.append(port.port)
+        for chain in chains:
             chain.filter_chain_match.destination_port.value = port.port
             listener.filter_chains.append(chain)
+    if sniffed:
+        # Only the sniffed ports wait for the client's first bytes: a declared TCP port may
+        # carry a server-first protocol.
+        listener.listener_filters.append(sniffing.http_inspector(sniffed))
+        sniffing.set_detection_timeout(listener, settings.inbound_detection_timeout_s)
     listener.default_filter_chain.CopyFrom(listener_components_pb2.FilterChain(
         name=INBOUND_PASSTHROUGH_CLUSTER,
         filters=[tcp_proxy_filter(INBOUND_PASSTHROUGH_CLUSTER, INBOUND_PASSTHROUGH_CLUSTER, settings)]))

@@ -18,7 +18,7 @@ from pilot.model.mesh_settings import ListenerSettings
 from pilot.model.ports import PortPlan
 from pilot.model.services import MeshService
 from pilot.model.store import Entry
-from pilot.networking import names
+from pilot.networking import names, sniffing
 from pilot.networking.filters import (
     hcm_network_filter,
     http_connection_manager,
@@ -50,6 +50,33 @@ def _tcp_chains(svc: MeshService, port: int, vs: Entry[VirtualService] | None, d
     return sni, listener_components_pb2.FilterChain(filters=[default])
 
 
+def _hcm_chain(stat_prefix: str, port: int, settings: ListenerSettings) -> listener_components_pb2.FilterChain:
+    hcm = http_connection_manager(stat_prefix, names.route_config_name(port), settings)
+    if settings.http10:
+        hcm.http_protocol_options.accept_http_10 = True  # PILOT_HTTP10, as istiod sets it
+    return listener_components_pb2.FilterChain(filters=[hcm_network_filter(hcm)])
+
+
+def _add_prefixes(chain: listener_components_pb2.FilterChain, addresses: tuple[str, ...]) -> None:
+    for address in addresses:
+        ip, _, bits = address.partition("/")
+        full = 128 if ":" in ip else 32
+        chain.filter_chain_match.prefix_ranges.add(
+            address_prefix=ip, prefix_len=wrappers_pb2.UInt32Value(value=int(bits) if bits else full))
+
+
+def _sniffed(svc: MeshService, port: int) -> bool:
+    sp = svc.port(port)
+    return sp is not None and sp.protocol.is_unsupported
+
+
+def _sniffing(listener: listener_pb2.Listener, settings: ListenerSettings) -> None:
+    """The HTTP inspector of a sniffed port, after the TLS inspector when SNI chains need one (it
+    then reads only connections the TLS inspector did not find to be TLS)."""
+    listener.listener_filters.append(sniffing.http_inspector())
+    sniffing.set_detection_timeout(listener, settings.detection_timeout_s)
+
+
 def bound_outbound_listener(plan: PortPlan, settings: ListenerSettings,
                             virtual_services: tuple[Entry[VirtualService] | None, ...] = (),
                             domain: str = "cluster.local", bind: str = LOCALHOST,
@@ -62,10 +89,23 @@ def bound_outbound_listener(plan: PortPlan, settings: ListenerSettings,
     name = names.listener_name(bind, plan.port)
     listener = listener_pb2.Listener(name=name, address=_address(bind, plan.port),
                                      traffic_direction=base_pb2.OUTBOUND)
-    if plan.http:
-        hcm = http_connection_manager(f"outbound_{bind}_{plan.port}",
-                                      names.route_config_name(plan.port), settings)
-        listener.filter_chains.add(filters=[hcm_network_filter(hcm)])
+    if plan.sniff:
+        # HTTP to the port's routes; anything else to the first service that names no protocol.
+        http = sniffing.match_http(_hcm_chain(f"outbound_{bind}_{plan.port}", plan.port, settings),
+                                   sniffing.plaintext_http_alpns(settings.http10))
+        vs = virtual_services[0] if virtual_services else None
+        sni, default = _tcp_chains(plan.tcp_services[0], plan.port, vs, domain, settings,
+                                   tcp_limits[0] if tcp_limits else NO_LIMITS, client)
+        # Envoy picks a chain level by level (address, SNI, transport, ALPN) without going back:
+        # raw TCP reaches the raw_buffer level, misses the HTTP ALPNs and matches nothing there.
+        # As the default chain (istiod's choice too) it takes every connection no chain matches.
+        listener.filter_chains.extend([http, *sni])
+        listener.default_filter_chain.CopyFrom(default)
+        if sni:
+            listener.listener_filters.append(tls_inspector())
+        _sniffing(listener, settings)
+    elif plan.http:
+        listener.filter_chains.append(_hcm_chain(f"outbound_{bind}_{plan.port}", plan.port, settings))
     else:
         vs = virtual_services[0] if virtual_services else None
         sni, default = _tcp_chains(plan.tcp_services[0], plan.port, vs, domain, settings,
@@ -85,21 +125,38 @@ def unbound_outbound_listener(plan: PortPlan, settings: ListenerSettings,
     listener = listener_pb2.Listener(
         name=names.listener_name(WILDCARD, plan.port), address=_address(WILDCARD, plan.port),
         bind_to_port=wrappers_pb2.BoolValue(value=False), traffic_direction=base_pb2.OUTBOUND)
-    if plan.http:
-        hcm = http_connection_manager(f"outbound_{WILDCARD}_{plan.port}",
-                                      names.route_config_name(plan.port), settings)
-        listener.filter_chains.add(filters=[hcm_network_filter(hcm)])
+    if plan.http and not plan.sniff:
+        listener.filter_chains.append(_hcm_chain(f"outbound_{WILDCARD}_{plan.port}", plan.port, settings))
         return listener
+    if plan.sniff:
+        # Envoy matches the destination address before the application protocol, so HTTP to a
+        # sniffed service's cluster IP needs a chain listing that IP beside the service's TCP
+        # chain: one HTTP chain holds every such IP (one connection manager, not one per
+        # service). Services without a cluster IP, and HTTP services, share one without.
+        alpns = sniffing.plaintext_http_alpns(settings.http10)
+        stat = f"outbound_{WILDCARD}_{plan.port}"
+        vips = sorted({a for s in plan.tcp_services if _sniffed(s, plan.port) for a in s.addresses})
+        if vips:
+            chain = sniffing.match_http(_hcm_chain(stat, plan.port, settings), alpns)
+            _add_prefixes(chain, tuple(vips))
+            listener.filter_chains.append(chain)
+        listener.filter_chains.append(sniffing.match_http(_hcm_chain(stat, plan.port, settings), alpns))
     for i, svc in enumerate(plan.tcp_services):
         vs = virtual_services[i] if i < len(virtual_services) else None
         sni, default = _tcp_chains(svc, plan.port, vs, domain, settings,
                                    tcp_limits[i] if i < len(tcp_limits) else NO_LIMITS, client)
-        for chain in sni + [default]:
-            for address in svc.addresses:  # a ServiceEntry's every address and CIDR, as istiod
-                ip, _, bits = address.partition("/")
-                full = 128 if ":" in ip else 32
-                chain.filter_chain_match.prefix_ranges.add(
-                    address_prefix=ip, prefix_len=wrappers_pb2.UInt32Value(value=int(bits) if bits else full))
+        defaults = [default]
+        if plan.sniff:
+            # Chains are picked level by level without going back (see bound_outbound_listener):
+            # beside an HTTP chain of the same address, the TCP chain must match raw_buffer too,
+            # or raw TCP would find no chain; TLS with no SNI chain of its own keeps a copy
+            # without a transport match (there is a TLS inspector only when SNI chains exist).
+            tcp_raw = listener_components_pb2.FilterChain()
+            tcp_raw.CopyFrom(default)
+            tcp_raw.filter_chain_match.transport_protocol = sniffing.RAW_BUFFER
+            defaults = [tcp_raw, default] if sni else [tcp_raw]
+        for chain in sni + defaults:
+            _add_prefixes(chain, svc.addresses)  # a ServiceEntry's every address and CIDR, as istiod
             listener.filter_chains.append(chain)
         if sni and not listener.listener_filters:
             listener.listener_filters.append(tls_inspector())
@@ -113,6 +170,8 @@ def unbound_outbound_listener(plan: PortPlan, settings: ListenerSettings,
             unique.append(chain)
     del listener.filter_chains[:]
     listener.filter_chains.extend(unique)
+    if plan.sniff:
+        _sniffing(listener, settings)
     return listener
 
 

@@ -172,11 +172,23 @@ class DiscoveryServer:
                 del rejected[(key, revision)]
         ctx = PushContext.build(self.store, self.mesh.current, self.mesh.version, self.domain, version, previous,
                                 self.jwks(), disabled_envoy_filters=frozenset(rejected),
+                                knobs=self.features.generation_knobs(),
                                 k8s_select_workload_entries=self.features.k8s_select_workload_entries)
+        self._log_policy_problems(ctx, previous)
         for listener in self.context_listeners:
             listener(ctx)
         _log_telemetry_problems(previous, ctx)
         return ctx
+
+    @staticmethod
+    def _log_policy_problems(ctx: PushContext, previous: PushContext | None) -> None:
+        """Once per new problem: a policy applied differently from what it asks (a CUSTOM policy
+        failing closed, keys not fetched) is worth a warning, not one per push."""
+        seen = set() if previous is None else {tuple(p.values()) for p in previous.security.problems}
+        for p in ctx.security.problems:
+            if tuple(p.values()) not in seen:
+                log.warning("policy not applied as written", kind=p["kind"], namespace=p["namespace"],
+                            name=p["name"], reason=p["reason"])
 
     async def _debounced_push(self, req: PushRequest, debounce_s: float) -> None:
         self.metrics.debounce_time.observe(debounce_s)

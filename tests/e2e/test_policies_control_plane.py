@@ -36,6 +36,12 @@ async def test_policies_in_configz_and_a_change_pushes(tmp_path):
         unsupported = {(u["kind"], u["name"]): u["reason"] for u in configz["unsupported"]}
         assert set(unsupported) == {("AuthorizationPolicy", "ext"), ("RequestAuthentication", "remote")}
         assert "requests to the selected workloads are denied" in unsupported[("AuthorizationPolicy", "ext")]
+        # The fail-closed CUSTOM policy says why in /debug/push_status and the log too.
+        status = await cp.debug("/debug/push_status")
+        [custom] = [p for p in status["policyProblems"] if p["name"] == "ext"]
+        assert "available providers are [] but found 'opa'" in custom["reason"]
+        assert any("policy not applied as written" in line and "'opa'" in line
+                   for line in cp.log_tail(400).splitlines())
 
         cp.write("more.yaml", dump(authz("deny-admin", "shop", action="DENY",
                                          rules=[{"to": [{"operation": {"paths": ["/admin"]}}]}])))

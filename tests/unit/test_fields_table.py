@@ -28,7 +28,7 @@ def test_statuses_follow_the_marks_on_the_models() -> None:
     ap = rows_of("AuthorizationPolicy")
     assert ap["spec.rules[].from[].source.trustDomains"].status == ft.APPLIED
     assert ap["spec.rules[].from[].source.notTrustDomains"].status == ft.APPLIED
-    assert ap["spec.provider"].status == ft.FAILS_CLOSED and "deny" in ap["spec.provider"].note
+    assert ap["spec.provider"].status == ft.APPLIED and "deny" in ap["spec.provider"].note
     gw = rows_of("Gateway (KubernetesGateway)")
     assert gw["spec.tls"].status == ft.UNSUPPORTED
     assert gw["spec.listeners[].tls.options"].status == ft.APPLIED  # (keys other than tls-terminate-mode refused)
@@ -44,7 +44,7 @@ def test_statuses_follow_the_marks_on_the_models() -> None:
     mesh = rows_of("MeshConfig")
     assert mesh["meshMTLS"].status == ft.UNSUPPORTED
     assert mesh["extensionProviders[].zipkin"].status == ft.APPLIED
-    assert mesh["extensionProviders[].envoyExtAuthzHttp"].status == ft.FAILS_CLOSED
+    assert mesh["extensionProviders[].envoyExtAuthzHttp.failOpen"].status == ft.APPLIED
     assert mesh["trustDomain"].status == ft.APPLIED
 
 

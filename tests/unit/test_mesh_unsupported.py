@@ -37,7 +37,7 @@ def test_unsupported_fields_are_listed_and_everything_else_still_applies() -> No
         "caCertificates", "defaultHttpRetryPolicy.retryRemoteLocalities", "disableEnvoyListenerLog",
         "enableEnvoyAccessLogService", "meshMTLS", "notAMeshField",
         "outboundTrafficPolicy.egressProxy")
-    # the telemetry fields are applied (the ext_authz provider is kept for AuthorizationPolicy CUSTOM)
+    # the telemetry fields are applied, and the ext_authz provider (for AuthorizationPolicy CUSTOM)
     assert m.access_log_encoding == "JSON" and m.default_providers.tracing == ["zipkin"]
     assert m.providers["authz"].provider_kind == "envoy_ext_authz_grpc"
     # applied fields stay applied next to ignored ones
@@ -46,6 +46,7 @@ def test_unsupported_fields_are_listed_and_everything_else_still_applies() -> No
     assert m.locality_lb_setting is not None and m.locality_lb_setting.enabled is True
     assert m.discovery_selectors[0].match_labels == {"team": "a"}
     assert m.trust_domains == ("td.example", "old.td")
+    assert m.extension_providers[0].envoy_ext_authz_grpc.port == 9000  # an ext_authz kind: applied
     assert parse_mesh_config("trustDomain: td.example").unsupported == ()
 
 

@@ -42,10 +42,12 @@ from .helpers import SYSTEM_NS, endpoint_slice, mesh_configmap, pod, service
     ("tcp-db", None, "TCP", Protocol.TCP),
     ("mongo", None, "TCP", Protocol.MONGO),
     ("redis-cache", None, "TCP", Protocol.REDIS),
-    ("", None, "TCP", Protocol.TCP),
-    ("web", None, "TCP", Protocol.TCP),
-    ("httpfoo", None, "TCP", Protocol.TCP),  # a prefix counts only up to a dash
-    ("foo-http", None, "TCP", Protocol.TCP),
+    # No protocol named: sniffed (istiod's Unsupported), not TCP
+    ("", None, "TCP", Protocol.UNSUPPORTED),
+    ("web", None, "TCP", Protocol.UNSUPPORTED),
+    ("httpfoo", None, "TCP", Protocol.UNSUPPORTED),  # a prefix counts only up to a dash
+    ("foo-http", None, "TCP", Protocol.UNSUPPORTED),
+    ("web", "unknown-proto", "TCP", Protocol.UNSUPPORTED),
     # appProtocol wins over the port name
     ("tcp", "http", "TCP", Protocol.HTTP),
     ("http", "grpc", "TCP", Protocol.GRPC),

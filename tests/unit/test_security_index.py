@@ -144,7 +144,7 @@ def test_problems_report_custom_actions_and_unfetched_jwks() -> None:
     idx = index_of(authz("ext", action="CUSTOM", provider={"name": "opa"}, rules=[{}]),
                    request_authn("jwt", jwtRules=[{"issuer": "https://iss", "jwksUri": "https://iss/keys"}]))
     reasons = {(p["kind"], p["name"]): p["reason"] for p in idx.problems}
-    assert "extension provider 'opa' is not defined" in reasons[("AuthorizationPolicy", "ext")]
+    assert "available providers are [] but found 'opa'" in reasons[("AuthorizationPolicy", "ext")]
     assert "jwksUri https://iss/keys are not fetched" in reasons[("RequestAuthentication", "jwt")]
     fetched = index_of(request_authn("jwt", jwtRules=[{"issuer": "https://iss", "jwksUri": "https://iss/keys"}]),
                        jwks={"https://iss/keys": '{"keys": []}'})

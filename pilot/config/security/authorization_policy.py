@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from pilot.config.base import StrictModel, StrictObject, fails_closed
+from pilot.config.base import StrictModel, StrictObject
 from pilot.config.networking.validation import _raise_if
 from pilot.config.security.common import (
     PolicyTargetReference,
@@ -234,10 +234,11 @@ class AuthorizationPolicySpec(StrictModel):
     target_refs: list[PolicyTargetReference] = Field(default_factory=list)
     rules: list[Rule | None] | None = None
     action: Action = "ALLOW"
-    # CUSTOM needs a MeshConfig extension provider, and extensionProviders is not supported: as
-    # istiod does for a provider it cannot resolve, the workload denies every request.
-    provider: Provider | None = fails_closed("no extension providers: a CUSTOM policy denies every request "
-                                             "of the workloads it selects (istiod's default-deny-all)")
+    # A MeshConfig extensionProviders name (ext_authz kinds); one that does not resolve makes the
+    # selected workloads deny every request, as istiod does.
+    provider: Provider | None = Field(
+        default=None, description="a MeshConfig extensionProviders name (envoyExtAuthzHttp or envoyExtAuthzGrpc); "
+                                  "one that does not resolve makes the selected workloads deny every request")
 
     @model_validator(mode="after")
     def _valid(self) -> AuthorizationPolicySpec:

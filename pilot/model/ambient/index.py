@@ -16,7 +16,7 @@ from pilot.config.core import Namespace, Node, Service
 from pilot.config.gateway_api import GatewayClass, KubernetesGateway
 from pilot.model.ambient import policies as pol
 from pilot.model.ambient.services import ServiceSource, kubernetes_service, service_entry_services
-from pilot.model.ambient.types import DEFAULT_CLUSTER_ID, AuthzPolicy, ServiceInfo, WorkloadInfo
+from pilot.model.ambient.types import AuthzPolicy, ServiceInfo, WorkloadInfo
 from pilot.model.ambient.waypoints import GATEWAY_KIND, WaypointIndex
 from pilot.model.ambient.workloads import (
     node_locality,
@@ -79,7 +79,7 @@ class AmbientIndex:
         root = mesh.root_namespace
         # The default trust domain is left out of each Workload, as istiod does.
         trust_domain = "" if mesh.trust_domain == "cluster.local" else mesh.trust_domain
-        cluster_id = DEFAULT_CLUSTER_ID
+        cluster_id = ctx.settings.knobs.cluster_id  # CLUSTER_ID: where every discovered workload runs
         ns_labels = {name: e.obj.metadata.labels for name, e in inputs.namespaces.items()}
         service_hosts = {(ns, name): f"{name}.{ns}.svc.{domain}" for ns, name in inputs.services}
         waypoints = WaypointIndex.build(inputs.gateways, inputs.gateway_classes, inputs.namespaces,

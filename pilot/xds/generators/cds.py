@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 from pilot.config.networking import DestinationRule
 from pilot.model.mtls import MeshTls, client_mesh_tls
+from pilot.model.protocol import Protocol
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
 from pilot.model.services import MeshService
@@ -13,7 +14,7 @@ from pilot.model.store import Entry
 from pilot.networking import clusters, inbound, names
 from pilot.networking.traffic_policy import effective_policy
 from pilot.xds.cache import CachedResource, XdsCache
-from pilot.xds.generators import eds, envoy_filter, grpc, waypoint
+from pilot.xds.generators import eds, envoy_filter, gateway, grpc, waypoint
 from pilot.xds.typeurls import CLUSTER
 
 
@@ -50,22 +51,38 @@ def resources(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
     view = ctx.view(None if proxy.type == "router" else ctx.sidecar_for(proxy.namespace, proxy.labels))
     has_identity = proxy.traits.mesh_tls
     dns_local = ctx.dns_locality_in_use()
+    sniffing_sidecar = proxy.type == "sidecar" and ctx.settings.listeners.sniff_outbound
+    unsupported = Protocol.UNSUPPORTED
+    only = gateway.cluster_hosts(ctx, proxy) if proxy.type == "router" else None
     for svc in view.services:
+        if only is not None and svc.hostname not in only:
+            continue  # PILOT_FILTER_GATEWAY_CLUSTER_CONFIG: no route of this gateway reaches it
         dr = ctx.destination_rule(svc.hostname, proxy.namespace, svc.namespace, proxy.labels)
         origins = (svc.origin,) + ((ref(dr),) if dr else ())
         subsets = [s.name for s in dr.obj.spec.subsets] if dr else []
         dns = svc.resolution in ("DNS", "DNS_ROUND_ROBIN")
         sans = ctx.service_accounts(svc) if has_identity else ()
+        # An ExternalName is outside the mesh (istiod's MeshExternal): never mesh mTLS.
+        mesh_tls_possible = has_identity and not svc.external_name
         for port in svc.ports:
+            # A sniffed port carries HTTP/1.1 and h2c alike: keep the client's version upstream.
+            # (Only then is the flag passed: other clusters keep their key, and this hot loop
+            # its speed: no star-args call.)
+            downstream = sniffing_sidecar and port.protocol is unsupported
             targets = ctx.endpoints(svc, port.port) if dns else ()
             for subset in ("", *subsets):
                 name = names.outbound_cluster_name(port.port, svc.hostname, subset)
                 if want(name):
-                    mesh_tls = _mesh_tls(ctx, svc, port.port, dr, subset, sans) if has_identity else None
+                    mesh_tls = _mesh_tls(ctx, svc, port.port, dr, subset, sans) if mesh_tls_possible else None
                     # istiod reorders a DNS cluster's own endpoints by the client's locality
                     # (failoverPriority aside: its TODO for STRICT_DNS).
                     local = eds.locality_lb(ctx, proxy, dr, subset, port.port, labels=False) \
                         if dns and dns_local else None
+                    if downstream:
+                        yield cache.resource(CLUSTER, name, clusters.outbound_cluster,
+                                             svc, port, ctx.settings.clusters, dr, subset, targets, mesh_tls,
+                                             local, True, origins=origins)
+                        continue
                     yield cache.resource(CLUSTER, name, clusters.outbound_cluster,
                                          svc, port, ctx.settings.clusters, dr, subset, targets, mesh_tls,
                                          local, origins=origins)

@@ -30,11 +30,21 @@ from pilot.xds.typeurls import ENDPOINT
 def build_cla(cluster_name: str, port: ServicePort, slices: tuple[Entry[EndpointSlice], ...],
               subset_labels: tuple[tuple[str, str], ...] = (), pods: tuple[Entry[Pod], ...] = (),
               nodes: tuple[Entry[Node], ...] = (), lb: LocalityLb | None = None,
-              workload_entries: tuple[Entry[WorkloadEntry], ...] = ()) -> endpoint_pb2.ClusterLoadAssignment:
-    eps = endpoints_for_port(slices, port, subset_labels, pods, nodes)
+              workload_entries: tuple[Entry[WorkloadEntry], ...] = (),
+              unhealthy: bool = False) -> endpoint_pb2.ClusterLoadAssignment:
+    eps = endpoints_for_port(slices, port, subset_labels, pods, nodes, unhealthy)
     if workload_entries:  # a Kubernetes Service selecting WorkloadEntries (PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES)
         eps = merge_endpoints(eps, workload_entry_endpoints(port, workload_entries, subset_labels))
     return endpoints.cluster_load_assignment(cluster_name, eps, lb)
+
+
+def build_cla_with_unhealthy(cluster_name: str, port: ServicePort, slices: tuple[Entry[EndpointSlice], ...],
+                             subset_labels: tuple[tuple[str, str], ...] = (), pods: tuple[Entry[Pod], ...] = (),
+                             nodes: tuple[Entry[Node], ...] = (), lb: LocalityLb | None = None,
+                             workload_entries: tuple[Entry[WorkloadEntry], ...] = ()
+                             ) -> endpoint_pb2.ClusterLoadAssignment:
+    """PILOT_SEND_UNHEALTHY_ENDPOINTS: not-ready endpoints too, marked UNHEALTHY."""
+    return build_cla(cluster_name, port, slices, subset_labels, pods, nodes, lb, workload_entries, unhealthy=True)
 
 
 def build_service_entry_cla(cluster_name: str, port: ServicePort, service_entry: Entry[ServiceEntry],
@@ -152,6 +162,8 @@ def _load_assignment(ctx: PushContext, proxy: Proxy, name: str, cache: XdsCache,
         return cache.resource(ENDPOINT, name, build_service_entry_cla, name, port, se, wes, labels, lb,
                               se_pods, ctx.nodes_of(se_pods), origins=origins)
     slices = ctx.service_slices(svc)
+    # PILOT_SEND_UNHEALTHY_ENDPOINTS: another builder, so another key (the builder is part of it).
+    build = build_cla_with_unhealthy if ctx.settings.knobs.send_unhealthy_endpoints else build_cla
     # Pods decide subset membership and each endpoint's tlsMode (auto mTLS); their Nodes the locality.
     pods = ctx.service_pods(svc)
     nodes = ctx.service_nodes(svc)
@@ -159,5 +171,5 @@ def _load_assignment(ctx: PushContext, proxy: Proxy, name: str, cache: XdsCache,
     origins = (svc.origin, *(f"EndpointSlice/{e.key.namespace}/{e.key.name}" for e in slices),
                *(f"Pod/{p.key.namespace}/{p.key.name}" for p in pods),
                *(f"WorkloadEntry/{w.key.namespace}/{w.key.name}" for w in wes), *dr_origin)
-    return cache.resource(ENDPOINT, name, build_cla, name, port, slices, labels, pods, nodes, lb, wes,
+    return cache.resource(ENDPOINT, name, build, name, port, slices, labels, pods, nodes, lb, wes,
                           origins=origins)

@@ -37,6 +37,21 @@ def _view(ctx: PushContext, proxy: Proxy) -> GatewayView:
     return index.view(index.select_for(proxy.labels, proxy.namespace), ctx.gateway_port_map(proxy))
 
 
+def cluster_hosts(ctx: PushContext, proxy: Proxy) -> set[str] | None:
+    """PILOT_FILTER_GATEWAY_CLUSTER_CONFIG: the hosts the router's servers route to (through the
+    VirtualServices bound to them), None for every host: the knob is off, or an AUTO_PASSTHROUGH
+    server routes mesh traffic to any service by SNI."""
+    if not ctx.settings.knobs.filter_gateway_clusters:
+        return None
+    index = ctx.gateway_index()
+    view = _view(ctx, proxy)
+    refs = [ref for pv in view.ports for ref in pv.servers]
+    if any(ref.auto_passthrough for ref in refs):
+        return None
+    vss = tuple(dict.fromkeys(b.virtual_service for ref in refs for b in index.bindings(ref, proxy.namespace)))
+    return gateway.referenced_hosts(vss, ctx.domain)
+
+
 def listeners(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
               cache: XdsCache) -> list[CachedResource]:
     index = ctx.gateway_index()

@@ -96,7 +96,7 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
     for plan in plans:
         bind = view.binds.get(plan.port) or (listeners.LOCALHOST if mode == "NONE" else None)
         vss = _tcp_virtual_services(ctx, plan, proxy.namespace)
-        limits, dr_origins = _tcp_limits(ctx, plan, proxy) if not plan.http else ((), ())
+        limits, dr_origins = _tcp_limits(ctx, plan, proxy) if plan.tcp_services else ((), ())
         client = _client(proxy, vss)
         if bind is not None:
             out.append(cache.resource(LISTENER, names.listener_name(bind, plan.port), listeners.bound_outbound_listener,

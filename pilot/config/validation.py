@@ -9,6 +9,18 @@ from pydantic import ValidationError
 from pilot.config.base import K8sObject
 from pilot.config.kinds import by_wire_kind, lookup
 
+# Kinds istiod serves that this control plane does not build: refused by name, with what
+# configuring them would otherwise have meant, rather than as an unknown kind.
+UNBUILT_KINDS = {
+    "ListenerSet": "listeners merged into a Gateway (istiod: allowed by the Gateway's spec.allowedListeners, "
+                   "itself not supported here)",
+    "XListenerSet": "listeners merged into a Gateway (istiod: allowed by the Gateway's spec.allowedListeners, "
+                    "itself not supported here)",
+    "BackendTLSPolicy": "TLS from gateways to the Services it targets (refused: their traffic is not "
+                        "encrypted by it)",
+    "InferencePool": "an inference backend pool (istiod: ENABLE_GATEWAY_API_INFERENCE_EXTENSION)",
+}
+
 
 @dataclass(frozen=True)
 class Rejection:
@@ -48,6 +60,8 @@ def parse_object(doc: object, default_namespace: str = "default") -> K8sObject:
         if wanted := by_wire_kind(kind):
             versions = ", ".join(f"{w.group + '/' if w.group else ''}{v}" for w in wanted for v in w.versions)
             reason = f"unsupported apiVersion {api_version!r} for {kind} (want {versions})"
+        elif kind in UNBUILT_KINDS:
+            reason = f"{kind} is not supported by this control plane: {UNBUILT_KINDS[kind]}"
         else:
             reason = f"unknown kind {kind!r} (apiVersion {api_version!r})"
         raise InvalidObject(kind, namespace, name, reason)

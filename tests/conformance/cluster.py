@@ -35,7 +35,7 @@ GW_LABEL = "gateway.networking.k8s.io/gateway-name"
 # Kinds the control plane reads from files; the rest (Deployments, ConfigMaps, ServiceAccounts)
 # is the cluster's business and is stood in for here.
 CONFIG_KINDS = {"Namespace", "Service", "Secret", "GatewayClass", "Gateway", "HTTPRoute", "GRPCRoute",
-                "TCPRoute", "TLSRoute", "ReferenceGrant"}
+                "TCPRoute", "TLSRoute", "ReferenceGrant", "EndpointSlice"}
 
 GATEWAY_CLASS_YAML = f"""\
 apiVersion: gateway.networking.k8s.io/v1
@@ -74,6 +74,9 @@ class Cluster:
         self.issuer = Issuer("ES256")
         self.cp = ControlPlane(workdir, secure_grpc=True, env={"JWT_RULE": self.issuer.rule()})
         self.echoes: dict[tuple[str, str], EchoServer | GrpcEchoServer | TcpEchoServer] = {}  # (namespace, deployment) -> server
+        # The mesh's echo-advanced pods also serve gRPC (`--grpc=PORT`): a gRPC echo beside their HTTP one,
+        # behind the Services' grpc ports.
+        self.grpc_echoes: dict[tuple[str, str], GrpcEchoServer] = {}
         self.pod_labels: dict[tuple[str, str], dict[str, str]] = {}
         self.objects: dict[tuple[str, str, str], dict] = {}  # everything applied, by kind/ns/name
         self.files: dict[tuple[str, str, str], list[str]] = {}
@@ -93,7 +96,7 @@ class Cluster:
     async def stop(self) -> None:
         await self.stop_router()
         await self.cp.stop()
-        for echo in self.echoes.values():
+        for echo in [*self.echoes.values(), *self.grpc_echoes.values()]:
             await echo.stop()
 
     def _suite_secrets(self) -> None:
@@ -179,6 +182,8 @@ class Cluster:
             self.echoes[(ns, name)] = await GrpcEchoServer(ns, name).start()
             return
         self.echoes[(ns, name)] = await EchoServer(ns, name, tls=tls).start()
+        if any(a.startswith("--grpc=") for c in pod["spec"]["containers"] for a in c.get("args", [])):
+            self.grpc_echoes[(ns, name)] = await GrpcEchoServer(ns, name).start()
 
     def _endpoints(self, svc: dict) -> list[dict]:
         """An EndpointSlice per echo server whose pod labels the Service selects: each listens on
@@ -190,11 +195,16 @@ class Cluster:
             if ens != ns or not _selects(selector, self.pod_labels.get((ens, dep), {})):
                 continue
             e.service = e.service or name
+            grpc_echo = self.grpc_echoes.get((ens, dep))
+            if grpc_echo is not None:
+                grpc_echo.service = grpc_echo.service or name
             out.append({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
                         "metadata": {"name": f"{name}-{dep}", "namespace": ns,
                                      "labels": {"kubernetes.io/service-name": name}},
                         "addressType": "IPv4",
-                        "ports": [{"name": p.get("name", ""), "port": _backend_port(e, p)} for p in svc["spec"]["ports"]],
+                        "ports": [{"name": p.get("name", ""),
+                                   "port": grpc_echo.port if grpc_echo is not None and p.get("appProtocol") == "grpc"
+                                   else _backend_port(e, p)} for p in svc["spec"]["ports"]],
                         "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True}}]})
         return out
 

@@ -70,6 +70,17 @@ async def run_case(cluster: Cluster, name: str, case: dict) -> tuple[str, str]:
             elif "delete" in step:
                 kind, ref = step["delete"]
                 cluster.delete([(kind, *checks.split_name(ref))])
+            elif "fillEndpointSlices" in step:
+                # upstream setupEndpointSlices: the Go test writes the pods' IPs into the manual
+                # slices; here a pod is its echo server, 127.0.0.1 on a port of its own
+                fill = step["fillEndpointSlices"]
+                echo = cluster.echoes[checks.split_name(fill["deployment"])]
+                for ref in fill["slices"]:
+                    k = ("EndpointSlice", *checks.split_name(ref))
+                    doc = copy.deepcopy(cluster.objects[k])
+                    doc["endpoints"] = [{"addresses": ["127.0.0.1"], "conditions": {"ready": True}}]
+                    doc["ports"] = [{**p, "port": echo.port} for p in doc.get("ports", [])]
+                    await cluster.apply([doc])
             elif "patch" in step:  # a change to an applied object, as the Go test's Update does
                 p = step["patch"]
                 k = (p["kind"], *checks.split_name(p["name"]))
@@ -89,7 +100,8 @@ async def run_case(cluster: Cluster, name: str, case: dict) -> tuple[str, str]:
 REQUEST_KEYS = {"host", "path", "method", "headers", "backendSetResponseHeaders", "sni"}
 RESPONSE_KEYS = {"status": "status", "backend": "backend", "namespace": "namespace", "seen": "request",
                  "responseHeaders": "headers", "absentResponseHeaders": "absentHeaders", "redirect": "redirect",
-                 "mirroredTo": "mirroredTo", "rejected": "rejected"}
+                 "mirroredTo": "mirroredTo", "rejected": "rejected", "validResponseHeaders": "validHeaders",
+                 "ignoreWhitespace": "ignoreWhitespace"}
 VIA_KEYS = {"gateway", "listener", "port", "client"}
 
 

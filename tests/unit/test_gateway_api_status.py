@@ -193,6 +193,44 @@ def test_backend_problems_as_istiod_reports_them():
     assert (dest.destination.host, dest.destination.port.number) == ("alpha.default.svc.cluster.local", 9999)
 
 
+def test_backend_kinds_as_istiod_resolves_them_with_its_default_flags():
+    """buildDestination: a ServiceImport is its same-named Service (ENABLE_MCS_HOST off); an
+    InferencePool is refused as istiod refuses it with ENABLE_GATEWAY_API_INFERENCE_EXTENSION off;
+    Hostname, a ServiceEntry and any other kind are InvalidKind; a Service named by its hostname
+    is InvalidDestination; the ReferenceGrant is checked before the kind."""
+    refs = {
+        "import": "{group: multicluster.x-k8s.io, kind: ServiceImport, name: alpha, port: 80}",
+        "import-no-port": "{group: multicluster.x-k8s.io, kind: ServiceImport, name: alpha}",
+        "pool": "{group: inference.networking.k8s.io, kind: InferencePool, name: pool}",
+        "hostname": "{group: networking.istio.io, kind: Hostname, name: alpha.example.com, port: 80}",
+        "entry": "{group: networking.istio.io, kind: ServiceEntry, name: ext, port: 80}",
+        "dotted": "{name: alpha.default, port: 80}",
+        "foreign-kind": "{group: networking.istio.io, kind: Hostname, name: h, namespace: other, port: 80}",
+    }
+    docs = [route(name, f"parentRefs: [{{name: web, namespace: infra}}]\nhostnames: [{name}.example.com]\n"
+                        f"rules: [{{backendRefs: [{ref}]}}]") for name, ref in refs.items()]
+    store = store_of(CLASS, SVC, service("web-istio", "infra", 80), gateway("""\
+        - {name: http, port: 80, protocol: HTTP, allowedRoutes: {namespaces: {from: All}}}
+        """), *docs)
+    result = translate(store, "cluster.local")
+    got = {name: conds(parent_of(result, name))["ResolvedRefs"] for name in refs}
+    assert got == {"import": ("True", "ResolvedRefs"), "import-no-port": ("False", "InvalidDestination"),
+                   "pool": ("False", "InvalidKind"), "hostname": ("False", "InvalidKind"),
+                   "entry": ("False", "InvalidKind"), "dotted": ("False", "InvalidDestination"),
+                   "foreign-kind": ("False", "RefNotPermitted")}
+    assert message(parent_of(result, "pool"), "ResolvedRefs") == (
+        "InferencePool is not enabled. To enable, set ENABLE_GATEWAY_API_INFERENCE_EXTENSION to true in istiod")
+    assert message(parent_of(result, "entry"), "ResolvedRefs") == (
+        'referencing unsupported backendRef: group "networking.istio.io" kind "ServiceEntry"')
+    assert message(parent_of(result, "foreign-kind"), "ResolvedRefs") == (
+        "backendRef h/other not accessible to a HTTPRoute in namespace 'default' (missing a ReferenceGrant?)")
+    # The ServiceImport routes to the Service; the refused ones to nothing (the router answers 500).
+    dest = {vs.obj.spec.hosts[0]: [r.destination.host for r in vs.obj.spec.http[0].route]
+            for vs in result.virtual_services}
+    assert dest["import.example.com"] == ["alpha.default.svc.cluster.local"]
+    assert "alpha.default.svc.cluster.local" not in dest["pool.example.com"]
+
+
 def test_tls_route_attaches_to_a_terminating_tls_listener():
     ca = make_ca()
     store = store_of(CLASS, SVC, service("web-istio", "infra", 443), tls_secret_yaml("cert", "infra",

@@ -232,25 +232,33 @@ def _rule_fields(rule, kind: str, namespace: str, prefix: str | None, ctx: Route
     return fields
 
 
+# istiod's `*` origin: any well-formed origin (scheme://host[:port], RFC 6454), not any string.
+_ANY_ORIGIN = r"^[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s?#]+$"
+
+
 def _origin_match(origin: str):
-    """A CORS allowOrigins entry as a string match: exact, or `*` (any origin), or a host with a
-    leading wildcard (`https://*.example.com`: any number of labels in its place, as the Gateway
-    API spec has it) as a regex."""
+    """A CORS allowOrigins entry as a string match, as istiod converts it: `*` any well-formed
+    origin, no wildcard exact, one trailing wildcard a prefix, any other wildcard (`https://*.x.com`,
+    any number of labels in its place) an anchored regex."""
     if origin == "*":
-        return string_match(regex=".*")
+        return string_match(regex=_ANY_ORIGIN)
     if "*" not in origin:
         return string_match(exact=origin)
-    return string_match(regex=".+".join(re.escape(part) for part in origin.split("*")))
+    if origin.count("*") == 1 and origin.endswith("*"):
+        return string_match(prefix=origin[:-1])
+    return string_match(regex="^" + ".*".join(re.escape(part) for part in origin.split("*")) + "$")
 
 
 def cors_policy(f) -> CorsPolicy:
     """The HTTPRoute CORS filter as a VirtualService corsPolicy (istiod's translation), applied by
-    Envoy's CORS filter on the route."""
+    Envoy's CORS filter on the route. A preflight from an origin not allowed is answered by Envoy
+    without CORS headers rather than forwarded (istiod's unmatchedPreflights IGNORE): the backend
+    never sees it."""
     return CorsPolicy.model_construct(
         allow_origin=[], allow_origins=[_origin_match(o) for o in f.allow_origins],
         allow_methods=list(f.allow_methods), allow_headers=list(f.allow_headers),
         expose_headers=list(f.expose_headers), max_age=f"{f.max_age}s" if f.max_age else None,
-        allow_credentials=True if f.allow_credentials else None, unmatched_preflights=None)
+        allow_credentials=True if f.allow_credentials else None, unmatched_preflights="IGNORE")
 
 
 def _http_uri(path):

@@ -66,7 +66,7 @@ class Backend:
     host: str
     port: int
     weight: int
-    reason: str = ""  # "" when valid, else BackendNotFound, RefNotPermitted or InvalidKind
+    reason: str = ""  # "" when valid, else BackendNotFound, RefNotPermitted, InvalidKind or InvalidDestination
     message: str = ""
 
     @property
@@ -74,24 +74,44 @@ class Backend:
         return not self.reason
 
 
+# backendRef kinds istiod knows besides Service, with istiod's defaults (features.go):
+# ServiceImport is the same-named Service (ENABLE_MCS_HOST off: a Service is already
+# cross-cluster); InferencePool needs ENABLE_GATEWAY_API_INFERENCE_EXTENSION (off), which this
+# control plane does not implement, so it is reported as istiod reports it with that flag off.
+MCS_GROUP = "multicluster.x-k8s.io"
+INFERENCE_GROUP = "inference.networking.k8s.io"
+INFERENCE_POOL_DISABLED = ("InferencePool is not enabled. To enable, set ENABLE_GATEWAY_API_INFERENCE_EXTENSION "
+                           "to true in istiod")
+
+
 def resolve_backend(ref, route_kind: str, route_namespace: str, services: Mapping[tuple[str, str], Entry[Service]],
                     grants: ReferenceGrants, domain: str) -> Backend:
-    """`ref` is a BackendRef (or a mirror's BackendObjectReference, which has no weight)."""
+    """`ref` is a BackendRef (or a mirror's BackendObjectReference, which has no weight). In
+    istiod's order (buildDestination): the ReferenceGrant first, for whatever kind is named, then
+    the kind."""
     w = getattr(ref, "weight", 1)
     port = ref.port or 0
     namespace = ref.namespace or route_namespace
-    if _group(ref.group) != "" or ref.kind != "Service":
-        return Backend(INVALID_BACKEND_HOST, port, w, "InvalidKind",
-                       f'referencing unsupported backendRef: group "{ref.group}" kind "{ref.kind}"')
-    host = f"{ref.name}.{namespace}.svc.{domain}"
-    if not grants.allowed("gateway.networking.k8s.io", route_kind, route_namespace, "", "Service", namespace,
-                          ref.name):
+    group, kind = _group(ref.group), ref.kind
+    if not grants.allowed("gateway.networking.k8s.io", route_kind, route_namespace, group, kind, namespace, ref.name):
         return Backend(INVALID_BACKEND_HOST, port, w, "RefNotPermitted",
-                       f"backendRef {ref.name} not accessible to a {route_kind} in namespace {route_namespace!r} "
-                       f"(missing a ReferenceGrant?)")
+                       f"backendRef {ref.name}/{namespace} not accessible to a {route_kind} in namespace "
+                       f"{route_namespace!r} (missing a ReferenceGrant?)")
+    if (group, kind) == (INFERENCE_GROUP, "InferencePool"):
+        return Backend(INVALID_BACKEND_HOST, port, w, "InvalidKind", INFERENCE_POOL_DISABLED)
+    if (group, kind) not in (("", "Service"), (MCS_GROUP, "ServiceImport")):
+        # Hostname and XBackend (which istiod also builds) and anything else end here
+        return Backend(INVALID_BACKEND_HOST, port, w, "InvalidKind",
+                       f'referencing unsupported backendRef: group "{ref.group or ""}" kind "{ref.kind}"')
+    if kind == "Service" and "." in ref.name:
+        return Backend(INVALID_BACKEND_HOST, port, w, "InvalidDestination",
+                       "service name invalid; the name of the Service must be used, not the hostname.")
+    host = f"{ref.name}.{namespace}.svc.{domain}"
     svc = services.get((namespace, ref.name))
     if svc is None:
         return Backend(INVALID_BACKEND_HOST, port, w, "BackendNotFound", f"backend({host}) not found")
+    if not port:  # a Service's port is required by the schema; a ServiceImport's only here (istiod)
+        return Backend(INVALID_BACKEND_HOST, port, w, "InvalidDestination", "port is required in backendRef")
     # A port the Service does not expose is not refused (istiod's ResolvedRefs stays True): the
     # route names a cluster that does not exist, which answers 500 (refused, for TCP).
     return Backend(host, port, w)

@@ -37,7 +37,7 @@ import yaml
 from pilot.config.base import UNSUPPORTED_MARK
 from pilot.config.kinds import KINDS, Kind
 
-BUILTIN_GROUPS = frozenset({"", "discovery.k8s.io"})
+BUILTIN_GROUPS = frozenset({"", "discovery.k8s.io", "networking.k8s.io"})
 ISTIO_CATEGORIES = {"networking.istio.io": ["istio-io", "networking-istio-io"],
                     "security.istio.io": ["istio-io", "security-istio-io"],
                     "telemetry.istio.io": ["istio-io", "telemetry-istio-io"]}

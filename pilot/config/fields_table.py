@@ -36,7 +36,7 @@ from pilot.config.mesh import MeshConfig
 APPLIED, UNSUPPORTED, FAILS_CLOSED = "applied", "unsupported", "fails closed"
 # Fields every Kubernetes object has; they are not configuration of the kind.
 ENVELOPE = {"api_version", "kind", "metadata"}
-KUBERNETES_GROUPS = ("", "discovery.k8s.io")
+KUBERNETES_GROUPS = ("", "discovery.k8s.io", "networking.k8s.io")
 DOC = Path(__file__).resolve().parents[2] / "docs" / "fields.md"
 
 

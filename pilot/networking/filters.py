@@ -11,7 +11,7 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import http_con
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 
 from pilot.model.mesh_settings import ListenerSettings
-from pilot.networking import telemetry
+from pilot.networking import telemetry, wasm
 from pilot.networking.protos import ads_config_source, duration, pack
 
 HCM_FILTER = "envoy.filters.network.http_connection_manager"
@@ -37,12 +37,13 @@ def router_filter() -> hcm_pb2.HttpFilter:
 
 
 def http_connection_manager(stat_prefix: str, route_config_name: str,
-                            settings: ListenerSettings) -> hcm_pb2.HttpConnectionManager:
+                            settings: ListenerSettings, port: int = 0) -> hcm_pb2.HttpConnectionManager:
+    """`port`: the listener's, for WasmPlugins matching ports."""
     hcm = hcm_pb2.HttpConnectionManager(
         stat_prefix=stat_prefix,
         codec_type=hcm_pb2.HttpConnectionManager.AUTO,
         rds=hcm_pb2.Rds(config_source=ads_config_source(), route_config_name=route_config_name),
-        http_filters=[fault_filter(), cors_filter(), router_filter()],
+        http_filters=wasm.insert([fault_filter(), cors_filter(), router_filter()], settings.wasm, port),
         access_log=access_logs(settings),
     )
     telemetry.apply_tracing(hcm, settings.telemetry)

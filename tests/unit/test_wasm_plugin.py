@@ -53,3 +53,19 @@ def test_selection_by_namespace_and_selector_and_order_by_priority_then_age():
     assert plan.server[-1].ports == frozenset({8080}) and plan.client[0].ports == frozenset()
     assert [f.name for f in plan_for(index, "istio-system", "default", {"app": "y"}).client] == [
         "default.b", "istio-system.a"]
+
+
+def test_phases_take_istiods_slots_around_authentication_and_authorization():
+    from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+
+    from pilot.networking.wasm import insert
+
+    phases = {"AUTHN": "authn", "AUTHZ": "authz", "STATS": "stats", "UNSPECIFIED_PHASE": "late"}
+    index = {"default": tuple(entry({"url": "file:///m.wasm", "phase": phase}, name, "default", "", i)
+                              for i, (phase, name) in enumerate(phases.items()))}
+    plan = plan_for(index, "istio-system", "default", {})
+    chain = [hcm_pb2.HttpFilter(name=n) for n in ("envoy.filters.http.jwt_authn", "envoy.filters.http.rbac",
+                                                  "envoy.filters.http.router")]
+    assert [f.name for f in insert(chain, plan.server, 8080)] == [
+        "default.authn", "envoy.filters.http.jwt_authn", "default.authz", "envoy.filters.http.rbac",
+        "default.stats", "default.late", "envoy.filters.http.router"]

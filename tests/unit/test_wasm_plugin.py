@@ -56,7 +56,9 @@ def test_selection_by_namespace_and_selector_and_order_by_priority_then_age():
 
 
 def test_phases_take_istiods_slots_around_authentication_and_authorization():
-    from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+    from envoy.extensions.filters.network.http_connection_manager.v3 import (
+        http_connection_manager_pb2 as hcm_pb2,
+    )
 
     from pilot.networking.wasm import insert
 

@@ -366,6 +366,21 @@ spec:
   - applyTo: CLUSTER
     match: {context: SIDECAR_OUTBOUND, cluster: {service: cart.apps.svc.cluster.local, portNumber: 8080}}
     patch: {operation: MERGE, value: {connect_timeout: 3s}}
+---
+apiVersion: extensions.istio.io/v1alpha1
+kind: WasmPlugin
+metadata: {name: header, namespace: apps}
+spec:
+  selector: {matchLabels: {app: cart}}
+  url: file:///var/lib/wasm/header.wasm
+  pluginName: header
+  phase: AUTHZ
+  priority: 10
+  failStrategy: FAIL_OPEN
+  pluginConfig: {header: x-cart, nested: {list: [1, 2]}}
+  vmConfig: {env: [{name: POD_NAME, valueFrom: HOST}, {name: MODE, value: strict}]}
+  match: [{mode: SERVER, ports: [{number: 8080}]}]
+  type: HTTP
 """))
 
 

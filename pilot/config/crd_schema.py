@@ -40,7 +40,8 @@ from pilot.config.kinds import KINDS, Kind
 BUILTIN_GROUPS = frozenset({"", "discovery.k8s.io", "networking.k8s.io"})
 ISTIO_CATEGORIES = {"networking.istio.io": ["istio-io", "networking-istio-io"],
                     "security.istio.io": ["istio-io", "security-istio-io"],
-                    "telemetry.istio.io": ["istio-io", "telemetry-istio-io"]}
+                    "telemetry.istio.io": ["istio-io", "telemetry-istio-io"],
+                    "extensions.istio.io": ["istio-io", "extensions-istio-io"]}
 AGE = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
 
 
@@ -89,6 +90,7 @@ UPSTREAM: dict[str, Upstream] = {
         _column("Action", ".spec.action", "The operation to take."), AGE)),
     "requestauthentications.security.istio.io": Upstream(("ra",)),
     "telemetries.telemetry.istio.io": Upstream(("telemetry",)),
+    "wasmplugins.extensions.istio.io": Upstream(),
     "gatewayclasses.gateway.networking.k8s.io": Upstream(("gc",), (
         _column("Controller", ".spec.controllerName"),
         _column("Accepted", '.status.conditions[?(@.type=="Accepted")].status'), AGE,

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from pilot.config.base import K8sObject
 from pilot.config.core import ConfigMap, EndpointSlice, Namespace, Node, Pod, Secret, Service
+from pilot.config.extensions import VERSIONS as EXTENSIONS_VERSIONS
+from pilot.config.extensions import WasmPlugin
 from pilot.config.gateway_api import (
     GatewayClass,
     GRPCRoute,
@@ -100,6 +102,8 @@ KINDS: tuple[Kind, ...] = (
          RequestAuthentication),
     # telemetry.istio.io: v1 is read and written; v1alpha1 serves the same schema.
     Kind("telemetry.istio.io", TELEMETRY_VERSIONS, "Telemetry", "telemetries", True, Telemetry),
+    # extensions.istio.io: v1alpha1 is the only version istio serves.
+    Kind("extensions.istio.io", EXTENSIONS_VERSIONS, "WasmPlugin", "wasmplugins", True, WasmPlugin),
     # gateway.networking.k8s.io: every version Gateway API v1.5 and v1.6 serve (standard and
     # experimental channels; the schemas agree for what is modelled), plus GRPCRoute v1alpha2 that
     # older releases served. The first one listed is watched and written. The Gateway is filed as

@@ -26,6 +26,7 @@ A facet is a small tuple naming one thing a lookup depended on, present or absen
 - ("gateways",) the Gateways and the VirtualServices bound to them, as a router sees them;
 - ("grants",) the Secrets other namespaces' ReferenceGrants let a gateway present;
 - ("telemetry", NS) the Telemetries of a namespace (the root namespace's reach every proxy);
+- ("wasm", NS) the WasmPlugins of a namespace (the root namespace's reach every proxy);
 - ("kind", K) every object of kind K (indexes read whole, such as ztunnel's).
 
 Besides facets, a result may have evaluated a Sidecar's egress hosts over every service (a
@@ -115,6 +116,10 @@ def telemetry(namespace: str) -> tuple:
     return ("telemetry", namespace)
 
 
+def wasm(namespace: str) -> tuple:
+    return ("wasm", namespace)
+
+
 def kind(k: str) -> tuple:
     return ("kind", k)
 
@@ -202,6 +207,7 @@ def describe(f: tuple) -> str:
         "gateways": "Gateways and the VirtualServices bound to them",
         "grants": "ReferenceGrants for gateway credentials",
         "telemetry": "Telemetries in namespace {}",
+        "wasm": "WasmPlugins in namespace {}",
         "kind": "every {}",
         "ambient": "every object ztunnel's workload index reads (Pods, Namespaces, Nodes, Services, ...)",
     }
@@ -265,6 +271,8 @@ def change_of(keys: Iterable[ConfigKey], old, new, *, mesh_changed: bool, servic
             facets.add(JWKS)
         elif k.kind == "Telemetry":
             facets.add(telemetry(k.namespace))
+        elif k.kind == "WasmPlugin":
+            facets.add(wasm(k.namespace))
         if k.kind in ambient_kinds:
             facets.add(AMBIENT)
     services: list[tuple[str, str]] = []

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pilot.config.mesh import HttpRetryPolicy, MeshConfig
 from pilot.model.locality import ENABLED, LocalitySetting, mesh_setting
 from pilot.model.telemetry import NO_TELEMETRY, ModeTelemetry, legacy_access_logs
+from pilot.model.wasm import WasmFilter
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +60,8 @@ class ListenerSettings:
     # the listener filter timeout of listeners that sniff.
     detection_timeout_s: float = 0.0
     inbound_detection_timeout_s: float = 0.0
+    # The WasmPlugins of the proxy for this listener class (pilot/model/wasm.py), put in by the generators.
+    wasm: tuple[WasmFilter, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

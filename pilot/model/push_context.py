@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from pilot.config.core import EndpointSlice, Node, Pod, Secret, Service
+from pilot.config.extensions import WasmPlugin
 from pilot.config.gateway_api import KubernetesGateway
 from pilot.config.mesh import MeshConfig
 from pilot.config.networking import (
@@ -53,6 +54,8 @@ from pilot.model.sidecar_scope import ServiceView, scoped_view, select_sidecar
 from pilot.model.store import Entry, ObjT, Store
 from pilot.model.telemetry import ProxyInfo, TelemetryIndex, TelemetryPlan, plan_for
 from pilot.model.traffic import TrafficIndex, effective_policy
+from pilot.model.wasm import NO_WASM, WasmPlan
+from pilot.model.wasm import plan_for as wasm_plan_for
 
 # Store kinds an endpoint-only refresh (`with_endpoints`) covers: a change of only these keeps
 # every other index (services, traffic rules, gateways, policies) and rebuilds these.
@@ -63,7 +66,7 @@ CONTEXT_KINDS = ENDPOINT_KINDS | AMBIENT_INPUT_KINDS | frozenset({
     "Service", "ServiceEntry", "VirtualService", "DestinationRule", "Sidecar", "Gateway", "Secret", "EnvoyFilter",
     "PeerAuthentication", "AuthorizationPolicy", "RequestAuthentication", "Namespace",
     "GatewayClass", "KubernetesGateway", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute", "ReferenceGrant",
-    "Telemetry"})
+    "Telemetry", "WasmPlugin"})
 
 
 class _Recording:
@@ -108,6 +111,7 @@ class PushContext:
     security: SecurityIndex = field(default_factory=SecurityIndex)  # PeerAuthn, AuthorizationPolicy, RequestAuthn
     ambient: AmbientInputs = field(default_factory=AmbientInputs)  # what only ztunnel's config reads
     telemetry: TelemetryIndex = field(default_factory=TelemetryIndex)  # Telemetry API, by namespace
+    wasm_plugins: Mapping[str, tuple[Entry[WasmPlugin], ...]] = field(default_factory=dict)  # by namespace, oldest first
     # Gateway API objects: the Istio config they become (also in `gateways`) and their status.
     gateway_api: GatewayApiResult = NO_GATEWAY_API
     # Ingress paths not served, and why (a backend port name no Service has).
@@ -176,6 +180,7 @@ class PushContext:
                                          resolve_providers(mesh.extension_providers, by_host, domain)),
             ambient=AmbientInputs.build(store),
             telemetry=TelemetryIndex.build(store, mesh),
+            wasm_plugins=_by_namespace(store.list(WasmPlugin), oldest_first=True),
             k8s_select_workload_entries=k8s_select_workload_entries,
             envoy_filters=MappingProxyType(ef.index(store.list(EnvoyFilter), disabled_envoy_filters)),
         )
@@ -559,6 +564,17 @@ class PushContext:
             return plan_for(self.telemetry, self.mesh, info, self._provider_cluster, [], self.settings.listeners.telemetry)
 
         return self._memoized(key, plan)
+
+    def wasm_plan(self, proxy: Proxy) -> WasmPlan:
+        """The WasmPlugins selecting the proxy, per listener class (pilot/model/wasm.py); shared
+        by proxies of one namespace with the same labels."""
+        root = self.mesh.root_namespace
+        self._note(dep.wasm(root), dep.wasm(proxy.namespace))
+        if not (self.wasm_plugins.get(root) or self.wasm_plugins.get(proxy.namespace)):
+            return NO_WASM
+        labels = proxy.labels
+        key = ("wasm", proxy.namespace, frozenset(labels.items()))
+        return self._memoized(key, lambda: wasm_plan_for(self.wasm_plugins, root, proxy.namespace, labels))
 
     def _provider_cluster(self, service: str, port: int) -> tuple[str, str] | None:
         """istiod's LookupCluster: `host` or `namespace/host` -> (hostname, outbound cluster)."""

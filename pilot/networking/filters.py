@@ -7,15 +7,17 @@ from envoy.config.listener.v3 import listener_components_pb2
 from envoy.extensions.filters.http.cors.v3 import cors_pb2
 from envoy.extensions.filters.http.fault.v3 import fault_pb2
 from envoy.extensions.filters.http.router.v3 import router_pb2
+from envoy.extensions.filters.http.stateful_session.v3 import stateful_session_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2
 
 from pilot.model.mesh_settings import ListenerSettings
-from pilot.networking import telemetry
+from pilot.networking import telemetry, wasm
 from pilot.networking.protos import ads_config_source, duration, pack
 
 HCM_FILTER = "envoy.filters.network.http_connection_manager"
 TCP_PROXY_FILTER = "envoy.filters.network.tcp_proxy"
+STATEFUL_SESSION_FILTER = "envoy.filters.http.stateful_session"
 
 
 def access_logs(settings: ListenerSettings) -> list[accesslog_pb2.AccessLog]:
@@ -32,17 +34,25 @@ def cors_filter() -> hcm_pb2.HttpFilter:
     return hcm_pb2.HttpFilter(name="envoy.filters.http.cors", typed_config=pack(cors_pb2.Cors()))
 
 
+def stateful_session_filter() -> hcm_pb2.HttpFilter:
+    """istiod's EmptySessionFilter: with no session state it does nothing, until a route's
+    typed_per_filter_config (an HTTPRoute rule's sessionPersistence) gives it one."""
+    return hcm_pb2.HttpFilter(name=STATEFUL_SESSION_FILTER, typed_config=pack(stateful_session_pb2.StatefulSession()))
+
+
 def router_filter() -> hcm_pb2.HttpFilter:
     return hcm_pb2.HttpFilter(name="envoy.filters.http.router", typed_config=pack(router_pb2.Router()))
 
 
 def http_connection_manager(stat_prefix: str, route_config_name: str,
-                            settings: ListenerSettings) -> hcm_pb2.HttpConnectionManager:
+                            settings: ListenerSettings, port: int = 0) -> hcm_pb2.HttpConnectionManager:
+    """`port`: the listener's, for WasmPlugins matching ports."""
     hcm = hcm_pb2.HttpConnectionManager(
         stat_prefix=stat_prefix,
         codec_type=hcm_pb2.HttpConnectionManager.AUTO,
         rds=hcm_pb2.Rds(config_source=ads_config_source(), route_config_name=route_config_name),
-        http_filters=[fault_filter(), cors_filter(), router_filter()],
+        http_filters=wasm.insert([fault_filter(), cors_filter(), stateful_session_filter(), router_filter()],
+                                 settings.wasm, port),
         access_log=access_logs(settings),
     )
     telemetry.apply_tracing(hcm, settings.telemetry)

@@ -343,7 +343,7 @@ def gateway_listener(plan: ListenerPlan, settings: ListenerSettings) -> listener
             chain.transport_socket.CopyFrom(base_pb2.TransportSocket(
                 name=TLS_TRANSPORT_SOCKET, typed_config=pack(downstream_tls_context(c.tls))))
         if c.route_name:
-            hcm = http_connection_manager(f"outbound_{plan.bind}_{plan.port}", c.route_name, settings)
+            hcm = http_connection_manager(f"outbound_{plan.bind}_{plan.port}", c.route_name, settings, plan.port)
             hcm.use_remote_address.CopyFrom(wrappers_pb2.BoolValue(value=True))  # the edge: trust no XFF
             chain.filters.append(hcm_network_filter(hcm))
         else:

@@ -16,12 +16,16 @@ import base64
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from envoy.config.core.v3 import base_pb2
+from envoy.config.core.v3 import base_pb2, extension_pb2
 from envoy.config.route.v3 import route_components_pb2 as rc
 from envoy.extensions.filters.common.fault.v3 import fault_pb2 as common_fault_pb2
 from envoy.extensions.filters.http.cors.v3 import cors_pb2
 from envoy.extensions.filters.http.fault.v3 import fault_pb2
+from envoy.extensions.filters.http.stateful_session.v3 import stateful_session_pb2
+from envoy.extensions.http.stateful_session.cookie.v3 import cookie_pb2 as session_cookie_pb2
+from envoy.extensions.http.stateful_session.header.v3 import header_pb2 as session_header_pb2
 from envoy.extensions.retry.priority.previous_priorities.v3 import previous_priorities_config_pb2
+from envoy.type.http.v3 import cookie_pb2
 from envoy.type.matcher.v3 import regex_pb2, string_pb2
 from envoy.type.v3 import percent_pb2
 from google.protobuf import wrappers_pb2
@@ -32,6 +36,7 @@ from pilot.model.gateway_api.internal import GatewayApiRule
 from pilot.model.services import MeshService
 from pilot.model.traffic import MESH_GATEWAY, resolve_host
 from pilot.networking import metadata, names
+from pilot.networking.filters import STATEFUL_SESSION_FILTER
 from pilot.networking.protos import duration, pack
 from pilot.networking.retries import retry_policy
 
@@ -328,6 +333,27 @@ def _action(rule, inputs: RouteInputs, route: rc.Route, match) -> None:
             mp.runtime_fraction.default_value.CopyFrom(fraction)
 
 
+def stateful_session(session) -> stateful_session_pb2.StatefulSessionPerRoute:
+    """An HTTPRoute rule's sessionPersistence as the per-route stateful session: the first
+    response sets the cookie (or header) naming the backend host it came from, and later requests
+    carrying it go to that host while it is healthy (not strict: a gone host falls back to load
+    balancing). A Session cookie has no TTL (Envoy then omits Max-Age); a Permanent one lives for
+    absoluteTimeout, which Envoy also writes into the cookie and enforces."""
+    if session.type == "Header":
+        state = extension_pb2.TypedExtensionConfig(
+            name="envoy.http.stateful_session.header",
+            typed_config=pack(session_header_pb2.HeaderBasedSessionState(name=session.session_name)))
+    else:
+        cookie = cookie_pb2.Cookie(name=session.session_name, path="/")
+        if session.absolute_timeout:
+            cookie.ttl.CopyFrom(duration(parse_duration(session.absolute_timeout)))
+        state = extension_pb2.TypedExtensionConfig(
+            name="envoy.http.stateful_session.cookie",
+            typed_config=pack(session_cookie_pb2.CookieBasedSessionState(cookie=cookie)))
+    return stateful_session_pb2.StatefulSessionPerRoute(
+        stateful_session=stateful_session_pb2.StatefulSession(session_state=state))
+
+
 def _mirror_fraction(percentage, percent: int | None) -> percent_pb2.FractionalPercent | None:
     """istiod's MirrorPercent: mirrorPercentage, else the deprecated integer mirrorPercent, else
     every request; an explicit 0 means no mirror at all."""
@@ -359,6 +385,8 @@ def http_rule_routes(rule, index: int, inputs: RouteInputs) -> list[rc.Route]:
             route.typed_per_filter_config[FAULT_FILTER].CopyFrom(pack(_fault(rule.fault)))
         if rule.cors_policy is not None:
             route.typed_per_filter_config[CORS_FILTER].CopyFrom(pack(_cors(rule.cors_policy)))
+        if isinstance(rule, GatewayApiRule) and rule.session is not None:
+            route.typed_per_filter_config[STATEFUL_SESSION_FILTER].CopyFrom(pack(stateful_session(rule.session)))
         # istiod's BuildConfigInfoMetadata: which object this route came from (istioctl's VIRTUAL
         # SERVICE column). A rule translated from Gateway API names its HTTPRoute/GRPCRoute.
         origin = rule.origin if isinstance(rule, GatewayApiRule) else ""

@@ -26,7 +26,7 @@ from pilot.model.inbound import InboundPort
 from pilot.model.mesh_settings import ClusterSettings, ListenerSettings
 from pilot.model.security_policies import NO_POLICIES, WorkloadPolicies
 from pilot.model.services import EndpointAddress, Locality
-from pilot.networking import metadata, sniffing, telemetry, tls
+from pilot.networking import metadata, sniffing, telemetry, tls, wasm
 from pilot.networking.clusters import use_downstream_protocol
 from pilot.networking.endpoints import cluster_load_assignment
 from pilot.networking.filters import access_logs, hcm_network_filter, router_filter, tcp_proxy_filter
@@ -111,7 +111,8 @@ def _http_chain_filter(port: InboundPort, secure: bool, settings: ListenerSettin
     r.route.max_stream_duration.grpc_timeout_header_max.CopyFrom(duration(0))
     F = hcm_pb2.HttpConnectionManager
     hcm = F(stat_prefix=f"inbound_0.0.0.0_{port.port}", codec_type=F.AUTO, route_config=route,
-            http_filters=[*http_filters, router_filter()], access_log=access_logs(settings))
+            http_filters=wasm.insert([*http_filters, router_filter()], settings.wasm, port.port),
+            access_log=access_logs(settings))
     telemetry.apply_tracing(hcm, settings.telemetry)
     if settings.http10:
         hcm.http_protocol_options.accept_http_10 = True  # PILOT_HTTP10, as istiod's inbound

@@ -51,7 +51,7 @@ def _tcp_chains(svc: MeshService, port: int, vs: Entry[VirtualService] | None, d
 
 
 def _hcm_chain(stat_prefix: str, port: int, settings: ListenerSettings) -> listener_components_pb2.FilterChain:
-    hcm = http_connection_manager(stat_prefix, names.route_config_name(port), settings)
+    hcm = http_connection_manager(stat_prefix, names.route_config_name(port), settings, port)
     if settings.http10:
         hcm.http_protocol_options.accept_http_10 = True  # PILOT_HTTP10, as istiod sets it
     return listener_components_pb2.FilterChain(filters=[hcm_network_filter(hcm)])

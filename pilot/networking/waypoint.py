@@ -45,7 +45,7 @@ from pilot.model.security_policies import WorkloadPolicies
 from pilot.model.services import MeshService, ServicePort
 from pilot.model.store import Entry
 from pilot.networking import tls
-from pilot.networking.filters import cors_filter, fault_filter, router_filter
+from pilot.networking.filters import cors_filter, fault_filter, router_filter, stateful_session_filter
 from pilot.networking.http_routes import RouteInputs, virtual_service_routes
 from pilot.networking.metadata import config_path, set_cluster_metadata
 from pilot.networking.policy_filters import TrustDomains, inbound_http_filters, inbound_network_filters
@@ -190,7 +190,7 @@ def _http_chain(cluster: str, port: int, policies: WorkloadPolicies, trust_domai
                                                             routes=routes)]),
         use_remote_address=wrappers_pb2.BoolValue(value=False),
         http_filters=[*tunnel_rbac(inbound_http_filters(policies, trust_domain)),
-                      fault_filter(), cors_filter(), router_filter()])
+                      fault_filter(), cors_filter(), stateful_session_filter(), router_filter()])
     return listener_components_pb2.Filter(name="envoy.filters.network.http_connection_manager",
                                           typed_config=pack(manager))
 

@@ -35,7 +35,8 @@ from pilot.config.validation import InvalidObject, parse_object
 # The API groups whose kinds this webhook validates, as istiod's configuration names Istio's
 # groups. Gateway API kinds are shared with other controllers and validated by their CRDs'
 # schemas; refusing a field we do not support would break another implementation's Gateway.
-VALIDATED_GROUPS: tuple[str, ...] = ("networking.istio.io", "security.istio.io", "telemetry.istio.io")
+VALIDATED_GROUPS: tuple[str, ...] = ("networking.istio.io", "security.istio.io", "telemetry.istio.io",
+                                      "extensions.istio.io")
 ALWAYS_REJECT = "internal.istio.io/webhook-always-reject"
 REVIEW_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 TOP_LEVEL_FIELDS = frozenset({"apiVersion", "kind", "metadata", "spec", "status"})

@@ -104,7 +104,10 @@ class GenerationMemo:
         traffic = ctx.traffic
         # What its Telemetries make it log and trace (workload-level ones select by labels).
         telemetry = ctx.telemetry_plan(proxy) if not proxy.is_grpc else None
-        key = (proxy.traits, scope, traffic.source_signature(labels), traffic.rule_signature(labels), own, telemetry)
+        # And the WasmPlugins that select it (also by labels).
+        wasm = ctx.wasm_plan(proxy) if not proxy.is_grpc else None
+        key = (proxy.traits, scope, traffic.source_signature(labels), traffic.rule_signature(labels), own, telemetry,
+               wasm)
         self._proxy_keys[id(proxy)] = (proxy, proxy.metadata, key)
         return key
 

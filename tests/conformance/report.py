@@ -104,8 +104,10 @@ def build(results: list[Result], *, profiles: list[str], supported: set[str], ga
     out = {
         "apiVersion": "gateway.networking.k8s.io/v1",
         "kind": "ConformanceReport",
+        # This project has no public address of its own: the report points at its README rather
+        # than at istio's repository, which is not this implementation.
         "implementation": {"organization": "istio-python", "project": "pilot-discovery",
-                           "url": "https://github.com/istio/istio", "version": implementation_version,
+                           "url": "README.md", "version": implementation_version,
                            "contact": ["the pilot-discovery maintainers"]},
         "date": date or datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "gatewayAPIVersion": gateway_api_version,

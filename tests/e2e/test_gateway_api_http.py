@@ -482,3 +482,38 @@ async def test_retry_repeats_the_listed_status_codes(env: GatewayApiEnv):
     assert (await request(port, "app.example.com", "/other")).status == 503  # 503 is not in its codes
     parent = parent_status(await env.status("HTTPRoute", "retry"))
     assert conditions(parent) == {"Accepted": OK, "ResolvedRefs": ("True", "ResolvedRefs")}
+
+
+async def test_session_persistence_sticks_to_the_backend_of_the_first_response(env: GatewayApiEnv):
+    """HTTPRoute sessionPersistence (Cookie): the first response sets the session cookie naming
+    the host that answered, and every request carrying it reaches that same host of the two
+    behind the Service; without the cookie both hosts answer (round robin)."""
+    (port,) = free_ports(1)
+    await _gateway(env, port)
+    alpha, beta = env.backends["alpha"], env.backends["beta"]
+    env.cp.write("svc-pair.yaml", service_yaml("pair", SERVICE_PORT) + "---\n"
+                 + endpoint_slice_yaml("pair", alpha.port, name="pair-a") + "---\n"
+                 + endpoint_slice_yaml("pair", beta.port, name="pair-b"))
+    env.cp.write("route.yaml", route_yaml("HTTPRoute", "sticky", f"""\
+        parentRefs: [{{name: {GW_NAME}, namespace: {GW_NS}}}]
+        hostnames: [app.example.com]
+        rules:
+        - sessionPersistence: {{sessionName: my-session}}
+          backendRefs: [{{name: pair, port: {SERVICE_PORT}}}]
+        """))
+    await env.start()
+
+    async def both_serve():
+        seen = {(await request(port, "app.example.com", "/")).backend for _ in range(6)}
+        return seen == {"alpha", "beta"} or None
+    await env.until(both_serve, "both endpoints of the Service answer")
+    first = await request(port, "app.example.com", "/")
+    assert first.backend in ("alpha", "beta"), first
+    cookie = first.headers["set-cookie"]
+    assert cookie.startswith("my-session=") and "Max-Age" not in cookie, cookie  # a Session cookie
+    value = cookie.split(";")[0]
+    answered = {(await request(port, "app.example.com", "/", headers={"Cookie": value})).backend
+                for _ in range(8)}
+    assert answered == {first.backend}
+    parent = parent_status(await env.status("HTTPRoute", "sticky"))
+    assert conditions(parent) == {"Accepted": OK, "ResolvedRefs": ("True", "ResolvedRefs")}

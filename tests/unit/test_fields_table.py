@@ -40,7 +40,8 @@ def test_statuses_follow_the_marks_on_the_models() -> None:
     assert route["spec.rules[].filters[].extensionRef.name"].status == ft.FAILS_CLOSED
     assert route["spec.rules[].filters[].cors.allowOrigins"].status == ft.APPLIED
     assert route["spec.rules[].retry.codes"].status == ft.APPLIED
-    assert route["spec.rules[].sessionPersistence"].status == ft.UNSUPPORTED
+    assert route["spec.rules[].sessionPersistence.type"].status == ft.APPLIED
+    assert route["spec.rules[].sessionPersistence.idleTimeout"].status == ft.UNSUPPORTED
     mesh = rows_of("MeshConfig")
     assert mesh["meshMTLS"].status == ft.UNSUPPORTED
     assert mesh["extensionProviders[].zipkin"].status == ft.APPLIED

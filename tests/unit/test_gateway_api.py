@@ -113,8 +113,20 @@ def listeners(result, name: str = "web") -> dict:
              extra="  allowedListeners: {namespaces: {from: All}}\n"),
      "spec.allowedListeners: allowedListeners is not supported"),
     (route("r", "rules: [{retry: {codes: [200]}}]"), "spec.rules[0].retry.codes[0]: Input should be greater than or equal to 400"),
-    (route("r", "rules: [{sessionPersistence: {type: Cookie}}]"),
-     "spec.rules[0].sessionPersistence: sessionPersistence is not supported"),
+    # sessionPersistence: what Envoy's stateful session cannot enforce is refused by name
+    (route("r", "rules: [{sessionPersistence: {idleTimeout: 10m}}]"),
+     "spec.rules[0].sessionPersistence.idleTimeout: idleTimeout is not supported"),
+    (route("r", "rules: [{sessionPersistence: {absoluteTimeout: 1h}}]"),
+     "absoluteTimeout is not supported with a Session cookie"),
+    (route("r", "rules: [{sessionPersistence: {type: Header, absoluteTimeout: 1h}}]"),
+     "absoluteTimeout is not supported with type Header"),
+    (route("r", "rules: [{sessionPersistence: {cookieConfig: {lifetimeType: Permanent}}}]"),
+     "AbsoluteTimeout must be specified when cookie lifetimeType is Permanent"),
+    (route("r", "rules: [{sessionPersistence: {type: Header, cookieConfig: {lifetimeType: Session}}}]"),
+     "cookieConfig can only be set with type Cookie"),
+    (route("r", "rules: [{sessionPersistence: {sessionName: 'a b'}}]"),
+     "sessionName must be a valid cookie or header name"),
+    (route("r", "rules: [{sessionPersistence: {type: Query}}]"), "spec.rules[0].sessionPersistence.type"),
     (route("r", "useDefaultGateways: All"), "spec.useDefaultGateways: useDefaultGateways is not supported"),
     (route("r", "rules: [{filters: [{type: ExternalAuth, externalAuth: {protocol: HTTP}}]}]"),
      "spec.rules[0].filters[0].externalAuth: externalAuth is not supported"),
@@ -429,6 +441,66 @@ def test_generated_gateway_api_config_passes_envoy_validate(tmp_path):
     assert names == {"0.0.0.0_8080", "0.0.0.0_8443", "0.0.0.0_9443", "0.0.0.0_9000"}
     ok, output = envoy_validate(config, tmp_path)
     assert ok, f"envoy rejected the generated Gateway API config:\n{output}"
+
+
+def test_session_persistence_becomes_the_routes_stateful_session(tmp_path):
+    """Each rule's sessionPersistence is its routes' stateful-session override (cookie: name, path
+    `/`, a TTL only for a Permanent cookie; header: its name); the router's HTTP filter chain holds
+    the filter, empty (off) for every other route; Envoy accepts it all."""
+    from pilot.config.mesh import MeshConfig
+    from pilot.model.mesh import MeshHolder
+    from pilot.model.proxy import Proxy, parse_node_id
+    from pilot.model.push_context import PushContext
+    from tests.support.envoy import envoy_validate
+    from tests.support.static_config import static_bootstrap
+
+    store = store_of(CLASS, SVC, gateway("- {name: http, port: 8080, protocol: HTTP, "
+                                         "allowedRoutes: {namespaces: {from: All}}}\n"), route("web", """\
+        parentRefs: [{name: web, namespace: infra}]
+        hostnames: [a.example.com]
+        rules:
+        - matches: [{path: {value: /named}}]
+          sessionPersistence: {sessionName: sid}
+          backendRefs: [{name: alpha, port: 80}]
+        - matches: [{path: {value: /permanent}}]
+          sessionPersistence: {absoluteTimeout: 1h, cookieConfig: {lifetimeType: Permanent}}
+          backendRefs: [{name: alpha, port: 80}]
+        - matches: [{path: {value: /header}}]
+          sessionPersistence: {type: Header, sessionName: x-session}
+          backendRefs: [{name: alpha, port: 80}]
+        - matches: [{path: {value: /plain}}]
+          backendRefs: [{name: alpha, port: 80}]
+        """))
+    mesh = MeshHolder(MeshConfig(), "istio-system")
+    mesh.refresh(store)
+    ctx = PushContext.build(store, mesh.current, mesh.version, "cluster.local", "v1")
+    node = "router~127.0.0.1~web-1.infra~infra.svc.cluster.local"
+    t, ips, pod, ns, domain = parse_node_id(node)
+    router = Proxy(node, t, ips, pod, ns, domain, "web.infra",
+                   {"NAMESPACE": "infra", "LABELS": {"gateway.networking.k8s.io/gateway-name": "web"}})
+    config = static_bootstrap(ctx, router)
+    (hcm,) = [f["typed_config"] for ld in config["static_resources"]["listeners"]
+              for fc in ld["filter_chains"] for f in fc["filters"]]
+    session_filter = next(f for f in hcm["http_filters"] if f["name"] == "envoy.filters.http.stateful_session")
+    assert "session_state" not in session_filter["typed_config"]  # off unless a route turns it on
+    assert hcm["http_filters"][-1]["name"] == "envoy.filters.http.router"
+    (vhost,) = hcm["route_config"]["virtual_hosts"]
+
+    def state(path: str):
+        r = next(r for r in vhost["routes"] if path in str(r["match"]))
+        per_route = r.get("typed_per_filter_config", {}).get("envoy.filters.http.stateful_session")
+        return per_route and per_route["stateful_session"]["session_state"]
+
+    named, permanent, header = state("/named"), state("/permanent"), state("/header")
+    assert named["name"] == "envoy.http.stateful_session.cookie"
+    assert named["typed_config"]["cookie"] == {"name": "sid", "path": "/"}  # a Session cookie: no TTL
+    assert permanent["typed_config"]["cookie"]["ttl"] == "3600s"
+    assert permanent["typed_config"]["cookie"]["name"].startswith("gw-session-")  # one of the rule's own
+    assert header["name"] == "envoy.http.stateful_session.header"
+    assert header["typed_config"]["name"] == "x-session"
+    assert state("/plain") is None
+    ok, output = envoy_validate(config, tmp_path)
+    assert ok, f"envoy rejected the stateful session config:\n{output}"
 
 
 def test_the_memo_reuses_only_what_no_input_of_it_changed():

@@ -40,6 +40,7 @@ from pilot.config.gateway_api.routes import (
     HTTPRouteRule,
     L4RouteRule,
     ReferenceGrant,
+    SessionPersistence,
     TCPRoute,
     TLSRoute,
 )
@@ -77,6 +78,7 @@ __all__ = [
     "RequestMirror",
     "RouteGroupKind",
     "SecretObjectReference",
+    "SessionPersistence",
     "TCPRoute",
     "TLSRoute",
     "first_per_name",

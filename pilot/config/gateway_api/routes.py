@@ -192,6 +192,45 @@ def _filters_ok(filters: list[HTTPRouteFilter], matches: list[HTTPRouteMatch]) -
     return errs
 
 
+class CookieConfig(StrictModel):
+    lifetime_type: Literal["Permanent", "Session"] = "Session"
+
+
+class SessionPersistence(StrictModel):
+    """Built as Envoy's stateful session filter (the cookie or header names the backend host a
+    first response chose). Envoy's session state has no idle timer, and a header carries no
+    expiry: those two are refused rather than accepted and not enforced."""
+
+    session_name: str | None = Field(default=None, max_length=128)
+    absolute_timeout: GatewayDuration | None = None
+    idle_timeout: Unsupported = None
+    type: Literal["Cookie", "Header"] = "Cookie"
+    cookie_config: CookieConfig | None = None
+
+    @model_validator(mode="after")
+    def _cel(self) -> SessionPersistence:
+        errs = []
+        if self.cookie_config is not None and self.cookie_config.lifetime_type == "Permanent" \
+                and self.absolute_timeout is None:
+            errs.append("AbsoluteTimeout must be specified when cookie lifetimeType is Permanent")
+        if self.cookie_config is not None and self.type != "Cookie":
+            errs.append("cookieConfig can only be set with type Cookie")
+        if self.type == "Cookie" and self.absolute_timeout is not None and (
+                self.cookie_config is None or self.cookie_config.lifetime_type == "Session"):
+            errs.append("absoluteTimeout is not supported with a Session cookie (Envoy gives a cookie with an "
+                        "expiry a Max-Age, which makes it Permanent)")
+        if self.type == "Header" and self.absolute_timeout is not None:
+            errs.append("absoluteTimeout is not supported with type Header (Envoy's header-based session "
+                        "state carries no expiry)")
+        if self.session_name is not None and not _TOKEN.match(self.session_name):
+            errs.append("sessionName must be a valid cookie or header name (an RFC 7230 token)")
+        _raise_if(errs)
+        return self
+
+
+_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+
 class HTTPRouteRule(StrictModel):
     name: SectionName | None = None
     matches: list[HTTPRouteMatch] = Field(default_factory=lambda: [HTTPRouteMatch()])
@@ -199,7 +238,7 @@ class HTTPRouteRule(StrictModel):
     backend_refs: list[HTTPBackendRef] = Field(default_factory=list)
     timeouts: HTTPRouteTimeouts | None = None
     retry: HTTPRouteRetry | None = None
-    session_persistence: Unsupported = None
+    session_persistence: SessionPersistence | None = None
 
     @model_validator(mode="after")
     def _cel(self) -> HTTPRouteRule:

@@ -11,7 +11,8 @@ order candidates are made in (the sort is stable). GRPCRoute methods become path
 Filters: RequestHeaderModifier/ResponseHeaderModifier -> headers (also on a single backendRef:
 that destination's headers); RequestRedirect -> redirect; URLRewrite -> rewrite (hostname, full
 path, or the matched prefix); RequestMirror -> mirrors (each one; several on a rule all apply).
-Backends keep their relative weights. An invalid backendRef (not found, not permitted, an
+sessionPersistence -> the
+rule's `session` (Envoy's stateful session on its routes). Backends keep their relative weights. An invalid backendRef (not found, not permitted, an
 unsupported kind) keeps its share of the weight on a cluster that never exists, which the
 route answers with 500 (gateway semantics); a rule with no usable backend at all, or with a
 filter this controller cannot apply (ExtensionRef, CORS), answers 500 directly.
@@ -19,12 +20,13 @@ filter this controller cannot apply (ExtensionRef, CORS), answers 500 directly.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pilot.config.core import Service
-from pilot.config.gateway_api import GRPCRoute, HTTPRoute, first_per_name
+from pilot.config.gateway_api import GRPCRoute, HTTPRoute, SessionPersistence, first_per_name
 from pilot.config.networking import (
     CorsPolicy,
     Headers,
@@ -277,6 +279,7 @@ def http_route_rules(route: Entry[HTTPRoute], ctx: RouteRefs, problems: list[Bac
         prefix = rule.matches[0].path.value if len(rule.matches) == 1 and rule.matches[0].path.type == "PathPrefix" \
             else None
         fields = _rule_fields(rule, "HTTPRoute", ns, prefix, ctx, problems, unsupported)
+        fields["session"] = _session(rule.session_persistence, ns, name, i)
         for m in rule.matches:
             match = http_match(_http_uri(m.path), _header_matches(m.headers),
                                {q.name: _string(q.type, q.value) for q in _first_query(m.query_params)}, m.method)
@@ -285,6 +288,16 @@ def http_route_rules(route: Entry[HTTPRoute], ctx: RouteRefs, problems: list[Bac
                                                                              **fields),
                                  str(route.key)))
     return out
+
+
+def _session(sp: SessionPersistence | None, ns: str, name: str, index: int) -> SessionPersistence | None:
+    """The rule's sessionPersistence with its session name decided: the one written, else one of
+    this rule's own (the name is implementation-specific; a name per rule keeps two routes'
+    sessions apart, as the spec asks of users who name them)."""
+    if sp is None or sp.session_name:
+        return sp
+    digest = hashlib.blake2b(f"{ns}/{name}/{index}".encode(), digest_size=6).hexdigest()
+    return sp.model_copy(update={"session_name": f"gw-session-{digest}"})
 
 
 def _rule_name(rule, ns: str, name: str, index: int) -> str:

@@ -79,8 +79,11 @@ def listeners(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         settings = ctx.settings.listeners
         if telemetry.client is not settings.telemetry:
             settings = replace(settings, telemetry=telemetry.client)
+        plugins = ctx.wasm_plan(proxy)  # CLIENT mode too
+        if plugins.client:
+            settings = replace(settings, wasm=plugins.client)
         out.append(cache.resource(LISTENER, plan.name, gateway.gateway_listener, plan, settings,
-                                  origins=plan.origins + telemetry.origins))
+                                  origins=plan.origins + telemetry.origins + plugins.origins))
     return out
 
 

@@ -86,7 +86,12 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         settings = replace(settings, telemetry=plan_t.client)  # outbound listeners: CLIENT mode
     if plan_t.server is not server_settings.telemetry:
         server_settings = replace(server_settings, telemetry=plan_t.server)  # inbound: SERVER mode
-    telemetry_origins = plan_t.origins
+    plan_w = ctx.wasm_plan(proxy)
+    if plan_w.client:
+        settings = replace(settings, wasm=plan_w.client)
+    if plan_w.server:
+        server_settings = replace(server_settings, wasm=plan_w.server)
+    telemetry_origins = plan_t.origins + plan_w.origins
     mode = proxy.interception_mode
     out: list[CachedResource] = []
     if mode != "NONE":
@@ -142,4 +147,4 @@ def _inbound(ctx: PushContext, proxy: Proxy, settings, outbound_names: set[str],
 
 
 def _telemetry_origins(ctx: PushContext, proxy: Proxy) -> tuple[str, ...]:
-    return ctx.telemetry_plan(proxy).origins
+    return ctx.telemetry_plan(proxy).origins + ctx.wasm_plan(proxy).origins

@@ -1,0 +1,73 @@
+"""WasmPlugin: what is refused (with the field's path) and how plugins are picked and ordered."""
+
+from __future__ import annotations
+
+import pytest
+
+from pilot.config.validation import InvalidObject, parse_object
+from pilot.model.store import ConfigKey, Entry
+from pilot.model.wasm import plan_for
+
+
+def doc(spec: dict, name: str = "p", namespace: str = "default", created: str = "") -> dict:
+    return {"apiVersion": "extensions.istio.io/v1alpha1", "kind": "WasmPlugin",
+            "metadata": {"name": name, "namespace": namespace, "creationTimestamp": created}, "spec": spec}
+
+
+@pytest.mark.parametrize(("spec", "reason"), [
+    ({"url": "oci://ghcr.io/x/y:1"}, "oci:// is not supported"),
+    ({"url": "ghcr.io/x/y:1"}, "oci:// is not supported"),
+    ({"url": "https://example.com/p.wasm"}, "https:// is not supported"),
+    ({"url": "file://relative.wasm"}, "absolute path"),
+    ({"url": "file:///p.wasm", "sha256": "ab" * 32}, "sha256: not supported"),
+    ({"url": "file:///p.wasm", "type": "NETWORK"}, "NETWORK is not supported"),
+    ({"url": "file:///p.wasm", "imagePullPolicy": "Always"}, "imagePullPolicy is not supported"),
+    ({"url": "file:///p.wasm", "phase": "LATE"}, "phase"),
+    ({"url": "file:///p.wasm", "vmConfig": {"env": [{"name": "A", "valueFrom": "HOST", "value": "x"}]}},
+     "only be set when valueFrom is INLINE"),
+    ({"url": "file:///p.wasm", "matches": []}, "matches"),
+])
+def test_what_cannot_be_applied_is_refused_naming_the_field(spec, reason):
+    with pytest.raises(InvalidObject) as e:
+        parse_object(doc(spec))
+    assert reason in str(e.value)
+
+
+def entry(spec: dict, name: str, namespace: str, created: str, revision: int) -> Entry:
+    obj = parse_object(doc(spec, name, namespace, created))
+    return Entry(ConfigKey("WasmPlugin", namespace, name), obj, revision, "test")
+
+
+def test_selection_by_namespace_and_selector_and_order_by_priority_then_age():
+    root_wide = entry({"url": "file:///a.wasm"}, "a", "istio-system", "2026-01-02T00:00:00Z", 1)
+    older = entry({"url": "file:///b.wasm"}, "b", "default", "2026-01-01T00:00:00Z", 2)
+    urgent = entry({"url": "file:///c.wasm", "priority": 5, "selector": {"matchLabels": {"app": "x"}}},
+                   "c", "default", "2026-01-03T00:00:00Z", 3)
+    elsewhere = entry({"url": "file:///d.wasm"}, "d", "other", "2026-01-01T00:00:00Z", 4)
+    server_only = entry({"url": "file:///e.wasm", "match": [{"mode": "SERVER", "ports": [{"number": 8080}]}]},
+                        "e", "default", "2026-01-04T00:00:00Z", 5)
+    index = {"istio-system": (root_wide,), "default": (older, urgent, server_only), "other": (elsewhere,)}
+    plan = plan_for(index, "istio-system", "default", {"app": "x"})
+    assert [f.name for f in plan.client] == ["default.c", "default.b", "istio-system.a"]
+    assert [f.name for f in plan.server] == ["default.c", "default.b", "istio-system.a", "default.e"]
+    assert plan.server[-1].ports == frozenset({8080}) and plan.client[0].ports == frozenset()
+    assert [f.name for f in plan_for(index, "istio-system", "default", {"app": "y"}).client] == [
+        "default.b", "istio-system.a"]
+
+
+def test_phases_take_istiods_slots_around_authentication_and_authorization():
+    from envoy.extensions.filters.network.http_connection_manager.v3 import (
+        http_connection_manager_pb2 as hcm_pb2,
+    )
+
+    from pilot.networking.wasm import insert
+
+    phases = {"AUTHN": "authn", "AUTHZ": "authz", "STATS": "stats", "UNSPECIFIED_PHASE": "late"}
+    index = {"default": tuple(entry({"url": "file:///m.wasm", "phase": phase}, name, "default", "", i)
+                              for i, (phase, name) in enumerate(phases.items()))}
+    plan = plan_for(index, "istio-system", "default", {})
+    chain = [hcm_pb2.HttpFilter(name=n) for n in ("envoy.filters.http.jwt_authn", "envoy.filters.http.rbac",
+                                                  "envoy.filters.http.router")]
+    assert [f.name for f in insert(chain, plan.server, 8080)] == [
+        "default.authn", "envoy.filters.http.jwt_authn", "default.authz", "envoy.filters.http.rbac",
+        "default.stats", "default.late", "envoy.filters.http.router"]

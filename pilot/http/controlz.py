@@ -34,6 +34,7 @@ from pilot import version
 from pilot.xds import typeurls
 from pilot.xds.connection import Connection, WatchedResource
 from pilot.xds.discovery import DiscoveryServer
+from pilot.xds.sync_state import sync_state
 
 log = plog.get("controlz")
 STARTED_AT = time.time()  # this module is imported while the server starts
@@ -125,16 +126,14 @@ def _iso(ts: float | None) -> str | None:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts)) if ts else None
 
 
-def sync_state(w: WatchedResource | None) -> str:
-    """istioctl proxy-status's words for one type: what was last sent against what was ACKed."""
-    if w is None or not w.nonce_sent:
-        return "NOT SENT"
+def type_state(w: WatchedResource | None) -> str:
+    """pilot.xds.sync_state for a live stream (a NACK cleared by a later ACK no longer stands),
+    with the page's one refinement: a response never acknowledged at all."""
+    if w is None:
+        return sync_state(None, None, None)
     n = w.last_nack
-    if n is not None and not n.cleared and n.nonce == w.nonce_sent:
-        return "NACKED"
-    if w.nonce_sent == w.nonce_acked:
-        return "SYNCED"
-    return "STALE (never acknowledged)" if not w.nonce_acked else "STALE"
+    state = sync_state(w.nonce_sent, w.nonce_acked, n.nonce if n is not None and not n.cleared else None)
+    return "STALE (never acknowledged)" if state == "STALE" and not w.nonce_acked else state
 
 
 def _proxy(conn: Connection) -> dict:
@@ -142,7 +141,7 @@ def _proxy(conn: Connection) -> dict:
     types: dict[str, dict] = {}
     for type_url, w in sorted(conn.watched.items()):
         types[typeurls.SHORT.get(type_url, type_url)] = {
-            "state": sync_state(w), "version_acked": w.version_acked or None, "resources": len(w.sent)}
+            "state": type_state(w), "version_acked": w.version_acked or None, "resources": len(w.sent)}
     states = {t["state"] for t in types.values()}
     overall = ("NACKED" if "NACKED" in states else
                "STALE" if any(s.startswith("STALE") for s in states) else

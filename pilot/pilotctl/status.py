@@ -10,20 +10,16 @@ import json
 from pilot.pilotctl.client import Replicas
 from pilot.pilotctl.dump import resources_of
 from pilot.pilotctl.tables import table
+from pilot.xds.sync_state import sync_state
 
 SYNC_FIELDS = {"cds": "cluster", "lds": "listener", "eds": "endpoint", "rds": "route"}
 
 
-def sync_state(row: dict, field: str) -> str:
-    """From the replica's record of the stream: the nonce it last sent for the type, the nonce the
-    proxy last ACKed, and the last NACK."""
-    sent, acked = row.get(f"{field}_sent"), row.get(f"{field}_acked")
-    if not sent:
-        return "NOT SENT"
+def row_state(row: dict, field: str) -> str:
+    """pilot.xds.sync_state from the replica's record of the stream: the nonce it last sent for
+    the type, the nonce the proxy last ACKed, and the last NACK."""
     nack = row.get(f"{field}_nack")
-    if nack and nack.get("nonce") == sent:
-        return "NACKED"
-    return "SYNCED" if sent == acked else "STALE"
+    return sync_state(row.get(f"{field}_sent"), row.get(f"{field}_acked"), nack.get("nonce") if nack else None)
 
 
 def short_proxy(proxy_id: str) -> str:
@@ -37,7 +33,7 @@ def status_rows(replicas: Replicas) -> list[dict]:
         for r in syncz:
             acked = sorted({r[f"{f}_version_acked"] for f in ("cluster", "listener") if r.get(f"{f}_version_acked")})
             rows.append({"name": short_proxy(r["proxy"]), "proxy": r["proxy"], "cluster": r.get("cluster_id", ""),
-                         **{short: sync_state(r, f) for short, f in SYNC_FIELDS.items()},
+                         **{short: row_state(r, f) for short, f in SYNC_FIELDS.items()},
                          "istiod": r.get("istiod") or replica.addr, "istiod_addr": replica.addr,
                          "version": r.get("istio_version") or "",
                          "push_version": acked[-1] if acked else ""})

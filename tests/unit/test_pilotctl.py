@@ -20,7 +20,7 @@ from google.protobuf import any_pb2, json_format
 from pilot.pilotctl import devjwt, tables
 from pilot.pilotctl.client import CtlError, check_addr
 from pilot.pilotctl.dump import istio_config, resources_of
-from pilot.pilotctl.status import diff_text, proxy_diff, sync_state
+from pilot.pilotctl.status import diff_text, proxy_diff, row_state
 from pilot.security.authn import Credentials, JwtAuthenticator, parse_jwt_rules
 
 from .helpers import World, proxy, service
@@ -84,10 +84,10 @@ def test_proxy_diff_names_what_differs():
 
 
 def test_sync_states():
-    assert sync_state({}, "cluster") == "NOT SENT"
-    assert sync_state({"cluster_sent": "n1", "cluster_acked": "n1"}, "cluster") == "SYNCED"
-    assert sync_state({"cluster_sent": "n2", "cluster_acked": "n1"}, "cluster") == "STALE"
-    assert sync_state({"cluster_sent": "n2", "cluster_acked": "n1", "cluster_nack": {"nonce": "n2"}},
+    assert row_state({}, "cluster") == "NOT SENT"
+    assert row_state({"cluster_sent": "n1", "cluster_acked": "n1"}, "cluster") == "SYNCED"
+    assert row_state({"cluster_sent": "n2", "cluster_acked": "n1"}, "cluster") == "STALE"
+    assert row_state({"cluster_sent": "n2", "cluster_acked": "n1", "cluster_nack": {"nonce": "n2"}},
                       "cluster") == "NACKED"
 
 

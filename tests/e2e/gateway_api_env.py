@@ -9,9 +9,11 @@ the Service `web-istio` in `infra` is the one that deployment would get (the Gat
 
 from __future__ import annotations
 
+import contextlib
 import json
 import ssl
 import textwrap
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,3 +169,18 @@ def parent_status(route_status: dict, gateway: str = GW_NAME, section: str | Non
         if ref["name"] == gateway and ref.get("sectionName") == section:
             return p
     raise AssertionError(f"no parent {gateway}/{section} in {route_status}")
+
+
+@contextlib.asynccontextmanager
+async def running_env(tmp_path: Path, names: tuple[str, ...] = ("alpha", "beta", "gamma")
+                      ) -> AsyncIterator[GatewayApiEnv]:
+    """A GatewayApiEnv with an HTTP echo backend per name, stopped (backends too) on exit: the
+    `env` fixture of the Gateway API e2e modules."""
+    backends = {n: await HttpBackend(n).start() for n in names}
+    e = GatewayApiEnv(tmp_path, backends)
+    try:
+        yield e
+    finally:
+        await e.stop()
+        for b in backends.values():
+            await b.stop()

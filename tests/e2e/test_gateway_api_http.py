@@ -21,6 +21,7 @@ from tests.e2e.gateway_api_env import (
     parent_status,
     request,
     route_yaml,
+    running_env,
 )
 from tests.e2e.mesh_config import endpoint_slice_yaml, service_yaml
 from tests.support.backends import HttpBackend
@@ -35,14 +36,8 @@ HTTP_KINDS = [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute"},
 
 @pytest.fixture
 async def env(tmp_path):
-    backends = {n: await HttpBackend(n).start() for n in ("alpha", "beta", "gamma")}
-    e = GatewayApiEnv(tmp_path, backends)
-    try:
+    async with running_env(tmp_path) as e:
         yield e
-    finally:
-        await e.stop()
-        for b in backends.values():
-            await b.stop()
 
 
 async def test_http_route_by_host_and_path_and_its_status(env: GatewayApiEnv):

@@ -27,10 +27,10 @@ from tests.e2e.gateway_api_env import (
     parent_status,
     request,
     route_yaml,
+    running_env,
 )
 from tests.e2e.test_gateway_api_tls import client_tls, presented_serial
 from tests.e2e.test_tcp_tls_routes import TcpBackend, client_hello, exchange, service
-from tests.support.backends import HttpBackend
 from tests.support.certs import issue, make_ca, tls_secret_yaml
 from tests.support.control_plane import ControlPlane
 from tests.support.envoy import Envoy
@@ -43,14 +43,8 @@ pytestmark = pytest.mark.timeout(90)
 
 @pytest.fixture
 async def env(tmp_path):
-    backends = {n: await HttpBackend(n).start() for n in ("alpha", "beta", "gamma")}
-    e = GatewayApiEnv(tmp_path, backends)
-    try:
+    async with running_env(tmp_path) as e:
         yield e
-    finally:
-        await e.stop()
-        for b in backends.values():
-            await b.stop()
 
 
 async def test_host_ports_redirect_ports_and_multiple_mirrors(env: GatewayApiEnv):

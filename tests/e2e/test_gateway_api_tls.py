@@ -24,6 +24,7 @@ from tests.e2e.gateway_api_env import (
     parent_status,
     request,
     route_yaml,
+    running_env,
 )
 from tests.e2e.mesh_config import endpoint_slice_yaml, service_yaml
 from tests.support.backends import HttpBackend
@@ -37,14 +38,8 @@ OK = ("True", "Accepted")
 
 @pytest.fixture
 async def env(tmp_path):
-    backends = {n: await HttpBackend(n).start() for n in ("alpha", "beta")}
-    e = GatewayApiEnv(tmp_path, backends)
-    try:
+    async with running_env(tmp_path, ("alpha", "beta")) as e:
         yield e
-    finally:
-        await e.stop()
-        for b in backends.values():
-            await b.stop()
 
 
 def client_tls(ca: Issued) -> ssl.SSLContext:

@@ -149,6 +149,22 @@ class LoadGenerator:
                 "cpu_s": _cpu_s(), "rss_mb": round(psutil.Process().memory_info().rss / (1 << 20), 1),
                 "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
 
+    async def quiet(self, msg: dict) -> dict:
+        """Responses received so far, and proxies still waiting for a name they subscribed to:
+        with the server's count of responses written, this tells when a push is over."""
+        return {"responses": sum(self.responses.values()), "open": sum(not p.closed for p in self.proxies),
+                "waiting": sum(p.waiting() for p in self.proxies)}
+
+    async def ledger(self, msg: dict) -> dict:
+        """Proxy 0's delta ledger (benchmarks/ledger.py) since the last reset; `reset` starts anew."""
+        led = self.proxies[0].ledger if self.proxies else None
+        if led is None:
+            raise ValueError("no delta ledger: delta proxies only")
+        out = led.report()
+        if msg.get("reset"):
+            led.reset()
+        return out
+
     async def disconnect(self, msg: dict | None = None) -> dict:
         for p in self.proxies:
             p.cancel()
@@ -165,7 +181,8 @@ class LoadGenerator:
 async def amain(args: argparse.Namespace) -> None:
     lg = LoadGenerator(args.target, args.channels, args.delta, args.namespaces)
     handlers = {"connect": lg.connect, "synced": lg.synced, "converge": lg.converge, "watching": lg.watching,
-                "capture": lg.capture, "stats": lg.stats, "disconnect": lg.disconnect, "sharing": lg.sharing}
+                "capture": lg.capture, "stats": lg.stats, "disconnect": lg.disconnect, "sharing": lg.sharing,
+                "quiet": lg.quiet, "ledger": lg.ledger}
     try:
         await ipc.serve_commands({"ready": True, "target": args.target}, handlers)
     finally:

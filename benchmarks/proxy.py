@@ -20,6 +20,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import struct_pb2
 
 from benchmarks import responses
+from benchmarks.ledger import DeltaLedger
 from benchmarks.responses import CDS, EDS, LDS, RDS, SHORT
 
 SOTW_METHOD = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
@@ -67,6 +68,8 @@ class SimProxy:
         self.capture = capture  # keep the last raw response of each type (for the floor server)
         self.history: deque[Received] = deque(maxlen=HISTORY)
         self.last_raw: dict[str, bytes] = {}
+        # Delta, capturing proxy: every resource sent, against what it already held.
+        self.ledger = DeltaLedger() if capture and delta else None
         self.started_at = 0.0
         self.synced_at: float | None = None
         self.error: str | None = None
@@ -128,6 +131,8 @@ class SimProxy:
             held.update(zip(contents.names, contents.refs))
         if self.capture:
             self.last_raw[type_url] = raw
+        if self.ledger is not None:
+            self.ledger.record(resp, len(raw))
         ev = Received(SHORT.get(type_url, type_url), recv, contents, len(raw))
         if self.delta:
             await self._write(discovery_pb2.DeltaDiscoveryRequest(type_url=type_url, response_nonce=resp.nonce))
@@ -194,6 +199,10 @@ class SimProxy:
     def _has_full_config(self) -> bool:
         """CDS and LDS accepted, and every endpoint set and route config they reference held."""
         return {CDS, LDS} <= self._acked and not self._missing[EDS] and not self._missing[RDS]
+
+    def waiting(self) -> bool:
+        """Subscribed to a name it has not received yet (its request may still be on the wire)."""
+        return not self.closed and bool(self._missing[EDS] or self._missing[RDS])
 
     def watches(self, type_url: str, name: str) -> bool:
         return name in self._subscribed.get(type_url, ())

@@ -99,6 +99,30 @@ def test_eds_scenario_reaches_every_watcher_with_one_resource_and_has_a_floor(tm
     assert 0 < result["first_receipt_ms"] <= result["convergence_ms"]["p50"]
 
 
+def test_delta_bytes_scenario_sends_only_what_changed_and_sizes_a_split(tmp_path):
+    out = tmp_path / "delta_bytes.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "delta_bytes", "--services", "20", "--proxies", str(PROXIES),
+         "--out", str(out)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=90, check=False)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
+    result = json.loads(out.read_text())
+    assert result["params"]["protocol"] == "delta" and result["proxies_acked"] == PROXIES
+    steps = {s["kind"]: s for s in result["steps"]}
+    assert set(steps) == {"add_service", "change_service", "remove_service", "endpoint_change"}
+    # Each change reaches the proxies as only the resources whose bytes changed: nothing held resent.
+    assert result["ratios"] == dict.fromkeys(steps, 1.0)
+    assert set(steps["add_service"]["per_proxy_bytes"]) == {"cds", "eds", "rds"}  # LDS untouched
+    assert set(steps["change_service"]["per_proxy_bytes"]) == {"rds"}
+    assert set(steps["endpoint_change"]["per_proxy_bytes"]) == {"eds"}
+    removed = steps["remove_service"]["proxy0"]["by_type"]
+    assert removed["cds"]["removed"] == removed["eds"]["removed"] == 1
+    # The shared route configuration is re-sent whole; its one changed virtual host is far smaller.
+    split = steps["change_service"]["proxy0"]["split"]
+    assert split["vhosts_changed"] == 1 and split["vhds_bytes"] * 5 < split["route_config_bytes"]
+    assert result["split_ratios"]["change_service"] > 5
+
+
 def _clusters_response(names: list[str], nonce: str, delta: bool = False) -> bytes:
     resp = (discovery_pb2.DeltaDiscoveryResponse if delta else discovery_pb2.DiscoveryResponse)(
         type_url=CDS, nonce=nonce)

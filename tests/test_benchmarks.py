@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
@@ -177,3 +178,23 @@ def test_gateway_api_scenario_translates_every_route_on_every_listener(monkeypat
     # One VirtualService per route hostname per listener: every route attached, every listener served.
     assert (result["listeners"], result["virtual_services"]) == (8, 20 * 4)
     assert result["first_s"] > 0 and result["unchanged_s"] > 0 and len(result["unchanged"]["runs_cpu_s"]) == 2
+
+
+@pytest.mark.slow  # three rounds of replicas behind Envoy: ~25 s, run by `make bench`
+def test_scaleout_spreads_proxies_over_replicas_and_a_stopped_replica_s_proxies_reconverge(tmp_path):
+    out = tmp_path / "scaleout.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "scaleout", "--services", "10", "--proxies", "12",
+         "--rounds", "1", "--out", str(out)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
+    result = json.loads(out.read_text())
+    for n, run in result["by_replicas"].items():
+        assert len(run["proxies_per_replica"]) == int(n) and sum(run["proxies_per_replica"]) == 12
+        assert all(run["proxies_per_replica"]), run["proxies_per_replica"]  # every replica has proxies
+        assert run["proxies_acked"] == 12
+        if int(n) > 1:
+            restart = run["restart"]
+            assert restart["moved"] > 0 and restart["reconverged"] >= restart["moved"]
+            assert restart["synced"] == 12 and restart["restarted"]
+    assert result["floor_ms"] > 0 and result["ratio"] > 0

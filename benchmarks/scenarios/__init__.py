@@ -10,8 +10,10 @@ from benchmarks.scenarios import (
              memory,
              push,
              recording,
+    scaleout,
 )
 
 SCENARIOS = {"push": push.run, "eds": eds.run, "churn": churn.run, "connect": connect.run,
              "memory": memory.run, "recording": recording.run, "gateway_api": gateway_api.run,
-             "envoyfilter": envoyfilter.run, "delta_bytes": delta_bytes.run}
+             "envoyfilter": envoyfilter.run, "delta_bytes": delta_bytes.run,
+             "scaleout": scaleout.run}

@@ -197,4 +197,7 @@ def test_scaleout_spreads_proxies_over_replicas_and_a_stopped_replica_s_proxies_
             restart = run["restart"]
             assert restart["moved"] > 0 and restart["reconverged"] >= restart["moved"]
             assert restart["synced"] == 12 and restart["restarted"]
+            # One reconnect each: the draining replica's GOAWAY sends the new stream elsewhere
+            # (without it, each was refused on the old connection until the replica exited).
+            assert run["loadgen"]["reconnects"] == restart["moved"]
     assert result["floor_ms"] > 0 and result["ratio"] > 0

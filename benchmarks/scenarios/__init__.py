@@ -1,6 +1,7 @@
 """The scenarios, in the order `all` runs them. Each is `async run(Options) -> dict`."""
 
 from benchmarks.scenarios import (
+    beyond,
              churn,
              connect,
              delta_bytes,
@@ -16,4 +17,4 @@ from benchmarks.scenarios import (
 SCENARIOS = {"push": push.run, "eds": eds.run, "churn": churn.run, "connect": connect.run,
              "memory": memory.run, "recording": recording.run, "gateway_api": gateway_api.run,
              "envoyfilter": envoyfilter.run, "delta_bytes": delta_bytes.run,
-             "scaleout": scaleout.run}
+             "scaleout": scaleout.run, "beyond": beyond.run}

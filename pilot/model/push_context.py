@@ -24,6 +24,7 @@ from pilot.config.networking import (
     WorkloadEntry,
 )
 from pilot.config.security import AuthorizationPolicy
+from pilot.model import auto_allocate
 from pilot.model import dependencies as dep
 from pilot.model import envoy_filters as ef
 from pilot.model.ambient.index import AMBIENT_INPUT_KINDS, AmbientInputs
@@ -118,6 +119,9 @@ class PushContext:
     ingress_problems: tuple[str, ...] = ()
     # PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES: Kubernetes Services select WorkloadEntries too.
     k8s_select_workload_entries: bool = True
+    # PILOT_ENABLE_IP_AUTOALLOCATE: (namespace, host) -> (IPv4, IPv6) of ServiceEntries without
+    # addresses (pilot/model/auto_allocate.py), for proxies that capture DNS.
+    auto_addresses: Mapping[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
     # EnvoyFilters by namespace (their patches apply last, in pilot/xds/generators/envoy_filter.py).
     envoy_filters: Mapping[str, tuple[Entry[EnvoyFilter], ...]] = field(default_factory=dict)
     # The Deps being recorded (innermost last) while a result is generated: see `recording`.
@@ -182,6 +186,8 @@ class PushContext:
             telemetry=TelemetryIndex.build(store, mesh),
             wasm_plugins=_by_namespace(store.list(WasmPlugin), oldest_first=True),
             k8s_select_workload_entries=k8s_select_workload_entries,
+            auto_addresses=(auto_allocate.allocate(store.list(ServiceEntry), knobs.ip_autoallocate)
+                            if knobs.ip_autoallocate else MappingProxyType({})),
             envoy_filters=MappingProxyType(ef.index(store.list(EnvoyFilter), disabled_envoy_filters)),
         )
 
@@ -338,18 +344,26 @@ class PushContext:
         self._memo[("envoy-patches", id(proxy))] = (proxy, proxy.metadata, out)
         return out
 
-    def view(self, sidecar: Entry[Sidecar] | None) -> ServiceView:
-        """What proxies under this Sidecar (None: no Sidecar) see; built once per push."""
-        hit = self._views.get(sidecar)
+    def view(self, sidecar: Entry[Sidecar] | None, dns: tuple[bool, bool] | None = None) -> ServiceView:
+        """What proxies under this Sidecar (None: no Sidecar) see; built once per push. `dns`:
+        the proxy captures DNS, with (IPv4, IPv6) addresses: ServiceEntries without addresses
+        carry their auto-allocated ones (of those families), as istiod's GetAddressForProxy."""
+        if dns is not None and not (self.auto_addresses and any(dns)):
+            dns = None
+        hit = self._views.get((sidecar, dns))
         if hit is None:
             deps = dep.Deps()
+            services = self.services
+            if dns is not None:
+                services = tuple(auto_allocate.with_addresses(s, self.auto_addresses, *dns) for s in services)
+            sniff = self.settings.listeners.sniff_outbound
             if sidecar is None:
                 deps.facets.add(dep.ALL_SERVICES)
-                view = self.full_view
+                view = self.full_view if dns is None else ServiceView.of(services, sniff=sniff)
             else:  # every service its egress hosts name, before or after a change
                 deps.scopes = [sidecar]
-                view = scoped_view(sidecar, self.services, self.settings.listeners.sniff_outbound)
-            hit = self._views[sidecar] = (view, deps)
+                view = scoped_view(sidecar, services, sniff)
+            hit = self._views[(sidecar, dns)] = (view, deps)
         self._note_child(hit[1])
         return hit[0]
 
@@ -561,7 +575,8 @@ class PushContext:
 
         def plan() -> TelemetryPlan:
             self._note(dep.telemetry(self.mesh.root_namespace), dep.telemetry(proxy.namespace))
-            return plan_for(self.telemetry, self.mesh, info, self._provider_cluster, [], self.settings.listeners.telemetry)
+            return plan_for(self.telemetry, self.mesh, info, self._provider_cluster, [], self.settings.listeners.telemetry,
+                            self.settings.knobs.trace_sampling)
 
         return self._memoized(key, plan)
 

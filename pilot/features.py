@@ -304,6 +304,16 @@ def _sampling(text: str) -> float:
     return value
 
 
+def _jwks_mode(text: str) -> str:
+    """istiod's ConvertToJwksFetchMode: false/istiod, true/hybrid, envoy; anything else istiod."""
+    return {"hybrid": "hybrid", "true": "hybrid", "envoy": "envoy"}.get(text.strip(), "istiod")
+
+
+JWT_ENABLE_REMOTE_JWKS = _knob(
+    "PILOT_JWT_ENABLE_REMOTE_JWKS", "false", _jwks_mode,
+    "Who fetches a RequestAuthentication jwksUri's keys: istiod/false, the control plane (inlined "
+    "into the jwt_authn filter); hybrid/true, Envoy (remote_jwks) when the URI names a mesh service "
+    "(a ServiceEntry for an external server), else the control plane; envoy, always Envoy.")
 TRACE_SAMPLING = _knob(
     "PILOT_TRACE_SAMPLING", "1.0", _sampling,
     "The percentage of requests traced (0.0-100.0, precision 0.01) when no Telemetry resource sets "
@@ -364,13 +374,14 @@ class Features:
     ip_autoallocate: bool = True
     ip_autoallocate_prefixes: tuple[str, str] = ("240.240.0.0/16", "2001:2::/48")
     trace_sampling: float = 1.0
+    jwks_fetch_mode: str = "istiod"
 
     def generation_knobs(self) -> GenerationKnobs:
         return GenerationKnobs(self.sniff_outbound, self.sniff_inbound, self.http10,
                                self.inbound_protocol_detection_timeout, self.send_unhealthy_endpoints,
                                self.cluster_id, self.scope_gateway_to_namespace, self.filter_gateway_clusters,
                                self.ip_autoallocate_prefixes if self.ip_autoallocate else None,
-                               self.trace_sampling)
+                               self.trace_sampling, self.jwks_fetch_mode)
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Features:
@@ -417,6 +428,7 @@ class Features:
             workload_entry_grace_period=WORKLOAD_ENTRY_GRACE_PERIOD.get(environ),
             ip_autoallocate=IP_AUTOALLOCATE.get(environ),
             trace_sampling=TRACE_SAMPLING.get(environ),
+            jwks_fetch_mode=JWT_ENABLE_REMOTE_JWKS.get(environ),
             ip_autoallocate_prefixes=(IP_AUTOALLOCATE_IPV4_PREFIX.get(environ),
                                       IP_AUTOALLOCATE_IPV6_PREFIX.get(environ)),
         )

@@ -46,6 +46,7 @@ class GenerationKnobs:
     # from (PILOT_IP_AUTOALLOCATE_IPV4_PREFIX / _IPV6_PREFIX); None when the knob is off.
     ip_autoallocate: tuple[str, str] | None = ("240.240.0.0/16", "2001:2::/48")
     trace_sampling: float = 1.0  # PILOT_TRACE_SAMPLING: percent traced when no Telemetry says
+    jwks_fetch_mode: str = "istiod"  # PILOT_JWT_ENABLE_REMOTE_JWKS: istiod, hybrid or envoy
 
 
 DEFAULT_KNOBS = GenerationKnobs()

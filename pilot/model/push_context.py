@@ -38,7 +38,7 @@ from pilot.model.labels import selects
 from pilot.model.mesh_settings import DEFAULT_KNOBS, GenerationKnobs, MeshSettings
 from pilot.model.mtls import spiffe_id
 from pilot.model.proxy import Proxy
-from pilot.model.security_policies import JwksSnapshot, SecurityIndex
+from pilot.model.security_policies import JwksSnapshot, SecurityIndex, jwks_uri_host_port
 from pilot.model.services import (
     NO_LOCALITY,
     EndpointAddress,
@@ -181,7 +181,8 @@ class PushContext:
             ingress_problems=ingress_problems,
             gateway_api=gateway_api,
             security=SecurityIndex.build(store, mesh.root_namespace, jwks,
-                                         resolve_providers(mesh.extension_providers, by_host, domain)),
+                                         resolve_providers(mesh.extension_providers, by_host, domain),
+                                         knobs.jwks_fetch_mode, lambda uri: _jwks_cluster(uri, by_host)),
             ambient=AmbientInputs.build(store),
             telemetry=TelemetryIndex.build(store, mesh),
             wasm_plugins=_by_namespace(store.list(WasmPlugin), oldest_first=True),
@@ -292,7 +293,8 @@ class PushContext:
         """AuthorizationPolicies and RequestAuthentications selecting a workload."""
         self._note(dep.security(namespace), dep.security(self.mesh.root_namespace), dep.JWKS)
         found = self.security.for_workload(namespace, labels)
-        if found.custom:  # the provider's service appearing or going changes the filters
+        if found.custom or (found.request_authentications and self.security.jwks_mode != "istiod"):
+            # the provider's (or a JWKS server's) service appearing or going changes the filters
             self._note(dep.ALL_SERVICES)
         return found
 
@@ -776,3 +778,15 @@ def _index_slices(store: Store) -> Mapping[tuple[str, str], tuple[Entry[Endpoint
         if svc_name:
             idx[(e.key.namespace, svc_name)].append(e)
     return MappingProxyType({k: tuple(sorted(v, key=lambda e: e.key.name)) for k, v in idx.items()})
+
+
+def _jwks_cluster(uri: str, by_host: Mapping[str, MeshService]) -> str | None:
+    """istiod's LookupCluster for a jwksUri: the outbound cluster of the mesh service (with that
+    port) the URI names, None when there is none."""
+    hp = jwks_uri_host_port(uri)
+    if hp is None:
+        return None
+    svc = by_host.get(hp[0])
+    if svc is None or svc.port(hp[1]) is None:
+        return None
+    return f"outbound|{hp[1]}||{svc.hostname}"

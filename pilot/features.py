@@ -314,6 +314,11 @@ JWT_ENABLE_REMOTE_JWKS = _knob(
     "Who fetches a RequestAuthentication jwksUri's keys: istiod/false, the control plane (inlined "
     "into the jwt_authn filter); hybrid/true, Envoy (remote_jwks) when the URI names a mesh service "
     "(a ServiceEntry for an external server), else the control plane; envoy, always Envoy.")
+ENHANCED_DESTINATIONRULE_MERGE = _knob(
+    "ENABLE_ENHANCED_DESTINATIONRULE_MERGE", "true", _bool,
+    "DestinationRules of one host and namespace with different exportTo are not merged (one whose "
+    "exportTo is a superset of another's merges into it and also stands alone); off, exportTo does "
+    "not keep them apart.")
 TRACE_SAMPLING = _knob(
     "PILOT_TRACE_SAMPLING", "1.0", _sampling,
     "The percentage of requests traced (0.0-100.0, precision 0.01) when no Telemetry resource sets "
@@ -375,13 +380,14 @@ class Features:
     ip_autoallocate_prefixes: tuple[str, str] = ("240.240.0.0/16", "2001:2::/48")
     trace_sampling: float = 1.0
     jwks_fetch_mode: str = "istiod"
+    enhanced_dr_merge: bool = True
 
     def generation_knobs(self) -> GenerationKnobs:
         return GenerationKnobs(self.sniff_outbound, self.sniff_inbound, self.http10,
                                self.inbound_protocol_detection_timeout, self.send_unhealthy_endpoints,
                                self.cluster_id, self.scope_gateway_to_namespace, self.filter_gateway_clusters,
                                self.ip_autoallocate_prefixes if self.ip_autoallocate else None,
-                               self.trace_sampling, self.jwks_fetch_mode)
+                               self.trace_sampling, self.jwks_fetch_mode, self.enhanced_dr_merge)
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Features:
@@ -429,6 +435,7 @@ class Features:
             ip_autoallocate=IP_AUTOALLOCATE.get(environ),
             trace_sampling=TRACE_SAMPLING.get(environ),
             jwks_fetch_mode=JWT_ENABLE_REMOTE_JWKS.get(environ),
+            enhanced_dr_merge=ENHANCED_DESTINATIONRULE_MERGE.get(environ),
             ip_autoallocate_prefixes=(IP_AUTOALLOCATE_IPV4_PREFIX.get(environ),
                                       IP_AUTOALLOCATE_IPV6_PREFIX.get(environ)),
         )

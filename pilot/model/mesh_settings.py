@@ -47,6 +47,7 @@ class GenerationKnobs:
     ip_autoallocate: tuple[str, str] | None = ("240.240.0.0/16", "2001:2::/48")
     trace_sampling: float = 1.0  # PILOT_TRACE_SAMPLING: percent traced when no Telemetry says
     jwks_fetch_mode: str = "istiod"  # PILOT_JWT_ENABLE_REMOTE_JWKS: istiod, hybrid or envoy
+    enhanced_dr_merge: bool = True  # ENABLE_ENHANCED_DESTINATIONRULE_MERGE
 
 
 DEFAULT_KNOBS = GenerationKnobs()

@@ -201,3 +201,12 @@ def test_scaleout_spreads_proxies_over_replicas_and_a_stopped_replica_s_proxies_
             # (without it, each was refused on the old connection until the replica exited).
             assert run["loadgen"]["reconnects"] == restart["moved"]
     assert result["floor_ms"] > 0 and result["ratio"] > 0
+
+
+def test_config_sizes_script_measures_named_and_sniffed_ports():
+    from benchmarks import config_sizes
+    named = config_sizes.measure(20, 2, "http", "REDIRECT")
+    sniffed = config_sizes.measure(20, 2, "web", "REDIRECT")
+    assert named["cds"]["resources"] == sniffed["cds"]["resources"] == 22  # 20 services + 2 passthrough/blackhole
+    # Sniffed ports carry both HTTP and TCP config: more bytes, in both kinds.
+    assert sniffed["cds"]["bytes"] > named["cds"]["bytes"] and sniffed["lds"]["bytes"] > named["lds"]["bytes"]

@@ -253,6 +253,9 @@ def to_message(apply_to: str, value: dict[str, Any]) -> Message:
         json_format.ParseDict(value, msg)
     except json_format.ParseError as e:
         _fail(f"Envoy filter: invalid {apply_to} value: {e}")
+    except (AttributeError, TypeError, KeyError) as e:
+        # protobuf's parser fails this way on some shapes (an Any without "@type").
+        _fail(f"Envoy filter: invalid {apply_to} value: {type(e).__name__}: {e} (is an \"@type\" missing?)")
     return msg
 
 

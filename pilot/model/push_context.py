@@ -65,7 +65,7 @@ ENDPOINT_KINDS = frozenset({"EndpointSlice", "Pod", "WorkloadEntry", "Node"})
 CONTEXT_KINDS = ENDPOINT_KINDS | AMBIENT_INPUT_KINDS | frozenset({
     "Service", "ServiceEntry", "VirtualService", "DestinationRule", "Sidecar", "Gateway", "Secret", "EnvoyFilter",
     "PeerAuthentication", "AuthorizationPolicy", "RequestAuthentication", "Namespace",
-    "GatewayClass", "KubernetesGateway", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute", "ReferenceGrant",
+    "GatewayClass", "KubernetesGateway", "ListenerSet", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute", "ReferenceGrant",
     "Telemetry", "WasmPlugin"})
 
 

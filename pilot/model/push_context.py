@@ -282,6 +282,11 @@ class PushContext:
         self._note(dep.GRANTS)
         return self.gateway_api.allows_credential(proxy_namespace, namespace, name)
 
+    def mesh_sessions(self) -> bool:
+        """Some mesh route sets a session (sidecars' outbound HCMs then carry the filter)."""
+        self._note(dep.SESSIONS)
+        return self.gateway_api.mesh_sessions
+
     def workload_policies(self, namespace: str, labels: Mapping[str, str]):
         """AuthorizationPolicies and RequestAuthentications selecting a workload."""
         self._note(dep.security(namespace), dep.security(self.mesh.root_namespace), dep.JWKS)

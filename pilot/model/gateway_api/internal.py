@@ -64,6 +64,12 @@ class GatewayApiRule(HTTPRoute):
     origin: str = ""  # the route it comes from, `Kind/namespace/name`: what its Envoy routes name
 
 
+def has_session(vs: Entry[VirtualService]) -> bool:
+    """A rule of it sets a session (an HTTPRoute rule's sessionPersistence): its HCM needs Envoy's
+    stateful session filter."""
+    return any(getattr(rule, "session", None) is not None for rule in vs.obj.spec.http)
+
+
 def _entry(kind: str, obj: ObjT) -> Entry[ObjT]:
     body = obj.model_dump_json(serialize_as_any=True).encode()
     revision = int.from_bytes(hashlib.blake2b(body, digest_size=8).digest(), "big")

@@ -47,6 +47,7 @@ from pilot.model.gateway_api.http import (
 from pilot.model.gateway_api.internal import (
     Route,
     gateway_entry,
+    has_session,
     internal_gateway_name,
     tcp_rule,
     tls_rule,
@@ -95,6 +96,8 @@ class GatewayApiResult:
     # (gateway namespace, secret namespace, secret name): Secrets in other namespaces that a
     # ReferenceGrant lets this namespace's gateways present (served over SDS).
     credentials: frozenset[tuple[str, str, str]] = frozenset()
+    # Some mesh VirtualService sets a session: sidecars' outbound HCMs need the stateful session filter.
+    mesh_sessions: bool = False
     memo: TranslationMemo = field(default_factory=TranslationMemo, compare=False, repr=False)
 
     def allows_credential(self, proxy_namespace: str, namespace: str, name: str) -> bool:
@@ -373,8 +376,9 @@ def translate(store: Store, domain: str, previous: GatewayApiResult | None = Non
         virtual_services.append(p.virtual_service(gw.key.namespace, name, internal, hosts, (str(route.key),),
                                                   route.obj.metadata.creation_timestamp, l4=targets,
                                                   kind=route.key.kind))
-    return GatewayApiResult(tuple(gateways), tuple(virtual_services), _mesh_virtual_services(p, domain),
-                            MappingProxyType(statuses), frozenset(credentials), p.memo)
+    mesh = _mesh_virtual_services(p, domain)
+    return GatewayApiResult(tuple(gateways), tuple(virtual_services), mesh, MappingProxyType(statuses),
+                            frozenset(credentials), any(has_session(vs) for vs in mesh), p.memo)
 
 
 def _mesh_virtual_services(p: _Pass, domain: str) -> tuple[Entry[VirtualService], ...]:

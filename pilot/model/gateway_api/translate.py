@@ -33,7 +33,7 @@ from pilot.config.gateway_api import (
     TCPRoute,
     TLSRoute,
 )
-from pilot.config.networking import Gateway, VirtualService
+from pilot.config.networking import Gateway, ServiceEntry, VirtualService
 from pilot.model.gateway_api.attach import Attachment, attach
 from pilot.model.gateway_api.conditions import Status, condition, sorted_conditions
 from pilot.model.gateway_api.hostnames import isolate, matches
@@ -167,14 +167,16 @@ class _Pass:
         referenced = referenced_services(route)
         elsewhere = {ns for ns, _ in referenced if ns != route.key.namespace}
         mesh = mesh and bool(elsewhere)
+        # (a Hostname backendRef reads the ServiceEntries declaring its host)
         signature = (route, tuple(services.get(k) for k in referenced),
+                     tuple(self.refs.hostnames.get(name) for _, name in referenced),
                      tuple(g for g in self.grants if g.key.namespace in elsewhere) if elsewhere and not mesh else ())
         memo_key = (route.key, mesh)
         hit = self.previous.routes.get(memo_key)
         if hit is not None and hit[0] == signature:
             self.memo.routes[memo_key] = hit
             return hit[1]
-        refs = RouteRefs(services, NO_GRANTS_NEEDED, self.refs.domain) if mesh else self.refs
+        refs = RouteRefs(services, NO_GRANTS_NEEDED, self.refs.domain, self.refs.hostnames) if mesh else self.refs
         problems: list[Backend] = []
         unsupported: list[str] = []
         candidates: list[Candidate] = []
@@ -290,7 +292,8 @@ class _Pass:
         rules = route.obj.spec.rules
         out = []
         for ref in rules[0].backend_refs if rules else ():
-            b = resolve_backend(ref, route.key.kind, route.key.namespace, refs.services, refs.grants, refs.domain)
+            b = resolve_backend(ref, route.key.kind, route.key.namespace, refs.services, refs.grants, refs.domain,
+                                refs.hostnames)
             if not b.valid:
                 problems.append(b)
             if b.weight > 0:
@@ -340,7 +343,11 @@ def translate(store: Store, domain: str, previous: GatewayApiResult | None = Non
         states[(g.key.namespace, g.key.name)] = evaluate_gateway(
             g, g.obj.spec.gateway_class_name, services, secrets, grants, domain,
             sets.get((g.key.namespace, g.key.name), ()))
-    p = _Pass(RouteRefs(services, grants, domain), labels, states,
+    hostnames: dict[str, list[tuple[str, tuple[str, ...]]]] = defaultdict(list)
+    for se in store.list(ServiceEntry):
+        for h in se.obj.spec.hosts:
+            hostnames[h].append((se.key.namespace, tuple(se.obj.spec.export_to)))
+    p = _Pass(RouteRefs(services, grants, domain, {h: tuple(v) for h, v in hostnames.items()}), labels, states,
               previous.memo if previous is not None else TranslationMemo(), TranslationMemo(), grant_entries)
     for state in states.values():
         for entry, listeners in state.sets:

@@ -11,6 +11,8 @@ Conflicts, per port in listener order (the earlier listener keeps the port): a l
 protocol class differs from the port's (HTTP against HTTPS/TLS against TCP) is ProtocolConflict;
 one with the same hostname as an earlier listener of its class (a second TCP listener alike) is
 HostnameConflict. A conflicted listener is neither accepted nor programmed, nor a route parent.
+The listeners of the ListenerSets a Gateway allows (listener_sets.py) are judged the same way,
+after the Gateway's own and against them (one PortBook for the merged list).
 
 Addresses: the Service istiod's automated deployment creates, `<gateway>-<class>` in the
 Gateway's namespace, or the Services `Hostname` addresses name; their cluster-local hostnames

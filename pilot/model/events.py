@@ -19,8 +19,8 @@ SERVICE_ENDPOINTS = "ServiceEndpoints"
 
 
 def push_request_for(events: list[Event], mesh_configmap: ConfigKey) -> PushRequest | None:
-    """None when no index of the PushContext reads what changed (ConfigMaps other than the mesh's,
-    kinds kept for the registry only)."""
+    """None when no index of the PushContext reads what changed (ConfigMaps other than the mesh's
+    without a ca.crt, kinds kept for the registry only)."""
     req: PushRequest | None = None
     for ev in events:
         r = _one(ev, mesh_configmap)
@@ -37,6 +37,8 @@ def _one(ev: Event, mesh_configmap: ConfigKey) -> PushRequest | None:
         return r
     if kind not in CONTEXT_KINDS:
         return None
+    if kind == "ConfigMap" and not any(e is not None and "ca.crt" in getattr(e.obj, "data", {}) for e in (ev.old, ev.new)):
+        return None  # only a CA bundle (Gateway spec.tls.frontend) is read; other ConfigMaps push nothing
     keys = {ev.key}
     if kind == "EndpointSlice":
         for entry in (ev.old, ev.new):

@@ -67,7 +67,7 @@ CONTEXT_KINDS = ENDPOINT_KINDS | AMBIENT_INPUT_KINDS | frozenset({
     "Service", "ServiceEntry", "VirtualService", "DestinationRule", "Sidecar", "Gateway", "Secret", "EnvoyFilter",
     "PeerAuthentication", "AuthorizationPolicy", "RequestAuthentication", "Namespace",
     "GatewayClass", "KubernetesGateway", "ListenerSet", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute", "ReferenceGrant",
-    "Telemetry", "WasmPlugin"})
+    "Telemetry", "WasmPlugin", "ConfigMap"})
 
 
 class _Recording:
@@ -285,6 +285,11 @@ class PushContext:
     def gateway_secret(self, namespace: str, name: str) -> Entry[Secret] | None:
         self._note(dep.secret(namespace, name))
         return self.gateways.secret(namespace, name)
+
+    def gateway_client_ca(self, proxy_namespace: str, namespace: str, name: str) -> bytes | None:
+        """The CA a Gateway of `proxy_namespace` verifies clients with (ConfigMap ca.crt), if any."""
+        self._note(dep.configmap(namespace, name), dep.GATEWAYS)
+        return self.gateway_api.client_cas.get((proxy_namespace, namespace, name))
 
     def allows_credential(self, proxy_namespace: str, namespace: str, name: str) -> bool:
         self._note(dep.GRANTS)

@@ -28,10 +28,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from pilot.config.core import Secret, Service
+from pilot.config.core import ConfigMap, Secret, Service
 from pilot.config.gateway_api import GROUP, KubernetesGateway, ListenerSet
 from pilot.config.gateway_api.gateway import TLS_TERMINATE_MODE
-from pilot.model.credentials import CA_KEYS, CA_SUFFIX, CERT_KEYS, key_pair_problem
+from pilot.model.credentials import (
+    CA_KEYS,
+    CA_SUFFIX,
+    CERT_KEYS,
+    CONFIGMAP_PREFIX,
+    CredentialError,
+    check_certificates,
+    key_pair_problem,
+)
 from pilot.model.gateway_api.conditions import condition, sorted_conditions
 from pilot.model.gateway_api.references import ReferenceGrants
 from pilot.model.store import ConfigKey, Entry
@@ -67,6 +75,10 @@ class ListenerState:
     owner: Entry[ListenerSet] | None = None
     # Why it is not Programmed when nothing else says so (a ListenerSet's HTTPS listener without tls).
     unprogrammed: Verdict | None = None
+    # spec.tls.frontend: the SDS name of the CA checking client certificates (configmap://NS/NAME),
+    # and whether an unverified (or no) certificate is let through (AllowInsecureFallback).
+    client_ca: str = ""
+    insecure_fallback: bool = False
 
     @property
     def spec(self):
@@ -96,7 +108,8 @@ class ListenerState:
 
     @property
     def bad_tls(self) -> bool:
-        return self.resolved.reason in ("InvalidCertificateRef", "RefNotPermitted")
+        return self.resolved.reason in ("InvalidCertificateRef", "RefNotPermitted", "InvalidCACertificateRef",
+                                        "InvalidCACertificateKind")
 
     @property
     def programmed(self) -> bool:
@@ -175,12 +188,26 @@ class GatewayState:
         out["conditions"] = sorted_conditions([
             condition("Accepted", self.accepted.ok, self.accepted.reason, self.accepted.message, gen),
             condition("Programmed", self.programmed.ok, self.programmed.reason, self.programmed.message, gen),
+            *_insecure_frontend(self.entry, gen),
         ])
         if self.report_listeners:
             out["listeners"] = [ls.status(attached.get(ls.name, 0), gen) for ls in self.listeners]
         if self.attached_sets:
             out["attachedListenerSets"] = self.attached_sets
         return out
+
+
+def _insecure_frontend(gateway: Entry[KubernetesGateway], gen: int) -> list[dict]:
+    """istiod's InsecureFrontendValidationMode: some port lets clients in without a valid certificate."""
+    tls = gateway.obj.spec.tls
+    frontend = tls.frontend if tls is not None else None
+    if frontend is None:
+        return []
+    validations = [frontend.default.validation, *(p.tls.validation for p in frontend.per_port)]
+    if not any(v is not None and v.mode == "AllowInsecureFallback" for v in validations):
+        return []
+    return [condition("InsecureFrontendValidationMode", True, "ConfigurationChanged",
+                      "Gateway is operating in AllowInsecureFallback mode for frontend validation", gen)]
 
 
 def _supported_kinds(listener) -> tuple[tuple[tuple[str, str], ...], Verdict | None]:
@@ -255,6 +282,46 @@ def _client_ca(credential: str, namespace: str, secrets: Mapping[tuple[str, str]
                                                    f"certificates ({TLS_TERMINATE_MODE})")
 
 
+def _frontend_ca(gateway: Entry[KubernetesGateway], listener,
+                 configmaps: Mapping[tuple[str, str], Entry[ConfigMap]],
+                 grants: ReferenceGrants) -> tuple[str, bool, Verdict | None]:
+    """The Gateway's `spec.tls.frontend` for this listener's port, as istiod's buildTLS: (the CA's
+    SDS name, insecure fallback, why it cannot be used). A CA that is missing or not PEM refuses
+    the listener here, so Envoy never waits for (or rejects) a validation context."""
+    tls = gateway.obj.spec.tls
+    validation = tls.frontend.for_port(listener.port) if tls is not None and tls.frontend is not None else None
+    if validation is None:
+        return "", False, None
+    if len(validation.ca_certificate_refs) > 1:
+        return "", False, Verdict(False, "InvalidCACertificateRef", "only one caCertificateRef is supported")
+    ref = validation.ca_certificate_refs[0]
+    ns = ref.namespace or gateway.key.namespace
+    where = f"{ref.group}/{ref.kind}/{ref.name}.{ref.namespace or ''}"
+    if ref.group not in ("", "core") or ref.kind != "ConfigMap":
+        # (istiod also reads a Secret's ca.crt; not served here yet, so refused rather than ignored)
+        return "", False, Verdict(False, "InvalidCACertificateKind", f"invalid CA certificate reference {where}, only "
+                                                                     "configmap is allowed")
+    if ns != gateway.key.namespace and not grants.allowed(GROUP, "Gateway", gateway.key.namespace, "", "ConfigMap",
+                                                          ns, ref.name):
+        return "", False, Verdict(False, "RefNotPermitted", f"caCertificateRef {ns}/{ref.name} not accessible to a "
+                                                            f"Gateway in namespace {gateway.key.namespace!r} (missing "
+                                                            "a ReferenceGrant?)")
+    cm = configmaps.get((ns, ref.name))
+    if cm is None:
+        return "", False, Verdict(False, "InvalidCACertificateRef", f"invalid CA certificate reference {where}, "
+                                                                    f"configmap {ns}/{ref.name} not found")
+    pem = cm.obj.data.get("ca.crt")
+    if pem is None:
+        return "", False, Verdict(False, "InvalidCACertificateRef", f"invalid CA certificate reference {where}, "
+                                                                    "found no ca.crt")
+    try:
+        check_certificates(pem.encode(), "ca.crt")
+    except CredentialError:
+        return "", False, Verdict(False, "InvalidCACertificateRef", f"invalid CA certificate reference {where}, the "
+                                                                    "bundle is malformed")
+    return f"{CONFIGMAP_PREFIX}{ns}/{ref.name}{CA_SUFFIX}", validation.mode == "AllowInsecureFallback", None
+
+
 @dataclass
 class PortBook:
     """Which listener holds what, per port, across a Gateway's merged listeners (the Gateway's
@@ -266,7 +333,8 @@ class PortBook:
 
 def evaluate_listeners(gateway: Entry[KubernetesGateway], secrets: Mapping[tuple[str, str], Entry[Secret]],
                        grants: ReferenceGrants, owner: Entry[ListenerSet] | None = None,
-                       book: PortBook | None = None) -> tuple[ListenerState, ...]:
+                       book: PortBook | None = None,
+                       configmaps: Mapping[tuple[str, str], Entry[ConfigMap]] | None = None) -> tuple[ListenerState, ...]:
     """The listeners of `owner` (a ListenerSet merged into `gateway`), else of the Gateway;
     `book` carries the ports taken by the listeners merged before them."""
     out: list[ListenerState] = []
@@ -279,7 +347,8 @@ def evaluate_listeners(gateway: Entry[KubernetesGateway], secrets: Mapping[tuple
         accepted = ACCEPTED
         conflicted = Verdict(False, "NoConflicts", "No errors found")
         unprogrammed = None
-        credential = tls_mode = ""
+        credential = tls_mode = client_ca = ""
+        insecure = False
         cls = _PORT_CLASS.get(listener.protocol)
         if cls is None:
             hint = f'. hint: "{listener.protocol.upper()}" (uppercase) may be supported' \
@@ -308,12 +377,21 @@ def evaluate_listeners(gateway: Entry[KubernetesGateway], secrets: Mapping[tuple
                 tls_mode = listener.tls.terminate_mode
                 if tls_mode != "ISTIO_MUTUAL":  # (istiod: the router's own certificate, refs unread)
                     credential, problem = _certificate(gateway, source, listener, secrets, grants)
-                    if problem is None and tls_mode != "SIMPLE":
+                    if problem is None:
+                        client_ca, insecure, problem = _frontend_ca(gateway, listener, configmaps or {}, grants)
+                    if problem is None and client_ca:
+                        # istiod: the frontend CA makes it MUTUAL (AllowInsecureFallback: OPTIONAL_MUTUAL
+                        # accepting untrusted certificates); an explicit terminate mode still wins.
+                        if tls_mode == "SIMPLE":
+                            tls_mode = "OPTIONAL_MUTUAL" if insecure else "MUTUAL"
+                        else:
+                            insecure = False
+                    elif problem is None and tls_mode != "SIMPLE":
                         problem = _client_ca(credential, gateway.key.namespace, secrets)
                     if problem is not None:
                         resolved = problem
         out.append(ListenerState(gateway, i, kinds if cls is not None else (), accepted, conflicted, resolved,
-                                 credential, tls_mode, owner, unprogrammed))
+                                 credential, tls_mode, owner, unprogrammed, client_ca, insecure))
     return tuple(out)
 
 
@@ -389,7 +467,8 @@ def programmed_verdict(internal: list[str], warnings: list[str], usable: bool) -
 def evaluate_gateway(gateway: Entry[KubernetesGateway], class_name: str,
                      services: Mapping[tuple[str, str], Entry[Service]],
                      secrets: Mapping[tuple[str, str], Entry[Secret]], grants: ReferenceGrants, domain: str,
-                     sets: tuple[Entry[ListenerSet], ...] = ()) -> GatewayState:
+                     sets: tuple[Entry[ListenerSet], ...] = (),
+                     configmaps: Mapping[tuple[str, str], Entry[ConfigMap]] | None = None) -> GatewayState:
     """As istiod's GatewayCollection: with no usable address at all the Gateway is refused whole
     (no listener served or reported); an ignored address alone refuses Accepted, its listeners
     still served. Accepted says ListenersNotValid when some listener cannot be served.
@@ -402,8 +481,8 @@ def evaluate_gateway(gateway: Entry[KubernetesGateway], class_name: str,
                             Verdict(False, "UnsupportedAddress", "Failed to assign to any requested addresses"), (),
                             report_listeners=False, sets=tuple((s, ()) for s in sets), address_problem=address_problem)
     book = PortBook()
-    listeners = evaluate_listeners(gateway, secrets, grants, book=book)
-    merged = tuple((s, evaluate_listeners(gateway, secrets, grants, s, book)) for s in sets)
+    listeners = evaluate_listeners(gateway, secrets, grants, book=book, configmaps=configmaps)
+    merged = tuple((s, evaluate_listeners(gateway, secrets, grants, s, book, configmaps)) for s in sets)
     valid = sum(1 for ls in listeners if ls.programmed)
     if address_problem is not None:
         accepted = address_problem

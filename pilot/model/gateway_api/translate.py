@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from pilot.config.core import Namespace, Secret, Service
+from pilot.config.core import ConfigMap, Namespace, Secret, Service
 from pilot.config.gateway_api import (
     CONTROLLER_NAME,
     DEFAULT_CLASS,
@@ -34,6 +34,7 @@ from pilot.config.gateway_api import (
     TLSRoute,
 )
 from pilot.config.networking import Gateway, ServiceEntry, VirtualService
+from pilot.model.credentials import CA_SUFFIX, CONFIGMAP_PREFIX
 from pilot.model.gateway_api.attach import Attachment, attach
 from pilot.model.gateway_api.conditions import Status, condition, sorted_conditions
 from pilot.model.gateway_api.hostnames import isolate, matches
@@ -98,6 +99,9 @@ class GatewayApiResult:
     credentials: frozenset[tuple[str, str, str]] = frozenset()
     # Some mesh VirtualService sets a session: sidecars' outbound HCMs need the stateful session filter.
     mesh_sessions: bool = False
+    # (gateway namespace, configmap namespace, name) -> the checked PEM of its ca.crt: the CAs
+    # that Gateways' spec.tls.frontend let this namespace's routers verify clients with (SDS).
+    client_cas: Mapping[tuple[str, str, str], bytes] = field(default_factory=dict)
     memo: TranslationMemo = field(default_factory=TranslationMemo, compare=False, repr=False)
 
     def allows_credential(self, proxy_namespace: str, namespace: str, name: str) -> bool:
@@ -333,6 +337,7 @@ def translate(store: Store, domain: str, previous: GatewayApiResult | None = Non
         return GatewayApiResult(statuses=MappingProxyType(statuses)) if statuses else EMPTY
     services = {(e.key.namespace, e.key.name): e for e in store.list(Service)}
     secrets = {(e.key.namespace, e.key.name): e for e in store.list(Secret)}
+    configmaps = {(e.key.namespace, e.key.name): e for e in store.list(ConfigMap)}
     grant_entries = tuple(sorted(store.list(ReferenceGrant), key=lambda e: e.key))
     grants = ReferenceGrants.of(list(grant_entries))
     labels = {e.key.name: e.obj.metadata.labels for e in store.list(Namespace)}
@@ -342,7 +347,7 @@ def translate(store: Store, domain: str, previous: GatewayApiResult | None = Non
     for g in sorted(kube_gateways, key=_age):
         states[(g.key.namespace, g.key.name)] = evaluate_gateway(
             g, g.obj.spec.gateway_class_name, services, secrets, grants, domain,
-            sets.get((g.key.namespace, g.key.name), ()))
+            sets.get((g.key.namespace, g.key.name), ()), configmaps)
     hostnames: dict[str, list[tuple[str, tuple[str, ...]]]] = defaultdict(list)
     for se in store.list(ServiceEntry):
         for h in se.obj.spec.hosts:
@@ -359,6 +364,7 @@ def translate(store: Store, domain: str, previous: GatewayApiResult | None = Non
     gateways: list[Entry[Gateway]] = []
     virtual_services: list[Entry[VirtualService]] = []
     credentials: set[tuple[str, str, str]] = set()
+    client_cas: dict[tuple[str, str, str], bytes] = {}
     for state in states.values():
         statuses[state.entry.key] = state.status({ls.name: len(p.attached.get((state.entry.key, ls.name), ()))
                                                   for ls in state.listeners})
@@ -373,6 +379,10 @@ def translate(store: Store, domain: str, previous: GatewayApiResult | None = Non
             if "/" in ls.credential:
                 secret_ns, _, secret = ls.credential.partition("/")
                 credentials.add((state.entry.key.namespace, secret_ns, secret))
+            if ls.client_ca:
+                cm_ns, _, cm_name = ls.client_ca[len(CONFIGMAP_PREFIX):-len(CA_SUFFIX)].partition("/")
+                client_cas[(state.entry.key.namespace, cm_ns, cm_name)] = \
+                    configmaps[(cm_ns, cm_name)].obj.data["ca.crt"].encode()
             virtual_services.extend(_http_virtual_services(state, ls, p))
     for ls, route, hosts, targets in p.l4:
         if not ls.programmed:
@@ -385,7 +395,8 @@ def translate(store: Store, domain: str, previous: GatewayApiResult | None = Non
                                                   kind=route.key.kind))
     mesh = _mesh_virtual_services(p, domain)
     return GatewayApiResult(tuple(gateways), tuple(virtual_services), mesh, MappingProxyType(statuses),
-                            frozenset(credentials), any(has_session(vs) for vs in mesh), p.memo)
+                            frozenset(credentials), any(has_session(vs) for vs in mesh),
+                            MappingProxyType(client_cas), p.memo)
 
 
 def _mesh_virtual_services(p: _Pass, domain: str) -> tuple[Entry[VirtualService], ...]:
@@ -428,7 +439,7 @@ def _internal_gateway(state: GatewayState, ls: ListenerState, p: _Pass) -> Entry
         f"ListenerSet/{ls.owner.key.namespace}/{ls.owner.key.name}", f"KubernetesGateway/{gw.key.namespace}/{gw.key.name}")
     created = (ls.owner or gw).obj.metadata.creation_timestamp
     return p.gateway(gw.key.namespace, gw.key.name, ls.server_name, created, spec.port,
-                     protocol, spec.hostname, mode, ls.credential, parents)
+                     protocol, spec.hostname, mode, ls.credential, parents, ls.client_ca, ls.insecure_fallback)
 
 
 def _http_virtual_services(state: GatewayState, ls: ListenerState, p: _Pass) -> list[Entry[VirtualService]]:

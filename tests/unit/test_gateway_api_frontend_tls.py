@@ -10,8 +10,8 @@ from pilot.model.events import push_request_for
 from pilot.model.gateway_api import translate
 from pilot.model.gateways import ServerRef
 from pilot.model.store import ConfigKey, Event
-from pilot.networking.gateway import downstream_tls_context
 from pilot.networking.gateway import _tls_plan as tls_plan  # the plan the router's listener is built from
+from pilot.networking.gateway import downstream_tls_context
 from tests.support.certs import issue, make_ca, tls_secret_yaml
 from tests.unit.test_gateway_api import CLASS, conds, listeners, store_of
 from tests.unit.test_gateway_api_status import message, service

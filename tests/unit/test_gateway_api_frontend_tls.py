@@ -124,6 +124,7 @@ def test_bad_references_are_refused_in_status_and_never_served():
         assert conds(ls)["ResolvedRefs"] == ("False", reason), case
         assert why in message(ls, "ResolvedRefs"), (case, message(ls, "ResolvedRefs"))
         assert conds(ls)["Programmed"] == ("False", "Invalid"), case
+        assert conds(ls)["Accepted"] == ("False", "NoValidCACertificate"), case
         assert result.gateways == () and result.client_cas == {}, case
 
 

@@ -379,6 +379,8 @@ def evaluate_listeners(gateway: Entry[KubernetesGateway], secrets: Mapping[tuple
                     credential, problem = _certificate(gateway, source, listener, secrets, grants)
                     if problem is None:
                         client_ca, insecure, problem = _frontend_ca(gateway, listener, configmaps or {}, grants)
+                        if problem is not None:  # istiod: a CA problem also refuses Accepted
+                            accepted = Verdict(False, "NoValidCACertificate", problem.message)
                     if problem is None and client_ca:
                         # istiod: the frontend CA makes it MUTUAL (AllowInsecureFallback: OPTIONAL_MUTUAL
                         # accepting untrusted certificates); an explicit terminate mode still wins.

@@ -16,8 +16,6 @@ UNBUILT_KINDS = {
                    "itself not supported here)",
     "XListenerSet": "listeners merged into a Gateway (istiod: allowed by the Gateway's spec.allowedListeners, "
                     "itself not supported here)",
-    "BackendTLSPolicy": "TLS from gateways to the Services it targets (refused: their traffic is not "
-                        "encrypted by it)",
     "InferencePool": "an inference backend pool (istiod: ENABLE_GATEWAY_API_INFERENCE_EXTENSION)",
 }
 

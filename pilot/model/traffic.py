@@ -21,6 +21,7 @@ from types import MappingProxyType
 
 from pilot.config.networking import DestinationRule, VirtualService
 from pilot.config.networking.virtual_service import HTTPRoute, TCPRoute, TLSRoute
+from pilot.model.gateway_api.backend_tls import merged_under
 from pilot.model.labels import selects
 from pilot.model.store import Entry, Store
 
@@ -78,8 +79,10 @@ class TrafficIndex:
 
     @classmethod
     def build(cls, store: Store, domain: str, root_namespace: str,
-              mesh_routes: tuple[Entry[VirtualService], ...] = ()) -> TrafficIndex:
-        """`mesh_routes`: the VirtualServices GAMMA routes became (model/gateway_api/mesh)."""
+              mesh_routes: tuple[Entry[VirtualService], ...] = (),
+              backend_rules: tuple[Entry[DestinationRule], ...] = ()) -> TrafficIndex:
+        """`mesh_routes`: the VirtualServices GAMMA routes became (model/gateway_api/mesh);
+        `backend_rules`: the DestinationRules BackendTLSPolicies became (model/gateway_api/backend_tls)."""
         vs: dict[str, list[Entry[VirtualService]]] = defaultdict(list)
         consumers: dict[tuple[str, str], Entry[VirtualService]] = {}
         for e in mesh_routes:
@@ -100,6 +103,8 @@ class TrafficIndex:
             dr[resolve_host(e.obj.spec.host, e.key.namespace, domain)].append(e)
             if (ws := e.obj.spec.workload_selector) is not None:
                 rule_selectors.add(tuple(sorted(ws.match_labels.items())))
+        for b in backend_rules:
+            _merge_backend_rule(dr[b.obj.spec.host], b)
         conflicts = []
         for host, entries in vs.items():
             entries.sort(key=_age)
@@ -154,6 +159,19 @@ class TrafficIndex:
                 return _applicable(tier, client_namespace, client_labels)
         tier = [e for e in candidates if _exported_to(e, client_namespace)]
         return _applicable(tier, client_namespace, client_labels) if tier else None
+
+
+def _merge_backend_rule(rules: list[Entry[DestinationRule]], backend: Entry[DestinationRule]) -> None:
+    """istiod's mergeDestinationRule for a rule synthesized from a backend policy: merged under
+    the user's rule of its namespace with no selector and the same (default) exportTo, whose
+    fields win whatever their ages; otherwise a rule of its own."""
+    for i, e in sorted(enumerate(rules), key=lambda ie: _age(ie[1])):
+        spec = e.obj.spec
+        if (e.key.namespace == backend.key.namespace and spec.workload_selector is None
+                and spec.export_to in ([], ["*"])):
+            rules[i] = merged_under(e, backend)
+            return
+    rules.append(backend)
 
 
 def _applicable(rules: list[Entry[DestinationRule]], client_namespace: str,

@@ -32,7 +32,8 @@ from pilot.config.gateway_api import (
     TCPRoute,
     TLSRoute,
 )
-from pilot.config.networking import Gateway, VirtualService
+from pilot.config.networking import DestinationRule, Gateway, VirtualService
+from pilot.model.gateway_api import backend_tls
 from pilot.model.gateway_api.attach import Attachment, attach
 from pilot.model.gateway_api.conditions import Status, condition, sorted_conditions
 from pilot.model.gateway_api.hostnames import isolate, matches
@@ -44,6 +45,7 @@ from pilot.model.gateway_api.http import (
     referenced_services,
 )
 from pilot.model.gateway_api.internal import (
+    PARENTS,
     Route,
     gateway_entry,
     internal_gateway_name,
@@ -93,6 +95,8 @@ class GatewayApiResult:
     # (gateway namespace, secret namespace, secret name): Secrets in other namespaces that a
     # ReferenceGrant lets this namespace's gateways present (served over SDS).
     credentials: frozenset[tuple[str, str, str]] = frozenset()
+    # BackendTLSPolicy: the DestinationRules they become (merged under users' in the traffic index)
+    destination_rules: tuple[Entry[DestinationRule], ...] = ()
     memo: TranslationMemo = field(default_factory=TranslationMemo, compare=False, repr=False)
 
     def allows_credential(self, proxy_namespace: str, namespace: str, name: str) -> bool:
@@ -311,7 +315,11 @@ def translate(store: Store, domain: str, previous: GatewayApiResult | None = Non
                                   *store.list(TCPRoute)]
     if not kube_gateways and not any(is_service_parent(ref) for r in routes
                                      for ref in r.obj.spec.parent_refs):
-        return GatewayApiResult(statuses=MappingProxyType(statuses)) if statuses else EMPTY
+        btls = backend_tls.evaluate(store, domain, {})
+        statuses.update(btls.statuses)
+        if not statuses:
+            return EMPTY
+        return GatewayApiResult(statuses=MappingProxyType(statuses), destination_rules=btls.destination_rules)
     services = {(e.key.namespace, e.key.name): e for e in store.list(Service)}
     secrets = {(e.key.namespace, e.key.name): e for e in store.list(Secret)}
     grant_entries = tuple(sorted(store.list(ReferenceGrant), key=lambda e: e.key))
@@ -350,8 +358,35 @@ def translate(store: Store, domain: str, previous: GatewayApiResult | None = Non
         virtual_services.append(p.virtual_service(gw.key.namespace, name, internal, hosts, (str(route.key),),
                                                   route.obj.metadata.creation_timestamp, l4=targets,
                                                   kind=route.key.kind))
+    btls = backend_tls.evaluate(store, domain, _gateways_by_backend(gateways, virtual_services))
+    statuses.update(btls.statuses)
     return GatewayApiResult(tuple(gateways), tuple(virtual_services), _mesh_virtual_services(p, domain),
-                            MappingProxyType(statuses), frozenset(credentials), p.memo)
+                            MappingProxyType(statuses), frozenset(credentials), btls.destination_rules, p.memo)
+
+
+def _gateways_by_backend(gateways: list[Entry[Gateway]], virtual_services: list[Entry[VirtualService]]
+                         ) -> dict[str, frozenset[tuple[str, str]]]:
+    """Backend host -> the Gateways (namespace, name) whose routes send traffic to it (the
+    ancestors a BackendTLSPolicy reports, istiod's AncestorBackend index)."""
+    owner: dict[str, tuple[str, str]] = {}
+    for g in gateways:
+        parent = g.obj.metadata.annotations.get(PARENTS, "")  # KubernetesGateway/NS/NAME
+        _, ns, name = parent.split("/", 2)
+        owner[f"{g.key.namespace}/{g.key.name}"] = (ns, name)
+    out: dict[str, set[tuple[str, str]]] = defaultdict(set)
+    for vs in virtual_services:
+        gws = {owner[b] for b in vs.obj.spec.gateways if b in owner}
+        if not gws:
+            continue
+        spec = vs.obj.spec
+        dests = [d.destination for rule in spec.http for d in rule.route]
+        dests += [m.destination for rule in spec.http for m in rule.mirrors]
+        dests += [rule.mirror for rule in spec.http if rule.mirror is not None]
+        dests += [d.destination for tcp in spec.tcp for d in tcp.route]
+        dests += [d.destination for tls in spec.tls for d in tls.route]
+        for d in dests:
+            out[d.host] |= gws
+    return {h: frozenset(v) for h, v in out.items()}
 
 
 def _mesh_virtual_services(p: _Pass, domain: str) -> tuple[Entry[VirtualService], ...]:

@@ -321,3 +321,20 @@ def test_generated_tls_passes_envoy_validate(world: World, tmp_path):
                        validation="caCertificateRefs: [{group: '', kind: ConfigMap, name: missing}]"))
     ok, output = envoy_validate(static_bootstrap(world.ctx(), proxy()), tmp_path)
     assert ok, output
+
+
+def test_only_configmaps_holding_a_ca_bundle_cause_a_push():
+    from pilot.model.events import push_request_for
+    from pilot.model.store import Entry, Event
+
+    mesh = ConfigKey("ConfigMap", "istio-system", "istio")
+
+    def event(data: dict | None, old: dict | None = None) -> Event:
+        def entry(d):
+            return None if d is None else Entry(ConfigKey("ConfigMap", "default", "ca"),
+                                                parse_object({**config_map(""), "data": d}), 1, "test")
+        return Event("update" if old else "add", ConfigKey("ConfigMap", "default", "ca"), entry(old), entry(data))
+
+    assert push_request_for([event({"ca.crt": CA.cert_pem.decode()})], mesh).full
+    assert push_request_for([event({"ca.crt": ""}, old={"ca.crt": "x"})], mesh).full  # emptied: still a push
+    assert push_request_for([event({"root-cert.pem": CA.cert_pem.decode()})], mesh) is None

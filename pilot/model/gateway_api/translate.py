@@ -24,6 +24,7 @@ from pilot.config.core import Namespace, Secret, Service
 from pilot.config.gateway_api import (
     CONTROLLER_NAME,
     DEFAULT_CLASS,
+    BackendTLSPolicy,
     GatewayClass,
     GRPCRoute,
     HTTPRoute,
@@ -358,7 +359,9 @@ def translate(store: Store, domain: str, previous: GatewayApiResult | None = Non
         virtual_services.append(p.virtual_service(gw.key.namespace, name, internal, hosts, (str(route.key),),
                                                   route.obj.metadata.creation_timestamp, l4=targets,
                                                   kind=route.key.kind))
-    btls = backend_tls.evaluate(store, domain, _gateways_by_backend(gateways, virtual_services))
+    # (the ancestors index walks every route: only built when some policy will read it)
+    btls = (backend_tls.evaluate(store, domain, _gateways_by_backend(gateways, virtual_services))
+            if store.list(BackendTLSPolicy) else backend_tls.EMPTY)
     statuses.update(btls.statuses)
     return GatewayApiResult(tuple(gateways), tuple(virtual_services), _mesh_virtual_services(p, domain),
                             MappingProxyType(statuses), frozenset(credentials), btls.destination_rules, p.memo)

@@ -282,7 +282,7 @@ def _rules(pieces: list[_Piece], services: Mapping[tuple[str, str], Entry[Servic
                 by_port.setdefault(ports[piece.section], piece.tls)
             elif whole is None:
                 whole = piece.tls
-            parent = f"BackendTLSPolicy/{piece.policy.key.namespace}.{piece.policy.key.name}"
+            parent = str(piece.policy.key)  # as the other generated objects name their sources
             if parent not in parents:
                 parents.append(parent)
         policy = TrafficPolicy.model_construct(

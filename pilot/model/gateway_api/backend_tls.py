@@ -326,4 +326,5 @@ def merged_under(user: Entry[DestinationRule], backend: Entry[DestinationRule]) 
         policy = u.model_copy(update={"tls": u.tls if u.tls is not None else b.tls, "port_level_settings": plevel})
     obj = user.obj.model_copy(update={"spec": user.obj.spec.model_copy(update={"traffic_policy": policy})})
     digest = hashlib.blake2b(f"{user.revision}/{backend.revision}".encode(), digest_size=8).digest()
-    return Entry(user.key, obj, int.from_bytes(digest, "big"), user.source)
+    # negative, as dr_merge's consolidated entries: never a Store revision
+    return Entry(user.key, obj, -(int.from_bytes(digest, "big") >> 1) - 1, user.source)

@@ -32,7 +32,7 @@ WATCHED_KINDS = ("Namespace", "Service", "EndpointSlice", "Pod", "Node", "Config
                  "EnvoyFilter", "ProxyConfig", "WorkloadGroup",
                  "PeerAuthentication", "AuthorizationPolicy", "RequestAuthentication",
                  "GatewayClass", "KubernetesGateway", "ListenerSet", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute",
-                 "ReferenceGrant", "Telemetry", "WasmPlugin")
+                 "ReferenceGrant", "BackendTLSPolicy", "Telemetry", "WasmPlugin")
 
 
 # Gateway credentials are kubernetes.io/tls Secrets or generic (Opaque) ones with tls.crt/tls.key.

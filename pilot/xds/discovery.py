@@ -33,7 +33,7 @@ from pilot.xds.connection import Connection, Nack, WatchedResource
 from pilot.xds.debounce import Debouncer
 from pilot.xds.generated import Generated, GenerationMemo, Generator, Plan
 from pilot.xds.generators import authorization, cds, eds, lds, rds, sds, wds
-from pilot.xds.pace import Pace
+from pilot.xds.pace import Pace, Slots
 from pilot.xds.pushstatus import PushHistory, PushRecord
 
 log = plog.get("ads")
@@ -65,12 +65,14 @@ class _Slot:
 
     __slots__ = ("_held", "_sem")
 
-    def __init__(self, sem: asyncio.Semaphore) -> None:
+    def __init__(self, sem: Slots) -> None:
         self._sem, self._held = sem, False
 
-    async def acquire(self) -> None:
-        await self._sem.acquire()
+    async def acquire(self) -> bool:
+        """Whether it waited for the slot."""
+        waited = await self._sem.acquire()
         self._held = True
+        return waited
 
     def release(self) -> None:
         if self._held:
@@ -107,7 +109,7 @@ class DiscoveryServer:
                                         proxy_inputs={typeurls.ENDPOINT: eds.proxy_inputs,
                                                       typeurls.CLUSTER: eds.cds_proxy_inputs})
         self.connections: dict[str, Connection] = {}
-        self.throttle = asyncio.Semaphore(features.push_throttle)
+        self.throttle = Slots(features.push_throttle)
         self.pace = Pace()  # stream work per loop iteration, bounded (pilot/xds/pace.py)
         self.debouncer = Debouncer(features.debounce_after, features.debounce_max,
                                    features.enable_eds_debounce, self._debounced_push)
@@ -375,6 +377,11 @@ class DiscoveryServer:
         record = self.history.get(req.version)
         changed_clusters: frozenset[str] = frozenset()
         first = True
+        # One turn per stretch of work between two suspensions: the stream's worker took one
+        # before calling this; another only once this task has waited (for a slot or a write).
+        # A type with nothing to send (a memo hit, an empty plan: tens of microseconds) does
+        # not wait for a loop iteration of its own.
+        turned = True
         for type_url in typeurls.PUSH_ORDER:
             w = conn.watched.get(type_url)
             if w is None or type_url not in GENERATORS:
@@ -394,9 +401,12 @@ class DiscoveryServer:
             # writes in flight measured ~30% less server CPU per push), but only for
             # SLOW_WRITE: a proxy slow to read must not hold a slot others need.
             slot = _Slot(self.throttle)
-            await slot.acquire()
+            if await slot.acquire():
+                turned = False
             try:
-                await self.pace.turn()
+                if not turned:
+                    await self.pace.turn()
+                    turned = True
                 if first:
                     queued = time.monotonic() - queued_at
                     self.metrics.proxy_queue_time.observe(queued)
@@ -423,6 +433,7 @@ class DiscoveryServer:
                         await self._write(conn, send, body)
                     finally:
                         timer.cancel()
+                    turned = False
             finally:
                 slot.release()
             t2 = time.perf_counter()

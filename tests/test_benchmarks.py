@@ -153,3 +153,12 @@ def test_gateway_api_scenario_translates_every_route_on_every_listener(monkeypat
     # One VirtualService per route hostname per listener: every route attached, every listener served.
     assert (result["listeners"], result["virtual_services"]) == (8, 20 * 4)
     assert result["first_s"] > 0 and result["unchanged_s"] > 0 and len(result["unchanged"]["runs_cpu_s"]) == 2
+
+
+def test_config_sizes_script_measures_named_and_sniffed_ports():
+    from benchmarks import config_sizes
+    named = config_sizes.measure(20, 2, "http", "REDIRECT")
+    sniffed = config_sizes.measure(20, 2, "web", "REDIRECT")
+    assert named["cds"]["resources"] == sniffed["cds"]["resources"] == 22  # 20 services + 2 passthrough/blackhole
+    # Sniffed ports carry both HTTP and TCP config: more bytes, in both kinds.
+    assert sniffed["cds"]["bytes"] > named["cds"]["bytes"] and sniffed["lds"]["bytes"] > named["lds"]["bytes"]

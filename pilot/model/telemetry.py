@@ -265,16 +265,19 @@ Lookup = Callable[[str, int], "tuple[str, str] | None"]  # (service, port) -> (h
 
 
 def plan_for(index: TelemetryIndex, mesh: MeshConfig, proxy: ProxyInfo, lookup: Lookup,
-             problems: list[str], legacy: ModeTelemetry | None = None) -> TelemetryPlan:
+             problems: list[str], legacy: ModeTelemetry | None = None,
+             default_sampling: float = DEFAULT_TRACE_SAMPLING) -> TelemetryPlan:
     """The telemetry of one proxy (its namespace, labels and traits). `lookup` resolves a
     provider's service to its cluster; what cannot be resolved is appended to `problems`.
     `legacy` is MeshConfig's own (the same object for every proxy no Telemetry reaches, so
-    listeners built from it share their cache keys by identity)."""
+    listeners built from it share their cache keys by identity). `default_sampling`: the
+    percentage of requests traced when no Telemetry sets randomSamplingPercentage
+    (PILOT_TRACE_SAMPLING)."""
     legacy = legacy if legacy is not None else legacy_access_logs(mesh)
     applied = applicable(index, mesh.root_namespace, proxy)
     defaults = mesh.default_providers
     if not applied and not defaults.access_logging and not defaults.tracing:
-        traced = _legacy_tracing(mesh, proxy)
+        traced = _legacy_tracing(mesh, proxy, default_sampling)
         if traced is None:
             return TelemetryPlan(legacy, legacy, ())
         both = ModeTelemetry(legacy.access_logs, traced)
@@ -288,7 +291,7 @@ def plan_for(index: TelemetryIndex, mesh: MeshConfig, proxy: ProxyInfo, lookup: 
             logs = legacy.access_logs
         else:
             logs = _access_logs(mesh, merge_logs(levels, _usable_defaults(mesh, "access"), mode), lookup, problems)
-        out[mode] = ModeTelemetry(logs, _tracing(mesh, tracing, mode, proxy, lookup, problems))
+        out[mode] = ModeTelemetry(logs, _tracing(mesh, tracing, mode, proxy, lookup, problems, default_sampling))
     return TelemetryPlan(out["CLIENT"], out["SERVER"], origins)
 
 
@@ -333,14 +336,14 @@ def _with_filter(log: AccessLog, expression: str | None) -> AccessLog:
     return AccessLog(log.provider, log.kind, log.config, log.cluster, log.authority, expression)
 
 
-def _proxy_sampling(tracing: ProxyTracing | None) -> float:
+def _proxy_sampling(tracing: ProxyTracing | None, default: float) -> float:
     """istiod's proxyConfigSamplingValue: ProxyConfig tracing.sampling, else PILOT_TRACE_SAMPLING."""
     if tracing is None or tracing.sampling == 0:
-        return DEFAULT_TRACE_SAMPLING
+        return default
     return 1.0 if tracing.sampling > 100 else tracing.sampling
 
 
-def _legacy_tracing(mesh: MeshConfig, proxy: ProxyInfo) -> TracingSpec | None:
+def _legacy_tracing(mesh: MeshConfig, proxy: ProxyInfo, default_sampling: float) -> TracingSpec | None:
     """No Telemetry tracing and no defaultProviders.tracing: istiod's legacy path. The HCM traces
     with ProxyConfig's sampling and tags and no provider, so Envoy uses the bootstrap's tracer,
     which pilot-agent writes from ProxyConfig tracing.zipkin. Only built when the proxy's
@@ -351,18 +354,18 @@ def _legacy_tracing(mesh: MeshConfig, proxy: ProxyInfo) -> TracingSpec | None:
         return None
     istio_tags = t.enable_istio_tags if t.enable_istio_tags is not None else True
     return TracingSpec(
-        provider="", kind="bootstrap", config="{}", cluster="", authority="", sampling=_proxy_sampling(t),
+        provider="", kind="bootstrap", config="{}", cluster="", authority="", sampling=_proxy_sampling(t, default_sampling),
         custom_tags=t.tags(), istio_tags=_istio_tags(proxy) if istio_tags else (),
         use_request_id_for_sampling=True, spawn_upstream_span=False, no_context_propagation=False,
         service_name=proxy.node_cluster, max_path_tag_length=t.max_path_tag_length)
 
 
 def _tracing(mesh: MeshConfig, entries: list[Tracing], mode: str, proxy: ProxyInfo, lookup: Lookup,
-             problems: list[str]) -> TracingSpec | None:
+             problems: list[str], default_sampling: float = DEFAULT_TRACE_SAMPLING) -> TracingSpec | None:
     """istiod's Telemetries.Tracing for one mode, then configureTracingFromTelemetry's choices."""
     defaults = _usable_defaults(mesh, "tracing")
     if not entries and not defaults:
-        return _legacy_tracing(mesh, proxy)
+        return _legacy_tracing(mesh, proxy, default_sampling)
     provider = _lookup(mesh.providers, defaults[0]) if defaults else None
     disabled = False
     sampling: float | None = None
@@ -409,7 +412,7 @@ def _tracing(mesh: MeshConfig, entries: list[Tracing], mode: str, proxy: ProxyIn
     return TracingSpec(
         provider=provider.name, kind=kind, config=settings.model_dump_json(by_alias=True),
         cluster=found[1], authority=found[0],
-        sampling=sampling if sampling is not None else _proxy_sampling(proxy.tracing),
+        sampling=sampling if sampling is not None else _proxy_sampling(proxy.tracing, default_sampling),
         custom_tags=tuple(custom), istio_tags=_istio_tags(proxy) if istio_tags else (),
         use_request_id_for_sampling=use_request_id, spawn_upstream_span=proxy.is_router,
         no_context_propagation=no_propagation, service_name=proxy.node_cluster,

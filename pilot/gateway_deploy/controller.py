@@ -87,7 +87,8 @@ class DeploymentController(LeaderWorker):
     def _on_events(self, events: list[Event]) -> None:
         if not self.active:
             return
-        if any(e.key.kind in ("GatewayClass", "Namespace") or e.key in self.resync_keys for e in events):
+        if any(e.key.kind in ("GatewayClass", "Namespace", "ProxyConfig") or e.key in self.resync_keys
+               for e in events):
             self.resync()
             return
         keys = {e.key for e in events if e.key.kind == "KubernetesGateway" and e.new is not None}
@@ -163,7 +164,8 @@ class DeploymentController(LeaderWorker):
         if problem:
             log.warning("cannot deploy the gateway", gateway=f"{key.namespace}/{key.name}", reason=problem)
             return
-        for obj in render(gw, class_name, self.inputs()):
+        proxy_configs = [e.obj for e in self.store.list("ProxyConfig")]
+        for obj in render(gw, class_name, self.inputs(), proxy_configs):
             await self._apply(obj)
 
     async def _apply(self, obj: dict) -> None:

@@ -6,10 +6,12 @@ that shares the services and replaces only the endpoint index.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
+from typing import Any
 
 from pilot.config.core import EndpointSlice, Node, Pod, Secret, Service
 from pilot.config.extensions import WasmPlugin
@@ -23,6 +25,7 @@ from pilot.config.networking import (
     VirtualService,
     WorkloadEntry,
 )
+from pilot.config.proxy_tracing import ProxyTracing, parse_proxy_tracing
 from pilot.config.security import AuthorizationPolicy
 from pilot.model import auto_allocate
 from pilot.model import dependencies as dep
@@ -570,8 +573,9 @@ class PushContext:
         proxies of one namespace with the same labels and traits."""
         index, root = self.telemetry, self.mesh.root_namespace
         defaults = self.mesh.default_providers
+        tracing_raw = self._proxy_tracing_raw(proxy)
         if not (index.by_namespace.get(root) or index.by_namespace.get(proxy.namespace)
-                or defaults.access_logging or defaults.tracing):
+                or defaults.access_logging or defaults.tracing or (tracing_raw is not None and self.mesh.enable_tracing)):
             # The common case, no Telemetry for this proxy: MeshConfig's plan, without per-proxy work.
             self._note(dep.telemetry(root), dep.telemetry(proxy.namespace))
             shared = self._memo.get("telemetry-mesh")
@@ -581,10 +585,11 @@ class PushContext:
             return shared
         labels = proxy.labels
         md = proxy.metadata
+        tracing_key = json.dumps(tracing_raw, sort_keys=True) if tracing_raw is not None else None
         info = ProxyInfo(proxy.namespace, labels, proxy.type == "router", str(md.get("CLUSTER_ID") or ""),
-                         str(md.get("MESH_ID") or ""), proxy.cluster)
+                         str(md.get("MESH_ID") or ""), proxy.cluster, self._proxy_tracing(tracing_key, tracing_raw))
         key = ("telemetry", info.namespace, frozenset(labels.items()), info.is_router, info.cluster_id,
-               info.mesh_id, info.node_cluster)
+               info.mesh_id, info.node_cluster, tracing_key)
 
         def plan() -> TelemetryPlan:
             self._note(dep.telemetry(self.mesh.root_namespace), dep.telemetry(proxy.namespace))
@@ -592,6 +597,29 @@ class PushContext:
                             self.settings.knobs.trace_sampling)
 
         return self._memoized(key, plan)
+
+    def _proxy_tracing_raw(self, proxy: Proxy) -> Any:
+        """istiod's ProxyConfigOrDefault(mesh.defaultConfig).tracing: the proxy's PROXY_CONFIG
+        when it sent one, else MeshConfig's defaultConfig (as written)."""
+        pc = proxy.metadata.get("PROXY_CONFIG")
+        if isinstance(pc, str):  # a JSON string, as istio-agent's ISTIO_META_PROXY_CONFIG may be
+            try:
+                pc = json.loads(pc)
+            except ValueError:
+                pc = None
+        if isinstance(pc, Mapping):
+            return pc.get("tracing")
+        return (self.mesh.default_config.model_extra or {}).get("tracing")
+
+    def _proxy_tracing(self, key: str | None, raw: Any) -> ProxyTracing | None:
+        if key is None:
+            return None
+        memo_key = ("proxy-tracing", key)
+        if memo_key not in self._memo:
+            # Invalid PROXY_CONFIG tracing is refused by pilot-agent before Envoy starts; the mesh's
+            # is reported with the MeshConfig (TelemetryIndex.problems). Either way: as if absent.
+            self._memo[memo_key] = parse_proxy_tracing(raw, "PROXY_CONFIG tracing")[0]
+        return self._memo[memo_key]
 
     def wasm_plan(self, proxy: Proxy) -> WasmPlan:
         """The WasmPlugins selecting the proxy, per listener class (pilot/model/wasm.py); shared

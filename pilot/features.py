@@ -129,7 +129,8 @@ LEADER_RETRY_PERIOD = _knob("PILOT_LEADER_RETRY_PERIOD", "7.5s", parse_duration,
 DRAIN_DURATION = _knob(
     "PILOT_DRAIN_DURATION", "5s", parse_duration,
     "On SIGTERM, xDS streams are closed spread over this long so proxies reconnect gradually; the "
-    "xDS port says GOAWAY at once, so each reconnects on a new connection (another replica).")
+    "xDS ports (15010 and 15012) say GOAWAY at once, so each reconnects on a new connection "
+    "(another replica).")
 XDS_SEND_TIMEOUT = _knob(
     "PILOT_XDS_SEND_TIMEOUT", "0s", parse_duration,
     "Longest one xDS response may take to be written to a proxy; a proxy that does not read it "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 from pilot.config.networking import DestinationRule
 from pilot.model.mtls import MeshTls, client_mesh_tls
@@ -50,6 +51,9 @@ def resources(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
 
     view = ctx.view(None if proxy.type == "router" else ctx.sidecar_for(proxy.namespace, proxy.labels))
     has_identity = proxy.traits.mesh_tls
+    settings = ctx.settings.clusters
+    if ctx.settings.knobs.dual_stack and proxy.dual_stack:
+        settings = replace(settings, dual_stack=True)  # ISTIO_DUAL_STACK: part of these clusters' keys
     dns_local = ctx.dns_locality_in_use()
     sniffing_sidecar = proxy.type == "sidecar" and ctx.settings.listeners.sniff_outbound
     unsupported = Protocol.UNSUPPORTED
@@ -80,11 +84,11 @@ def resources(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
                         if dns and dns_local else None
                     if downstream:
                         yield cache.resource(CLUSTER, name, clusters.outbound_cluster,
-                                             svc, port, ctx.settings.clusters, dr, subset, targets, mesh_tls,
+                                             svc, port, settings, dr, subset, targets, mesh_tls,
                                              local, True, origins=origins)
                         continue
                     yield cache.resource(CLUSTER, name, clusters.outbound_cluster,
-                                         svc, port, ctx.settings.clusters, dr, subset, targets, mesh_tls,
+                                         svc, port, settings, dr, subset, targets, mesh_tls,
                                          local, origins=origins)
     if proxy.type == "sidecar":
         plan = ctx.inbound_plan(proxy)
@@ -96,7 +100,7 @@ def resources(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         if proxy.interception_mode != "NONE" and (plan.mesh_tls or any(not p.bind for p in plan.ports)) \
                 and want(inbound.INBOUND_PASSTHROUGH_CLUSTER):
             yield cache.resource(CLUSTER, inbound.INBOUND_PASSTHROUGH_CLUSTER,
-                                 inbound.inbound_passthrough_cluster, ctx.settings.clusters,
+                                 inbound.inbound_passthrough_cluster, settings,
                                  origins=("MeshConfig",))
     for name, build in ((names.BLACKHOLE_CLUSTER, clusters.blackhole_cluster),
                         (names.PASSTHROUGH_CLUSTER, clusters.passthrough_cluster)):

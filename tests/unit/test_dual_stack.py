@@ -166,3 +166,28 @@ def test_dual_stack_config_passes_envoy_validate(on: bool, tmp_path: Path):
     assert ("additional_addresses" in listeners["virtualOutbound"]) is on
     ok, output = envoy_validate(config, tmp_path)
     assert ok, f"envoy rejected the generated config:\n{output}"
+
+
+def test_dual_stack_router_gateway_listener_binds_both_families():
+    from tests.unit.test_gateway_config import gateway, router
+
+    w = world()
+    w.apply(gateway())
+    dual = router()
+    dual.metadata["INSTANCE_IPS"] = "10.0.0.9,fd00::9"
+    for p, on, want in ((dual, False, []), (dual, True, [("::", 8080)]), (router(), True, [])):
+        listener = w.lds(p, ctx(w, on))["0.0.0.0_8080"].message(listener_pb2.Listener)
+        assert _extra(listener) == want
+
+
+def test_dual_stack_gateway_config_passes_envoy_validate(tmp_path: Path):
+    from tests.unit.test_gateway_config import gateway, router
+
+    w = world()
+    w.apply(gateway())
+    dual = router()
+    dual.metadata["INSTANCE_IPS"] = "10.0.0.9,fd00::9"
+    config = static_bootstrap(ctx(w, True), dual)
+    assert any("additional_addresses" in ld for ld in config["static_resources"]["listeners"])
+    ok, output = envoy_validate(config, tmp_path)
+    assert ok, f"envoy rejected the generated config:\n{output}"

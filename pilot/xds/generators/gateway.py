@@ -87,6 +87,8 @@ def listeners(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         plugins = ctx.wasm_plan(proxy)  # CLIENT mode too
         if plugins.client:
             settings = replace(settings, wasm=plugins.client)
+        if ctx.settings.knobs.dual_stack and proxy.dual_stack:
+            settings = replace(settings, dual_stack=True)  # ISTIO_DUAL_STACK: [::] beside 0.0.0.0
         out.append(cache.resource(LISTENER, plan.name, gateway.gateway_listener, plan, settings,
                                   policies, ctx.mesh.trust_domains, hops,
                                   origins=plan.origins + telemetry.origins + plugins.origins + policies.origins))

@@ -13,6 +13,7 @@ from pilot.config.gateway_api import (
     GRPCRoute,
     HTTPRoute,
     KubernetesGateway,
+    ListenerSet,
     ReferenceGrant,
     TCPRoute,
     TLSRoute,
@@ -110,6 +111,8 @@ KINDS: tuple[Kind, ...] = (
     # `KubernetesGateway` (Kind.config_kind), apart from Istio's Gateway.
     Kind(GW, ("v1", "v1beta1"), "GatewayClass", "gatewayclasses", False, GatewayClass),
     Kind(GW, ("v1", "v1beta1"), "Gateway", "gateways", True, KubernetesGateway),
+    # Standard (v1) since v1.5; istiod reads only this version (not the older XListenerSet).
+    Kind(GW, ("v1",), "ListenerSet", "listenersets", True, ListenerSet),
     Kind(GW, ("v1", "v1beta1"), "HTTPRoute", "httproutes", True, HTTPRoute),
     Kind(GW, ("v1", "v1alpha2"), "GRPCRoute", "grpcroutes", True, GRPCRoute),
     # v1alpha2 is what v1.5 (experimental) serves; v1.6 adds v1.

@@ -66,7 +66,7 @@ ENDPOINT_KINDS = frozenset({"EndpointSlice", "Pod", "WorkloadEntry", "Node"})
 CONTEXT_KINDS = ENDPOINT_KINDS | AMBIENT_INPUT_KINDS | frozenset({
     "Service", "ServiceEntry", "VirtualService", "DestinationRule", "Sidecar", "Gateway", "Secret", "EnvoyFilter",
     "PeerAuthentication", "AuthorizationPolicy", "RequestAuthentication", "Namespace",
-    "GatewayClass", "KubernetesGateway", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute", "ReferenceGrant",
+    "GatewayClass", "KubernetesGateway", "ListenerSet", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute", "ReferenceGrant",
     "Telemetry", "WasmPlugin"})
 
 
@@ -290,6 +290,11 @@ class PushContext:
     def allows_credential(self, proxy_namespace: str, namespace: str, name: str) -> bool:
         self._note(dep.GRANTS)
         return self.gateway_api.allows_credential(proxy_namespace, namespace, name)
+
+    def mesh_sessions(self) -> bool:
+        """Some mesh route sets a session (sidecars' outbound HCMs then carry the filter)."""
+        self._note(dep.SESSIONS)
+        return self.gateway_api.mesh_sessions
 
     def workload_policies(self, namespace: str, labels: Mapping[str, str]):
         """AuthorizationPolicies and RequestAuthentications selecting a workload."""

@@ -62,10 +62,11 @@ def _conditions_problem(conditions: list[dict], want: list[list[str]]) -> str | 
     return None
 
 
-def _parent_matches(entry: dict, ns: str, name: str, section: str | None, route_ns: str) -> bool:
+def _parent_matches(entry: dict, ns: str, name: str, section: str | None, route_ns: str,
+                    kind: str = "Gateway") -> bool:
     ref = entry["parentRef"]
     return (ref["name"] == name and ref.get("namespace", route_ns) == ns
-            and (section is None or ref.get("sectionName") == section) and ref.get("kind", "Gateway") == "Gateway")
+            and (section is None or ref.get("sectionName") == section) and ref.get("kind", "Gateway") == kind)
 
 
 async def check_status(cluster: Cluster, spec: dict, timeout: float = STATUS_TIMEOUT) -> None:
@@ -86,7 +87,11 @@ async def check_status(cluster: Cluster, spec: dict, timeout: float = STATUS_TIM
             if stale or not conds:
                 return f"conditions {stale or 'none'} not at generation {gen}"
             return None
-        if kind in ("Gateway", "GatewayClass"):
+        # upstream GatewayMustHaveAttachedListeners
+        if kind == "Gateway" and "attachedListenerSets" in spec \
+                and status.get("attachedListenerSets", 0) != spec["attachedListenerSets"]:
+            return f"attachedListenerSets {status.get('attachedListenerSets')}, want {spec['attachedListenerSets']}"
+        if kind in ("Gateway", "GatewayClass", "ListenerSet"):
             if "listener" in spec:
                 ls = next((x for x in status.get("listeners", []) if x["name"] == spec["listener"]), None)
                 if ls is None:
@@ -124,7 +129,8 @@ async def check_status(cluster: Cluster, spec: dict, timeout: float = STATUS_TIM
             return f"accepted parents {accepted}" if accepted else None
         pns, pname = split_name(spec["parent"])
         section = spec.get("section")
-        entry = next((p for p in parents if _parent_matches(p, pns, pname, section, ns)), None)
+        entry = next((p for p in parents if _parent_matches(p, pns, pname, section, ns,
+                                                            spec.get("parentKind", "Gateway"))), None)
         if entry is None:
             return f"no parent {pns}/{pname}/{section} in {[p['parentRef'] for p in parents]}"
         return _conditions_problem(entry.get("conditions", []), spec.get("conditions", []))
@@ -134,11 +140,14 @@ async def check_status(cluster: Cluster, spec: dict, timeout: float = STATUS_TIM
 
 async def check_accepted(cluster: Cluster, spec: dict) -> None:
     """upstream GatewayAndRoutesMustBeAccepted (+ ResolvedRefs True with `resolvedRefs: true`): every
-    route's parents are exactly the Gateway (or the listed sections of it), Accepted; every listener
-    of the Gateway Accepted, Programmed and ResolvedRefs."""
+    route has the Gateway (or the listed sections of it) among its parents, Accepted; every listener
+    of the Gateway Accepted, Programmed and ResolvedRefs. With `parentKind: ListenerSet`
+    (`gateway` names the ListenerSet), upstream RoutesAndParentMustBeAccepted for it."""
     gns, gname = split_name(spec["gateway"])
-    sections = spec.get("sections", [None])
+    # (`sections` name the listeners upstream lists; its parent match ignores sectionName, so one
+    # Accepted entry for the Gateway satisfies each of them)
     kind = spec.get("kind", "HTTPRoute")
+    parent_kind = spec.get("parentKind", "Gateway")
     for route in spec.get("routes", []):
         rns, rname = split_name(route)
 
@@ -147,27 +156,22 @@ async def check_accepted(cluster: Cluster, spec: dict) -> None:
             if status is None:
                 return "no status"
             parents = status.get("parents", [])
-            # As upstream's parentsForRouteMatch: as many parents as listeners named, matched by
+            # As upstream's parentsForRouteMatch: a parent entry for the Gateway, matched by
             # group, kind, name and namespace (not sectionName), from our controller, Accepted.
-            if len(parents) != len(sections):
-                return f"parents {[p['parentRef'] for p in parents]}, want {len(sections)} for {gns}/{gname}"
-            for entry in parents:
-                ref = entry["parentRef"]
-                if (ref.get("group"), ref.get("kind"), ref["name"]) != (GW_GROUP, "Gateway", gname) \
-                        or ref.get("namespace", rns) != gns:
-                    return f"parent {ref}, want {gns}/{gname}"
-                if entry.get("controllerName") != "istio.io/gateway-controller":
-                    return f"controllerName {entry.get('controllerName')}"
-                want = [["Accepted", "True", "Accepted"]]
-                if spec.get("resolvedRefs"):
-                    want.append(["ResolvedRefs", "True", "ResolvedRefs"])
-                problem = _conditions_problem(entry.get("conditions", []), want)
-                if problem:
-                    return problem
-            return None
+            want = [["Accepted", "True", "Accepted"]]
+            if spec.get("resolvedRefs"):
+                want.append(["ResolvedRefs", "True", "ResolvedRefs"])
+            ours = [p for p in parents
+                    if (p["parentRef"].get("group"), p["parentRef"].get("kind"), p["parentRef"]["name"])
+                    == (GW_GROUP, parent_kind, gname) and p["parentRef"].get("namespace", rns) == gns
+                    and p.get("controllerName") == "istio.io/gateway-controller"]
+            if not ours:
+                return f"parents {[p['parentRef'] for p in parents]}, want {parent_kind} {gns}/{gname}"
+            problems = [x for p in ours if (x := _conditions_problem(p.get("conditions", []), want))]
+            return problems[0] if len(problems) == len(ours) else None
 
         await _poll(check, STATUS_TIMEOUT, f"{kind} {rns}/{rname} accepted by {gns}/{gname}")
-    await check_status(cluster, {"kind": "Gateway", "name": f"{gns}/{gname}", "allListeners": [
+    await check_status(cluster, {"kind": parent_kind, "name": f"{gns}/{gname}", "allListeners": [
         ["ResolvedRefs", "True"], ["Accepted", "True"], ["Programmed", "True"]]})
 
 

@@ -34,7 +34,7 @@ CONTROLLER = "istio.io/gateway-controller"
 GW_LABEL = "gateway.networking.k8s.io/gateway-name"
 # Kinds the control plane reads from files; the rest (Deployments, ConfigMaps, ServiceAccounts)
 # is the cluster's business and is stood in for here.
-CONFIG_KINDS = {"Namespace", "Service", "Secret", "GatewayClass", "Gateway", "HTTPRoute", "GRPCRoute",
+CONFIG_KINDS = {"Namespace", "Service", "Secret", "GatewayClass", "Gateway", "ListenerSet", "HTTPRoute", "GRPCRoute",
                 "TCPRoute", "TLSRoute", "ReferenceGrant", "EndpointSlice"}
 
 GATEWAY_CLASS_YAML = f"""\
@@ -129,6 +129,10 @@ class Cluster:
                 await self._deployment(doc)
         for k in applied:
             self._write(k)
+        # A Gateway's Service exposes its ListenerSets' ports too: rewritten when they change.
+        if any(k[0] == "ListenerSet" for k in applied):
+            for k in [k for k in self.objects if k[0] == "Gateway"]:
+                self._write(k)
         # A Service's endpoints follow the Deployments it selects, which may come in the same batch.
         for k in self.objects:
             if k[0] == "Service":
@@ -209,8 +213,14 @@ class Cluster:
         return out
 
     def _gateway_service(self, gw: dict) -> dict:
+        """As istiod's deployment controller (extractServicePorts): the Gateway's listener ports
+        and those of the ListenerSets naming it (here whether the Gateway allows them or not: an
+        extra port on the Service changes nothing the tests check)."""
         ns, name = gw["metadata"]["namespace"], gw["metadata"]["name"]
-        ports = sorted({lis["port"] for lis in gw["spec"].get("listeners", [])})
+        sets = [d for (kind, _, _), d in self.objects.items() if kind == "ListenerSet"
+                and (d["spec"]["parentRef"].get("namespace") or d["metadata"]["namespace"], d["spec"]["parentRef"]["name"])
+                == (ns, name)]
+        ports = sorted({lis["port"] for d in (gw, *sets) for lis in d["spec"].get("listeners", [])})
         return {"apiVersion": "v1", "kind": "Service",
                 "metadata": {"name": f"{name}-{GATEWAY_CLASS}", "namespace": ns},
                 "spec": {"selector": {GW_LABEL: name},

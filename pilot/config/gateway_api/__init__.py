@@ -1,8 +1,8 @@
 """The gateway.networking.k8s.io kinds: GatewayClass, Gateway (filed as `KubernetesGateway`),
-HTTPRoute, GRPCRoute, TCPRoute, TLSRoute and ReferenceGrant.
+ListenerSet, HTTPRoute, GRPCRoute, TCPRoute, TLSRoute and ReferenceGrant.
 
 `common` holds what they share (references, hostnames, filters, the base whose `status` never
-pushes), `gateway` the class and the Gateway, `routes` the routes and ReferenceGrant. What the
+pushes), `gateway` the class and the Gateway, `listener_set` the ListenerSet, `routes` the routes and ReferenceGrant. What the
 objects mean (attachment, hostnames, status) is model/gateway_api's business.
 """
 
@@ -31,6 +31,7 @@ from pilot.config.gateway_api.gateway import (
     Listener,
     RouteGroupKind,
 )
+from pilot.config.gateway_api.listener_set import ListenerEntry, ListenerSet
 from pilot.config.gateway_api.routes import (
     GRPCRoute,
     GRPCRouteRule,
@@ -46,7 +47,7 @@ from pilot.config.gateway_api.routes import (
 )
 
 # Store names (ConfigKey.kind) of every Gateway API kind.
-GATEWAY_API_KINDS = ("GatewayClass", "KubernetesGateway", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute",
+GATEWAY_API_KINDS = ("GatewayClass", "KubernetesGateway", "ListenerSet", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute",
                      "ReferenceGrant")
 ROUTE_KINDS = ("HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute")
 
@@ -73,6 +74,8 @@ __all__ = [
     "KubernetesGateway",
     "L4RouteRule",
     "Listener",
+    "ListenerEntry",
+    "ListenerSet",
     "ParentReference",
     "ReferenceGrant",
     "RequestMirror",

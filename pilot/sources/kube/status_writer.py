@@ -12,7 +12,7 @@ PUTs the status subresource only where it differs:
 - the PUT carries the resourceVersion the informer saw: a conflict (someone wrote meanwhile) is
   retried once the informer has the newer object;
 - with several revisions, each revision's leader writes only for the Gateways that are its own
-  (`owns_gateway`: istiod's tag watcher, IsMine): their status, and the route parent entries
+  (`owns_gateway`: istiod's tag watcher, IsMine): their status, their ListenerSets', the route parent entries
   naming them. Another revision's entries carry the same controllerName, so they are told
   apart by the Gateway they name and kept as they are.
 A status write changes only `status`, which the Gateway API models leave out of `spec_equal`: the
@@ -38,7 +38,7 @@ from pilot.status.view import now_rfc3339
 
 log = plog.get("status")
 
-STATUS_KINDS = ("GatewayClass", "KubernetesGateway", *ROUTE_KINDS)
+STATUS_KINDS = ("GatewayClass", "KubernetesGateway", "ListenerSet", *ROUTE_KINDS)
 # What _write calls: PUT on the status subresource of every kind that has a status, cluster-wide.
 RBAC = tuple(Rule("cluster", BY_NAME[k].group, f"{BY_NAME[k].plural}/status", frozenset({"update"}))
              for k in STATUS_KINDS)
@@ -86,6 +86,8 @@ class StatusWriter(LeaderWorker):
         for key, status in desired.items():
             if key.kind == "KubernetesGateway" and not self.owns_gateway(key.namespace, key.name):
                 continue  # another revision's Gateway: its own leader writes it
+            if key.kind == "ListenerSet" and not self._owns_listener_set(key):
+                continue  # a ListenerSet of another revision's Gateway: alike
             ok &= await self._reconcile(key, status)
         for kind in ROUTE_KINDS:  # routes that stopped naming our Gateways: drop our parents
             for obj in list(self.objects_of(kind)):
@@ -140,6 +142,11 @@ class StatusWriter(LeaderWorker):
                 "status": status}
         await self.kube.request("PUT", kind.path(key.namespace or None, key.name) + "/status", body=body)
 
+
+    def _owns_listener_set(self, key: ConfigKey) -> bool:
+        obj = self.lookup(key)
+        ref = getattr(getattr(obj, "spec", None), "parent_ref", None)
+        return ref is None or self.owns_gateway(ref.namespace or key.namespace, ref.name)
 
     def _mine(self, parent: object, route_namespace: str) -> bool:
         """A route parent entry this leader wrote and still answers for."""

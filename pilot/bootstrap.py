@@ -490,12 +490,15 @@ class ControlPlane:
         """SIGTERM: /ready turns 503, new streams are refused, and existing streams are closed
         spread over `duration` so proxies do not all reconnect to the other replicas at once."""
         self.draining = True
-        # GOAWAY on the plaintext xDS server now (gRPC's graceful stop: open streams go on until
-        # the drain below ends them, new ones go elsewhere). Without it a proxy whose stream was
-        # closed opens the next one on the same connection, which behind a TCP load balancer
-        # (a Service) still leads here: refused, again and again, until the process exits.
+        # GOAWAY on both xDS servers now (gRPC's graceful stop: open streams go on until the drain
+        # below ends them, new ones go elsewhere), as istiod's GracefulStop of grpcServer and
+        # secureGrpcServer. Without it a proxy whose stream was closed opens the next one on the
+        # same connection, which behind a TCP load balancer (a Service) still leads here:
+        # refused, again and again, until the process exits.
         if self._grpc is not None and self._grpc_stopping is None:
             self._grpc_stopping = asyncio.ensure_future(self._grpc.stop(grace=duration + 1.0))
+        if self.secure is not None:
+            self.secure.begin_stop(grace=duration + 1.0)
         await self.ads.drain(duration)
         if self.leaders:
             for election in self.leaders:

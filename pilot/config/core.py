@@ -27,6 +27,8 @@ class ServiceSpec(Model):
     ports: list[ServicePort] = Field(default_factory=list)
     selector: dict[str, str] | None = None
     cluster_ip: str | None = Field(default=None, alias="clusterIP")
+    # A dual-stack Service's addresses, one per family (clusterIPs[0] is clusterIP); read with ISTIO_DUAL_STACK.
+    cluster_ips: list[str] = Field(default_factory=list, alias="clusterIPs")
     type: str = "ClusterIP"
     external_name: str | None = None
 
@@ -149,8 +151,14 @@ class PodCondition(Model):
     status: str = ""
 
 
+class PodIP(Model):
+    ip: str = ""
+
+
 class PodStatus(Model):
     pod_ip: str = Field(default="", alias="podIP")
+    # Every address of a dual-stack Pod (podIPs[0] is podIP); read with ISTIO_DUAL_STACK.
+    pod_ips: list[PodIP] = Field(default_factory=list, alias="podIPs")
     phase: str = ""
     conditions: list[PodCondition] = Field(default_factory=list)
 

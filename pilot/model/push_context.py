@@ -144,7 +144,8 @@ class PushContext:
 
         def service(e: Entry[Service]) -> MeshService:
             prev = old.get(f"{e.key.name}.{e.key.namespace}.svc.{domain}")
-            return prev if prev is not None and prev.revision == e.revision else mesh_service(e, domain)
+            return prev if prev is not None and prev.revision == e.revision \
+                else mesh_service(e, domain, knobs.dual_stack)
 
         kube = [service(e) for e in store.list(Service)]
         # A ServiceEntry host that is also a Kubernetes Service is that Service (istiod merges

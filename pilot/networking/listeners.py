@@ -28,6 +28,16 @@ from pilot.networking.tcp_routes import NO_CLIENT, Client, sni_chains, tcp_filte
 
 LOCALHOST = "127.0.0.1"
 WILDCARD = "0.0.0.0"
+WILDCARD_V6 = "::"
+
+
+def add_ipv6_wildcard(listener: listener_pb2.Listener) -> None:
+    """ISTIO_DUAL_STACK for a dual-stack proxy: the listener bound on 0.0.0.0 also takes IPv6
+    connections, on [::] at the same port (istiod's extraBind, as `additional_addresses`)."""
+    port = listener.address.socket_address.port_value
+    extra = listener.additional_addresses.add()
+    extra.address.socket_address.address = WILDCARD_V6
+    extra.address.socket_address.port_value = port
 
 
 def _address(ip: str, port: int) -> address_pb2.Address:
@@ -125,6 +135,8 @@ def unbound_outbound_listener(plan: PortPlan, settings: ListenerSettings,
     listener = listener_pb2.Listener(
         name=names.listener_name(WILDCARD, plan.port), address=_address(WILDCARD, plan.port),
         bind_to_port=wrappers_pb2.BoolValue(value=False), traffic_direction=base_pb2.OUTBOUND)
+    if settings.dual_stack:
+        add_ipv6_wildcard(listener)  # IPv6 original destinations [::]:PORT land here too
     if plan.http and not plan.sniff:
         listener.filter_chains.append(_hcm_chain(f"outbound_{WILDCARD}_{plan.port}", plan.port, settings))
         return listener
@@ -184,6 +196,8 @@ def virtual_outbound_listener(settings: ListenerSettings) -> listener_pb2.Listen
         use_original_dst=wrappers_pb2.BoolValue(value=True),
         traffic_direction=base_pb2.OUTBOUND,
     )
+    if settings.dual_stack:
+        add_ipv6_wildcard(listener)
     listener.default_filter_chain.CopyFrom(listener_components_pb2.FilterChain(
         name=fallback, filters=[tcp_proxy_filter(fallback, fallback, settings)]))
     return listener

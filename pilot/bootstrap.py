@@ -53,6 +53,7 @@ from pilot.security.node_auth import NodeAuthorizer
 from pilot.security.secret_access import SecretAccess
 from pilot.sources.files import FileSource
 from pilot.sources.kube.client import Kube, in_cluster, load_api_client
+from pilot.sources.kube.ingress_status import IngressStatusWriter
 from pilot.sources.kube.leader import LeaderElection
 from pilot.sources.kube.source import KubeSource
 from pilot.sources.kube.status_writer import StatusWriter
@@ -135,6 +136,7 @@ class ControlPlane:
         self.leaders: list[LeaderElection] = []
         self.root_cert_writer: RootCertWriter | None = None
         self.status_writer: StatusWriter | None = None
+        self.ingress_status_writer: IngressStatusWriter | None = None
         self.ca: CertificateAuthority | None = None
         self.secure: SecureServer | None = None
         self.webhook: WebhookServer | None = None
@@ -363,7 +365,7 @@ class ControlPlane:
         return [w for w in (self.root_cert_writer,) if w is not None]
 
     def _status_workers(self) -> list:
-        return [w for w in (self.status_writer,) if w is not None]
+        return [w for w in (self.status_writer, self.ingress_status_writer) if w is not None]
 
     def _gateway_is_mine(self, namespace: str, name: str) -> bool:
         """Is this Gateway this revision's (its `istio.io/rev` label, else its namespace's,
@@ -402,6 +404,10 @@ class ControlPlane:
                                                    owns_gateway=self._gateway_is_mine)
         self.gateway_status.listeners.append(status.offer)
         status.offer(self.gateway_status.desired)
+        ingress = self.ingress_status_writer = IngressStatusWriter(self.kube, source.latest)
+        self.discovery.context_listeners.append(lambda ctx: ingress.offer(ctx.ingress.statuses))
+        if getattr(self.discovery, "push_context", None) is not None:
+            ingress.offer(self.discovery.push_context.ingress.statuses)
         if self.tag_watcher is not None:  # a tag moved: which Gateways are ours may have changed
             self.tag_watcher.listeners.append(lambda _state: status.offer(self.gateway_status.desired))
         f = self.features

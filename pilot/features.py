@@ -264,6 +264,11 @@ FILTER_GATEWAY_CLUSTER_CONFIG = _knob(
     "PILOT_FILTER_GATEWAY_CLUSTER_CONFIG", "false", _bool,
     "A gateway gets only the clusters of hosts its servers' VirtualServices route to, not every "
     "service's (every one still when it has an AUTO_PASSTHROUGH server).")
+INGRESS_NAMESPACE = _knob(
+    "K8S_INGRESS_NS", "istio-system", str,
+    "The namespace of the ingress gateway Kubernetes Ingresses are translated for: their Gateways "
+    "live there (so their TLS secretNames are Secrets of that namespace), and MeshConfig "
+    "ingressService / ingressSelector are looked up there for Ingress status.")
 CLUSTER_ID = _knob(
     "CLUSTER_ID", "Kubernetes", str,
     "The name of the cluster this control plane runs in: the cluster of every workload it discovers "
@@ -319,13 +324,15 @@ class Features:
     cluster_id: str = "Kubernetes"
     scope_gateway_to_namespace: bool = False
     filter_gateway_clusters: bool = False
+    ingress_namespace: str = "istio-system"
     enable_workload_entry_autoregistration: bool = True
     workload_entry_grace_period: float = 10.0
 
     def generation_knobs(self) -> GenerationKnobs:
         return GenerationKnobs(self.sniff_outbound, self.sniff_inbound, self.http10,
                                self.inbound_protocol_detection_timeout, self.send_unhealthy_endpoints,
-                               self.cluster_id, self.scope_gateway_to_namespace, self.filter_gateway_clusters)
+                               self.cluster_id, self.scope_gateway_to_namespace, self.filter_gateway_clusters,
+                               ingress_namespace=self.ingress_namespace)
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Features:
@@ -368,6 +375,7 @@ class Features:
             cluster_id=CLUSTER_ID.get(environ),
             scope_gateway_to_namespace=SCOPE_GATEWAY_TO_NAMESPACE.get(environ),
             filter_gateway_clusters=FILTER_GATEWAY_CLUSTER_CONFIG.get(environ),
+            ingress_namespace=INGRESS_NAMESPACE.get(environ),
             enable_workload_entry_autoregistration=ENABLE_WORKLOAD_ENTRY_AUTOREGISTRATION.get(environ),
             workload_entry_grace_period=WORKLOAD_ENTRY_GRACE_PERIOD.get(environ),
         )

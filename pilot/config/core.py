@@ -29,6 +29,8 @@ class ServiceSpec(Model):
     cluster_ip: str | None = Field(default=None, alias="clusterIP")
     type: str = "ClusterIP"
     external_name: str | None = None
+    # Only Ingress status reads these (the ingress Service's addresses, pilot/model/ingress.py).
+    external_ips: list[str] = Field(default_factory=list, alias="externalIPs")
 
     @field_validator("ports")
     @classmethod
@@ -55,9 +57,26 @@ class ServiceSpec(Model):
         return self
 
 
+class LoadBalancerIngress(Model):
+    ip: str = ""
+    hostname: str = ""
+
+
+class LoadBalancerStatus(Model):
+    ingress: list[LoadBalancerIngress] = Field(default_factory=list)
+
+
+class ServiceStatus(Model):
+    load_balancer: LoadBalancerStatus = Field(default_factory=LoadBalancerStatus)
+
+
 class Service(K8sObject):
     kind: Literal["Service"] = "Service"
     spec: ServiceSpec = Field(default_factory=ServiceSpec)
+    # Kept for Ingress status (the ingress Service's load balancer addresses); a change is a
+    # Store event, as the Ingresses' status must follow it.
+    status: ServiceStatus = Field(default_factory=ServiceStatus,
+                                  description="the ingress Service's addresses, for Ingress status")
 
 
 class EndpointConditions(Model):

@@ -42,6 +42,7 @@ class GenerationKnobs:
     cluster_id: str = "Kubernetes"  # CLUSTER_ID
     scope_gateway_to_namespace: bool = False  # PILOT_SCOPE_GATEWAY_TO_NAMESPACE
     filter_gateway_clusters: bool = False  # PILOT_FILTER_GATEWAY_CLUSTER_CONFIG
+    ingress_namespace: str = "istio-system"  # K8S_INGRESS_NS: where Ingress Gateways live
 
 
 DEFAULT_KNOBS = GenerationKnobs()

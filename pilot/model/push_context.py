@@ -67,7 +67,7 @@ CONTEXT_KINDS = ENDPOINT_KINDS | AMBIENT_INPUT_KINDS | frozenset({
     "Service", "ServiceEntry", "VirtualService", "DestinationRule", "Sidecar", "Gateway", "Secret", "EnvoyFilter",
     "PeerAuthentication", "AuthorizationPolicy", "RequestAuthentication", "Namespace",
     "GatewayClass", "KubernetesGateway", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute", "ReferenceGrant",
-    "Telemetry", "WasmPlugin"})
+    "Ingress", "IngressClass", "Telemetry", "WasmPlugin"})
 
 
 class _Recording:

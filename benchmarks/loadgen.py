@@ -34,6 +34,9 @@ CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", -1),
 ]
 
+RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+                     ("grpc.max_reconnect_backoff_ms", 500)]
+
 
 def _cpu_s() -> float:
     """Our own CPU time: if it nears the wall time, the generator, not the server, is the limit."""
@@ -42,11 +45,14 @@ def _cpu_s() -> float:
 
 
 class LoadGenerator:
-    def __init__(self, target: str, channels: int, delta: bool, namespaces: int) -> None:
+    def __init__(self, target: str, channels: int, delta: bool, namespaces: int, reconnect: bool = False) -> None:
         self.target = target
+        self.reconnect = reconnect
         self.delta = delta
         self.namespaces = max(1, namespaces)
-        self.channels = [grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        # Reconnecting proxies redial within 100-500 ms, not after gRPC's 1 s .. 120 s backoff.
+        options = CHANNEL_OPTIONS + (RECONNECT_OPTIONS if reconnect else [])
+        self.channels = [grpc.aio.insecure_channel(target, options=options)
                          for _ in range(max(1, channels))]
         self.proxies: list[SimProxy] = []
         self.tasks: list[asyncio.Task] = []
@@ -76,6 +82,8 @@ class LoadGenerator:
         every = bool(msg.get("capture_all"))  # keep every proxy's last responses (for `sharing`)
         new = [SimProxy(i, namespace(i % self.namespaces), self.delta, self._on_ack, capture=every or i == 0)
                for i in range(start, start + count)]
+        for p in new:
+            p.reconnect = self.reconnect
         self.proxies.extend(new)
         loop = asyncio.get_running_loop()
         for p in new:
@@ -143,11 +151,28 @@ class LoadGenerator:
 
     async def stats(self, msg: dict) -> dict:
         return {"proxies": len(self.proxies), "open": sum(not p.closed for p in self.proxies),
+                "reconnects": sum(p.reconnects for p in self.proxies),
                 "responses": dict(self.responses), "bytes": dict(self.bytes),
                 "errors": sorted({p.error for p in self.proxies if p.error})[:10],
                 "contents": dict(responses.stats),
                 "cpu_s": _cpu_s(), "rss_mb": round(psutil.Process().memory_info().rss / (1 << 20), 1),
                 "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+
+    async def quiet(self, msg: dict) -> dict:
+        """Responses received so far, and proxies still waiting for a name they subscribed to:
+        with the server's count of responses written, this tells when a push is over."""
+        return {"responses": sum(self.responses.values()), "open": sum(not p.closed for p in self.proxies),
+                "waiting": sum(p.waiting() for p in self.proxies)}
+
+    async def ledger(self, msg: dict) -> dict:
+        """Proxy 0's delta ledger (benchmarks/ledger.py) since the last reset; `reset` starts anew."""
+        led = self.proxies[0].ledger if self.proxies else None
+        if led is None:
+            raise ValueError("no delta ledger: delta proxies only")
+        out = led.report()
+        if msg.get("reset"):
+            led.reset()
+        return out
 
     async def disconnect(self, msg: dict | None = None) -> dict:
         for p in self.proxies:
@@ -163,9 +188,10 @@ class LoadGenerator:
 
 
 async def amain(args: argparse.Namespace) -> None:
-    lg = LoadGenerator(args.target, args.channels, args.delta, args.namespaces)
+    lg = LoadGenerator(args.target, args.channels, args.delta, args.namespaces, args.reconnect)
     handlers = {"connect": lg.connect, "synced": lg.synced, "converge": lg.converge, "watching": lg.watching,
-                "capture": lg.capture, "stats": lg.stats, "disconnect": lg.disconnect, "sharing": lg.sharing}
+                "capture": lg.capture, "stats": lg.stats, "disconnect": lg.disconnect, "sharing": lg.sharing,
+                "quiet": lg.quiet, "ledger": lg.ledger}
     try:
         await ipc.serve_commands({"ready": True, "target": args.target}, handlers)
     finally:
@@ -178,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--channels", type=int, default=10, help="gRPC channels the proxies share")
     parser.add_argument("--delta", action="store_true", help="use delta xDS instead of state of the world")
     parser.add_argument("--namespaces", type=int, default=10, help="namespaces the proxies are spread over")
+    parser.add_argument("--reconnect", action="store_true", help="proxies open a new stream when one ends")
     args = parser.parse_args(argv)
     if not args.target.startswith("127.0.0.1:"):
         parser.error("--target must be 127.0.0.1:PORT")

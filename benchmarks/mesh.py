@@ -38,13 +38,13 @@ def namespace(i: int) -> str:
     return f"ns{i}"
 
 
-def _service_yaml(svc: Service) -> str:
+def _service_yaml(svc: Service, ip_block: int = 96) -> str:
     i = svc.index
     return f"""apiVersion: v1
 kind: Service
 metadata: {{name: {svc.name}, namespace: {svc.namespace}}}
 spec:
-  clusterIP: 10.96.{i // 250}.{i % 250 + 1}
+  clusterIP: 10.{ip_block}.{i // 250}.{i % 250 + 1}
   selector: {{app: {svc.name}}}
   ports: [{{name: http, port: {PORT}, targetPort: {TARGET_PORT}}}]
 """
@@ -178,6 +178,25 @@ class MeshFiles:
         gen = self._generation.get(svc.index, 0) + 1
         self._generation[svc.index] = gen
         self._write(f"endpoints/{svc.name}.yaml", _slice_yaml(svc, gen))
+
+    def add_service(self) -> Service:
+        """A new Service with its EndpointSlice: a new cluster, endpoint set and virtual host."""
+        svc = Service(len(self.services), f"svc-{len(self.services)}", namespace(len(self.services) % self.namespaces))
+        self.services.append(svc)
+        self._write(f"services/{svc.name}.yaml", _service_yaml(svc))
+        self._write(f"endpoints/{svc.name}.yaml", _slice_yaml(svc, 0))
+        return svc
+
+    def move_cluster_ip(self, svc: Service) -> None:
+        """A change of one Service that only its virtual host reads (the cluster IP is one of
+        its domains): the route configuration of its port changes, nothing else."""
+        self._write(f"services/{svc.name}.yaml", _service_yaml(svc, ip_block=97))
+
+    def remove_service(self, svc: Service) -> None:
+        """The Service and its EndpointSlice deleted: a cluster, an endpoint set and a virtual host go."""
+        for name in (f"services/{svc.name}.yaml", f"endpoints/{svc.name}.yaml"):
+            (self.root / name).unlink()
+        self.services.remove(svc)
 
     def _write(self, name: str, text: str) -> str:
         path = self.root / name

@@ -20,6 +20,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import struct_pb2
 
 from benchmarks import responses
+from benchmarks.ledger import DeltaLedger
 from benchmarks.responses import CDS, EDS, LDS, RDS, SHORT
 
 SOTW_METHOD = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
@@ -67,10 +68,15 @@ class SimProxy:
         self.capture = capture  # keep the last raw response of each type (for the floor server)
         self.history: deque[Received] = deque(maxlen=HISTORY)
         self.last_raw: dict[str, bytes] = {}
+        # Delta, capturing proxy: every resource sent, against what it already held.
+        self.ledger = DeltaLedger() if capture and delta else None
         self.started_at = 0.0
         self.synced_at: float | None = None
         self.error: str | None = None
         self.closed = False
+        self.cancelled = False
+        self.reconnect = False  # open a new stream when one ends (benchmarks/scenarios/scaleout.py)
+        self.reconnects = 0
         self._call = None
         self._node_sent = False
         self._acked: set[str] = set()
@@ -88,11 +94,25 @@ class SimProxy:
 
     # --- the stream ---------------------------------------------------------------------------
     async def run(self, channel: grpc.aio.Channel) -> None:
-        """Open the stream, subscribe, and answer responses until the stream ends."""
+        """Open the stream, subscribe, and answer responses until the stream ends; with
+        `reconnect`, open a new one as Envoy does (waiting for the channel to connect again)
+        and start from nothing, until cancelled."""
+        try:
+            while True:
+                await self._stream(channel, wait_for_ready=self.reconnects > 0)
+                if not self.reconnect or self.cancelled:
+                    break
+                self.reconnects += 1
+                self._reset()
+        finally:
+            self.closed = True
+
+    async def _stream(self, channel: grpc.aio.Channel, wait_for_ready: bool) -> None:
         self.started_at = time.time()
         method = DELTA_METHOD if self.delta else SOTW_METHOD
         # Raw bytes in and out: requests are serialised here, responses decoded lazily.
-        self._call = channel.stream_stream(method, request_serializer=None, response_deserializer=None)()
+        self._call = channel.stream_stream(method, request_serializer=None, response_deserializer=None)(
+            wait_for_ready=wait_for_ready or None)
         try:
             await self._request(CDS)
             while True:
@@ -104,12 +124,25 @@ class SimProxy:
                 # Reading the next one may take minutes: don't hold this one (up to MBs) meanwhile.
                 del raw
         except grpc.aio.AioRpcError as e:
-            if not self.closed:
+            if not self.cancelled:
                 self.error = f"{e.code().name}: {e.details()}"
-        finally:
-            self.closed = True
+
+    def _reset(self) -> None:
+        """A new stream knows nothing (as a reconnecting Envoy's state of the world is re-sent)."""
+        self.synced_at = None
+        self.error = None
+        self._node_sent = False
+        self._acked = set()
+        self._subscribed = {EDS: frozenset(), RDS: frozenset()}
+        self._missing = {EDS: set(), RDS: set()}
+        self._lds_requested = False
+        self._last = {}
+        self._held = {CDS: {}, LDS: {}}
+        if self.ledger is not None:
+            self.ledger = DeltaLedger()
 
     def cancel(self) -> None:
+        self.cancelled = True
         self.closed = True
         if self._call is not None:
             self._call.cancel()
@@ -128,6 +161,8 @@ class SimProxy:
             held.update(zip(contents.names, contents.refs))
         if self.capture:
             self.last_raw[type_url] = raw
+        if self.ledger is not None:
+            self.ledger.record(resp, len(raw))
         ev = Received(SHORT.get(type_url, type_url), recv, contents, len(raw))
         if self.delta:
             await self._write(discovery_pb2.DeltaDiscoveryRequest(type_url=type_url, response_nonce=resp.nonce))
@@ -194,6 +229,10 @@ class SimProxy:
     def _has_full_config(self) -> bool:
         """CDS and LDS accepted, and every endpoint set and route config they reference held."""
         return {CDS, LDS} <= self._acked and not self._missing[EDS] and not self._missing[RDS]
+
+    def waiting(self) -> bool:
+        """Subscribed to a name it has not received yet (its request may still be on the wire)."""
+        return not self.closed and bool(self._missing[EDS] or self._missing[RDS])
 
     def watches(self, type_url: str, name: str) -> bool:
         return name in self._subscribed.get(type_url, ())

@@ -46,8 +46,10 @@ def _read_ports(path: Path) -> dict[str, int] | None:
 
 
 class ServerProcess:
-    def __init__(self, workdir: Path, config_dir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, workdir: Path, config_dir: Path, env: dict[str, str] | None = None,
+                 grpc_port: int = 0) -> None:
         self.workdir = workdir
+        self.grpc_port_wanted = grpc_port  # 0: any; a replica behind a load balancer keeps its port
         self.config_dir = config_dir
         self.env = {**SERVER_ENV, **(env or {})}
         self.log_path = workdir / "pilot.log"
@@ -62,7 +64,7 @@ class ServerProcess:
         mesh_file = self.workdir / "mesh.yaml"
         mesh_file.write_text("")  # defaults; the mesh ConfigMap in the config dir is what we change
         args = [sys.executable, "-m", "pilot.cli", "discovery", "--configDir", str(self.config_dir),
-                "--meshConfig", str(mesh_file), "--grpcAddr", "127.0.0.1:0", "--httpAddr", "127.0.0.1:0",
+                "--meshConfig", str(mesh_file), "--grpcAddr", f"127.0.0.1:{self.grpc_port_wanted}", "--httpAddr", "127.0.0.1:0",
                 "--monitoringAddr", "127.0.0.1:0", "--secureGRPCAddr", "", "--portsFile", str(ports_file)]
         self._log = open(self.log_path, "ab")  # noqa: SIM115, ASYNC230 - lives as long as the server
         self.proc = await asyncio.create_subprocess_exec(

@@ -154,6 +154,7 @@ class ControlPlane:
         self.identity = os.environ.get("POD_NAME") or socket.gethostname()
         self.ports: dict[str, int] = {}
         self._grpc: grpc.aio.Server | None = None
+        self._grpc_stopping: asyncio.Future | None = None  # its graceful stop, begun by drain()
         self._runners: list[web.AppRunner] = []
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
@@ -495,6 +496,12 @@ class ControlPlane:
         """SIGTERM: /ready turns 503, new streams are refused, and existing streams are closed
         spread over `duration` so proxies do not all reconnect to the other replicas at once."""
         self.draining = True
+        # GOAWAY on the plaintext xDS server now (gRPC's graceful stop: open streams go on until
+        # the drain below ends them, new ones go elsewhere). Without it a proxy whose stream was
+        # closed opens the next one on the same connection, which behind a TCP load balancer
+        # (a Service) still leads here: refused, again and again, until the process exits.
+        if self._grpc is not None and self._grpc_stopping is None:
+            self._grpc_stopping = asyncio.ensure_future(self._grpc.stop(grace=duration + 1.0))
         await self.ads.drain(duration)
         if self.leaders:
             for election in self.leaders:
@@ -518,7 +525,7 @@ class ControlPlane:
         if self.tag_watcher is not None:
             await self.tag_watcher.stop()
         servers = ([self.secure.stop(grace=1.0)] if self.secure is not None else []) + \
-            ([self._grpc.stop(grace=1.0)] if self._grpc is not None else [])
+            ([self._grpc_stopping or self._grpc.stop(grace=1.0)] if self._grpc is not None else [])
         await asyncio.gather(*servers)
         if self.webhook is not None:
             await self.webhook.stop()

@@ -5,11 +5,13 @@ Names and semantics follow istiod so existing Deployments and runbooks keep work
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from pilot import logging as plog
 from pilot.durations import parse_duration
 from pilot.model.mesh_settings import GenerationKnobs
 
@@ -126,7 +128,8 @@ LEADER_RETRY_PERIOD = _knob("PILOT_LEADER_RETRY_PERIOD", "7.5s", parse_duration,
                             "How often candidates try to take the Lease (with jitter).")
 DRAIN_DURATION = _knob(
     "PILOT_DRAIN_DURATION", "5s", parse_duration,
-    "On SIGTERM, xDS streams are closed spread over this long so proxies reconnect gradually.")
+    "On SIGTERM, xDS streams are closed spread over this long so proxies reconnect gradually; the "
+    "xDS port says GOAWAY at once, so each reconnects on a new connection (another replica).")
 XDS_SEND_TIMEOUT = _knob(
     "PILOT_XDS_SEND_TIMEOUT", "0s", parse_duration,
     "Longest one xDS response may take to be written to a proxy; a proxy that does not read it "
@@ -273,6 +276,59 @@ CLUSTER_ID = _knob(
     "CLUSTER_ID", "Kubernetes", str,
     "The name of the cluster this control plane runs in: the cluster of every workload it discovers "
     "(ztunnel's WDS), and what a proxy that sends no CLUSTER_ID metadata is taken to be in.")
+def _prefix(version: int) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        net = ipaddress.ip_network(text.strip(), strict=True)
+        if net.version != version or net.num_addresses < 4:
+            raise ValueError(f"{text!r} is not an IPv{version} prefix with room for addresses")
+        return str(net)
+    return parse
+
+
+IP_AUTOALLOCATE = _knob(
+    "PILOT_ENABLE_IP_AUTOALLOCATE", "true", _bool,
+    "ServiceEntries without `addresses` (resolution not NONE, label "
+    "networking.istio.io/enable-autoallocate-ip not \"false\") get an address per non-wildcard host "
+    "from PILOT_IP_AUTOALLOCATE_IPV4_PREFIX and _IPV6_PREFIX; proxies that capture DNS "
+    "(ISTIO_META_DNS_CAPTURE) get outbound listener chains for TCP ports on them, as istiod's.")
+IP_AUTOALLOCATE_IPV4_PREFIX = _knob(
+    "PILOT_IP_AUTOALLOCATE_IPV4_PREFIX", "240.240.0.0/16", _prefix(4),
+    "Where auto-allocated IPv4 ServiceEntry addresses come from.")
+IP_AUTOALLOCATE_IPV6_PREFIX = _knob(
+    "PILOT_IP_AUTOALLOCATE_IPV6_PREFIX", "2001:2::/48", _prefix(6),
+    "Where auto-allocated IPv6 ServiceEntry addresses come from.")
+def _sampling(text: str) -> float:
+    """istiod's: a percentage 0.0-100.0; anything else falls back to the default 1.0 (with a
+    warning at start, as istiod logs one)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 100.0:
+        plog.get("features").warning("PILOT_TRACE_SAMPLING out of range 0.0-100.0; using 1.0", value=text)
+        return 1.0
+    return value
+
+
+def _jwks_mode(text: str) -> str:
+    """istiod's ConvertToJwksFetchMode: false/istiod, true/hybrid, envoy; anything else istiod."""
+    return {"hybrid": "hybrid", "true": "hybrid", "envoy": "envoy"}.get(text.strip(), "istiod")
+
+
+JWT_ENABLE_REMOTE_JWKS = _knob(
+    "PILOT_JWT_ENABLE_REMOTE_JWKS", "false", _jwks_mode,
+    "Who fetches a RequestAuthentication jwksUri's keys: istiod/false, the control plane (inlined "
+    "into the jwt_authn filter); hybrid/true, Envoy (remote_jwks) when the URI names a mesh service "
+    "(a ServiceEntry for an external server), else the control plane; envoy, always Envoy.")
+ENHANCED_DESTINATIONRULE_MERGE = _knob(
+    "ENABLE_ENHANCED_DESTINATIONRULE_MERGE", "true", _bool,
+    "DestinationRules of one host and namespace with different exportTo are not merged (one whose "
+    "exportTo is a superset of another's merges into it and also stands alone); off, exportTo does "
+    "not keep them apart.")
+TRACE_SAMPLING = _knob(
+    "PILOT_TRACE_SAMPLING", "1.0", _sampling,
+    "The percentage of requests traced (0.0-100.0, precision 0.01) when no Telemetry resource sets "
+    "randomSamplingPercentage.")
 HTTP10 = _knob(
     "PILOT_HTTP10", "false", _bool,
     "Sidecar HTTP listeners accept HTTP/1.0 (and sniffing recognises it as HTTP); off, HTTP/1.0 "
@@ -327,11 +383,18 @@ class Features:
     ingress_namespace: str = "istio-system"
     enable_workload_entry_autoregistration: bool = True
     workload_entry_grace_period: float = 10.0
+    ip_autoallocate: bool = True
+    ip_autoallocate_prefixes: tuple[str, str] = ("240.240.0.0/16", "2001:2::/48")
+    trace_sampling: float = 1.0
+    jwks_fetch_mode: str = "istiod"
+    enhanced_dr_merge: bool = True
 
     def generation_knobs(self) -> GenerationKnobs:
         return GenerationKnobs(self.sniff_outbound, self.sniff_inbound, self.http10,
                                self.inbound_protocol_detection_timeout, self.send_unhealthy_endpoints,
                                self.cluster_id, self.scope_gateway_to_namespace, self.filter_gateway_clusters,
+                               self.ip_autoallocate_prefixes if self.ip_autoallocate else None,
+                               self.trace_sampling, self.jwks_fetch_mode, self.enhanced_dr_merge,
                                ingress_namespace=self.ingress_namespace)
 
     @classmethod
@@ -378,6 +441,12 @@ class Features:
             ingress_namespace=INGRESS_NAMESPACE.get(environ),
             enable_workload_entry_autoregistration=ENABLE_WORKLOAD_ENTRY_AUTOREGISTRATION.get(environ),
             workload_entry_grace_period=WORKLOAD_ENTRY_GRACE_PERIOD.get(environ),
+            ip_autoallocate=IP_AUTOALLOCATE.get(environ),
+            trace_sampling=TRACE_SAMPLING.get(environ),
+            jwks_fetch_mode=JWT_ENABLE_REMOTE_JWKS.get(environ),
+            enhanced_dr_merge=ENHANCED_DESTINATIONRULE_MERGE.get(environ),
+            ip_autoallocate_prefixes=(IP_AUTOALLOCATE_IPV4_PREFIX.get(environ),
+                                      IP_AUTOALLOCATE_IPV6_PREFIX.get(environ)),
         )
 
 

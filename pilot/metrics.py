@@ -65,6 +65,11 @@ class Metrics:
         self.rejected_config = Gauge(
             "pilot_xds_rejected_config", "Proxies currently rejecting a resource built from this config object.",
             ["type", "config"], registry=r)
+        # istiod's gauge (pilot/pkg/networking/core/envoyfilter/monitoring.go), name NS/NAME:
+        # 1 once a patch of that type met a generated resource, 0 when its output was NACKed.
+        self.envoy_filter_status = Gauge(
+            "pilot_envoy_filter_status", "Status of Envoy filters whether it was applied or errored.",
+            ["name", "type"], registry=r)
         self.xds_write_timeouts = Counter(
             "pilot_xds_write_timeout", "Pilot XDS response write timeouts (PILOT_XDS_SEND_TIMEOUT).",
             registry=r)

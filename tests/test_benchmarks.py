@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
@@ -99,6 +100,30 @@ def test_eds_scenario_reaches_every_watcher_with_one_resource_and_has_a_floor(tm
     assert 0 < result["first_receipt_ms"] <= result["convergence_ms"]["p50"]
 
 
+def test_delta_bytes_scenario_sends_only_what_changed_and_sizes_a_split(tmp_path):
+    out = tmp_path / "delta_bytes.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "delta_bytes", "--services", "20", "--proxies", str(PROXIES),
+         "--out", str(out)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=90, check=False)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
+    result = json.loads(out.read_text())
+    assert result["params"]["protocol"] == "delta" and result["proxies_acked"] == PROXIES
+    steps = {s["kind"]: s for s in result["steps"]}
+    assert set(steps) == {"add_service", "change_service", "remove_service", "endpoint_change"}
+    # Each change reaches the proxies as only the resources whose bytes changed: nothing held resent.
+    assert result["ratios"] == dict.fromkeys(steps, 1.0)
+    assert set(steps["add_service"]["per_proxy_bytes"]) == {"cds", "eds", "rds"}  # LDS untouched
+    assert set(steps["change_service"]["per_proxy_bytes"]) == {"rds"}
+    assert set(steps["endpoint_change"]["per_proxy_bytes"]) == {"eds"}
+    removed = steps["remove_service"]["proxy0"]["by_type"]
+    assert removed["cds"]["removed"] == removed["eds"]["removed"] == 1
+    # The shared route configuration is re-sent whole; its one changed virtual host is far smaller.
+    split = steps["change_service"]["proxy0"]["split"]
+    assert split["vhosts_changed"] == 1 and split["vhds_bytes"] * 5 < split["route_config_bytes"]
+    assert result["split_ratios"]["change_service"] > 5
+
+
 def _clusters_response(names: list[str], nonce: str, delta: bool = False) -> bytes:
     resp = (discovery_pb2.DeltaDiscoveryResponse if delta else discovery_pb2.DiscoveryResponse)(
         type_url=CDS, nonce=nonce)
@@ -153,3 +178,35 @@ def test_gateway_api_scenario_translates_every_route_on_every_listener(monkeypat
     # One VirtualService per route hostname per listener: every route attached, every listener served.
     assert (result["listeners"], result["virtual_services"]) == (8, 20 * 4)
     assert result["first_s"] > 0 and result["unchanged_s"] > 0 and len(result["unchanged"]["runs_cpu_s"]) == 2
+
+
+@pytest.mark.slow  # three rounds of replicas behind Envoy: ~25 s, run by `make bench`
+def test_scaleout_spreads_proxies_over_replicas_and_a_stopped_replica_s_proxies_reconverge(tmp_path):
+    out = tmp_path / "scaleout.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "scaleout", "--services", "10", "--proxies", "12",
+         "--rounds", "1", "--out", str(out)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
+    result = json.loads(out.read_text())
+    for n, run in result["by_replicas"].items():
+        assert len(run["proxies_per_replica"]) == int(n) and sum(run["proxies_per_replica"]) == 12
+        assert all(run["proxies_per_replica"]), run["proxies_per_replica"]  # every replica has proxies
+        assert run["proxies_acked"] == 12
+        if int(n) > 1:
+            restart = run["restart"]
+            assert restart["moved"] > 0 and restart["reconverged"] >= restart["moved"]
+            assert restart["synced"] == 12 and restart["restarted"]
+            # One reconnect each: the draining replica's GOAWAY sends the new stream elsewhere
+            # (without it, each was refused on the old connection until the replica exited).
+            assert run["loadgen"]["reconnects"] == restart["moved"]
+    assert result["floor_ms"] > 0 and result["ratio"] > 0
+
+
+def test_config_sizes_script_measures_named_and_sniffed_ports():
+    from benchmarks import config_sizes
+    named = config_sizes.measure(20, 2, "http", "REDIRECT")
+    sniffed = config_sizes.measure(20, 2, "web", "REDIRECT")
+    assert named["cds"]["resources"] == sniffed["cds"]["resources"] == 22  # 20 services + 2 passthrough/blackhole
+    # Sniffed ports carry both HTTP and TCP config: more bytes, in both kinds.
+    assert sniffed["cds"]["bytes"] > named["cds"]["bytes"] and sniffed["lds"]["bytes"] > named["lds"]["bytes"]

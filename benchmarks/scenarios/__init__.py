@@ -1,7 +1,20 @@
 """The scenarios, in the order `all` runs them. Each is `async run(Options) -> dict`."""
 
-from benchmarks.scenarios import churn, connect, eds, envoyfilter, gateway_api, memory, push, recording
+from benchmarks.scenarios import (
+    beyond,
+             churn,
+             connect,
+             delta_bytes,
+             eds,
+             envoyfilter,
+             gateway_api,
+             memory,
+             push,
+             recording,
+    scaleout,
+)
 
 SCENARIOS = {"push": push.run, "eds": eds.run, "churn": churn.run, "connect": connect.run,
              "memory": memory.run, "recording": recording.run, "gateway_api": gateway_api.run,
-             "envoyfilter": envoyfilter.run}
+             "envoyfilter": envoyfilter.run, "delta_bytes": delta_bytes.run,
+             "scaleout": scaleout.run, "beyond": beyond.run}

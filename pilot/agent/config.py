@@ -122,6 +122,8 @@ _PC_FIELDS = {
     "serviceCluster": "service_cluster", "proxyMetadata": "proxy_metadata",
 }
 
+_CONTROL_PLANE_TOPOLOGY = {"numTrustedProxies"}
+
 
 def _port(where: str, v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 65535:
@@ -171,7 +173,11 @@ def parse_proxy_config(layers: list[tuple[str, str]]) -> tuple[ProxyConfig, list
             raise ConfigError(f"{name}: must be a ProxyConfig object, got {type(doc).__name__}")
         raw.update(doc)
         for key in doc:
-            if key not in _PC_FIELDS:
+            if key == "gatewayTopology" and isinstance(doc[key], dict):
+                # the control plane reads numTrustedProxies from PROXY_CONFIG (gateway listeners)
+                warnings.extend(f"{name}: field 'gatewayTopology.{k}' is not used" for k in doc[key]
+                                if k not in _CONTROL_PLANE_TOPOLOGY)
+            elif key not in _PC_FIELDS:
                 warnings.append(f"{name}: field {key!r} is not used by pilot-agent")
     values = {}
     for key, attr in _PC_FIELDS.items():

@@ -236,8 +236,13 @@ class DebugHandlers:
 
     async def registryz(self, _req: web.Request) -> web.Response:
         ctx = self.server.push_context
+        def auto(s) -> dict:
+            # istiod's Service fields: what DNS-capturing proxies use for a ServiceEntry without addresses
+            pair = ctx.auto_addresses.get((s.namespace, s.hostname)) if s.kind == "ServiceEntry" else None
+            return {"autoAllocatedIPv4Address": pair[0], "autoAllocatedIPv6Address": pair[1]} if pair else {}
+
         return _json([{"hostname": s.hostname, "namespace": s.namespace, "name": s.name,
-                       "clusterIP": s.cluster_ip, "revision": s.revision,
+                       "clusterIP": s.cluster_ip, "revision": s.revision, **auto(s),
                        "ports": [{"name": p.name, "port": p.port, "protocol": p.protocol.value,
                                   "targetPort": p.target_port} for p in s.ports]} for s in ctx.services])
 

@@ -42,6 +42,12 @@ class GenerationKnobs:
     cluster_id: str = "Kubernetes"  # CLUSTER_ID
     scope_gateway_to_namespace: bool = False  # PILOT_SCOPE_GATEWAY_TO_NAMESPACE
     filter_gateway_clusters: bool = False  # PILOT_FILTER_GATEWAY_CLUSTER_CONFIG
+    # PILOT_ENABLE_IP_AUTOALLOCATE: the (IPv4, IPv6) prefixes ServiceEntry addresses are allocated
+    # from (PILOT_IP_AUTOALLOCATE_IPV4_PREFIX / _IPV6_PREFIX); None when the knob is off.
+    ip_autoallocate: tuple[str, str] | None = ("240.240.0.0/16", "2001:2::/48")
+    trace_sampling: float = 1.0  # PILOT_TRACE_SAMPLING: percent traced when no Telemetry says
+    jwks_fetch_mode: str = "istiod"  # PILOT_JWT_ENABLE_REMOTE_JWKS: istiod, hybrid or envoy
+    enhanced_dr_merge: bool = True  # ENABLE_ENHANCED_DESTINATIONRULE_MERGE
     ingress_namespace: str = "istio-system"  # K8S_INGRESS_NS: where Ingress Gateways live
 
 

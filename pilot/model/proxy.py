@@ -78,6 +78,16 @@ class Proxy:
         return str(self.metadata.get("GENERATOR") or "")
 
     @property
+    def dns_capture(self) -> tuple[bool, bool] | None:
+        """Its agent answers DNS (ISTIO_META_DNS_CAPTURE, istio's StringBool): the IP families
+        it has, (IPv4, IPv6), for auto-allocated ServiceEntry addresses; None when it does not."""
+        if str(self.metadata.get("DNS_CAPTURE", "")).lower() != "true":
+            return None
+        v6 = any(":" in a for a in self.ip_addresses)
+        v4 = any(":" not in a for a in self.ip_addresses) or not v6
+        return v4, v6
+
+    @property
     def is_grpc(self) -> bool:
         return self.generator == "grpc"
 

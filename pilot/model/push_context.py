@@ -24,6 +24,7 @@ from pilot.config.networking import (
     WorkloadEntry,
 )
 from pilot.config.security import AuthorizationPolicy
+from pilot.model import auto_allocate
 from pilot.model import dependencies as dep
 from pilot.model import envoy_filters as ef
 from pilot.model.ambient.index import AMBIENT_INPUT_KINDS, AmbientInputs
@@ -38,7 +39,7 @@ from pilot.model.labels import selects
 from pilot.model.mesh_settings import DEFAULT_KNOBS, GenerationKnobs, MeshSettings
 from pilot.model.mtls import spiffe_id
 from pilot.model.proxy import Proxy
-from pilot.model.security_policies import JwksSnapshot, SecurityIndex
+from pilot.model.security_policies import JwksSnapshot, SecurityIndex, jwks_uri_host_port
 from pilot.model.services import (
     NO_LOCALITY,
     EndpointAddress,
@@ -120,6 +121,9 @@ class PushContext:
     ingress: IngressResult = NO_INGRESS
     # PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES: Kubernetes Services select WorkloadEntries too.
     k8s_select_workload_entries: bool = True
+    # PILOT_ENABLE_IP_AUTOALLOCATE: (namespace, host) -> (IPv4, IPv6) of ServiceEntries without
+    # addresses (pilot/model/auto_allocate.py), for proxies that capture DNS.
+    auto_addresses: Mapping[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
     # EnvoyFilters by namespace (their patches apply last, in pilot/xds/generators/envoy_filter.py).
     envoy_filters: Mapping[str, tuple[Entry[EnvoyFilter], ...]] = field(default_factory=dict)
     # The Deps being recorded (innermost last) while a result is generated: see `recording`.
@@ -167,7 +171,8 @@ class PushContext:
             by_host=by_host,
             slices=_index_slices(store),
             settings=settings,
-            traffic=TrafficIndex.build(store, domain, mesh.root_namespace, gateway_api.mesh_virtual_services),
+            traffic=TrafficIndex.build(store, domain, mesh.root_namespace, gateway_api.mesh_virtual_services,
+                                       knobs.enhanced_dr_merge),
             sidecars=_by_namespace(store.list(Sidecar), oldest_first=True),
             service_entries=MappingProxyType({(e.key.namespace, e.key.name): e for e in store.list(ServiceEntry)}),
             workload_entries_by_ns=_by_namespace(store.list(WorkloadEntry)),
@@ -179,11 +184,14 @@ class PushContext:
             ingress=ingress,
             gateway_api=gateway_api,
             security=SecurityIndex.build(store, mesh.root_namespace, jwks,
-                                         resolve_providers(mesh.extension_providers, by_host, domain)),
+                                         resolve_providers(mesh.extension_providers, by_host, domain),
+                                         knobs.jwks_fetch_mode, lambda uri: _jwks_cluster(uri, by_host)),
             ambient=AmbientInputs.build(store),
             telemetry=TelemetryIndex.build(store, mesh),
             wasm_plugins=_by_namespace(store.list(WasmPlugin), oldest_first=True),
             k8s_select_workload_entries=k8s_select_workload_entries,
+            auto_addresses=(auto_allocate.allocate(store.list(ServiceEntry), knobs.ip_autoallocate)
+                            if knobs.ip_autoallocate else MappingProxyType({})),
             envoy_filters=MappingProxyType(ef.index(store.list(EnvoyFilter), disabled_envoy_filters)),
         )
 
@@ -288,7 +296,8 @@ class PushContext:
         """AuthorizationPolicies and RequestAuthentications selecting a workload."""
         self._note(dep.security(namespace), dep.security(self.mesh.root_namespace), dep.JWKS)
         found = self.security.for_workload(namespace, labels)
-        if found.custom:  # the provider's service appearing or going changes the filters
+        if found.custom or (found.request_authentications and self.security.jwks_mode != "istiod"):
+            # the provider's (or a JWKS server's) service appearing or going changes the filters
             self._note(dep.ALL_SERVICES)
         return found
 
@@ -340,18 +349,26 @@ class PushContext:
         self._memo[("envoy-patches", id(proxy))] = (proxy, proxy.metadata, out)
         return out
 
-    def view(self, sidecar: Entry[Sidecar] | None) -> ServiceView:
-        """What proxies under this Sidecar (None: no Sidecar) see; built once per push."""
-        hit = self._views.get(sidecar)
+    def view(self, sidecar: Entry[Sidecar] | None, dns: tuple[bool, bool] | None = None) -> ServiceView:
+        """What proxies under this Sidecar (None: no Sidecar) see; built once per push. `dns`:
+        the proxy captures DNS, with (IPv4, IPv6) addresses: ServiceEntries without addresses
+        carry their auto-allocated ones (of those families), as istiod's GetAddressForProxy."""
+        if dns is not None and not (self.auto_addresses and any(dns)):
+            dns = None
+        hit = self._views.get((sidecar, dns))
         if hit is None:
             deps = dep.Deps()
+            services = self.services
+            if dns is not None:
+                services = tuple(auto_allocate.with_addresses(s, self.auto_addresses, *dns) for s in services)
+            sniff = self.settings.listeners.sniff_outbound
             if sidecar is None:
                 deps.facets.add(dep.ALL_SERVICES)
-                view = self.full_view
+                view = self.full_view if dns is None else ServiceView.of(services, sniff=sniff)
             else:  # every service its egress hosts name, before or after a change
                 deps.scopes = [sidecar]
-                view = scoped_view(sidecar, self.services, self.settings.listeners.sniff_outbound)
-            hit = self._views[sidecar] = (view, deps)
+                view = scoped_view(sidecar, services, sniff)
+            hit = self._views[(sidecar, dns)] = (view, deps)
         self._note_child(hit[1])
         return hit[0]
 
@@ -563,7 +580,8 @@ class PushContext:
 
         def plan() -> TelemetryPlan:
             self._note(dep.telemetry(self.mesh.root_namespace), dep.telemetry(proxy.namespace))
-            return plan_for(self.telemetry, self.mesh, info, self._provider_cluster, [], self.settings.listeners.telemetry)
+            return plan_for(self.telemetry, self.mesh, info, self._provider_cluster, [], self.settings.listeners.telemetry,
+                            self.settings.knobs.trace_sampling)
 
         return self._memoized(key, plan)
 
@@ -763,3 +781,15 @@ def _index_slices(store: Store) -> Mapping[tuple[str, str], tuple[Entry[Endpoint
         if svc_name:
             idx[(e.key.namespace, svc_name)].append(e)
     return MappingProxyType({k: tuple(sorted(v, key=lambda e: e.key.name)) for k, v in idx.items()})
+
+
+def _jwks_cluster(uri: str, by_host: Mapping[str, MeshService]) -> str | None:
+    """istiod's LookupCluster for a jwksUri: the outbound cluster of the mesh service (with that
+    port) the URI names, None when there is none."""
+    hp = jwks_uri_host_port(uri)
+    if hp is None:
+        return None
+    svc = by_host.get(hp[0])
+    if svc is None or svc.port(hp[1]) is None:
+        return None
+    return f"outbound|{hp[1]}||{svc.hostname}"

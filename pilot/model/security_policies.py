@@ -22,9 +22,10 @@ argument of the builders that read it.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from urllib.parse import urlsplit
 
 from pilot.config.security import AuthorizationPolicy, PeerAuthentication, RequestAuthentication
 from pilot.model.ext_authz import ResolvedExtAuthz
@@ -38,6 +39,23 @@ _Policy = PeerAuthentication | AuthorizationPolicy | RequestAuthentication
 STRICT, PERMISSIVE, DISABLE, UNSET = "STRICT", "PERMISSIVE", "DISABLE", "UNSET"
 GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name"
 GATEWAY_API_GROUP = "gateway.networking.k8s.io"
+
+
+def jwks_uri_host_port(uri: str) -> tuple[str, int] | None:
+    """istiod's ParseJwksURI: (host, port) of an http(s) URI, the scheme's port by default."""
+    parsed = urlsplit(uri)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        return None
+    try:
+        port = parsed.port
+    except ValueError:
+        return None
+    return parsed.hostname, port or (443 if parsed.scheme == "https" else 80)
+
+
+def jwks_fallback_cluster(uri: str) -> str | None:
+    hp = jwks_uri_host_port(uri)
+    return None if hp is None else f"outbound|{hp[1]}||{hp[0]}"
 
 
 def jwks_source(rule) -> str | None:
@@ -96,6 +114,9 @@ class WorkloadPolicies:
     jwks: tuple[tuple[str, str], ...] = ()
     # The ext_authz provider the CUSTOM policies name (its `error` set: they deny); None without CUSTOM.
     ext_authz: ResolvedExtAuthz | None = None
+    # PILOT_JWT_ENABLE_REMOTE_JWKS: (jwksUri, cluster) of the rules whose keys Envoy fetches itself
+    # (remote_jwks); the other rules' keys are inlined from `jwks`.
+    remote_jwks: tuple[tuple[str, str], ...] = ()
 
     @property
     def authorization_policies(self) -> tuple[Entry[AuthorizationPolicy], ...]:
@@ -110,6 +131,12 @@ class WorkloadPolicies:
         """`Kind/namespace/name` of every policy applied, for /debug explain."""
         return tuple(f"{e.key.kind}/{e.key.namespace}/{e.key.name}"
                      for e in self.authorization_policies + self.request_authentications)
+
+    def remote_cluster(self, jwks_uri: str) -> str | None:
+        for uri, cluster in self.remote_jwks:
+            if uri == jwks_uri:
+                return cluster
+        return None
 
     def jwks_for(self, source: str) -> str | None:
         for src, text in self.jwks:
@@ -132,17 +159,49 @@ class SecurityIndex:
     jwks: JwksSnapshot = field(default_factory=JwksSnapshot)
     # MeshConfig's ext_authz extension providers by name, resolved against the registry
     ext_authz: Mapping[str, ResolvedExtAuthz] = field(default_factory=dict)
+    # PILOT_JWT_ENABLE_REMOTE_JWKS as istiod reads it: "istiod" (false), "hybrid" (true), "envoy";
+    # `jwks_clusters`: jwksUri -> the outbound cluster of the mesh service it names.
+    jwks_mode: str = "istiod"
+    jwks_clusters: Mapping[str, str] = field(default_factory=dict)
     _memo: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(cls, store: Store, root_namespace: str, jwks: JwksSnapshot | None = None,
-              ext_authz: Mapping[str, ResolvedExtAuthz] | None = None) -> SecurityIndex:
+              ext_authz: Mapping[str, ResolvedExtAuthz] | None = None, jwks_mode: str = "istiod",
+              jwks_cluster: Callable[[str], str | None] | None = None) -> SecurityIndex:
+        """`jwks_cluster(uri)`: the mesh cluster serving a jwksUri (None: not a mesh service)."""
+        authns = store.list(RequestAuthentication)
+        clusters: dict[str, str] = {}
+        if jwks_mode != "istiod" and jwks_cluster is not None:
+            for e in authns:
+                for r in e.obj.spec.rules:
+                    if r.jwks_uri and r.jwks_uri not in clusters and (c := jwks_cluster(r.jwks_uri)):
+                        clusters[r.jwks_uri] = c
         return cls(root_namespace,
                    _by_namespace(store.list(PeerAuthentication)),
                    _by_namespace(store.list(AuthorizationPolicy)),
-                   _by_namespace(store.list(RequestAuthentication)),
+                   _by_namespace(authns),
                    jwks or JwksSnapshot(),
-                   MappingProxyType(dict(ext_authz or {})))
+                   MappingProxyType(dict(ext_authz or {})), jwks_mode, MappingProxyType(clusters))
+
+    def remote_jwks(self, authns: list[Entry[RequestAuthentication]]) -> tuple[tuple[str, str], ...]:
+        """istiod's policy_applier choice per rule with a jwksUri: a mesh service behind it is
+        fetched by Envoy (hybrid and envoy modes); otherwise hybrid falls back to istiod fetching
+        and envoy mode still tells Envoy to fetch, through `outbound|PORT||HOST` (a cluster that
+        exists only once a ServiceEntry registers the JWKS server, as istiod logs)."""
+        if self.jwks_mode == "istiod":
+            return ()
+        out: dict[str, str] = {}
+        for e in authns:
+            for r in e.obj.spec.rules:
+                if not r.jwks_uri or r.jwks_uri in out:
+                    continue
+                cluster = self.jwks_clusters.get(r.jwks_uri)
+                if cluster is None and self.jwks_mode == "envoy":
+                    cluster = jwks_fallback_cluster(r.jwks_uri)
+                if cluster is not None:
+                    out[r.jwks_uri] = cluster
+        return tuple(sorted(out.items()))
 
     # --- mutual TLS ---------------------------------------------------------------------------
     def mtls_policy(self, namespace: str, labels: Mapping[str, str]) -> MtlsPolicy:
@@ -200,7 +259,7 @@ class SecurityIndex:
             provider = ext_authz_for_workload(self.ext_authz, names)
         return WorkloadPolicies(custom, deny, allow, audit,
                                 tuple(sorted(authns, key=_age)),
-                                tuple((src, keys[src]) for src in sources), provider)
+                                tuple((src, keys[src]) for src in sources), provider, self.remote_jwks(authns))
 
     # --- what cannot be honoured as written -----------------------------------------------------
     @property
@@ -218,10 +277,11 @@ class SecurityIndex:
                         out.append(_problem(e, error))
         for entries in self.request_authentications.values():
             for e in entries:
+                remote = dict(self.remote_jwks([e]))
                 for i, r in enumerate(e.obj.spec.rules):
                     src = jwks_source(r)
-                    if src is None or src in self.jwks.keys:
-                        continue
+                    if src is None or src in self.jwks.keys or r.jwks_uri in remote:
+                        continue  # inline keys, fetched keys, or Envoy fetches them itself
                     where = f"jwksUri {src}" if r.jwks_uri else f"issuer {src} (OpenID discovery)"
                     error = self.jwks.errors.get(src)
                     out.append(_problem(e, f"jwtRules[{i}]: the keys of {where} are not fetched "

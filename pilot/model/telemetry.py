@@ -252,11 +252,14 @@ Lookup = Callable[[str, int], "tuple[str, str] | None"]  # (service, port) -> (h
 
 
 def plan_for(index: TelemetryIndex, mesh: MeshConfig, proxy: ProxyInfo, lookup: Lookup,
-             problems: list[str], legacy: ModeTelemetry | None = None) -> TelemetryPlan:
+             problems: list[str], legacy: ModeTelemetry | None = None,
+             default_sampling: float = DEFAULT_TRACE_SAMPLING) -> TelemetryPlan:
     """The telemetry of one proxy (its namespace, labels and traits). `lookup` resolves a
     provider's service to its cluster; what cannot be resolved is appended to `problems`.
     `legacy` is MeshConfig's own (the same object for every proxy no Telemetry reaches, so
-    listeners built from it share their cache keys by identity)."""
+    listeners built from it share their cache keys by identity). `default_sampling`: the
+    percentage of requests traced when no Telemetry sets randomSamplingPercentage
+    (PILOT_TRACE_SAMPLING)."""
     legacy = legacy if legacy is not None else legacy_access_logs(mesh)
     applied = applicable(index, mesh.root_namespace, proxy)
     defaults = mesh.default_providers
@@ -271,7 +274,7 @@ def plan_for(index: TelemetryIndex, mesh: MeshConfig, proxy: ProxyInfo, lookup: 
             logs = legacy.access_logs
         else:
             logs = _access_logs(mesh, merge_logs(levels, _usable_defaults(mesh, "access"), mode), lookup, problems)
-        out[mode] = ModeTelemetry(logs, _tracing(mesh, tracing, mode, proxy, lookup, problems))
+        out[mode] = ModeTelemetry(logs, _tracing(mesh, tracing, mode, proxy, lookup, problems, default_sampling))
     return TelemetryPlan(out["CLIENT"], out["SERVER"], origins)
 
 
@@ -312,7 +315,7 @@ def _with_filter(log: AccessLog, expression: str | None) -> AccessLog:
 
 
 def _tracing(mesh: MeshConfig, entries: list[Tracing], mode: str, proxy: ProxyInfo, lookup: Lookup,
-             problems: list[str]) -> TracingSpec | None:
+             problems: list[str], default_sampling: float = DEFAULT_TRACE_SAMPLING) -> TracingSpec | None:
     """istiod's Telemetries.Tracing for one mode, then configureTracingFromTelemetry's choices."""
     defaults = _usable_defaults(mesh, "tracing")
     if not entries and not defaults:
@@ -361,7 +364,7 @@ def _tracing(mesh: MeshConfig, entries: list[Tracing], mode: str, proxy: ProxyIn
     return TracingSpec(
         provider=provider.name, kind=kind, config=settings.model_dump_json(by_alias=True),
         cluster=found[1], authority=found[0],
-        sampling=sampling if sampling is not None else DEFAULT_TRACE_SAMPLING,
+        sampling=sampling if sampling is not None else default_sampling,
         custom_tags=tuple(custom), istio_tags=_istio_tags(proxy) if istio_tags else (),
         use_request_id_for_sampling=use_request_id, spawn_upstream_span=proxy.is_router,
         no_context_propagation=no_propagation, service_name=proxy.node_cluster)

@@ -21,6 +21,7 @@ from types import MappingProxyType
 
 from pilot.config.networking import DestinationRule, VirtualService
 from pilot.config.networking.virtual_service import HTTPRoute, TCPRoute, TLSRoute
+from pilot.model.dr_merge import consolidate
 from pilot.model.labels import selects
 from pilot.model.store import Entry, Store
 
@@ -78,8 +79,10 @@ class TrafficIndex:
 
     @classmethod
     def build(cls, store: Store, domain: str, root_namespace: str,
-              mesh_routes: tuple[Entry[VirtualService], ...] = ()) -> TrafficIndex:
-        """`mesh_routes`: the VirtualServices GAMMA routes became (model/gateway_api/mesh)."""
+              mesh_routes: tuple[Entry[VirtualService], ...] = (), enhanced_dr_merge: bool = True) -> TrafficIndex:
+        """`mesh_routes`: the VirtualServices GAMMA routes became (model/gateway_api/mesh).
+        DestinationRules of one host and namespace are consolidated (pilot/model/dr_merge.py;
+        `enhanced_dr_merge`: ENABLE_ENHANCED_DESTINATIONRULE_MERGE)."""
         vs: dict[str, list[Entry[VirtualService]]] = defaultdict(list)
         consumers: dict[tuple[str, str], Entry[VirtualService]] = {}
         for e in mesh_routes:
@@ -113,7 +116,7 @@ class TrafficIndex:
                             for rule in _rules(e.obj)
                             for m in rule.match if m.source_labels})
         return cls(MappingProxyType({h: tuple(v) for h, v in vs.items()}),
-                   MappingProxyType({h: tuple(sorted(v, key=_age)) for h, v in dr.items()}),
+                   MappingProxyType({h: consolidate(sorted(v, key=_age), enhanced_dr_merge) for h, v in dr.items()}),
                    tuple(sorted(conflicts)), root_namespace, tuple(selectors), MappingProxyType(consumers),
                    tuple(sorted(rule_selectors)))
 

@@ -25,9 +25,9 @@ GATEWAY_API_GROUP = "gateway.networking.k8s.io"
 class WasmFilter:
     """One plugin as the filter builder needs it (hashable: part of the listener cache key)."""
 
-    name: str  # "NS.NAME", the HTTP filter's name as istiod's
+    name: str  # "NS.NAME", the HTTP filter's and its ECDS resource's name, as istiod's
     phase: str
-    path: str  # the module on the proxy's filesystem
+    url: str  # file:///path, read by Envoy (the only scheme accepted)
     root_id: str
     config: str  # pluginConfig as JSON ("" when absent)
     fail_open: bool
@@ -39,6 +39,10 @@ class WasmFilter:
     def applies_to_port(self, port: int) -> bool:
         return not self.ports or port in self.ports
 
+    @property
+    def path(self) -> str:
+        return self.url.partition("://")[2]
+
 
 @dataclass(frozen=True, slots=True)
 class WasmPlan:
@@ -48,6 +52,10 @@ class WasmPlan:
     @property
     def origins(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(f.origin for f in (*self.client, *self.server)))
+
+    def by_name(self, name: str) -> WasmFilter | None:
+        """The plugin whose ECDS resource is `name` (its client and server filters share it)."""
+        return next((f for f in (*self.client, *self.server) if f.name == name), None)
 
 
 NO_WASM = WasmPlan()
@@ -67,7 +75,7 @@ def _filter(e: Entry[WasmPlugin], ports: frozenset[int]) -> WasmFilter:
     spec = e.obj.spec
     env = spec.vm_config.env if spec.vm_config else []
     return WasmFilter(
-        name=f"{e.key.namespace}.{e.key.name}", phase=spec.phase, path=spec.file_path, root_id=spec.plugin_name,
+        name=f"{e.key.namespace}.{e.key.name}", phase=spec.phase, url=spec.url, root_id=spec.plugin_name,
         config=json.dumps(spec.plugin_config, sort_keys=True, separators=(",", ":"))
         if spec.plugin_config is not None else "",
         fail_open=spec.fail_strategy == "FAIL_OPEN",

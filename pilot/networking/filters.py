@@ -45,13 +45,16 @@ def router_filter() -> hcm_pb2.HttpFilter:
 
 
 def http_connection_manager(stat_prefix: str, route_config_name: str,
-                            settings: ListenerSettings, port: int = 0) -> hcm_pb2.HttpConnectionManager:
-    """`port`: the listener's, for WasmPlugins matching ports."""
+                            settings: ListenerSettings, port: int = 0,
+                            security: tuple[hcm_pb2.HttpFilter, ...] | list[hcm_pb2.HttpFilter] = ()
+                            ) -> hcm_pb2.HttpConnectionManager:
+    """`port`: the listener's, for WasmPlugins matching ports; `security`: authentication and
+    authorization filters to run first (a gateway's policies, pilot/networking/policy_filters.py)."""
     hcm = hcm_pb2.HttpConnectionManager(
         stat_prefix=stat_prefix,
         codec_type=hcm_pb2.HttpConnectionManager.AUTO,
         rds=hcm_pb2.Rds(config_source=ads_config_source(), route_config_name=route_config_name),
-        http_filters=wasm.insert([fault_filter(), cors_filter(), stateful_session_filter(), router_filter()],
+        http_filters=wasm.insert([*security, fault_filter(), cors_filter(), stateful_session_filter(), router_filter()],
                                  settings.wasm, port),
         access_log=access_logs(settings),
     )

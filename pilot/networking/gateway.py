@@ -60,6 +60,7 @@ from pilot.model.gateways import (
     resolve_gateway_name,
 )
 from pilot.model.mesh_settings import ListenerSettings
+from pilot.model.security_policies import NO_POLICIES, WorkloadPolicies
 from pilot.model.services import MeshService
 from pilot.model.store import Entry
 from pilot.model.traffic import resolve_host
@@ -72,6 +73,7 @@ from pilot.networking.filters import (
 )
 from pilot.networking.http_routes import RouteInputs, destination_cluster, virtual_service_routes
 from pilot.networking.metadata import config_path
+from pilot.networking.policy_filters import TrustDomains, inbound_http_filters, inbound_network_filters
 from pilot.networking.protos import ads_config_source, pack
 from pilot.networking.routes import HashKey, _apply_hash_policies
 
@@ -79,6 +81,7 @@ TLS_INSPECTOR = "envoy.filters.listener.tls_inspector"
 TLS_TRANSPORT_SOCKET = "envoy.transport_sockets.tls"
 SDS_PREFIX, CA_SUFFIX = credentials.SDS_PREFIX, credentials.CA_SUFFIX
 ALPN_HTTP = ("h2", "http/1.1")
+AUTO_PASSTHROUGH_CHAIN = "sni-dnat|"  # chain-name prefix of AUTO_PASSTHROUGH servers' chains
 _TLS_VERSIONS = {"TLS_AUTO": common_pb2.TlsParameters.TLS_AUTO, "TLSV1_0": common_pb2.TlsParameters.TLSv1_0,
                  "TLSV1_1": common_pb2.TlsParameters.TLSv1_1, "TLSV1_2": common_pb2.TlsParameters.TLSv1_2,
                  "TLSV1_3": common_pb2.TlsParameters.TLSv1_3}
@@ -241,7 +244,7 @@ def listener_plan(pv: PortView, bindings: Callable[[ServerRef], tuple[Binding, .
             if not pairs:
                 skipped.append(f"{what}: AUTO_PASSTHROUGH server whose hosts match no service")
             for cluster, name in pairs:
-                add(ChainPlan(f"sni-dnat|{cluster}", (name,), tcp=((cluster, 100),)), what)
+                add(ChainPlan(f"{AUTO_PASSTHROUGH_CHAIN}{cluster}", (name,), tcp=((cluster, 100),)), what)
             continue
         if pv.kind == "tls" and ref.terminates_tls and ref.protocol == "https":
             name = https_route_name(ref, suffix)
@@ -328,7 +331,18 @@ def _tcp_proxy(stat_prefix: str, targets: tuple[tuple[str, int], ...],
     return listener_components_pb2.Filter(name=TCP_PROXY_FILTER, typed_config=pack(tp))
 
 
-def gateway_listener(plan: ListenerPlan, settings: ListenerSettings) -> listener_pb2.Listener:
+def gateway_listener(plan: ListenerPlan, settings: ListenerSettings,
+                     policies: WorkloadPolicies = NO_POLICIES, trust_domains: TrustDomains = "cluster.local",
+                     xff_num_trusted_hops: int = 0) -> listener_pb2.Listener:
+    """`policies`: the AuthorizationPolicies and RequestAuthentications selecting the router, put
+    on every chain as istiod does (HTTP filters in front of the router, network RBAC in front of
+    tcp_proxy for TCP and TLS passthrough), except AUTO_PASSTHROUGH chains: istiod builds those
+    without authorization (the mesh mTLS passes through; the destination's sidecar checks it).
+    `xff_num_trusted_hops`: ProxyConfig gatewayTopology.numTrustedProxies, which decides the
+    address `remoteIpBlocks` (Envoy's remote_ip) sees: the peer, or that many hops back in
+    X-Forwarded-For; `ipBlocks` always sees the peer."""
+    http_security = tuple(inbound_http_filters(policies, trust_domains)) if not policies.empty else ()
+    tcp_security = tuple(inbound_network_filters(policies, trust_domains)) if not policies.empty else ()
     listener = listener_pb2.Listener(
         name=plan.name, traffic_direction=base_pb2.OUTBOUND,
         address=address_pb2.Address(socket_address=address_pb2.SocketAddress(address=plan.bind,
@@ -343,10 +357,14 @@ def gateway_listener(plan: ListenerPlan, settings: ListenerSettings) -> listener
             chain.transport_socket.CopyFrom(base_pb2.TransportSocket(
                 name=TLS_TRANSPORT_SOCKET, typed_config=pack(downstream_tls_context(c.tls))))
         if c.route_name:
-            hcm = http_connection_manager(f"outbound_{plan.bind}_{plan.port}", c.route_name, settings, plan.port)
+            hcm = http_connection_manager(f"outbound_{plan.bind}_{plan.port}", c.route_name, settings, plan.port,
+                                          http_security)
             hcm.use_remote_address.CopyFrom(wrappers_pb2.BoolValue(value=True))  # the edge: trust no XFF
+            hcm.xff_num_trusted_hops = xff_num_trusted_hops  # ... beyond the hops the topology declares
             chain.filters.append(hcm_network_filter(hcm))
         else:
+            if not c.name.startswith(AUTO_PASSTHROUGH_CHAIN):
+                chain.filters.extend(tcp_security)
             chain.filters.append(_tcp_proxy(f"outbound_{plan.bind}_{plan.port}", c.tcp, settings))
     return listener
 

@@ -28,8 +28,9 @@ from envoy.extensions.filters.http.jwt_authn.v3 import config_pb2 as jwt_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from google.protobuf import empty_pb2
 
+from pilot.durations import parse_duration
 from pilot.model.security_policies import WorkloadPolicies, jwks_source
-from pilot.networking.protos import pack
+from pilot.networking.protos import duration, pack
 from pilot.networking.rbac_matchers import JWT_FILTER, JWT_PAYLOAD
 
 DEFAULT_SPACE_DELIMITED_CLAIMS = ("permission", "scope")
@@ -50,8 +51,9 @@ def _space_delimited(extra: list[str] | None) -> list[str]:
 
 def _provider(rule, policies: WorkloadPolicies) -> jwt_pb2.JwtProvider:
     source = jwks_source(rule)
+    remote = policies.remote_cluster(rule.jwks_uri) if rule.jwks_uri and not rule.jwks else None
     keys = rule.jwks or (policies.jwks_for(source) if source else None) or FAKE_JWKS
-    return jwt_pb2.JwtProvider(
+    provider = jwt_pb2.JwtProvider(
         issuer=rule.issuer,
         audiences=rule.audiences,
         forward=rule.forward_original_token,
@@ -64,8 +66,18 @@ def _provider(rule, policies: WorkloadPolicies) -> jwt_pb2.JwtProvider:
         from_headers=[jwt_pb2.JwtHeader(name=h.name, value_prefix=h.prefix) for h in rule.from_headers if h is not None],
         from_params=rule.from_params,
         from_cookies=rule.from_cookies,
-        local_jwks=base_pb2.DataSource(inline_string=keys),
     )
+    if remote is None:
+        provider.local_jwks.CopyFrom(base_pb2.DataSource(inline_string=keys))
+    else:
+        # PILOT_JWT_ENABLE_REMOTE_JWKS: Envoy fetches the keys itself, as istiod configures it
+        # (the rule's timeout, default 5s; keys cached 5 minutes).
+        remote_jwks = provider.remote_jwks
+        remote_jwks.http_uri.uri = rule.jwks_uri
+        remote_jwks.http_uri.cluster = remote
+        remote_jwks.http_uri.timeout.CopyFrom(duration(parse_duration(rule.timeout) if rule.timeout else 5.0))
+        remote_jwks.cache_duration.CopyFrom(duration(300.0))
+    return provider
 
 
 def _requires(name: str) -> jwt_pb2.JwtRequirement:

@@ -1,16 +1,21 @@
 """WasmPlugins -> `envoy.filters.http.wasm` filters placed in an HCM's HTTP filter chain by phase,
 as istiod's extension.PopAppendHTTP places them: AUTHN before the authentication filters, AUTHZ
 after authentication and before authorization, STATS then UNSPECIFIED after authorization (there
-is no istio.stats filter in upstream Envoy: both sit just before the router)."""
+is no istio.stats filter in upstream Envoy: both sit just before the router).
+
+As in istiod, the filter in the chain only names its configuration, which is served over ECDS
+(`extension_config`, a TypedExtensionConfig of the same name), so a plugin's module or
+configuration changing reaches Envoy as one ECDS resource."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from envoy.config.core.v3 import config_source_pb2, extension_pb2
 from envoy.extensions.filters.http.wasm.v3 import wasm_pb2 as http_wasm_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from envoy.extensions.wasm.v3 import wasm_pb2
-from google.protobuf import wrappers_pb2
+from google.protobuf import duration_pb2, wrappers_pb2
 
 from pilot.model.wasm import WasmFilter
 from pilot.networking.protos import pack
@@ -19,9 +24,25 @@ V8 = "envoy.wasm.runtime.v8"
 AUTHN_FILTERS = frozenset({"envoy.filters.http.jwt_authn"})
 AUTHZ_FILTERS = frozenset({"envoy.filters.http.rbac", "envoy.filters.http.ext_authz"})
 ROUTER = "envoy.filters.http.router"
+WASM_HTTP_TYPE = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
+# istio-agent replaces a module it cannot fetch by an RBAC filter of the same name: istiod lists
+# that type too, and so does this (the same config works behind either agent).
+RBAC_HTTP_TYPE = "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC"
 
 
 def wasm_filter(f: WasmFilter) -> hcm_pb2.HttpFilter:
+    """The filter in the chain: a reference to the ECDS resource `f.name` (istiod's
+    toEnvoyHTTPFilter). Listeners wait for it (initial fetch timeout 0: a plugin may be security
+    critical)."""
+    source = config_source_pb2.ConfigSource(ads=config_source_pb2.AggregatedConfigSource(),
+                                            resource_api_version=config_source_pb2.V3,
+                                            initial_fetch_timeout=duration_pb2.Duration(seconds=0))
+    return hcm_pb2.HttpFilter(name=f.name, config_discovery=config_source_pb2.ExtensionConfigSource(
+        config_source=source, type_urls=[WASM_HTTP_TYPE, RBAC_HTTP_TYPE]))
+
+
+def extension_config(f: WasmFilter) -> extension_pb2.TypedExtensionConfig:
+    """The ECDS resource of a plugin (istiod's BuildHTTPWasmFilter)."""
     vm = wasm_pb2.VmConfig(runtime=V8, vm_id=f.name)
     vm.code.local.filename = f.path
     if f.env_host or f.env_inline:
@@ -32,7 +53,7 @@ def wasm_filter(f: WasmFilter) -> hcm_pb2.HttpFilter:
     if f.config:
         # istiod: pluginConfig as JSON text in a StringValue (what proxy-wasm SDKs read).
         plugin.configuration.Pack(wrappers_pb2.StringValue(value=f.config))
-    return hcm_pb2.HttpFilter(name=f.name, typed_config=pack(http_wasm_pb2.Wasm(config=plugin)))
+    return extension_pb2.TypedExtensionConfig(name=f.name, typed_config=pack(http_wasm_pb2.Wasm(config=plugin)))
 
 
 def insert(filters: Sequence[hcm_pb2.HttpFilter], plugins: Sequence[WasmFilter],

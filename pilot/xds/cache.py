@@ -61,6 +61,9 @@ class XdsCache:
         self.builds_by_type: dict[str, int] = {}
         # Told about every newly built resource (type_url, name, version): push attribution.
         self.on_build: Callable[[str, str, str], None] | None = None
+        # Told about EnvoyFilter patches (PatchRefs) found to meet a generated resource, when that
+        # is first worked out for a patch set (pilot_envoy_filter_status).
+        self.on_patch: Callable[[tuple], None] | None = None
 
     def __len__(self) -> int:
         return len(self._young) + len(self._old)

@@ -31,8 +31,9 @@ from pilot.xds import typeurls, wire
 from pilot.xds.cache import XdsCache
 from pilot.xds.connection import Connection, Nack, WatchedResource
 from pilot.xds.debounce import Debouncer
+from pilot.xds.envoy_filter_status import EnvoyFilterStatus
 from pilot.xds.generated import Generated, GenerationMemo, Generator, Plan
-from pilot.xds.generators import authorization, cds, eds, lds, rds, sds, wds
+from pilot.xds.generators import authorization, cds, ecds, eds, lds, rds, sds, wds
 from pilot.xds.pace import Pace
 from pilot.xds.pushstatus import PushHistory, PushRecord
 
@@ -84,6 +85,7 @@ GENERATORS: dict[str, Generator] = {
     typeurls.LISTENER: lds.generate,
     typeurls.ROUTE: rds.generate,
     typeurls.SECRET: sds.generate,
+    typeurls.EXTENSION_CONFIG: ecds.generate,
     typeurls.ADDRESS: wds.generate,
     typeurls.AUTHORIZATION: authorization.generate,
 }
@@ -136,6 +138,9 @@ class DiscoveryServer:
         # EnvoyFilter revisions whose output a proxy NACKed: left out of every context until the
         # object changes (see _reject_envoy_filters), so a bad patch never NACK-loops.
         self.rejected_envoy_filters: dict[tuple[ConfigKey, int], dict] = {}
+        self.envoy_filter_status = EnvoyFilterStatus(self.metrics.envoy_filter_status,
+                                                     lambda k, r: (k, r) in self.rejected_envoy_filters)
+        self.cache.on_patch = self.envoy_filter_status.applied
         self.push_context = self._build_context(self._next_version(), previous=None)
         self._tasks: list[asyncio.Task] = []
         store.subscribe(self.on_store_events)
@@ -178,6 +183,7 @@ class DiscoveryServer:
             e = self.store.get(key)
             if e is None or e.revision != revision:
                 del rejected[(key, revision)]
+        self.envoy_filter_status.prune(lambda k: self.store.get(k) is not None)
         ctx = PushContext.build(self.store, self.mesh.current, self.mesh.version, self.domain, version, previous,
                                 self.jwks(), disabled_envoy_filters=frozenset(rejected),
                                 knobs=self.features.generation_knobs(),
@@ -606,6 +612,7 @@ class DiscoveryServer:
         self.rejected_envoy_filters[(entry.key, entry.revision)] = {
             "envoyFilter": origin, "revision": entry.revision, "proxy": conn.proxy.id, "type": short,
             "error": message[:1000], "at": time.time()}
+        self.envoy_filter_status.errored(entry)
         log.error("EnvoyFilter produced config a proxy rejected; generating without it until it changes",
                   envoy_filter=origin, proxy=conn.proxy.id, type=short, error=_printable(message[:300]))
         req = PushRequest(full=True, config_keys={entry.key})

@@ -6,14 +6,17 @@ ENDPOINT = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 LISTENER = "type.googleapis.com/envoy.config.listener.v3.Listener"
 ROUTE = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
 SECRET = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
+# ECDS: filter configurations HTTP filters name through config_discovery (WasmPlugins, EnvoyFilter
+# EXTENSION_CONFIG), requested by name once a listener refers to them.
+EXTENSION_CONFIG = "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig"
 # ztunnel's two types (ambient mode), served over delta only.
 ADDRESS = "type.googleapis.com/istio.workload.Address"
 AUTHORIZATION = "type.googleapis.com/istio.security.Authorization"
 AMBIENT_TYPES = (ADDRESS, AUTHORIZATION)
 
-PUSH_ORDER = (CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET, ADDRESS, AUTHORIZATION)
+PUSH_ORDER = (CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET, EXTENSION_CONFIG, ADDRESS, AUTHORIZATION)
 
-SHORT = {CLUSTER: "cds", ENDPOINT: "eds", LISTENER: "lds", ROUTE: "rds", SECRET: "sds", ADDRESS: "wds",
+SHORT = {CLUSTER: "cds", ENDPOINT: "eds", LISTENER: "lds", ROUTE: "rds", SECRET: "sds", EXTENSION_CONFIG: "ecds", ADDRESS: "wds",
          AUTHORIZATION: "wads"}
 # For SotW these are "all or nothing": omitting a resource from a response deletes it.
 STATE_OF_THE_WORLD_COMPLETE = {CLUSTER, LISTENER}

@@ -182,6 +182,11 @@ async def test_envoy_filter_operations_with_a_real_envoy(tmp_path, delta):
 
         rows = await wait_for(reported, 30, message=f"rejection reported\n{cp.log_tail(20)}")
         assert rows[0]["proxy"] == node_id and rows[0]["type"] == "lds" and rows[0]["error"]
+        # istiod's gauge: the NACKed filter is 0, the good one (its HTTP filter and cluster patches) 1.
+        metrics = await cp.metrics()
+        assert 'pilot_envoy_filter_status{name="default/broken",type="httpfilter"} 0.0' in metrics, metrics[-3000:]
+        assert 'pilot_envoy_filter_status{name="default/add-header",type="httpfilter"} 1.0' in metrics
+        assert 'pilot_envoy_filter_status{name="default/add-header",type="cluster"} 1.0' in metrics
         await cp.wait_synced(node_id, timeout=30)
         # The good filter still applies; the broken one is not in what Envoy holds.
         assert (await call(port)) == (200, "lua")

@@ -35,14 +35,14 @@ def warnings(cp: ControlPlane, text: str) -> list[str]:
 
 
 async def test_unsupported_mesh_fields_and_unknown_knobs_are_reported_not_fatal(tmp_path):
-    async with ControlPlane(tmp_path, mesh_config=MESH, env={"PILOT_TRACE_SAMPLING": "50"}) as cp:
+    async with ControlPlane(tmp_path, mesh_config=MESH, env={"PILOT_ENABLE_CDS_CACHE": "false"}) as cp:
         mesh = await cp.debug("/debug/mesh")
         assert mesh["mesh"]["trustDomain"] == "td.example"  # the rest applies
         assert mesh["unsupported"] == ["disableEnvoyListenerLog", "enableEnvoyAccessLogService"]
         unknown = mesh["unknownEnv"]
-        assert "PILOT_TRACE_SAMPLING" in unknown and "PILOT_DEBOUNCE_AFTER" not in unknown
+        assert "PILOT_ENABLE_CDS_CACHE" in unknown and "PILOT_DEBOUNCE_AFTER" not in unknown
         assert len(warnings(cp, "MeshConfig fields not supported")) == 1
-        assert len(warnings(cp, "PILOT_TRACE_SAMPLING")) == 1
+        assert len(warnings(cp, "PILOT_ENABLE_CDS_CACHE")) == 1
 
         # The ConfigMap takes over: its own unsupported fields (and keys) replace the file's.
         cp.write("istio.yaml", CONFIGMAP)

@@ -99,8 +99,12 @@ async def test_a_wasm_plugin_adds_a_response_header_in_phase_and_priority_order(
         await wait_for(lambda: has("x-wasm-second", "two"), timeout=30, message=f"second\n{envoy.log_tail()}")
         assert await has("x-wasm-first", "one")
         dump = await envoy.config_dump(resource="dynamic_listeners")
-        # pluginConfig reaches the plugin as JSON text, as istiod hands it over.
-        assert '"value": "{\\"greeting\\":\\"hi\\"}"' in json.dumps(dump, indent=1), "pluginConfig"
+        # As istiod: the listener only names the plugin; its config arrives over ECDS, and
+        # pluginConfig reaches the plugin as JSON text.
+        assert "greeting" not in json.dumps(dump)
+        ecds = json.dumps(await envoy.config_dump(resource="ecds_filters"), indent=1)
+        assert '"value": "{\\"greeting\\":\\"hi\\"}"' in ecds, "pluginConfig"
+        assert '"name": "default.second"' in ecds
         names = http_filter_names(dump, port)
         assert names == ["default.second", "envoy.filters.http.fault", "envoy.filters.http.cors", STATEFUL,
                          "istio-system.first", "envoy.filters.http.router"], names

@@ -46,7 +46,8 @@ def test_defaults_follow_istio_agent():
 
 
 def test_proxy_config_layers_flags_and_proxy_metadata():
-    mesh = "defaultConfig:\n  discoveryAddress: istiod.mesh.svc:15012\n  proxyAdminPort: 15001\n  tracing: {}\n"
+    mesh = ("defaultConfig:\n  discoveryAddress: istiod.mesh.svc:15012\n  proxyAdminPort: 15001\n  tracing: {}\n"
+            "  gatewayTopology: {numTrustedProxies: 1, proxyProtocol: {}}\n")
     cfg, warnings = load({
         "PROXY_CONFIG": json.dumps({"proxyAdminPort": 0, "concurrency": 4,
                                     "proxyMetadata": {"SECRET_TTL": "1h", "ISTIO_META_DNS_CAPTURE": "true"}}),
@@ -56,8 +57,11 @@ def test_proxy_config_layers_flags_and_proxy_metadata():
     assert cfg.proxy.concurrency == 1 and cfg.proxy.status_port == 0  # flags over both
     assert cfg.secret_ttl == 3600.0  # proxyMetadata configures the agent, as istio-agent's env does
     assert cfg.ca_address == "ca.example:443" and cfg.istiod_san == "istiod.custom"
-    assert warnings == ["./etc/istio/config/mesh defaultConfig: field 'tracing' is not used by pilot-agent"]
+    # numTrustedProxies is read by the control plane (gateway listeners), from PROXY_CONFIG.
+    assert warnings == ["./etc/istio/config/mesh defaultConfig: field 'tracing' is not used by pilot-agent",
+                        "./etc/istio/config/mesh defaultConfig: field 'gatewayTopology.proxyProtocol' is not used"]
     md, _ = node_metadata(cfg)
+    assert md["PROXY_CONFIG"]["gatewayTopology"]["numTrustedProxies"] == 1
     assert md["DNS_CAPTURE"] == "true"
     # An IP discovery address: istiod's default service name is verified.
     cfg, _ = load({"PROXY_CONFIG": "discoveryAddress: 127.0.0.1:15012"})

@@ -138,11 +138,29 @@ def test_a_type_url_never_imports_a_module_outside_the_proto_packages():
     assert "this" not in sys.modules  # (importing it would print the Zen of Python)
 
 
-def test_bootstrap_and_extension_config_are_refused_by_name():
-    for to in ("BOOTSTRAP", "EXTENSION_CONFIG"):
-        with pytest.raises(Exception) as err:
-            parse_object(envoy_filter("bad", [{"applyTo": to, "patch": {"operation": "MERGE", "value": {}}}]))
-        assert "applyTo" in str(err.value)
+def test_bootstrap_is_refused_with_the_reason():
+    with pytest.raises(Exception) as err:
+        parse_object(envoy_filter("bad", [{"applyTo": "BOOTSTRAP", "patch": {"operation": "MERGE", "value": {}}}]))
+    assert "applyTo BOOTSTRAP is not supported" in str(err.value) and "pilot-agent" in str(err.value)
+
+
+def test_extension_config_patches_are_add_only_and_need_a_name_and_a_typed_config():
+    lua = "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua"
+
+    def ef(patch: dict, match: dict | None = None) -> dict:
+        return envoy_filter("x", [{"applyTo": "EXTENSION_CONFIG", "patch": patch, **({"match": match} if match else {})}])
+
+    with pytest.raises(Exception, match="supports ADD only"):
+        parse_object(ef({"operation": "MERGE", "value": {"name": "a"}}))
+    with pytest.raises(Exception, match="needs a name"):
+        parse_object(ef({"operation": "ADD", "value": {"typed_config": {"@type": lua}}}))
+    with pytest.raises(Exception, match="needs a typed_config"):
+        parse_object(ef({"operation": "ADD", "value": {"name": "a"}}))
+    with pytest.raises(Exception, match="only a proxy match"):
+        parse_object(ef({"operation": "ADD", "value": {"name": "a", "typed_config": {"@type": lua}}},
+                        {"listener": {"portNumber": 80}}))
+    ok = parse_object(ef({"operation": "ADD", "value": {"name": "a", "typed_config": {"@type": lua}}}))
+    assert ok.spec.config_patches[0].message.name == "a"
 
 
 def test_the_value_is_converted_once_per_revision():

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from envoy.config.listener.v3 import listener_pb2
 from envoy.config.route.v3 import route_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from envoy.extensions.transport_sockets.tls.v3 import secret_pb2, tls_pb2
 
 from pilot.config.validation import InvalidObject, parse_object
@@ -26,7 +27,7 @@ from pilot.xds.generators import lds, sds
 from pilot.xds.typeurls import LISTENER, ROUTE, SECRET
 from tests.support.scoping import pushed, subscribe
 
-from .helpers import DOMAIN, World, endpoint_slice, service
+from .helpers import DOMAIN, World, endpoint_slice, mesh_configmap, service
 
 GW_NS = "istio-system"
 PEM_CERT = b"-----BEGIN CERTIFICATE-----\nMAo=\n-----END CERTIFICATE-----\n"
@@ -452,3 +453,41 @@ def test_credential_names_rules(tls: dict, reason: str):
               "tls": tls}
     with pytest.raises(Exception, match=reason):
         parse_object(gateway(servers=[server]))
+
+
+# --- authorization on gateway listeners -------------------------------------------------------
+def _hcm(listener: listener_pb2.Listener):
+    hcm = hcm_pb2.HttpConnectionManager()
+    listener.filter_chains[0].filters[0].typed_config.Unpack(hcm)
+    return hcm
+
+
+def test_policies_selecting_the_router_reach_its_listeners_and_others_do_not(world: World):
+    world.apply(gateway(servers=[http_server(8080), {"port": {"number": 9000, "name": "tcp", "protocol": "TCP"},
+                                                     "hosts": ["*"]}]),
+                virtual_service(tcp=[{"route": [{"destination": {"host": "a", "port": {"number": 9080}}}]}]))
+    before = listeners(world)
+    assert _hcm(before["0.0.0.0_8080"]).http_filters[0].name == "envoy.filters.http.fault"
+    assert _hcm(before["0.0.0.0_8080"]).xff_num_trusted_hops == 0
+    # A policy for other workloads changes nothing (same bytes).
+    policy = {"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+              "metadata": {"name": "deny", "namespace": GW_NS},
+              "spec": {"selector": {"matchLabels": {"istio": "egressgateway"}}, "action": "DENY", "rules": [{}]}}
+    world.apply(policy)
+    assert listeners(world) == before
+    policy["spec"]["selector"] = {"matchLabels": {"istio": "ingressgateway"}}
+    world.apply(policy)
+    after = listeners(world)
+    assert _hcm(after["0.0.0.0_8080"]).http_filters[0].name == "envoy.filters.http.rbac"
+    assert [f.name for f in after["0.0.0.0_9000"].filter_chains[0].filters] == [
+        "envoy.filters.network.rbac", "envoy.filters.network.tcp_proxy"]
+
+
+def test_num_trusted_proxies_from_the_proxy_config_then_the_mesh_default(world: World):
+    world.apply(gateway())
+    p = router()
+    p.metadata["PROXY_CONFIG"] = {"gatewayTopology": {"numTrustedProxies": 2}}
+    assert _hcm(listeners(world, p)["0.0.0.0_8080"]).xff_num_trusted_hops == 2
+    world.apply(mesh_configmap({"defaultConfig": {"gatewayTopology": {"numTrustedProxies": 1}}}))
+    assert _hcm(listeners(world)["0.0.0.0_8080"]).xff_num_trusted_hops == 1
+    assert _hcm(listeners(world, p)["0.0.0.0_8080"]).xff_num_trusted_hops == 2  # its own ProxyConfig wins

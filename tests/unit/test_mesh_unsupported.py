@@ -79,7 +79,7 @@ def test_the_holder_warns_once_per_change_of_what_is_ignored() -> None:
 
 
 def test_unknown_pilot_variables_are_reported_known_ones_and_others_are_not() -> None:
-    f = Features.from_env({"PILOT_DEBOUNCE_AFTER": "1s", "PILOT_TRACE_SAMPLING": "100",
+    f = Features.from_env({"PILOT_DEBOUNCE_AFTER": "1s", "PILOT_ENABLE_CDS_CACHE": "false",
                            "PILOT_ENABLE_WORKLOAD_ENTRY_AUTOREGISTRATION": "true", "HOME": "/root"})
-    assert f.unknown_env == ("PILOT_TRACE_SAMPLING",)
+    assert f.unknown_env == ("PILOT_ENABLE_CDS_CACHE",)
     assert f.debounce_after == 1.0

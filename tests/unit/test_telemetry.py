@@ -13,7 +13,9 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import http_con
 from google.protobuf import any_pb2
 
 from pilot.config.validation import InvalidObject, parse_object
+from pilot.features import Features
 from pilot.model.proxy import Proxy, parse_node_id
+from pilot.model.push_context import PushContext
 from pilot.networking.telemetry import JSON_FORMAT, TEXT_FORMAT
 from pilot.xds.cache import CachedResource
 
@@ -244,3 +246,26 @@ def test_a_gateway_logs_and_traces_in_client_mode_with_a_child_span(world: World
     h = hcm_pb2.HttpConnectionManager.FromString(listener.filter_chains[0].filters[0].typed_config.value)
     assert [f.path for f in file_logs(h)] == ["/tmp/json.log"]
     assert h.tracing.provider.name == "envoy.tracers.zipkin" and h.tracing.spawn_upstream_span.value
+
+
+
+def test_pilot_trace_sampling_is_the_default_a_telemetry_overrides(world: World) -> None:
+    world.apply(mesh_configmap({**PROVIDERS, "defaultProviders": {"tracing": ["zipkin"]}}))
+    knobs = Features.from_env({"PILOT_TRACE_SAMPLING": "12.5"}).generation_knobs()
+    client = labelled({"app": "client"})
+
+    def sampling(with_knob: bool) -> float:
+        world.mesh.refresh(world.store)
+        ctx = PushContext.build(world.store, world.mesh.current, world.mesh.version, DOMAIN, "v",
+                                **({"knobs": knobs} if with_knob else {}))
+        listener = listener_pb2.Listener.FromString(_value(world.lds(client, ctx)["0.0.0.0_9080"]))
+        out = hcm_pb2.HttpConnectionManager()
+        next(f for c in listener.filter_chains for f in c.filters
+             if f.name == "envoy.filters.network.http_connection_manager").typed_config.Unpack(out)
+        return out.tracing.random_sampling.value
+
+    assert sampling(True) == 12.5
+    assert sampling(False) == 1.0  # istiod's default
+    world.apply(telemetry("t", "default", {"tracing": [{"randomSamplingPercentage": 40}]}))
+    assert sampling(True) == 40  # a Telemetry's own percentage wins
+    assert Features.from_env({"PILOT_TRACE_SAMPLING": "150"}).trace_sampling == 1.0  # out of range: default

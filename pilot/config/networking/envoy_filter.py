@@ -22,6 +22,7 @@ import re
 from typing import Any, Literal
 
 from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.core.v3 import extension_pb2
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
 from envoy.config.route.v3 import route_components_pb2, route_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
@@ -34,7 +35,7 @@ from pilot.config.networking.common import NetworkingWorkloadSelector
 from pilot.config.networking.validation import _fail, validate_regex
 
 ApplyTo = Literal["LISTENER", "FILTER_CHAIN", "NETWORK_FILTER", "HTTP_FILTER", "ROUTE_CONFIGURATION",
-                  "VIRTUAL_HOST", "HTTP_ROUTE", "CLUSTER", "LISTENER_FILTER"]
+                  "VIRTUAL_HOST", "HTTP_ROUTE", "CLUSTER", "LISTENER_FILTER", "EXTENSION_CONFIG", "BOOTSTRAP"]
 PatchContext = Literal["ANY", "SIDECAR_INBOUND", "SIDECAR_OUTBOUND", "GATEWAY"]
 Operation = Literal["MERGE", "ADD", "REMOVE", "INSERT_BEFORE", "INSERT_AFTER", "INSERT_FIRST", "REPLACE"]
 
@@ -49,6 +50,7 @@ VALUE_TYPES: dict[str, type[Message]] = {
     "HTTP_ROUTE": route_components_pb2.Route,
     "CLUSTER": cluster_pb2.Cluster,
     "LISTENER_FILTER": listener_components_pb2.ListenerFilter,
+    "EXTENSION_CONFIG": extension_pb2.TypedExtensionConfig,
 }
 HCM = "envoy.filters.network.http_connection_manager"
 # The insert operations exist only for ordered lists, REPLACE only where istiod implements it;
@@ -157,6 +159,18 @@ class EnvoyConfigObjectPatch(StrictModel):
             _fail(f"Envoy filter: applyTo {to} can have only a routeConfiguration match")
         if to == "CLUSTER" and (m.listener is not None or m.route_configuration is not None):
             _fail("Envoy filter: applyTo CLUSTER can have only a cluster match")
+        if to in ("EXTENSION_CONFIG", "BOOTSTRAP") and (
+                m.listener is not None or m.route_configuration is not None or m.cluster is not None):
+            _fail(f"Envoy filter: applyTo {to} can have only a proxy match")
+        # istiod only ever adds extension configs (InsertedExtensionConfigurations) and merges
+        # into the bootstrap (ApplyBootstrapPatches); it accepts other operations and ignores them.
+        if to == "EXTENSION_CONFIG" and op != "ADD":
+            _fail(f"Envoy filter: applyTo EXTENSION_CONFIG supports ADD only, not {op}")
+        if to == "BOOTSTRAP":
+            # istiod applies these to the bootstrap istio-agent fetches over xDS
+            # (envoy.config.bootstrap.v3.Bootstrap); pilot-agent writes its bootstrap locally.
+            _fail("Envoy filter: applyTo BOOTSTRAP is not supported: pilot-agent writes the Envoy bootstrap "
+                  "itself and does not fetch it from the control plane, so the patch could not reach Envoy")
         fm = m.listener.filter_chain.filter if m.listener is not None and m.listener.filter_chain else None
         if fm is not None:  # istiod's rules for filter and sub-filter matches
             if not fm.name:
@@ -183,6 +197,13 @@ class EnvoyConfigObjectPatch(StrictModel):
             self._message = to_message(to, value or {})
             if op == "ADD" and to in ("LISTENER", "CLUSTER") and not getattr(self._message, "name", ""):
                 _fail(f"Envoy filter: an added {to.lower()} needs a name")
+            if to == "EXTENSION_CONFIG":
+                ec = self._message
+                assert isinstance(ec, extension_pb2.TypedExtensionConfig)
+                if not ec.name:
+                    _fail("Envoy filter: an added extension config needs a name (filters reference it by name)")
+                if not ec.HasField("typed_config"):
+                    _fail("Envoy filter: an added extension config needs a typed_config")
         if m.proxy is not None:
             self._version = m.proxy.compiled()
         return self
@@ -232,6 +253,9 @@ def to_message(apply_to: str, value: dict[str, Any]) -> Message:
         json_format.ParseDict(value, msg)
     except json_format.ParseError as e:
         _fail(f"Envoy filter: invalid {apply_to} value: {e}")
+    except (AttributeError, TypeError, KeyError) as e:
+        # protobuf's parser fails this way on some shapes (an Any without "@type").
+        _fail(f"Envoy filter: invalid {apply_to} value: {type(e).__name__}: {e} (is an \"@type\" missing?)")
     return msg
 
 

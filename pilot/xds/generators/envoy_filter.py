@@ -28,13 +28,13 @@ from pilot.networking import envoy_filters as patching
 from pilot.networking.inbound import INBOUND_PASSTHROUGH_CLUSTER, VIRTUAL_INBOUND_LISTENER
 from pilot.xds.cache import CachedResource, XdsCache
 from pilot.xds.generators import waypoint
-from pilot.xds.typeurls import CLUSTER, LISTENER, ROUTE
+from pilot.xds.typeurls import CLUSTER, EXTENSION_CONFIG, LISTENER, ROUTE
 
 _MESSAGES: dict[str, type[Message]] = {LISTENER: listener_pb2.Listener, ROUTE: route_pb2.RouteConfiguration,
                                        CLUSTER: cluster_pb2.Cluster}
 # Listeners take route patches too: an inbound HTTP listener's route configuration is inline.
 _KINDS = {LISTENER: patching.LISTENER_KINDS | patching.ROUTE_KINDS, ROUTE: patching.ROUTE_KINDS,
-          CLUSTER: patching.CLUSTER_KINDS}
+          CLUSTER: patching.CLUSTER_KINDS, EXTENSION_CONFIG: frozenset({"EXTENSION_CONFIG"})}
 
 Generate = Callable[[PushContext, Proxy, frozenset[str] | None, XdsCache], list[CachedResource]]
 
@@ -132,6 +132,9 @@ def apply(type_url: str, router: bool, resources: list[CachedResource], patches:
             if len(memo) >= _MAX_MEMO:
                 memo.clear()
             found = memo[key] = _decide(type_url, router, res, patches)
+            if found is not None and cache.on_patch is not None:
+                cache.on_patch(found[0].refs if found is not _REMOVED else tuple(
+                    r for r in patches if r.patch.patch.operation == "REMOVE" and r.patch.apply_to in ("LISTENER", "CLUSTER")))
         if found is None:
             out.append(res)
         elif found is not _REMOVED:
@@ -152,6 +155,8 @@ def _adds(type_url: str, router: bool, patches: PatchSet, requested: frozenset[s
         refs = patches.memo[key] = tuple(
             r for r in patches if r.patch.apply_to == kind and r.patch.patch.operation == "ADD"
             and any(patching.add_context_matches(r, c) for c in contexts))
+        if refs and cache.on_patch is not None:
+            cache.on_patch(refs)
     out = []
     for ref in refs:
         name = ref.patch.message.name

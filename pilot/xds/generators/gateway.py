@@ -63,6 +63,11 @@ def listeners(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
     def bindings(ref):
         return index.bindings(ref, proxy.namespace)
 
+    # AuthorizationPolicies (selector or targetRefs to its Gateway) and RequestAuthentications
+    # selecting the router apply to its listeners, as istiod's gateway listener builder does.
+    policies = ctx.workload_policies(proxy.namespace, proxy.labels)
+    hops = num_trusted_proxies(ctx, proxy)
+
     for pv in view.ports:
         if requested is not None and pv.listener_name not in requested:
             continue
@@ -83,8 +88,26 @@ def listeners(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         if plugins.client:
             settings = replace(settings, wasm=plugins.client)
         out.append(cache.resource(LISTENER, plan.name, gateway.gateway_listener, plan, settings,
-                                  origins=plan.origins + telemetry.origins + plugins.origins))
+                                  policies, ctx.mesh.trust_domains, hops,
+                                  origins=plan.origins + telemetry.origins + plugins.origins + policies.origins))
     return out
+
+
+def num_trusted_proxies(ctx: PushContext, proxy: Proxy) -> int:
+    """ProxyConfig gatewayTopology.numTrustedProxies, as istiod reads it: the proxy's own
+    ProxyConfig (PROXY_CONFIG node metadata, which pilot-agent fills with the mesh's
+    defaultConfig and the pod's overrides), else the mesh's defaultConfig; 0 when unset."""
+    config = proxy.metadata.get("PROXY_CONFIG")
+    if not isinstance(config, dict):
+        config = ctx.mesh.default_config.model_dump(by_alias=True)
+    topology = config.get("gatewayTopology")
+    value = topology.get("numTrustedProxies", 0) if isinstance(topology, dict) else 0
+    try:
+        hops = int(value)
+    except (TypeError, ValueError):
+        log.warning("gatewayTopology.numTrustedProxies is not a number; using 0", proxy=proxy.id, value=repr(value))
+        return 0
+    return max(0, min(hops, 2**32 - 1))
 
 
 def _sni_clusters(ctx: PushContext, proxy: Proxy, ref) -> tuple[tuple[str, str], ...]:

@@ -169,13 +169,7 @@ def _addresses(store: Store, mesh: MeshConfig, namespace: str) -> tuple[dict[str
     addrs: list[str] = []
     if mesh.ingress_service:
         svc = store.get(ConfigKey("Service", namespace, mesh.ingress_service), Service)
-        if svc is None:
-            return ()
-        if svc.obj.spec.type == "ExternalName":
-            addrs = [svc.obj.spec.external_name or ""]
-        else:
-            addrs = [lb.ip or lb.hostname for lb in svc.obj.status.load_balancer.ingress if lb.ip or lb.hostname]
-            addrs += svc.obj.spec.external_ips
+        return service_addresses(svc.obj if svc is not None else None)
     else:
         selector = gateway_selector(mesh)
         for e in store.list(Pod):
@@ -187,6 +181,20 @@ def _addresses(store: Store, mesh: MeshConfig, namespace: str) -> tuple[dict[str
             for a in node.obj.status.addresses if node else ():
                 if a.type == "ExternalIP" and a.address:
                     addrs.append(a.address)
+    return _as_status(addrs)
+
+
+def service_addresses(svc: Service | None) -> tuple[dict[str, str], ...]:
+    """The status entries an ingressService gives (nothing while it does not exist)."""
+    if svc is None:
+        return ()
+    if svc.spec.type == "ExternalName":
+        return _as_status([svc.spec.external_name or ""])
+    return _as_status([lb.ip or lb.hostname for lb in svc.status.load_balancer.ingress if lb.ip or lb.hostname]
+                      + list(svc.spec.external_ips))
+
+
+def _as_status(addrs: list[str]) -> tuple[dict[str, str], ...]:
     out = []
     for a in dict.fromkeys(addrs):
         try:

@@ -35,11 +35,16 @@ Addresses = tuple[dict[str, str], ...]
 class IngressStatusWriter(LeaderWorker):
     task_name = "ingress-status-writer"
 
-    def __init__(self, kube: Kube, lookup: Callable[[ConfigKey], K8sObject | None]) -> None:
-        """`lookup(key)`: the informer's latest copy of an Ingress (status, resourceVersion)."""
+    def __init__(self, kube: Kube, lookup: Callable[[ConfigKey], K8sObject | None],
+                 fresh_addresses: Callable[[], Addresses | None] = lambda: None) -> None:
+        """`lookup(key)`: the informer's latest copy of an Ingress (status, resourceVersion).
+        `fresh_addresses()`: the ingressService's addresses as its informer last saw them (a
+        status-only Service update is no Store change, so the PushContext's may be older), or
+        None to use the PushContext's (the gateway pods' nodes)."""
         super().__init__()
         self.kube = kube
         self.lookup = lookup
+        self.fresh_addresses = fresh_addresses
         self.writes = 0
         self._desired: Mapping[ConfigKey, Addresses] = {}
         self._written: dict[ConfigKey, tuple[str, Addresses]] = {}
@@ -49,6 +54,11 @@ class IngressStatusWriter(LeaderWorker):
         if desired is self._desired:
             return
         self._desired = desired
+        if self.active:
+            self._wake.set()
+
+    def poke(self) -> None:
+        """The ingress Service changed (its informer saw it): check the statuses again."""
         if self.active:
             self._wake.set()
 
@@ -62,9 +72,10 @@ class IngressStatusWriter(LeaderWorker):
 
     async def reconcile_all(self) -> bool:
         desired = self._desired
+        fresh = self.fresh_addresses() if desired else None
         ok = True
         for key, addresses in desired.items():
-            ok &= await self._reconcile(key, addresses)
+            ok &= await self._reconcile(key, addresses if fresh is None else fresh)
         self._written = {k: v for k, v in self._written.items() if k in desired}
         return ok
 

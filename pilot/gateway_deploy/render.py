@@ -83,12 +83,13 @@ def _infra(gw: Any, labels: bool) -> dict[str, str]:
     return dict(gw.metadata.labels if labels else gw.metadata.annotations)
 
 
-def service_ports(gw: Any, status_port: int = STATUS_PORT) -> list[dict[str, Any]]:
-    """extractServicePorts: the status port, then one port per distinct listener port."""
+def service_ports(gw: Any, status_port: int = STATUS_PORT, merged: tuple = ()) -> list[dict[str, Any]]:
+    """extractServicePorts: the status port, then one port per distinct listener port (the
+    Gateway's, then `merged`: those of the ListenerSets it allows)."""
     ports = [{"name": "status-port", "port": 15021, "targetPort": status_port, "protocol": "TCP",
               "appProtocol": "tcp"}]
     used, seen = {"status-port"}, set()
-    for i, listener in enumerate(gw.spec.listeners):
+    for i, listener in enumerate((*gw.spec.listeners, *merged)):
         if listener.port in seen:
             continue
         seen.add(listener.port)
@@ -112,8 +113,9 @@ def _field(path: str) -> dict:
     return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
-def render(gw: Any, class_name: str, inputs: Inputs) -> list[dict[str, Any]]:
-    """ServiceAccount, Deployment and Service for a Gateway of class `class_name`."""
+def render(gw: Any, class_name: str, inputs: Inputs, merged: tuple = ()) -> list[dict[str, Any]]:
+    """ServiceAccount, Deployment and Service for a Gateway of class `class_name`; `merged`: the
+    listeners of the ListenerSets it allows (their ports go on the Service too)."""
     ns, name = gw.metadata.namespace, gw.metadata.name
     deployment_name = default_name(name, class_name)
     annotations = gw.metadata.annotations
@@ -226,7 +228,7 @@ def render(gw: Any, class_name: str, inputs: Inputs) -> list[dict[str, Any]]:
     pod_labels = {"sidecar.istio.io/inject": "false", "service.istio.io/canonical-name": deployment_name,
                   "service.istio.io/canonical-revision": "latest", **managed}
     service_type = annotations.get(SERVICE_TYPE_ANNOTATION) or "LoadBalancer"
-    service_spec: dict[str, Any] = {"ipFamilyPolicy": "PreferDualStack", "ports": service_ports(gw, status_port),
+    service_spec: dict[str, Any] = {"ipFamilyPolicy": "PreferDualStack", "ports": service_ports(gw, status_port, merged),
                                     "selector": {GATEWAY_NAME_LABEL: name}, "type": service_type}
     if gw.spec.addresses and service_type == "LoadBalancer":
         service_spec["loadBalancerIP"] = gw.spec.addresses[0].value

@@ -67,8 +67,8 @@ ENDPOINT_KINDS = frozenset({"EndpointSlice", "Pod", "WorkloadEntry", "Node"})
 CONTEXT_KINDS = ENDPOINT_KINDS | AMBIENT_INPUT_KINDS | frozenset({
     "Service", "ServiceEntry", "VirtualService", "DestinationRule", "Sidecar", "Gateway", "Secret", "EnvoyFilter",
     "PeerAuthentication", "AuthorizationPolicy", "RequestAuthentication", "Namespace",
-    "GatewayClass", "KubernetesGateway", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute", "ReferenceGrant",
-    "Ingress", "IngressClass", "Telemetry", "WasmPlugin"})
+    "GatewayClass", "KubernetesGateway", "ListenerSet", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute", "ReferenceGrant",
+    "BackendTLSPolicy", "ConfigMap", "Ingress", "IngressClass", "Telemetry", "WasmPlugin"})
 
 
 class _Recording:
@@ -172,7 +172,7 @@ class PushContext:
             slices=_index_slices(store),
             settings=settings,
             traffic=TrafficIndex.build(store, domain, mesh.root_namespace, gateway_api.mesh_virtual_services,
-                                       knobs.enhanced_dr_merge),
+                                       knobs.enhanced_dr_merge, gateway_api.destination_rules),
             sidecars=_by_namespace(store.list(Sidecar), oldest_first=True),
             service_entries=MappingProxyType({(e.key.namespace, e.key.name): e for e in store.list(ServiceEntry)}),
             workload_entries_by_ns=_by_namespace(store.list(WorkloadEntry)),
@@ -240,6 +240,11 @@ class PushContext:
         if rec:
             rec[-1].add_child(child)
 
+    def memoized(self, key, compute):
+        """`_memoized` for generators: a part of a result that proxies with different memo keys
+        share within one push (CDS: one service's clusters, for every namespace)."""
+        return self._memoized(key, compute)
+
     def _memoized(self, key, compute):
         """A per-push derived value with the Deps of computing it: a later caller that gets the
         memoized value still depends on everything the first computation read."""
@@ -291,6 +296,11 @@ class PushContext:
     def allows_credential(self, proxy_namespace: str, namespace: str, name: str) -> bool:
         self._note(dep.GRANTS)
         return self.gateway_api.allows_credential(proxy_namespace, namespace, name)
+
+    def mesh_sessions(self) -> bool:
+        """Some mesh route sets a session (sidecars' outbound HCMs then carry the filter)."""
+        self._note(dep.SESSIONS)
+        return self.gateway_api.mesh_sessions
 
     def workload_policies(self, namespace: str, labels: Mapping[str, str]):
         """AuthorizationPolicies and RequestAuthentications selecting a workload."""

@@ -56,3 +56,17 @@ def test_which_gateways_are_deployed():
     assert not controller_version_allows({"gateway.istio.io/controller-version": "6"})
     assert not controller_version_allows({"gateway.istio.io/controller-version": "x"})
     assert name_problem(gw(name="a" * 60), "istio") is not None and name_problem(gw(), "istio") is None
+
+
+def test_service_ports_include_the_allowed_listener_sets_ports():
+    """istiod's extractServicePorts(gw, listenersFromListenerSets): a merged port the Gateway
+    already has is not repeated."""
+    merged = parse_object({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "ListenerSet",
+                           "metadata": {"name": "ls", "namespace": "apps"},
+                           "spec": {"parentRef": {"name": "web"}, "listeners": [
+                               {"name": "extra", "port": 8443, "protocol": "HTTPS",
+                                "tls": {"certificateRefs": [{"name": "c"}]}},
+                               {"name": "again", "port": 80, "protocol": "HTTP", "hostname": "a.example.com"}]}})
+    svc = by_kind(render(gw(), "istio", Inputs(), tuple(merged.spec.listeners)))["Service"]
+    assert [(p["name"], p["port"], p["appProtocol"]) for p in svc["spec"]["ports"]] == [
+        ("status-port", 15021, "tcp"), ("http", 80, "http"), ("extra", 8443, "https")]

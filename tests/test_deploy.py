@@ -447,7 +447,9 @@ async def test_required_rules_cover_every_request_the_code_makes_and_nothing_mor
     specs = {"GatewayClass": {"controllerName": "example.net/c"},
              "KubernetesGateway": {"gatewayClassName": "c",
                                    "listeners": [{"name": "l", "port": 80, "protocol": "HTTP"}]},
-             "ListenerSet": {"parentRef": {"name": "x"}, "listeners": [{"name": "l", "port": 81, "protocol": "HTTP"}]}}
+             "ListenerSet": {"parentRef": {"name": "x"}, "listeners": [{"name": "l", "port": 81, "protocol": "HTTP"}]},
+             "BackendTLSPolicy": {"targetRefs": [{"group": "", "kind": "Service", "name": "s"}],
+                                  "validation": {"hostname": "s.example.com", "wellKnownCACertificates": "System"}}}
     for kind_name in STATUS_KINDS:
         kind = BY_NAME[kind_name]
         obj = parse_object({"apiVersion": kind.api_version, "kind": kind.kind,
@@ -459,6 +461,17 @@ async def test_required_rules_cover_every_request_the_code_makes_and_nothing_mor
     writer.offer({k: {"conditions": []} if k.kind not in ("HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute")
                   else {"parents": [{"controllerName": "istio.io/gateway-controller"}]} for k in objs})
     assert await writer.reconcile_all() and writer.writes == len(STATUS_KINDS)
+    calls += kube.calls
+
+    # The Ingress status writer: a status PUT with the gateway's addresses.
+    from pilot.sources.kube.ingress_status import IngressStatusWriter
+
+    ing = parse_object({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+                        "metadata": {"name": "web", "namespace": "apps", "resourceVersion": "3"}, "spec": {}})
+    kube = RecordingKube(lambda method, path, body: body)
+    ingress_writer = IngressStatusWriter(kube, {ConfigKey.of(ing): ing}.get)
+    ingress_writer.offer({ConfigKey.of(ing): ({"ip": "192.0.2.1"},)})
+    assert await ingress_writer.reconcile_all() and ingress_writer.writes == 1
     calls += kube.calls
 
     # The webhook's caBundle writer: watch and read its configuration, probe with a dry-run

@@ -9,6 +9,7 @@ from pilot.config.core import ConfigMap, EndpointSlice, Namespace, Node, Pod, Se
 from pilot.config.extensions import VERSIONS as EXTENSIONS_VERSIONS
 from pilot.config.extensions import WasmPlugin
 from pilot.config.gateway_api import (
+    BackendTLSPolicy,
     GatewayClass,
     GRPCRoute,
     HTTPRoute,
@@ -18,7 +19,7 @@ from pilot.config.gateway_api import (
     TCPRoute,
     TLSRoute,
 )
-from pilot.config.ingress import Ingress
+from pilot.config.ingress import Ingress, IngressClass
 from pilot.config.networking import (
     DestinationRule,
     EnvoyFilter,
@@ -82,6 +83,7 @@ KINDS: tuple[Kind, ...] = (
     Kind("", ("v1",), "Secret", "secrets", True, Secret),
     # Ingress of class `istio`, translated to gateway config (pilot/model/ingress.py).
     Kind("networking.k8s.io", ("v1",), "Ingress", "ingresses", True, Ingress),
+    Kind("networking.k8s.io", ("v1",), "IngressClass", "ingressclasses", False, IngressClass),
     # networking.istio.io: v1 is read and written; v1beta1 and v1alpha3 serve the same schema.
     Kind("networking.istio.io", ISTIO_VERSIONS, "VirtualService", "virtualservices", True, VirtualService),
     Kind("networking.istio.io", ISTIO_VERSIONS, "DestinationRule", "destinationrules", True, DestinationRule),
@@ -120,6 +122,9 @@ KINDS: tuple[Kind, ...] = (
     # v1.5 and v1.6 serve v1 in both channels, v1alpha2/v1alpha3 in experimental only.
     Kind(GW, ("v1alpha2", "v1", "v1alpha3"), "TLSRoute", "tlsroutes", True, TLSRoute),
     Kind(GW, ("v1beta1", "v1"), "ReferenceGrant", "referencegrants", True, ReferenceGrant),
+    # v1 only, as istiod reads it (v1.5's experimental channel also serves v1alpha3, which istio
+    # does not watch).
+    Kind(GW, ("v1",), "BackendTLSPolicy", "backendtlspolicies", True, BackendTLSPolicy),
 )
 
 # By Store name (Kind.config_kind): one wire kind may be served by two groups (Gateway).

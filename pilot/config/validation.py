@@ -14,8 +14,6 @@ from pilot.config.kinds import by_wire_kind, lookup
 UNBUILT_KINDS = {
     "XListenerSet": "the experimental predecessor of ListenerSet; istiod reads ListenerSet "
                     "(gateway.networking.k8s.io/v1), as this control plane does",
-    "BackendTLSPolicy": "TLS from gateways to the Services it targets (refused: their traffic is not "
-                        "encrypted by it)",
     "InferencePool": "an inference backend pool (istiod: ENABLE_GATEWAY_API_INFERENCE_EXTENSION)",
 }
 

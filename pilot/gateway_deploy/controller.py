@@ -89,7 +89,8 @@ class DeploymentController(LeaderWorker):
     def _on_events(self, events: list[Event]) -> None:
         if not self.active:
             return
-        if any(e.key.kind in ("GatewayClass", "Namespace") or e.key in self.resync_keys for e in events):
+        if any(e.key.kind in ("GatewayClass", "Namespace", "ProxyConfig") or e.key in self.resync_keys
+               for e in events):
             self.resync()
             return
         keys = {e.key for e in events if e.key.kind == "KubernetesGateway" and e.new is not None}
@@ -173,7 +174,8 @@ class DeploymentController(LeaderWorker):
                        if parent_of(s) == (key.namespace, key.name)
                        and allows(cast(Entry[KubernetesGateway], entry), s.key.namespace, labels)
                        for listener in s.obj.spec.listeners)
-        for obj in render(gw, class_name, self.inputs(), merged):
+        proxy_configs = [e.obj for e in self.store.list("ProxyConfig")]
+        for obj in render(gw, class_name, self.inputs(), merged, proxy_configs):
             await self._apply(obj)
 
     async def _apply(self, obj: dict) -> None:

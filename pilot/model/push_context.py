@@ -6,10 +6,12 @@ that shares the services and replaces only the endpoint index.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
+from typing import Any
 
 from pilot.config.core import EndpointSlice, Node, Pod, Secret, Service
 from pilot.config.extensions import WasmPlugin
@@ -23,6 +25,7 @@ from pilot.config.networking import (
     VirtualService,
     WorkloadEntry,
 )
+from pilot.config.proxy_tracing import ProxyTracing, parse_proxy_tracing
 from pilot.config.security import AuthorizationPolicy
 from pilot.model import auto_allocate
 from pilot.model import dependencies as dep
@@ -33,6 +36,7 @@ from pilot.model.gateway_api import EMPTY as NO_GATEWAY_API
 from pilot.model.gateway_api import GatewayApiResult, translate
 from pilot.model.gateways import GatewayIndex
 from pilot.model.inbound import NO_INBOUND, InboundPlan, plan_inbound
+from pilot.model.ingress import NO_INGRESS, IngressResult
 from pilot.model.ingress import translate as translate_ingress
 from pilot.model.labels import selects
 from pilot.model.mesh_settings import DEFAULT_KNOBS, GenerationKnobs, MeshSettings
@@ -67,7 +71,7 @@ CONTEXT_KINDS = ENDPOINT_KINDS | AMBIENT_INPUT_KINDS | frozenset({
     "Service", "ServiceEntry", "VirtualService", "DestinationRule", "Sidecar", "Gateway", "Secret", "EnvoyFilter",
     "PeerAuthentication", "AuthorizationPolicy", "RequestAuthentication", "Namespace",
     "GatewayClass", "KubernetesGateway", "ListenerSet", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute", "ReferenceGrant",
-    "Telemetry", "WasmPlugin", "ConfigMap"})
+    "BackendTLSPolicy", "ConfigMap", "Ingress", "IngressClass", "Telemetry", "WasmPlugin"})
 
 
 class _Recording:
@@ -115,8 +119,9 @@ class PushContext:
     wasm_plugins: Mapping[str, tuple[Entry[WasmPlugin], ...]] = field(default_factory=dict)  # by namespace, oldest first
     # Gateway API objects: the Istio config they become (also in `gateways`) and their status.
     gateway_api: GatewayApiResult = NO_GATEWAY_API
-    # Ingress paths not served, and why (a backend port name no Service has).
-    ingress_problems: tuple[str, ...] = ()
+    # Kubernetes Ingress: its config (also in `gateways`), what is not served and why (a backend
+    # port name no Service has), and the status.loadBalancer of each processed Ingress.
+    ingress: IngressResult = NO_INGRESS
     # PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES: Kubernetes Services select WorkloadEntries too.
     k8s_select_workload_entries: bool = True
     # PILOT_ENABLE_IP_AUTOALLOCATE: (namespace, host) -> (IPv4, IPv6) of ServiceEntries without
@@ -141,7 +146,8 @@ class PushContext:
 
         def service(e: Entry[Service]) -> MeshService:
             prev = old.get(f"{e.key.name}.{e.key.namespace}.svc.{domain}")
-            return prev if prev is not None and prev.revision == e.revision else mesh_service(e, domain)
+            return prev if prev is not None and prev.revision == e.revision \
+                else mesh_service(e, domain, knobs.dual_stack)
 
         kube = [service(e) for e in store.list(Service)]
         # A ServiceEntry host that is also a Kubernetes Service is that Service (istiod merges
@@ -159,7 +165,7 @@ class PushContext:
         if previous is not None and previous.settings == settings:
             settings = previous.settings
         gateway_api = translate(store, domain, previous.gateway_api if previous is not None else None)
-        ingress_gateways, ingress_vss, ingress_problems = translate_ingress(store, domain)
+        ingress = translate_ingress(store, domain, mesh, knobs.ingress_namespace)
         return cls(
             version=version,
             mesh=mesh,
@@ -170,16 +176,16 @@ class PushContext:
             slices=_index_slices(store),
             settings=settings,
             traffic=TrafficIndex.build(store, domain, mesh.root_namespace, gateway_api.mesh_virtual_services,
-                                       knobs.enhanced_dr_merge),
+                                       knobs.enhanced_dr_merge, gateway_api.destination_rules),
             sidecars=_by_namespace(store.list(Sidecar), oldest_first=True),
             service_entries=MappingProxyType({(e.key.namespace, e.key.name): e for e in store.list(ServiceEntry)}),
             workload_entries_by_ns=_by_namespace(store.list(WorkloadEntry)),
             full_view=ServiceView.of(services, sniff=settings.listeners.sniff_outbound),
             pods=_index_pods(store),
-            gateways=GatewayIndex.build(store, domain, (*gateway_api.gateways, *ingress_gateways),
-                                        (*gateway_api.virtual_services, *ingress_vss),
+            gateways=GatewayIndex.build(store, domain, (*gateway_api.gateways, *ingress.gateways),
+                                        (*gateway_api.virtual_services, *ingress.virtual_services),
                                         knobs.scope_gateway_to_namespace),
-            ingress_problems=ingress_problems,
+            ingress=ingress,
             gateway_api=gateway_api,
             security=SecurityIndex.build(store, mesh.root_namespace, jwks,
                                          resolve_providers(mesh.extension_providers, by_host, domain),
@@ -237,6 +243,11 @@ class PushContext:
         rec = self._rec
         if rec:
             rec[-1].add_child(child)
+
+    def memoized(self, key, compute):
+        """`_memoized` for generators: a part of a result that proxies with different memo keys
+        share within one push (CDS: one service's clusters, for every namespace)."""
+        return self._memoized(key, compute)
 
     def _memoized(self, key, compute):
         """A per-push derived value with the Deps of computing it: a later caller that gets the
@@ -570,8 +581,9 @@ class PushContext:
         proxies of one namespace with the same labels and traits."""
         index, root = self.telemetry, self.mesh.root_namespace
         defaults = self.mesh.default_providers
+        tracing_raw = self._proxy_tracing_raw(proxy)
         if not (index.by_namespace.get(root) or index.by_namespace.get(proxy.namespace)
-                or defaults.access_logging or defaults.tracing):
+                or defaults.access_logging or defaults.tracing or (tracing_raw is not None and self.mesh.enable_tracing)):
             # The common case, no Telemetry for this proxy: MeshConfig's plan, without per-proxy work.
             self._note(dep.telemetry(root), dep.telemetry(proxy.namespace))
             shared = self._memo.get("telemetry-mesh")
@@ -581,10 +593,11 @@ class PushContext:
             return shared
         labels = proxy.labels
         md = proxy.metadata
+        tracing_key = json.dumps(tracing_raw, sort_keys=True) if tracing_raw is not None else None
         info = ProxyInfo(proxy.namespace, labels, proxy.type == "router", str(md.get("CLUSTER_ID") or ""),
-                         str(md.get("MESH_ID") or ""), proxy.cluster)
+                         str(md.get("MESH_ID") or ""), proxy.cluster, self._proxy_tracing(tracing_key, tracing_raw))
         key = ("telemetry", info.namespace, frozenset(labels.items()), info.is_router, info.cluster_id,
-               info.mesh_id, info.node_cluster)
+               info.mesh_id, info.node_cluster, tracing_key)
 
         def plan() -> TelemetryPlan:
             self._note(dep.telemetry(self.mesh.root_namespace), dep.telemetry(proxy.namespace))
@@ -592,6 +605,29 @@ class PushContext:
                             self.settings.knobs.trace_sampling)
 
         return self._memoized(key, plan)
+
+    def _proxy_tracing_raw(self, proxy: Proxy) -> Any:
+        """istiod's ProxyConfigOrDefault(mesh.defaultConfig).tracing: the proxy's PROXY_CONFIG
+        when it sent one, else MeshConfig's defaultConfig (as written)."""
+        pc = proxy.metadata.get("PROXY_CONFIG")
+        if isinstance(pc, str):  # a JSON string, as istio-agent's ISTIO_META_PROXY_CONFIG may be
+            try:
+                pc = json.loads(pc)
+            except ValueError:
+                pc = None
+        if isinstance(pc, Mapping):
+            return pc.get("tracing")
+        return (self.mesh.default_config.model_extra or {}).get("tracing")
+
+    def _proxy_tracing(self, key: str | None, raw: Any) -> ProxyTracing | None:
+        if key is None:
+            return None
+        memo_key = ("proxy-tracing", key)
+        if memo_key not in self._memo:
+            # Invalid PROXY_CONFIG tracing is refused by pilot-agent before Envoy starts; the mesh's
+            # is reported with the MeshConfig (TelemetryIndex.problems). Either way: as if absent.
+            self._memo[memo_key] = parse_proxy_tracing(raw, "PROXY_CONFIG tracing")[0]
+        return self._memo[memo_key]
 
     def wasm_plan(self, proxy: Proxy) -> WasmPlan:
         """The WasmPlugins selecting the proxy, per listener class (pilot/model/wasm.py); shared

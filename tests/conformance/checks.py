@@ -80,7 +80,7 @@ async def check_status(cluster: Cluster, spec: dict, timeout: float = STATUS_TIM
         if spec.get("latest"):  # upstream *MustHaveLatestConditions: observedGeneration is current
             gen = cluster.objects[(kind, ns, name)]["metadata"]["generation"]
             conds = list(status.get("conditions", []))
-            for part in ("listeners", "parents"):
+            for part in ("listeners", "parents", "ancestors"):
                 for x in status.get(part, []):
                     conds += x.get("conditions", [])
             stale = [(c["type"], c.get("observedGeneration")) for c in conds if c.get("observedGeneration") != gen]
@@ -121,6 +121,17 @@ async def check_status(cluster: Cluster, spec: dict, timeout: float = STATUS_TIM
                 if not status.get("listeners"):
                     return "no listeners in status"
             return _conditions_problem(status.get("conditions", []), spec.get("conditions", []))
+        if kind == "BackendTLSPolicy":  # upstream BackendTLSPolicyMustHaveCondition: any ancestor naming the Gateway
+            gns, gname = split_name(spec["ancestor"])
+            problems = []
+            for a in status.get("ancestors", []):
+                ref = a["ancestorRef"]
+                if ref["name"] == gname and ref.get("namespace", gns) == gns:
+                    problem = _conditions_problem(a.get("conditions", []), spec.get("conditions", []))
+                    if problem is None:
+                        return None
+                    problems.append(problem)
+            return f"no ancestor {gns}/{gname} with {spec.get('conditions')}: {problems or status.get('ancestors')}"
         # a route
         parents = status.get("parents", [])
         if spec.get("noAcceptedParents"):
@@ -227,6 +238,8 @@ def compare(req: dict, exp: dict, status: int, headers: dict[str, list[str]], bo
             return f"backend saw path {body['path']}, want {er['path']}"
         if er["method"] != body["method"]:
             return f"backend saw method {body['method']}, want {er['method']}"
+        if "sni" in er and er["sni"] != (body.get("tls") or {}).get("serverName"):
+            return f"backend saw SNI {(body.get('tls') or {}).get('serverName')!r}, want {er['sni']!r}"
         if exp.get("namespace", INFRA_NS) != body["namespace"]:
             return f"namespace {body['namespace']}, want {exp.get('namespace', INFRA_NS)}"
         seen = {k.lower(): v for k, v in body.get("headers", {}).items()}

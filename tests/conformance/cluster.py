@@ -32,10 +32,10 @@ from tests.unit.test_authn import Issuer
 GATEWAY_CLASS = "istio"
 CONTROLLER = "istio.io/gateway-controller"
 GW_LABEL = "gateway.networking.k8s.io/gateway-name"
-# Kinds the control plane reads from files; the rest (Deployments, ConfigMaps, ServiceAccounts)
+# Kinds the control plane reads from files; the rest (Deployments, ServiceAccounts)
 # is the cluster's business and is stood in for here.
 CONFIG_KINDS = {"Namespace", "Service", "Secret", "GatewayClass", "Gateway", "ListenerSet", "HTTPRoute", "GRPCRoute",
-                "TCPRoute", "TLSRoute", "ReferenceGrant", "EndpointSlice"}
+                "TCPRoute", "TLSRoute", "ReferenceGrant", "EndpointSlice", "BackendTLSPolicy", "ConfigMap"}
 
 GATEWAY_CLASS_YAML = f"""\
 apiVersion: gateway.networking.k8s.io/v1
@@ -91,7 +91,16 @@ class Cluster:
     async def start(self) -> None:
         self.cp.write("00-gatewayclass.yaml", GATEWAY_CLASS_YAML)
         self._suite_secrets()
+        # The CA ConfigMaps suite.go creates for BackendTLSPolicy: the CA that signed
+        # tls-checks-certificate, and one that signed nothing.
+        await self.apply([self.ca_config_map("tls-checks-ca-certificate", self.ca),
+                          self.ca_config_map("mismatch-ca-certificate", certs.make_ca("unused CA"))])
         await self.cp.start()
+
+    @staticmethod
+    def ca_config_map(name: str, ca: certs.Issued, namespace: str = "gateway-conformance-infra") -> dict:
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": namespace},
+                "data": {"ca.crt": ca.cert_pem.decode()}}
 
     async def stop(self) -> None:
         await self.stop_router()
@@ -104,7 +113,7 @@ class Cluster:
         wanted = [("gateway-conformance-web-backend", "certificate", ["*"]),
                   ("gateway-conformance-infra", "tls-validity-checks-certificate", ["*", "*.org", "*.wildcard.org"]),
                   ("gateway-conformance-infra", "tls-checks-certificate",
-                   ["abc.example.com", "other.example.com"]),
+                   ["abc.example.com", "spiffe://abc.example.com/test-identity", "other.example.com"]),
                   ("gateway-conformance-infra", "tls-passthrough-checks-certificate", ["abc.example.com"]),
                   ("gateway-conformance-app-backend", "tls-passthrough-checks-certificate", ["abc.example.com"]),
                   ("gateway-conformance-infra", "tls-terminate-checks-certificate", ["tls.example.com"])]

@@ -574,7 +574,7 @@ def test_the_memo_reuses_only_what_no_input_of_it_changed():
 
 @pytest.mark.parametrize("api_version, kind", [
     ("gateway.networking.x-k8s.io/v1alpha1", "XListenerSet"),
-    ("gateway.networking.k8s.io/v1", "BackendTLSPolicy"), ("inference.networking.k8s.io/v1", "InferencePool"),
+    ("inference.networking.k8s.io/v1", "InferencePool"),
 ])
 def test_kinds_istiod_serves_but_not_built_here_are_refused_by_name(api_version: str, kind: str):
     doc = {"apiVersion": api_version, "kind": kind, "metadata": {"name": "x", "namespace": "default"}, "spec": {}}

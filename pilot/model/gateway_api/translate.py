@@ -24,6 +24,7 @@ from pilot.config.core import ConfigMap, Namespace, Secret, Service
 from pilot.config.gateway_api import (
     CONTROLLER_NAME,
     DEFAULT_CLASS,
+    BackendTLSPolicy,
     GatewayClass,
     GRPCRoute,
     HTTPRoute,
@@ -33,8 +34,9 @@ from pilot.config.gateway_api import (
     TCPRoute,
     TLSRoute,
 )
-from pilot.config.networking import Gateway, ServiceEntry, VirtualService
+from pilot.config.networking import DestinationRule, Gateway, ServiceEntry, VirtualService
 from pilot.model.credentials import CA_SUFFIX, CONFIGMAP_PREFIX
+from pilot.model.gateway_api import backend_tls
 from pilot.model.gateway_api.attach import Attachment, attach
 from pilot.model.gateway_api.conditions import Status, condition, sorted_conditions
 from pilot.model.gateway_api.hostnames import isolate, matches
@@ -46,6 +48,7 @@ from pilot.model.gateway_api.http import (
     referenced_services,
 )
 from pilot.model.gateway_api.internal import (
+    PARENTS,
     Route,
     gateway_entry,
     has_session,
@@ -102,6 +105,8 @@ class GatewayApiResult:
     # (gateway namespace, configmap namespace, name) -> the checked PEM of its ca.crt: the CAs
     # that Gateways' spec.tls.frontend let this namespace's routers verify clients with (SDS).
     client_cas: Mapping[tuple[str, str, str], bytes] = field(default_factory=dict)
+    # BackendTLSPolicy: the DestinationRules they become (merged under users' in the traffic index)
+    destination_rules: tuple[Entry[DestinationRule], ...] = ()
     memo: TranslationMemo = field(default_factory=TranslationMemo, compare=False, repr=False)
 
     def allows_credential(self, proxy_namespace: str, namespace: str, name: str) -> bool:
@@ -334,7 +339,11 @@ def translate(store: Store, domain: str, previous: GatewayApiResult | None = Non
                                   *store.list(TCPRoute)]
     if not kube_gateways and not any(is_service_parent(ref) for r in routes
                                      for ref in r.obj.spec.parent_refs):
-        return GatewayApiResult(statuses=MappingProxyType(statuses)) if statuses else EMPTY
+        btls = backend_tls.evaluate(store, domain, {})
+        statuses.update(btls.statuses)
+        if not statuses:
+            return EMPTY
+        return GatewayApiResult(statuses=MappingProxyType(statuses), destination_rules=btls.destination_rules)
     services = {(e.key.namespace, e.key.name): e for e in store.list(Service)}
     secrets = {(e.key.namespace, e.key.name): e for e in store.list(Secret)}
     configmaps = {(e.key.namespace, e.key.name): e for e in store.list(ConfigMap)}
@@ -394,9 +403,39 @@ def translate(store: Store, domain: str, previous: GatewayApiResult | None = Non
                                                   route.obj.metadata.creation_timestamp, l4=targets,
                                                   kind=route.key.kind))
     mesh = _mesh_virtual_services(p, domain)
+    # (the ancestors index walks every route: only built when some policy will read it)
+    btls = (backend_tls.evaluate(store, domain, _gateways_by_backend(gateways, virtual_services))
+            if store.list(BackendTLSPolicy) else backend_tls.EMPTY)
+    statuses.update(btls.statuses)
     return GatewayApiResult(tuple(gateways), tuple(virtual_services), mesh, MappingProxyType(statuses),
-                            frozenset(credentials), any(has_session(vs) for vs in mesh),
-                            MappingProxyType(client_cas), p.memo)
+                            frozenset(credentials), mesh_sessions=any(has_session(vs) for vs in mesh),
+                            client_cas=MappingProxyType(client_cas), destination_rules=btls.destination_rules,
+                            memo=p.memo)
+
+
+def _gateways_by_backend(gateways: list[Entry[Gateway]], virtual_services: list[Entry[VirtualService]]
+                         ) -> dict[str, frozenset[tuple[str, str]]]:
+    """Backend host -> the Gateways (namespace, name) whose routes send traffic to it (the
+    ancestors a BackendTLSPolicy reports, istiod's AncestorBackend index)."""
+    owner: dict[str, tuple[str, str]] = {}
+    for g in gateways:
+        parent = g.obj.metadata.annotations.get(PARENTS, "")  # KubernetesGateway/NS/NAME
+        _, ns, name = parent.split("/", 2)
+        owner[f"{g.key.namespace}/{g.key.name}"] = (ns, name)
+    out: dict[str, set[tuple[str, str]]] = defaultdict(set)
+    for vs in virtual_services:
+        gws = {owner[b] for b in vs.obj.spec.gateways if b in owner}
+        if not gws:
+            continue
+        spec = vs.obj.spec
+        dests = [d.destination for rule in spec.http for d in rule.route]
+        dests += [m.destination for rule in spec.http for m in rule.mirrors]
+        dests += [rule.mirror for rule in spec.http if rule.mirror is not None]
+        dests += [d.destination for tcp in spec.tcp for d in tcp.route]
+        dests += [d.destination for tls in spec.tls for d in tls.route]
+        for d in dests:
+            out[d.host] |= gws
+    return {h: frozenset(v) for h, v in out.items()}
 
 
 def _mesh_virtual_services(p: _Pass, domain: str) -> tuple[Entry[VirtualService], ...]:

@@ -6,7 +6,9 @@ PUTs the status subresource only where it differs:
 - lastTransitionTime is carried over while a condition keeps its status, so an unchanged status
   compares equal and is never written again;
 - a route's `parents` entries of other controllers are kept as they are and where they are;
-  ours are updated in place, and removed when the route no longer names our Gateway;
+  ours are updated in place, and removed when the route no longer names our Gateway; a
+  BackendTLSPolicy's `ancestors` likewise (ours: istio.io/gateway-controller and
+  istio.io/mesh-controller);
 - condition types we do not set (another controller's, on a Gateway, a listener or our own
   parent entry) are kept, as istiod's SetListenerConditions keeps them;
 - the PUT carries the resourceVersion the informer saw: a conflict (someone wrote meanwhile) is
@@ -29,7 +31,8 @@ from pilot.config.base import K8sObject
 from pilot.config.gateway_api import CONTROLLER_NAME, GROUP, ROUTE_KINDS
 from pilot.config.gateway_api.common import GatewayApiObject
 from pilot.config.kinds import BY_NAME
-from pilot.model.gateway_api.conditions import Status, merge_parents, stamp
+from pilot.model.gateway_api.backend_tls import MESH_CONTROLLER
+from pilot.model.gateway_api.conditions import Status, merge_ancestors, merge_parents, stamp
 from pilot.model.store import ConfigKey
 from pilot.sources.kube.client import ApiError, Kube
 from pilot.sources.kube.leader_worker import LeaderWorker
@@ -38,7 +41,8 @@ from pilot.status.view import now_rfc3339
 
 log = plog.get("status")
 
-STATUS_KINDS = ("GatewayClass", "KubernetesGateway", "ListenerSet", *ROUTE_KINDS)
+STATUS_KINDS = ("GatewayClass", "KubernetesGateway", "ListenerSet", *ROUTE_KINDS, "BackendTLSPolicy")
+_POLICY_CONTROLLERS = frozenset({CONTROLLER_NAME, MESH_CONTROLLER})
 # What _write calls: PUT on the status subresource of every kind that has a status, cluster-wide.
 RBAC = tuple(Rule("cluster", BY_NAME[k].group, f"{BY_NAME[k].plural}/status", frozenset({"update"}))
              for k in STATUS_KINDS)
@@ -110,6 +114,9 @@ class StatusWriter(LeaderWorker):
             desired = {**current, "parents": merge_parents(
                 current.get("parents"), ours, CONTROLLER_NAME,
                 keep=lambda p: not self._owns_parent(p.get("parentRef"), key.namespace))}
+        elif key.kind == "BackendTLSPolicy":  # other controllers' ancestors stay as they are
+            desired = {**current, "ancestors": merge_ancestors(current.get("ancestors"), desired.get("ancestors") or [],
+                                                               _POLICY_CONTROLLERS)}
         new = stamp(current, desired, self.clock())
         if new == current:
             return True

@@ -346,7 +346,9 @@ def translate(store: Store, domain: str, previous: GatewayApiResult | None = Non
         return GatewayApiResult(statuses=MappingProxyType(statuses), destination_rules=btls.destination_rules)
     services = {(e.key.namespace, e.key.name): e for e in store.list(Service)}
     secrets = {(e.key.namespace, e.key.name): e for e in store.list(Secret)}
-    configmaps = {(e.key.namespace, e.key.name): e for e in store.list(ConfigMap)}
+    # (only indexed when some Gateway has spec.tls: clusters hold many ConfigMaps)
+    configmaps = ({(e.key.namespace, e.key.name): e for e in store.list(ConfigMap)}
+                  if any(g.obj.spec.tls is not None for g in kube_gateways) else {})
     grant_entries = tuple(sorted(store.list(ReferenceGrant), key=lambda e: e.key))
     grants = ReferenceGrants.of(list(grant_entries))
     labels = {e.key.name: e.obj.metadata.labels for e in store.list(Namespace)}

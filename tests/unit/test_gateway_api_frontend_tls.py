@@ -147,3 +147,30 @@ def test_only_configmaps_holding_a_ca_bundle_trigger_a_push():
     ca, other = (store.get(ConfigKey("ConfigMap", "infra", n)) for n in ("ca", "other"))
     assert push_request_for([Event("update", ca.key, ca, ca)], mesh) is not None
     assert push_request_for([Event("update", other.key, other, other)], mesh) is None
+
+
+def test_upstream_invalid_client_certificate_validation_touches_only_the_affected_listeners():
+    """gateway-api v1.5.1 GatewayInvalidFrontendClientCertificateValidation, its manifest's
+    references: per port a missing ConfigMap, a Service, another namespace's ConfigMap without a
+    ReferenceGrant; the default's valid CA keeps its listener served."""
+    def ref(kind: str, name: str, ns: str = "") -> str:
+        return f'[{{group: "", kind: {kind}, name: {name}{", namespace: " + ns if ns else ""}}}]'
+
+    per_port = "".join(f"      - port: {port}\n        tls:\n          validation:\n            caCertificateRefs: {r}\n"
+                       for port, r in ((7443, ref("ConfigMap", "non-exisitng-cm")),
+                                       (8443, ref("Service", "infra-backend-v2")),
+                                       (6443, ref("ConfigMap", "web-backend-cm", "web-backend"))))
+    listeners_ = "".join(f"  - {{name: {n}, port: {p}, protocol: HTTPS, tls: {{certificateRefs: [{{name: server}}]}}}}\n"
+                         for n, p in (("https", 443), ("https-unresolved", 7443), ("https-invalid-kind", 8443),
+                                      ("https-grant-missing", 6443)))
+    store = store_of(CLASS, service("web-istio", "infra", 443, 7443, 8443, 6443), SERVER, GOOD_CM,
+                     configmap("web-backend-cm", GOOD_CM.split("data:\n", 1)[1], namespace="web-backend"),
+                     frontend_gateway(ref("ConfigMap", "ca"), per_port=per_port, listeners_=listeners_))
+    ls = listeners(translate(store, "cluster.local"))
+    assert {c: conds(ls["https"])[c][0] for c in ("ResolvedRefs", "Accepted", "Programmed")} == \
+        {"ResolvedRefs": "True", "Accepted": "True", "Programmed": "True"}
+    for name, reason in (("https-unresolved", "InvalidCACertificateRef"), ("https-invalid-kind", "InvalidCACertificateKind"),
+                         ("https-grant-missing", "RefNotPermitted")):
+        assert conds(ls[name])["ResolvedRefs"] == ("False", reason), name
+        assert conds(ls[name])["Accepted"] == ("False", "NoValidCACertificate"), name
+        assert conds(ls[name])["Programmed"][0] == "False", name

@@ -297,10 +297,13 @@ class PushContext:
         self._note(dep.secret(namespace, name))
         return self.gateways.secret(namespace, name)
 
-    def gateway_client_ca(self, proxy_namespace: str, namespace: str, name: str) -> bytes | None:
-        """The CA a Gateway of `proxy_namespace` verifies clients with (ConfigMap ca.crt), if any."""
-        self._note(dep.configmap(namespace, name), dep.GATEWAYS)
-        return self.gateway_api.client_cas.get((proxy_namespace, namespace, name))
+    def gateway_client_ca(self, proxy_namespace: str, kind: str, namespace: str, name: str,
+                          sds_name: str) -> bytes | None:
+        """The CA a Gateway of `proxy_namespace` verifies clients with (a ConfigMap's or Secret's
+        ca.crt), if any."""
+        self._note(dep.configmap(namespace, name) if kind == "ConfigMap" else dep.secret(namespace, name),
+                   dep.GATEWAYS)
+        return self.gateway_api.client_cas.get((proxy_namespace, sds_name))
 
     def allows_credential(self, proxy_namespace: str, namespace: str, name: str) -> bool:
         self._note(dep.GRANTS)

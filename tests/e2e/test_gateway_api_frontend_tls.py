@@ -1,7 +1,8 @@
 """Gateway spec.tls.frontend (client certificate validation) through a real gateway Envoy and
-real TLS: AllowValidOnly refuses clients without a certificate from the ConfigMap's CA in the
-handshake, a perPort AllowInsecureFallback lets them in, a rotated CA reaches Envoy, and a
-malformed CA refuses the listener in status instead of reaching Envoy."""
+real TLS: AllowValidOnly refuses clients without a certificate from the referenced CA (a
+ConfigMap's or a Secret's ca.crt) in the handshake, a perPort AllowInsecureFallback lets them
+in, a rotated CA reaches Envoy, and a malformed CA refuses the listener in status instead of
+reaching Envoy."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from tests.e2e.gateway_api_env import (
     route_yaml,
     running_env,
 )
-from tests.support.certs import Issued, issue, make_ca, tls_secret_yaml
+from tests.support.certs import Issued, b64, issue, make_ca, tls_secret_yaml
 from tests.support.ports import free_ports
 
 pytestmark = pytest.mark.timeout(120)
@@ -48,12 +49,16 @@ def client_tls(server_ca: Issued, client: Issued | None = None) -> ssl.SSLContex
     return ctx
 
 
-def ca_configmap(name: str, pem: str) -> str:
+def ca_object(kind: str, name: str, pem: str) -> str:
+    """A ConfigMap, or a Secret (istiod's other kind), holding `pem` as ca.crt."""
+    if kind == "Secret":
+        return (f"apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}, namespace: {GW_NS}}}\n"
+                f"data: {{ca.crt: {b64(pem.encode())}}}\n")
     return (f"apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {name}, namespace: {GW_NS}}}\n"
             f"data:\n  ca.crt: |\n" + textwrap.indent(pem, "    "))
 
 
-def gateway_with_frontend(strict: int, fallback: int) -> str:
+def gateway_with_frontend(strict: int, fallback: int, kind: str) -> str:
     return textwrap.dedent(f"""\
         apiVersion: gateway.networking.k8s.io/v1
         kind: Gateway
@@ -64,13 +69,13 @@ def gateway_with_frontend(strict: int, fallback: int) -> str:
             frontend:
               default:
                 validation:
-                  caCertificateRefs: [{{group: "", kind: ConfigMap, name: client-ca}}]
+                  caCertificateRefs: [{{group: "", kind: {kind}, name: client-ca}}]
               perPort:
               - port: {fallback}
                 tls:
                   validation:
                     mode: AllowInsecureFallback
-                    caCertificateRefs: [{{group: "", kind: ConfigMap, name: client-ca}}]
+                    caCertificateRefs: [{{group: "", kind: {kind}, name: client-ca}}]
           listeners:
           - name: strict
             port: {strict}
@@ -95,14 +100,15 @@ async def outcome(port: int, tls: ssl.SSLContext) -> str:
     return r.backend or f"status {r.status}"
 
 
-async def test_client_certificates_checked_against_the_configmap_ca(env: GatewayApiEnv):
+@pytest.mark.parametrize("kind", ["ConfigMap", "Secret"])
+async def test_client_certificates_checked_against_the_referenced_ca(env: GatewayApiEnv, kind: str):
     server_ca, client_ca, other_ca = make_ca("server CA"), make_ca("client CA"), make_ca("other CA")
     server = issue(server_ca, ["a.example.com"])
     good, stranger = issue(client_ca, ["client"], client=True), issue(other_ca, ["stranger"], client=True)
     strict, fallback = free_ports(2)
     env.cp.write("secrets.yaml", tls_secret_yaml("server-cert", GW_NS, server))
-    env.cp.write("ca.yaml", ca_configmap("client-ca", client_ca.cert_pem.decode()))
-    env.cp.write("gateway.yaml", gateway_with_frontend(strict, fallback) + "---\n"
+    env.cp.write("ca.yaml", ca_object(kind, "client-ca", client_ca.cert_pem.decode()))
+    env.cp.write("gateway.yaml", gateway_with_frontend(strict, fallback, kind) + "---\n"
                  + gateway_service_yaml(strict) + f"  - {{name: https-2, port: {fallback}}}\n")
     env.cp.write("route.yaml", route_yaml("HTTPRoute", "r", f"""\
         parentRefs: [{{name: {GW_NAME}, namespace: {GW_NS}}}]
@@ -114,7 +120,7 @@ async def test_client_certificates_checked_against_the_configmap_ca(env: Gateway
     async def strict_served():
         return await outcome(strict, client_tls(server_ca, good)) == "alpha"
 
-    await env.until(strict_served, "HTTPS with a client certificate from the ConfigMap's CA")
+    await env.until(strict_served, "HTTPS with a client certificate from the referenced CA")
     # AllowValidOnly: no certificate, or one from another CA, fails the handshake.
     assert await outcome(strict, client_tls(server_ca)) == "refused"
     assert await outcome(strict, client_tls(server_ca, stranger)) == "refused"
@@ -126,8 +132,8 @@ async def test_client_certificates_checked_against_the_configmap_ca(env: Gateway
     assert conditions(gw)["InsecureFrontendValidationMode"] == ("True", "ConfigurationChanged")
     assert conditions(listener_status(gw, "strict"))["ResolvedRefs"] == ("True", "ResolvedRefs")
 
-    # Rotating the ConfigMap's CA reaches Envoy (the ConfigMap is a recorded dependency).
-    env.cp.write("ca.yaml", ca_configmap("client-ca", other_ca.cert_pem.decode()))
+    # Rotating the CA reaches Envoy (the ConfigMap or Secret is a recorded dependency).
+    env.cp.write("ca.yaml", ca_object(kind, "client-ca", other_ca.cert_pem.decode()))
 
     async def rotated():
         return await outcome(strict, client_tls(server_ca, stranger)) == "alpha"
@@ -136,7 +142,7 @@ async def test_client_certificates_checked_against_the_configmap_ca(env: Gateway
     assert await outcome(strict, client_tls(server_ca, good)) == "refused"
 
     # A malformed CA never reaches Envoy: the listeners are refused in status.
-    env.cp.write("ca.yaml", ca_configmap("client-ca", "-----BEGIN CERTIFICATE-----\nnot base64!\n"
+    env.cp.write("ca.yaml", ca_object(kind, "client-ca", "-----BEGIN CERTIFICATE-----\nnot base64!\n"
                                                       "-----END CERTIFICATE-----\n"))
 
     async def refused_in_status():

@@ -60,7 +60,7 @@ def test_default_validation_makes_terminating_listeners_mutual_with_the_configma
     assert combined.validation_context_sds_secret_config.name == "configmap://infra/ca-cacert"
     assert combined.default_validation_context.trust_chain_verification == 0  # VERIFY_TRUST_CHAIN
     # The SDS answer for that name is the ConfigMap's CA, for this namespace's routers only.
-    assert result.client_cas == {("infra", "infra", "ca"): CA.cert_pem}
+    assert result.client_cas == {("infra", "configmap://infra/ca-cacert"): CA.cert_pem}
     gw = result.statuses[ConfigKey("KubernetesGateway", "infra", "web")]
     assert "InsecureFrontendValidationMode" not in conds(gw)
 
@@ -103,7 +103,11 @@ def test_bad_references_are_refused_in_status_and_never_served():
     cases = {
         "missing": ('[{group: "", kind: ConfigMap, name: nope}]', "InvalidCACertificateRef",
                     "configmap infra/nope not found"),
-        "kind": ('[{group: "", kind: Secret, name: ca}]', "InvalidCACertificateKind", "only configmap is allowed"),
+        "kind": ('[{group: "", kind: Service, name: ca}]', "InvalidCACertificateKind",
+                 "only secret and configmap are allowed"),
+        "secret-missing": ('[{group: "", kind: Secret, name: nope}]', "InvalidCACertificateRef",
+                           "secret infra/nope not found"),
+        "secret-no-ca": ('[{group: "", kind: Secret, name: server}]', "InvalidCACertificateRef", "found no ca.crt"),
         "two": ('[{group: "", kind: ConfigMap, name: ca}, {group: "", kind: ConfigMap, name: ca}]',
                 "InvalidCACertificateRef", "only one caCertificateRef is supported"),
         "elsewhere": ('[{group: "", kind: ConfigMap, name: ca, namespace: certs}]', "RefNotPermitted",
@@ -128,6 +132,18 @@ def test_bad_references_are_refused_in_status_and_never_served():
         assert result.gateways == () and result.client_cas == {}, case
 
 
+def test_a_secrets_ca_is_served_under_its_own_sds_name():
+    store = store_of(CLASS, service("web-istio", "infra", 443), SERVER,
+                     tls_secret_yaml("with-ca", "infra", issue(CA, ["x"]), CA),
+                     frontend_gateway('[{group: "", kind: Secret, name: with-ca}]'))
+    result = translate(store, "cluster.local")
+    assert conds(listeners(result)["a"])["ResolvedRefs"] == ("True", "ResolvedRefs")
+    ctx = envoy_tls(result, "a")
+    assert ctx.common_tls_context.combined_validation_context.validation_context_sds_secret_config.name == \
+        "kubernetes-gateway://infra/with-ca-cacert"
+    assert result.client_cas == {("infra", "kubernetes-gateway://infra/with-ca-cacert"): CA.cert_pem}
+
+
 def test_a_reference_grant_admits_another_namespaces_configmap():
     grant = ("apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\n"
              "metadata: {name: g, namespace: certs}\n"
@@ -138,7 +154,7 @@ def test_a_reference_grant_admits_another_namespaces_configmap():
                      frontend_gateway('[{group: "", kind: ConfigMap, name: ca, namespace: certs}]'))
     result = translate(store, "cluster.local")
     assert conds(listeners(result)["a"])["ResolvedRefs"] == ("True", "ResolvedRefs")
-    assert result.client_cas == {("infra", "certs", "ca"): CA.cert_pem}
+    assert result.client_cas == {("infra", "configmap://certs/ca-cacert"): CA.cert_pem}
 
 
 def test_only_configmaps_holding_a_ca_bundle_trigger_a_push():

@@ -212,8 +212,8 @@ class ObjectReference(StrictModel):
 class FrontendTLSValidation(StrictModel):
     """Client certificates checked against a CA (a ConfigMap's or Secret's `ca.crt`).
     AllowValidOnly: a client without a valid certificate is refused in the handshake.
-    AllowInsecureFallback: as istiod, any client certificate (or none) is accepted; the
-    certificate is then only offered to the backends' policies, not verified."""
+    AllowInsecureFallback: as istiod, OPTIONAL_MUTUAL accepting untrusted certificates (or none),
+    reported by the Gateway's InsecureFrontendValidationMode condition."""
 
     ca_certificate_refs: list[ObjectReference] = Field(min_length=1, max_length=8)
     mode: Literal["AllowValidOnly", "AllowInsecureFallback"] = "AllowValidOnly"

@@ -36,7 +36,9 @@ from pilot.model.credentials import (
     CA_SUFFIX,
     CERT_KEYS,
     CONFIGMAP_PREFIX,
+    SECRET_CA_PREFIX,
     CredentialError,
+    ca_bundle,
     check_certificates,
     key_pair_problem,
 )
@@ -75,9 +77,11 @@ class ListenerState:
     owner: Entry[ListenerSet] | None = None
     # Why it is not Programmed when nothing else says so (a ListenerSet's HTTPS listener without tls).
     unprogrammed: Verdict | None = None
-    # spec.tls.frontend: the SDS name of the CA checking client certificates (configmap://NS/NAME),
-    # and whether an unverified (or no) certificate is let through (AllowInsecureFallback).
+    # spec.tls.frontend: the SDS name of the CA checking client certificates (configmap://NS/NAME-cacert
+    # or kubernetes-gateway://NS/NAME-cacert), its checked PEM, and whether an unverified (or no)
+    # certificate is let through (AllowInsecureFallback).
     client_ca: str = ""
+    client_ca_pem: bytes = b""
     insecure_fallback: bool = False
 
     @property
@@ -284,42 +288,60 @@ def _client_ca(credential: str, namespace: str, secrets: Mapping[tuple[str, str]
 
 def _frontend_ca(gateway: Entry[KubernetesGateway], listener,
                  configmaps: Mapping[tuple[str, str], Entry[ConfigMap]],
-                 grants: ReferenceGrants) -> tuple[str, bool, Verdict | None]:
+                 secrets: Mapping[tuple[str, str], Entry[Secret]],
+                 grants: ReferenceGrants) -> tuple[str, bytes, bool, Verdict | None]:
     """The Gateway's `spec.tls.frontend` for this listener's port, as istiod's buildTLS: (the CA's
-    SDS name, insecure fallback, why it cannot be used). A CA that is missing or not PEM refuses
-    the listener here, so Envoy never waits for (or rejects) a validation context."""
+    SDS name, its checked PEM, insecure fallback, why it cannot be used). A CA that is missing or
+    not PEM refuses the listener here, so Envoy never waits for (or rejects) a validation context.
+    istiod's kinds: a ConfigMap's `ca.crt` (configmap://NS/NAME-cacert) or a Secret's
+    (kubernetes-gateway://NS/NAME-cacert)."""
     tls = gateway.obj.spec.tls
     validation = tls.frontend.for_port(listener.port) if tls is not None and tls.frontend is not None else None
     if validation is None:
-        return "", False, None
+        return "", b"", False, None
     if len(validation.ca_certificate_refs) > 1:
-        return "", False, Verdict(False, "InvalidCACertificateRef", "only one caCertificateRef is supported")
+        return "", b"", False, Verdict(False, "InvalidCACertificateRef", "only one caCertificateRef is supported")
     ref = validation.ca_certificate_refs[0]
     ns = ref.namespace or gateway.key.namespace
     where = f"{ref.group}/{ref.kind}/{ref.name}.{ref.namespace or ''}"
-    if ref.group not in ("", "core") or ref.kind != "ConfigMap":
-        # (istiod also reads a Secret's ca.crt; not served here yet, so refused rather than ignored)
-        return "", False, Verdict(False, "InvalidCACertificateKind", f"invalid CA certificate reference {where}, only "
-                                                                     "configmap is allowed")
-    if ns != gateway.key.namespace and not grants.allowed(GROUP, "Gateway", gateway.key.namespace, "", "ConfigMap",
+    if ref.group not in ("", "core") or ref.kind not in ("ConfigMap", "Secret"):
+        return "", b"", False, Verdict(False, "InvalidCACertificateKind", f"invalid CA certificate reference {where}, "
+                                                                         "only secret and configmap are allowed")
+    if ns != gateway.key.namespace and not grants.allowed(GROUP, "Gateway", gateway.key.namespace, "", ref.kind,
                                                           ns, ref.name):
-        return "", False, Verdict(False, "RefNotPermitted", f"caCertificateRef {ns}/{ref.name} not accessible to a "
-                                                            f"Gateway in namespace {gateway.key.namespace!r} (missing "
-                                                            "a ReferenceGrant?)")
-    cm = configmaps.get((ns, ref.name))
-    if cm is None:
-        return "", False, Verdict(False, "InvalidCACertificateRef", f"invalid CA certificate reference {where}, "
-                                                                    f"configmap {ns}/{ref.name} not found")
-    pem = cm.obj.data.get("ca.crt")
-    if pem is None:
-        return "", False, Verdict(False, "InvalidCACertificateRef", f"invalid CA certificate reference {where}, "
-                                                                    "found no ca.crt")
-    try:
-        check_certificates(pem.encode(), "ca.crt")
-    except CredentialError:
-        return "", False, Verdict(False, "InvalidCACertificateRef", f"invalid CA certificate reference {where}, the "
-                                                                    "bundle is malformed")
-    return f"{CONFIGMAP_PREFIX}{ns}/{ref.name}{CA_SUFFIX}", validation.mode == "AllowInsecureFallback", None
+        return "", b"", False, Verdict(False, "RefNotPermitted", f"caCertificateRef {ns}/{ref.name} not accessible "
+                                                                 f"to a Gateway in namespace {gateway.key.namespace!r} "
+                                                                 "(missing a ReferenceGrant?)")
+
+    def bad(why: str) -> tuple[str, bytes, bool, Verdict]:
+        return "", b"", False, Verdict(False, "InvalidCACertificateRef", f"invalid CA certificate reference {where}, "
+                                                                         f"{why}")
+
+    if ref.kind == "ConfigMap":
+        cm = configmaps.get((ns, ref.name))
+        if cm is None:
+            return bad(f"configmap {ns}/{ref.name} not found")
+        text = cm.obj.data.get("ca.crt")
+        if text is None:
+            return bad("found no ca.crt")
+        try:
+            pem = check_certificates(text.encode(), "ca.crt")
+        except CredentialError:
+            return bad("the bundle is malformed")
+        prefix = CONFIGMAP_PREFIX
+    else:
+        secret = secrets.get((ns, ref.name))
+        if secret is None:
+            return bad(f"secret {ns}/{ref.name} not found")
+        data = secret.obj.reveal()
+        if not any(k in data for k in CA_KEYS):
+            return bad("found no ca.crt")
+        try:
+            pem = ca_bundle(data)
+        except CredentialError:
+            return bad("the bundle is malformed")
+        prefix = SECRET_CA_PREFIX
+    return f"{prefix}{ns}/{ref.name}{CA_SUFFIX}", pem, validation.mode == "AllowInsecureFallback", None
 
 
 @dataclass
@@ -348,6 +370,7 @@ def evaluate_listeners(gateway: Entry[KubernetesGateway], secrets: Mapping[tuple
         conflicted = Verdict(False, "NoConflicts", "No errors found")
         unprogrammed = None
         credential = tls_mode = client_ca = ""
+        client_ca_pem = b""
         insecure = False
         cls = _PORT_CLASS.get(listener.protocol)
         if cls is None:
@@ -378,7 +401,8 @@ def evaluate_listeners(gateway: Entry[KubernetesGateway], secrets: Mapping[tuple
                 if tls_mode != "ISTIO_MUTUAL":  # (istiod: the router's own certificate, refs unread)
                     credential, problem = _certificate(gateway, source, listener, secrets, grants)
                     if problem is None:
-                        client_ca, insecure, problem = _frontend_ca(gateway, listener, configmaps or {}, grants)
+                        client_ca, client_ca_pem, insecure, problem = _frontend_ca(
+                            gateway, listener, configmaps or {}, secrets, grants)
                         if problem is not None:  # istiod: a CA problem also refuses Accepted
                             accepted = Verdict(False, "NoValidCACertificate", problem.message)
                     if problem is None and client_ca:
@@ -393,7 +417,7 @@ def evaluate_listeners(gateway: Entry[KubernetesGateway], secrets: Mapping[tuple
                     if problem is not None:
                         resolved = problem
         out.append(ListenerState(gateway, i, kinds if cls is not None else (), accepted, conflicted, resolved,
-                                 credential, tls_mode, owner, unprogrammed, client_ca, insecure))
+                                 credential, tls_mode, owner, unprogrammed, client_ca, client_ca_pem, insecure))
     return tuple(out)
 
 

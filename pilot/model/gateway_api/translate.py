@@ -35,7 +35,6 @@ from pilot.config.gateway_api import (
     TLSRoute,
 )
 from pilot.config.networking import DestinationRule, Gateway, ServiceEntry, VirtualService
-from pilot.model.credentials import CA_SUFFIX, CONFIGMAP_PREFIX
 from pilot.model.gateway_api import backend_tls
 from pilot.model.gateway_api.attach import Attachment, attach
 from pilot.model.gateway_api.conditions import Status, condition, sorted_conditions
@@ -102,9 +101,9 @@ class GatewayApiResult:
     credentials: frozenset[tuple[str, str, str]] = frozenset()
     # Some mesh VirtualService sets a session: sidecars' outbound HCMs need the stateful session filter.
     mesh_sessions: bool = False
-    # (gateway namespace, configmap namespace, name) -> the checked PEM of its ca.crt: the CAs
-    # that Gateways' spec.tls.frontend let this namespace's routers verify clients with (SDS).
-    client_cas: Mapping[tuple[str, str, str], bytes] = field(default_factory=dict)
+    # (gateway namespace, SDS name) -> the checked PEM: the CAs (ConfigMap or Secret ca.crt) that
+    # Gateways' spec.tls.frontend let this namespace's routers verify clients with (over SDS).
+    client_cas: Mapping[tuple[str, str], bytes] = field(default_factory=dict)
     # BackendTLSPolicy: the DestinationRules they become (merged under users' in the traffic index)
     destination_rules: tuple[Entry[DestinationRule], ...] = ()
     memo: TranslationMemo = field(default_factory=TranslationMemo, compare=False, repr=False)
@@ -375,7 +374,7 @@ def translate(store: Store, domain: str, previous: GatewayApiResult | None = Non
     gateways: list[Entry[Gateway]] = []
     virtual_services: list[Entry[VirtualService]] = []
     credentials: set[tuple[str, str, str]] = set()
-    client_cas: dict[tuple[str, str, str], bytes] = {}
+    client_cas: dict[tuple[str, str], bytes] = {}
     for state in states.values():
         statuses[state.entry.key] = state.status({ls.name: len(p.attached.get((state.entry.key, ls.name), ()))
                                                   for ls in state.listeners})
@@ -391,9 +390,7 @@ def translate(store: Store, domain: str, previous: GatewayApiResult | None = Non
                 secret_ns, _, secret = ls.credential.partition("/")
                 credentials.add((state.entry.key.namespace, secret_ns, secret))
             if ls.client_ca:
-                cm_ns, _, cm_name = ls.client_ca[len(CONFIGMAP_PREFIX):-len(CA_SUFFIX)].partition("/")
-                client_cas[(state.entry.key.namespace, cm_ns, cm_name)] = \
-                    configmaps[(cm_ns, cm_name)].obj.data["ca.crt"].encode()
+                client_cas[(state.entry.key.namespace, ls.client_ca)] = ls.client_ca_pem
             virtual_services.extend(_http_virtual_services(state, ls, p))
     for ls, route, hosts, targets in p.l4:
         if not ls.programmed:

@@ -212,7 +212,7 @@ def test_listener_conditions_for_protocols_conflicts_kinds_and_certificates():
     assert conds(ls["tcp-on-80"]) == {"Accepted": ("False", "ProtocolConflict"), "Conflicted": ("True", "ProtocolConflict"),
                                       "Programmed": ("False", "ProtocolConflict"),
                                       "ResolvedRefs": ("True", "ResolvedRefs")}
-    assert conds(ls["tls-same-host"])["Conflicted"] == ("True", "HostnameConflict")
+    assert conds(ls["tls-same-host"])["Conflicted"] == ("True", "ProtocolConflict")  # istiod: protocols differ
     # istiod: an unsupported protocol is refused by Accepted alone (Programmed stays True), and
     # the listener is not served.
     assert conds(ls["udp"])["Accepted"] == ("False", "UnsupportedProtocol") and ls["udp"]["supportedKinds"] == []

@@ -7,12 +7,17 @@ Terminate takes TLSRoute and TCPRoute (istiod's: the connection is decrypted, th
 the route says); TCP takes TCPRoute. Anything else (UDP, lowercase `http`, unknown) is not
 accepted, and takes no kind, but is reported Programmed as istiod does (Accepted says why).
 
-Conflicts, per port in listener order (the earlier listener keeps the port): a listener whose
-protocol class differs from the port's (HTTP against HTTPS/TLS against TCP) is ProtocolConflict;
-one with the same hostname as an earlier listener of its class (a second TCP listener alike) is
-HostnameConflict. A conflicted listener is neither accepted nor programmed, nor a route parent.
-The listeners of the ListenerSets a Gateway allows (listener_sets.py) are judged the same way,
-after the Gateway's own and against them (one PortBook for the merged list).
+Conflicts (istiod's listenersDistinct, gatewaycommon/listener_conflicts.go), in merge order, each
+listener against the earlier ones that were not themselves conflicted (a conflicted listener frees
+its place): on another port, never; TCP/UDP against TCP/UDP or against HTTP/HTTPS/TLS on one port,
+always (ProtocolConflict); two of HTTP/HTTPS/TLS on one port when their hostnames are equal (unset
+is `*`), ProtocolConflict if their protocols differ, else HostnameConflict; any other protocol
+(lowercase, unknown) only with its own kind (HostnameConflict). So HTTP a.example and HTTPS
+b.example may share a port, as in istiod; istiod's MergeGateways then serves only the class of the
+port's first server (model/gateways.py skips the other with a reason), which is what is served
+here too. A conflicted listener is neither accepted nor programmed, nor a route parent; its
+message is istiod's. The listeners of the ListenerSets a Gateway allows (listener_sets.py) are
+judged the same way, after the Gateway's own and against them (one PortBook for the merged list).
 
 Addresses: the Service istiod's automated deployment creates, `<gateway>-<class>` in the
 Gateway's namespace, or the Services `Hostname` addresses name; their cluster-local hostnames
@@ -344,13 +349,46 @@ def _frontend_ca(gateway: Entry[KubernetesGateway], listener,
     return f"{prefix}{ns}/{ref.name}{CA_SUFFIX}", pem, validation.mode == "AllowInsecureFallback", None
 
 
+_L4 = ("TCP", "UDP")
+_HTTP_LIKE = ("HTTP", "HTTPS", "TLS")
+CONFLICT_MESSAGE = "Listener has a conflict with another listener attached to the same Gateway"
+
+
+def _distinct(a: tuple[int, str, str], b: tuple[int, str, str]) -> bool:
+    """istiod's listenersDistinct over (port, protocol, hostname-or-*)."""
+    (port_a, proto_a, host_a), (port_b, proto_b, host_b) = a, b
+    if port_a != port_b:
+        return True
+    if proto_a in _L4 and (proto_b in _L4 or proto_b in _HTTP_LIKE) or proto_a in _HTTP_LIKE and proto_b in _L4:
+        return False
+    if proto_a in _HTTP_LIKE and proto_b in _HTTP_LIKE:
+        return host_a != host_b
+    return proto_a != proto_b
+
+
+def conflict_reason(a: tuple[int, str, str], b: tuple[int, str, str]) -> str:
+    """istiod's listenerConflictReason for two listeners that are not distinct."""
+    if a[1] in _L4 and b[1] in _L4 or a[1] != b[1]:
+        return "ProtocolConflict"
+    return "HostnameConflict"
+
+
 @dataclass
 class PortBook:
-    """Which listener holds what, per port, across a Gateway's merged listeners (the Gateway's
-    first, then its ListenerSets' in precedence order): the earlier listener keeps its place."""
+    """The listeners that won their place so far across a Gateway's merged listeners (the
+    Gateway's first, then its ListenerSets' in precedence order), as (port, protocol, host)."""
 
-    port_class: dict[int, str] = field(default_factory=dict)
-    seen_hosts: dict[tuple[int, str], str] = field(default_factory=dict)
+    winners: list[tuple[int, str, str]] = field(default_factory=list)
+
+    def claim(self, port: int, protocol: str, hostname: str) -> str | None:
+        """The conflict reason against the first winner this listener is not distinct from, else
+        None (and it becomes a winner)."""
+        me = (port, protocol, hostname or "*")
+        for prior in self.winners:
+            if not _distinct(me, prior):
+                return conflict_reason(me, prior)
+        self.winners.append(me)
+        return None
 
 
 def evaluate_listeners(gateway: Entry[KubernetesGateway], secrets: Mapping[tuple[str, str], Entry[Secret]],
@@ -361,7 +399,6 @@ def evaluate_listeners(gateway: Entry[KubernetesGateway], secrets: Mapping[tuple
     `book` carries the ports taken by the listeners merged before them."""
     out: list[ListenerState] = []
     book = book if book is not None else PortBook()
-    port_class, seen_hosts = book.port_class, book.seen_hosts
     source = owner or gateway
     for i, listener in enumerate(source.obj.spec.listeners):
         kinds, kind_problem = _supported_kinds(listener)
@@ -373,22 +410,15 @@ def evaluate_listeners(gateway: Entry[KubernetesGateway], secrets: Mapping[tuple
         client_ca_pem = b""
         insecure = False
         cls = _PORT_CLASS.get(listener.protocol)
-        if cls is None:
+        # istiod judges conflicts first, over every listener (an unsupported protocol's too).
+        reason = book.claim(listener.port, listener.protocol, listener.hostname or "")
+        if reason is not None:
+            conflicted = Verdict(True, reason, CONFLICT_MESSAGE)
+        if cls is None and not conflicted.ok:
             hint = f'. hint: "{listener.protocol.upper()}" (uppercase) may be supported' \
                 if listener.protocol.upper() in _PORT_CLASS and listener.protocol != listener.protocol.upper() else ""
             accepted = Verdict(False, "UnsupportedProtocol", f'protocol "{listener.protocol}" is unsupported{hint}')
         else:
-            holder = port_class.setdefault(listener.port, cls)
-            host_key = (listener.port, listener.hostname or "")
-            if holder != cls:
-                conflicted = Verdict(True, "ProtocolConflict", f"port {listener.port} already serves another protocol "
-                                                               f"(an earlier listener)")
-            elif host_key in seen_hosts:
-                conflicted = Verdict(True, "HostnameConflict", f"listener {seen_hosts[host_key]} already serves "
-                                                               f"hostname {listener.hostname or '*'!r} on port "
-                                                               f"{listener.port}")
-            else:
-                seen_hosts[host_key] = listener.name
             if conflicted.ok:
                 accepted = Verdict(False, conflicted.reason, conflicted.message)
             elif listener.tls is None and listener.protocol in ("HTTPS", "TLS"):

@@ -381,6 +381,16 @@ spec:
   vmConfig: {env: [{name: POD_NAME, valueFrom: HOST}, {name: MODE, value: strict}]}
   match: [{mode: SERVER, ports: [{number: 8080}]}]
   type: HTTP
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: BackendTLSPolicy
+metadata: {name: cart-tls, namespace: apps}
+spec:
+  targetRefs: [{group: "", kind: Service, name: cart, sectionName: https}]
+  validation:
+    caCertificateRefs: [{group: "", kind: ConfigMap, name: cart-ca}]
+    hostname: cart.example.com
+    subjectAltNames: [{type: Hostname, hostname: cart.example.com}, {type: URI, uri: "spiffe://td/ns/apps/sa/cart"}]
 """))
 
 

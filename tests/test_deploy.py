@@ -446,7 +446,10 @@ async def test_required_rules_cover_every_request_the_code_makes_and_nothing_mor
     # One valid spec per kind (the specs are strict: each kind gets only its own fields).
     specs = {"GatewayClass": {"controllerName": "example.net/c"},
              "KubernetesGateway": {"gatewayClassName": "c",
-                                   "listeners": [{"name": "l", "port": 80, "protocol": "HTTP"}]}}
+                                   "listeners": [{"name": "l", "port": 80, "protocol": "HTTP"}]},
+             "ListenerSet": {"parentRef": {"name": "x"}, "listeners": [{"name": "l", "port": 81, "protocol": "HTTP"}]},
+             "BackendTLSPolicy": {"targetRefs": [{"group": "", "kind": "Service", "name": "s"}],
+                                  "validation": {"hostname": "s.example.com", "wellKnownCACertificates": "System"}}}
     for kind_name in STATUS_KINDS:
         kind = BY_NAME[kind_name]
         obj = parse_object({"apiVersion": kind.api_version, "kind": kind.kind,

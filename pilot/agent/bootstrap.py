@@ -156,7 +156,47 @@ def _xds_cluster() -> dict:
     }
 
 
+ZIPKIN_CLUSTER = "zipkin"
+
+
+def _zipkin(cfg: AgentConfig) -> tuple[dict, dict] | None:
+    """istio-agent's bootstrap tracer from ProxyConfig tracing.zipkin.address (its bootstrap
+    template's `zipkin` cluster and `tracing.http`): the tracer of every HCM whose `tracing` names
+    no provider (istiod's legacy path, when no Telemetry sets a tracing provider)."""
+    tracing = cfg.proxy.tracing
+    if tracing is None or tracing.zipkin is None:
+        return None
+    host, port = split_host_port(tracing.zipkin.address, "tracing.zipkin.address")
+    cluster = {
+        "name": ZIPKIN_CLUSTER,
+        "type": "STATIC" if is_ip(host) else "STRICT_DNS",
+        "respect_dns_ttl": True,
+        "dns_lookup_family": "V4_ONLY",
+        "connect_timeout": "1s",
+        "load_assignment": {"cluster_name": ZIPKIN_CLUSTER, "endpoints": [{"lb_endpoints": [{"endpoint": {
+            "address": {"socket_address": {"address": host, "port_value": port}}}}]}]},
+    }
+    tracer = {"http": {"name": "envoy.tracers.zipkin", "typed_config": {
+        "@type": "type.googleapis.com/envoy.config.trace.v3.ZipkinConfig",
+        "collector_cluster": ZIPKIN_CLUSTER,
+        "collector_endpoint": "/api/v2/spans",
+        "collector_endpoint_version": "HTTP_JSON",
+        "trace_id_128bit": True,
+        "shared_span_context": False,
+    }}}
+    return cluster, tracer
+
+
 def envoy_bootstrap(cfg: AgentConfig, metadata: Mapping[str, Any]) -> dict:
+    boot = _envoy_bootstrap(cfg, metadata)
+    zipkin = _zipkin(cfg)
+    if zipkin is not None:
+        boot["static_resources"]["clusters"].append(zipkin[0])
+        boot["tracing"] = zipkin[1]
+    return boot
+
+
+def _envoy_bootstrap(cfg: AgentConfig, metadata: Mapping[str, Any]) -> dict:
     labels = metadata.get("LABELS") or {}
     xds = {"ads": {}, "initial_fetch_timeout": "0s", "resource_api_version": "V3"}
     return {

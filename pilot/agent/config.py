@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from pilot import __version__
+from pilot.config.proxy_tracing import ProxyTracing, parse_proxy_tracing
 from pilot.durations import parse_duration
 from pilot.features import Knob, _bool
 
@@ -113,6 +114,7 @@ class ProxyConfig:
     binary_path: str = ""
     service_cluster: str = ""
     proxy_metadata: Mapping[str, str] = field(default_factory=dict)
+    tracing: ProxyTracing | None = None  # the bootstrap's Zipkin tracer (tracing.zipkin.address)
     raw: Mapping[str, Any] = field(default_factory=dict)  # everything given, for PROXY_CONFIG metadata
 
 
@@ -121,7 +123,7 @@ _PC_FIELDS = {
     "statusPort": "status_port", "concurrency": "concurrency", "drainDuration": "drain_duration",
     "terminationDrainDuration": "termination_drain_duration",
     "binaryPath": "binary_path",
-    "serviceCluster": "service_cluster", "proxyMetadata": "proxy_metadata",
+    "serviceCluster": "service_cluster", "proxyMetadata": "proxy_metadata", "tracing": "tracing",
 }
 
 _CONTROL_PLANE_TOPOLOGY = {"numTrustedProxies"}
@@ -148,6 +150,11 @@ def _field(where: str, name: str, v: Any) -> Any:
         if d < 0:
             raise ConfigError(f"{where}: must not be negative, got {v!r}")
         return d
+    if name == "tracing":
+        tracing, problems = parse_proxy_tracing(v, where)
+        if problems:
+            raise ConfigError(problems[0].removesuffix("; the tracing section is ignored"))
+        return tracing
     if name == "proxy_metadata":
         if not isinstance(v, dict) or not all(isinstance(x, str) for x in v):
             raise ConfigError(f"{where}: must be a map of strings, got {v!r}")

@@ -107,6 +107,7 @@ UPSTREAM: dict[str, Upstream] = {
     "tlsroutes.gateway.networking.k8s.io": Upstream((), (_column("Hostnames", ".spec.hostnames"), AGE),
                                                     channel="experimental"),
     "referencegrants.gateway.networking.k8s.io": Upstream(("refgrant",), status=False, channel="standard"),
+    "backendtlspolicies.gateway.networking.k8s.io": Upstream(("btlspolicy",), channel="standard"),
 }
 
 PRESERVE: dict[str, Any] = {"x-kubernetes-preserve-unknown-fields": True}

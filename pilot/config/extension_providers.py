@@ -1,8 +1,8 @@
 """MeshConfig `extensionProviders` and `defaultProviders` (mesh/v1alpha1/config.proto).
 
 Every provider kind of istio 1.30 is modelled, so a MeshConfig naming any of them parses. The
-kinds this control plane turns into Envoy config (access logs: envoyFileAccessLog, envoyOtelAls;
-tracing: zipkin, opentelemetry, datadog; metrics: prometheus, which is Envoy's own stats) are
+kinds this control plane turns into Envoy config (access logs: envoyFileAccessLog, envoyOtelAls,
+envoyHttpAls and envoyTcpAls, Envoy's gRPC access log service; tracing: zipkin, opentelemetry, datadog; metrics: prometheus, which is Envoy's own stats) are
 strict. The others are kept leniently (their fields are not read): a Telemetry or
 `defaultProviders` naming one is refused with the reason (pilot/model/telemetry.py), never
 silently dropped. The ext_authz kinds (envoyExtAuthzHttp, envoyExtAuthzGrpc: pilot/config/ext_authz.py)
@@ -57,6 +57,27 @@ class EnvoyOtelAls(StrictModel):
     log_format: OtelLogFormat | None = None
 
 
+class EnvoyHttpAls(StrictModel):
+    """envoyHttpAls (EnvoyHttpGrpcV3LogProvider): Envoy's `envoy.access_loggers.http_grpc`."""
+
+    service: str = Field(min_length=1)
+    port: int = Field(ge=1, le=65535)
+    log_name: str = ""
+    filter_state_objects_to_log: list[str] = Field(default_factory=list)
+    additional_request_headers_to_log: list[str] = Field(default_factory=list)
+    additional_response_headers_to_log: list[str] = Field(default_factory=list)
+    additional_response_trailers_to_log: list[str] = Field(default_factory=list)
+
+
+class EnvoyTcpAls(StrictModel):
+    """envoyTcpAls (EnvoyTcpGrpcV3LogProvider): Envoy's `envoy.access_loggers.tcp_grpc`."""
+
+    service: str = Field(min_length=1)
+    port: int = Field(ge=1, le=65535)
+    log_name: str = ""
+    filter_state_objects_to_log: list[str] = Field(default_factory=list)
+
+
 class _Collector(StrictModel):
     service: str = Field(min_length=1)
     port: int = Field(ge=1, le=65535)
@@ -107,15 +128,13 @@ class Prometheus(StrictModel):
 
 
 # Kinds whose Envoy config is generated, by what they provide.
-ACCESS_LOG_KINDS = ("envoy_file_access_log", "envoy_otel_als")
+ACCESS_LOG_KINDS = ("envoy_file_access_log", "envoy_otel_als", "envoy_http_als", "envoy_tcp_als")
 TRACING_KINDS = ("zipkin", "opentelemetry", "datadog")
 METRICS_KINDS = ("prometheus",)
 # Kept but not applied (their fields are not read): why, for the refusal.
 NOT_APPLIED = {
     "envoy_ext_authz_http": "ext_authz providers are for AuthorizationPolicy CUSTOM, not telemetry",
     "envoy_ext_authz_grpc": "ext_authz providers are for AuthorizationPolicy CUSTOM, not telemetry",
-    "envoy_http_als": "the envoyHttpAls provider is not supported (use envoyOtelAls)",
-    "envoy_tcp_als": "the envoyTcpAls provider is not supported (use envoyOtelAls)",
     "lightstep": "lightstep is deprecated in istio (use opentelemetry)",
     "stackdriver": "stackdriver needs istio-proxy's stackdriver filter, not in upstream Envoy",
     "opencensus": "opencensus was removed from Envoy (use opentelemetry)",
@@ -135,8 +154,8 @@ class ExtensionProvider(ExtAuthzProviderKinds):
     opentelemetry: OpenTelemetry | None = None
     datadog: Datadog | None = None
     prometheus: Prometheus | None = None
-    envoy_http_als: dict[str, Any] | None = fails_closed(_REFUSED)
-    envoy_tcp_als: dict[str, Any] | None = fails_closed(_REFUSED)
+    envoy_http_als: EnvoyHttpAls | None = None
+    envoy_tcp_als: EnvoyTcpAls | None = None
     lightstep: dict[str, Any] | None = fails_closed(_REFUSED)
     stackdriver: dict[str, Any] | None = fails_closed(_REFUSED)
     opencensus: dict[str, Any] | None = fails_closed(_REFUSED)

@@ -9,10 +9,12 @@ from pilot.config.core import ConfigMap, EndpointSlice, Namespace, Node, Pod, Se
 from pilot.config.extensions import VERSIONS as EXTENSIONS_VERSIONS
 from pilot.config.extensions import WasmPlugin
 from pilot.config.gateway_api import (
+    BackendTLSPolicy,
     GatewayClass,
     GRPCRoute,
     HTTPRoute,
     KubernetesGateway,
+    ListenerSet,
     ReferenceGrant,
     TCPRoute,
     TLSRoute,
@@ -110,6 +112,8 @@ KINDS: tuple[Kind, ...] = (
     # `KubernetesGateway` (Kind.config_kind), apart from Istio's Gateway.
     Kind(GW, ("v1", "v1beta1"), "GatewayClass", "gatewayclasses", False, GatewayClass),
     Kind(GW, ("v1", "v1beta1"), "Gateway", "gateways", True, KubernetesGateway),
+    # Standard (v1) since v1.5; istiod reads only this version (not the older XListenerSet).
+    Kind(GW, ("v1",), "ListenerSet", "listenersets", True, ListenerSet),
     Kind(GW, ("v1", "v1beta1"), "HTTPRoute", "httproutes", True, HTTPRoute),
     Kind(GW, ("v1", "v1alpha2"), "GRPCRoute", "grpcroutes", True, GRPCRoute),
     # v1alpha2 is what v1.5 (experimental) serves; v1.6 adds v1.
@@ -117,6 +121,9 @@ KINDS: tuple[Kind, ...] = (
     # v1.5 and v1.6 serve v1 in both channels, v1alpha2/v1alpha3 in experimental only.
     Kind(GW, ("v1alpha2", "v1", "v1alpha3"), "TLSRoute", "tlsroutes", True, TLSRoute),
     Kind(GW, ("v1beta1", "v1"), "ReferenceGrant", "referencegrants", True, ReferenceGrant),
+    # v1 only, as istiod reads it (v1.5's experimental channel also serves v1alpha3, which istio
+    # does not watch).
+    Kind(GW, ("v1",), "BackendTLSPolicy", "backendtlspolicies", True, BackendTLSPolicy),
 )
 
 # By Store name (Kind.config_kind): one wire kind may be served by two groups (Gateway).

@@ -12,12 +12,8 @@ from pilot.config.kinds import by_wire_kind, lookup
 # Kinds istiod serves that this control plane does not build: refused by name, with what
 # configuring them would otherwise have meant, rather than as an unknown kind.
 UNBUILT_KINDS = {
-    "ListenerSet": "listeners merged into a Gateway (istiod: allowed by the Gateway's spec.allowedListeners, "
-                   "itself not supported here)",
-    "XListenerSet": "listeners merged into a Gateway (istiod: allowed by the Gateway's spec.allowedListeners, "
-                    "itself not supported here)",
-    "BackendTLSPolicy": "TLS from gateways to the Services it targets (refused: their traffic is not "
-                        "encrypted by it)",
+    "XListenerSet": "the experimental predecessor of ListenerSet; istiod reads ListenerSet "
+                    "(gateway.networking.k8s.io/v1), as this control plane does",
     "InferencePool": "an inference backend pool (istiod: ENABLE_GATEWAY_API_INFERENCE_EXTENSION)",
 }
 

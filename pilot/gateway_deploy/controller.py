@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from pilot import logging as plog
+from pilot.config.gateway_api import KubernetesGateway, ListenerSet
 from pilot.config.gateway_api.common import CONTROLLER_NAME, DEFAULT_CLASS
 from pilot.gateway_deploy.render import (
     MANAGED_LABEL,
@@ -31,8 +32,9 @@ from pilot.gateway_deploy.render import (
     name_problem,
     render,
 )
+from pilot.model.gateway_api.listener_sets import allows, parent_of
 from pilot.model.revisions import TagState
-from pilot.model.store import ConfigKey, Event, Store
+from pilot.model.store import ConfigKey, Entry, Event, Store
 from pilot.sources.kube.backoff import Backoff
 from pilot.sources.kube.client import ApiError, Kube
 from pilot.sources.kube.leader_worker import LeaderWorker
@@ -56,7 +58,7 @@ RBAC = (Rule("cluster", "", "serviceaccounts", frozenset({"get", "patch"})),
 ISTIO_CLASS = {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
                "metadata": {"name": DEFAULT_CLASS},
                "spec": {"controllerName": CONTROLLER_NAME, "description": "The default Istio GatewayClass"}}
-WATCHED = ("KubernetesGateway", "GatewayClass", "Namespace")
+WATCHED = ("KubernetesGateway", "GatewayClass", "Namespace", "ListenerSet")
 
 
 class DeploymentController(LeaderWorker):
@@ -87,10 +89,14 @@ class DeploymentController(LeaderWorker):
     def _on_events(self, events: list[Event]) -> None:
         if not self.active:
             return
-        if any(e.key.kind in ("GatewayClass", "Namespace") or e.key in self.resync_keys for e in events):
+        if any(e.key.kind in ("GatewayClass", "Namespace", "ProxyConfig") or e.key in self.resync_keys
+               for e in events):
             self.resync()
             return
         keys = {e.key for e in events if e.key.kind == "KubernetesGateway" and e.new is not None}
+        # A ListenerSet's ports go on its Gateway's Service (before and after a change of parent).
+        keys |= {ConfigKey("KubernetesGateway", *where) for e in events if e.key.kind == "ListenerSet"
+                 for x in (e.old, e.new) if x is not None and (where := parent_of(cast(Entry[ListenerSet], x)))}
         if keys:
             self._dirty |= keys
             self._wake.set()
@@ -163,7 +169,13 @@ class DeploymentController(LeaderWorker):
         if problem:
             log.warning("cannot deploy the gateway", gateway=f"{key.namespace}/{key.name}", reason=problem)
             return
-        for obj in render(gw, class_name, self.inputs()):
+        labels = {e.key.name: e.obj.metadata.labels for e in self.store.list("Namespace")}
+        merged = tuple(listener for s in sorted(self.store.list(ListenerSet), key=lambda e: e.key)
+                       if parent_of(s) == (key.namespace, key.name)
+                       and allows(cast(Entry[KubernetesGateway], entry), s.key.namespace, labels)
+                       for listener in s.obj.spec.listeners)
+        proxy_configs = [e.obj for e in self.store.list("ProxyConfig")]
+        for obj in render(gw, class_name, self.inputs(), merged, proxy_configs):
             await self._apply(obj)
 
     async def _apply(self, obj: dict) -> None:

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pilot.inject.pod import effective_proxy_config, image
+from pilot.inject.pod import PROXY_CONFIG_ANNOTATION, effective_proxy_config, image, image_type
 
 MANAGED_LABEL = "gateway.istio.io/managed"
 MANAGED_VALUE = "istio.io-gateway-controller"  # the controller name with / as -
@@ -83,12 +83,13 @@ def _infra(gw: Any, labels: bool) -> dict[str, str]:
     return dict(gw.metadata.labels if labels else gw.metadata.annotations)
 
 
-def service_ports(gw: Any, status_port: int = STATUS_PORT) -> list[dict[str, Any]]:
-    """extractServicePorts: the status port, then one port per distinct listener port."""
+def service_ports(gw: Any, status_port: int = STATUS_PORT, merged: tuple = ()) -> list[dict[str, Any]]:
+    """extractServicePorts: the status port, then one port per distinct listener port (the
+    Gateway's, then `merged`: those of the ListenerSets it allows)."""
     ports = [{"name": "status-port", "port": 15021, "targetPort": status_port, "protocol": "TCP",
               "appProtocol": "tcp"}]
     used, seen = {"status-port"}, set()
-    for i, listener in enumerate(gw.spec.listeners):
+    for i, listener in enumerate((*gw.spec.listeners, *merged)):
         if listener.port in seen:
             continue
         seen.add(listener.port)
@@ -112,8 +113,14 @@ def _field(path: str) -> dict:
     return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
-def render(gw: Any, class_name: str, inputs: Inputs) -> list[dict[str, Any]]:
-    """ServiceAccount, Deployment and Service for a Gateway of class `class_name`."""
+def render(gw: Any, class_name: str, inputs: Inputs, merged: tuple = (),
+           proxy_configs: Sequence[Any] = ()) -> list[dict[str, Any]]:
+    """ServiceAccount, Deployment and Service for a Gateway of class `class_name`; `merged`: the
+    listeners of the ListenerSets it allows (their ports go on the Service too). `proxy_configs`
+    (ProxyConfig resources) apply in istiod's precedence, as the injector applies them to pods:
+    mesh defaultConfig, the root namespace's, the Gateway's namespace's, the Gateway's
+    `proxy.istio.io/config` annotation, then the one whose selector matches the gateway pod's
+    labels (its Gateway's labels plus `gateway.networking.k8s.io/gateway-name`)."""
     ns, name = gw.metadata.namespace, gw.metadata.name
     deployment_name = default_name(name, class_name)
     annotations = gw.metadata.annotations
@@ -135,7 +142,9 @@ def render(gw: Any, class_name: str, inputs: Inputs) -> list[dict[str, Any]]:
     revision = inputs.revision
     istiod = "istiod" + ("" if revision in ("", "default") else f"-{revision}")
     ns_istio = g.get("istioNamespace") or "istio-system"
-    proxy_config = effective_proxy_config(inputs.mesh, {}, revision)
+    proxy_config = effective_proxy_config(
+        inputs.mesh, {k: v for k, v in annotations.items() if k == PROXY_CONFIG_ANNOTATION}, revision,
+        proxy_configs=proxy_configs, namespace=ns, labels=base_labels)
     status_port = int(proxy_config.get("statusPort") or STATUS_PORT)  # mesh defaultConfig may move it
     trust_domain = inputs.mesh.get("trustDomain") or g.get("trustDomain") or "cluster.local"
     env = [
@@ -168,7 +177,8 @@ def render(gw: Any, class_name: str, inputs: Inputs) -> list[dict[str, Any]]:
              "successThreshold": 1}
     container = {
         "name": "istio-proxy",
-        "image": image(values, proxy.get("image") or "proxyv2", annotations),
+        "image": image(values, proxy.get("image") or "proxyv2", annotations,
+                       image_type(values, proxy_config, annotations)),
         "securityContext": {"capabilities": {"drop": ["ALL"]}, "allowPrivilegeEscalation": False,
                             "privileged": False, "readOnlyRootFilesystem": True, "runAsUser": 1337,
                             "runAsGroup": 1337, "runAsNonRoot": True},
@@ -226,7 +236,7 @@ def render(gw: Any, class_name: str, inputs: Inputs) -> list[dict[str, Any]]:
     pod_labels = {"sidecar.istio.io/inject": "false", "service.istio.io/canonical-name": deployment_name,
                   "service.istio.io/canonical-revision": "latest", **managed}
     service_type = annotations.get(SERVICE_TYPE_ANNOTATION) or "LoadBalancer"
-    service_spec: dict[str, Any] = {"ipFamilyPolicy": "PreferDualStack", "ports": service_ports(gw, status_port),
+    service_spec: dict[str, Any] = {"ipFamilyPolicy": "PreferDualStack", "ports": service_ports(gw, status_port, merged),
                                     "selector": {GATEWAY_NAME_LABEL: name}, "type": service_type}
     if gw.spec.addresses and service_type == "LoadBalancer":
         service_spec["loadBalancerIP"] = gw.spec.addresses[0].value

@@ -230,7 +230,7 @@ class DebugHandlers:
         generated = [{"kind": e.key.kind, "namespace": e.key.namespace, "name": e.key.name,
                       "from": list(config_origins(e))}
                      for e in (*ctx.gateway_api.gateways, *ctx.gateway_api.virtual_services,
-                               *ctx.gateway_api.mesh_virtual_services)]
+                               *ctx.gateway_api.mesh_virtual_services, *ctx.gateway_api.destination_rules)]
         return _json({"version": view.version if view is not None else ctx.version, "objects": objects,
                       "generated": generated})
 

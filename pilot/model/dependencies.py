@@ -25,6 +25,7 @@ A facet is a small tuple naming one thing a lookup depended on, present or absen
 - ("workload-entries", NS), ("service-entry", NS, NAME), ("secret", NS, NAME);
 - ("gateways",) the Gateways and the VirtualServices bound to them, as a router sees them;
 - ("grants",) the Secrets other namespaces' ReferenceGrants let a gateway present;
+- ("sessions",) whether some mesh (GAMMA) route sets a session;
 - ("telemetry", NS) the Telemetries of a namespace (the root namespace's reach every proxy);
 - ("wasm", NS) the WasmPlugins of a namespace (the root namespace's reach every proxy);
 - ("kind", K) every object of kind K (indexes read whole, such as ztunnel's).
@@ -52,6 +53,7 @@ DR_ALL = ("dr-all",)
 VS_WILDCARD = ("vs*",)
 GATEWAYS = ("gateways",)
 GRANTS = ("grants",)
+SESSIONS = ("sessions",)  # whether any mesh route sets a session (sidecars' stateful session filter)
 JWKS = ("jwks",)
 AMBIENT = ("ambient",)  # ztunnel's index, read whole (AMBIENT_INPUT_KINDS)
 
@@ -206,6 +208,7 @@ def describe(f: tuple) -> str:
         "secret": "Secret/{}/{}",
         "gateways": "Gateways and the VirtualServices bound to them",
         "grants": "ReferenceGrants for gateway credentials",
+        "sessions": "whether some mesh route sets a session",
         "telemetry": "Telemetries in namespace {}",
         "wasm": "WasmPlugins in namespace {}",
         "kind": "every {}",
@@ -300,6 +303,8 @@ def change_of(keys: Iterable[ConfigKey], old, new, *, mesh_changed: bool, servic
             facets.add(GATEWAYS)
         if old.gateway_api.credentials != new.gateway_api.credentials:
             facets.add(GRANTS)
+        if old.gateway_api.mesh_sessions != new.gateway_api.mesh_sessions:
+            facets.add(SESSIONS)
     return Change(frozenset(facets), tuple(services), False, keys)
 
 

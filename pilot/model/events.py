@@ -8,8 +8,9 @@ against what each proxy's generated config read.
 
 from __future__ import annotations
 
-from pilot.config.core import EndpointSlice
+from pilot.config.core import ConfigMap, EndpointSlice
 from pilot.model import push_request as reasons
+from pilot.model.credentials import CA_KEYS
 from pilot.model.push_context import CONTEXT_KINDS, ENDPOINT_KINDS
 from pilot.model.push_request import PushRequest
 from pilot.model.store import ConfigKey, Event
@@ -19,8 +20,8 @@ SERVICE_ENDPOINTS = "ServiceEndpoints"
 
 
 def push_request_for(events: list[Event], mesh_configmap: ConfigKey) -> PushRequest | None:
-    """None when no index of the PushContext reads what changed (ConfigMaps other than the mesh's,
-    kinds kept for the registry only)."""
+    """None when no index of the PushContext reads what changed (ConfigMaps other than the mesh's
+    that hold no CA bundle, kinds kept for the registry only)."""
     req: PushRequest | None = None
     for ev in events:
         r = _one(ev, mesh_configmap)
@@ -37,6 +38,9 @@ def _one(ev: Event, mesh_configmap: ConfigKey) -> PushRequest | None:
         return r
     if kind not in CONTEXT_KINDS:
         return None
+    if kind == "ConfigMap" and not any(
+            isinstance(e.obj, ConfigMap) and any(e.obj.data.get(k) for k in CA_KEYS) for e in (ev.old, ev.new) if e):
+        return None  # only a CA bundle (ca.crt, as istiod filters them) can be a BackendTLSPolicy's
     keys = {ev.key}
     if kind == "EndpointSlice":
         for entry in (ev.old, ev.new):

@@ -68,6 +68,10 @@ class ListenerSettings:
     inbound_detection_timeout_s: float = 0.0
     # The WasmPlugins of the proxy for this listener class (pilot/model/wasm.py), put in by the generators.
     wasm: tuple[WasmFilter, ...] = ()
+    # HCMs carry the (empty) stateful session filter, for routes whose sessionPersistence configures
+    # it: set by the generators only where such a route may be served (istiod adds the filter only
+    # with PILOT_ENABLE_PERSISTENT_SESSION_FILTER; an empty one on every HCM was config for nothing).
+    session_filter: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,10 +6,12 @@ that shares the services and replaces only the endpoint index.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
+from typing import Any
 
 from pilot.config.core import EndpointSlice, Node, Pod, Secret, Service
 from pilot.config.extensions import WasmPlugin
@@ -23,6 +25,7 @@ from pilot.config.networking import (
     VirtualService,
     WorkloadEntry,
 )
+from pilot.config.proxy_tracing import ProxyTracing, parse_proxy_tracing
 from pilot.config.security import AuthorizationPolicy
 from pilot.model import auto_allocate
 from pilot.model import dependencies as dep
@@ -66,8 +69,8 @@ ENDPOINT_KINDS = frozenset({"EndpointSlice", "Pod", "WorkloadEntry", "Node"})
 CONTEXT_KINDS = ENDPOINT_KINDS | AMBIENT_INPUT_KINDS | frozenset({
     "Service", "ServiceEntry", "VirtualService", "DestinationRule", "Sidecar", "Gateway", "Secret", "EnvoyFilter",
     "PeerAuthentication", "AuthorizationPolicy", "RequestAuthentication", "Namespace",
-    "GatewayClass", "KubernetesGateway", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute", "ReferenceGrant",
-    "Telemetry", "WasmPlugin"})
+    "GatewayClass", "KubernetesGateway", "ListenerSet", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute", "ReferenceGrant",
+    "BackendTLSPolicy", "ConfigMap", "Telemetry", "WasmPlugin"})
 
 
 class _Recording:
@@ -170,7 +173,7 @@ class PushContext:
             slices=_index_slices(store),
             settings=settings,
             traffic=TrafficIndex.build(store, domain, mesh.root_namespace, gateway_api.mesh_virtual_services,
-                                       knobs.enhanced_dr_merge),
+                                       knobs.enhanced_dr_merge, gateway_api.destination_rules),
             sidecars=_by_namespace(store.list(Sidecar), oldest_first=True),
             service_entries=MappingProxyType({(e.key.namespace, e.key.name): e for e in store.list(ServiceEntry)}),
             workload_entries_by_ns=_by_namespace(store.list(WorkloadEntry)),
@@ -238,6 +241,11 @@ class PushContext:
         if rec:
             rec[-1].add_child(child)
 
+    def memoized(self, key, compute):
+        """`_memoized` for generators: a part of a result that proxies with different memo keys
+        share within one push (CDS: one service's clusters, for every namespace)."""
+        return self._memoized(key, compute)
+
     def _memoized(self, key, compute):
         """A per-push derived value with the Deps of computing it: a later caller that gets the
         memoized value still depends on everything the first computation read."""
@@ -289,6 +297,11 @@ class PushContext:
     def allows_credential(self, proxy_namespace: str, namespace: str, name: str) -> bool:
         self._note(dep.GRANTS)
         return self.gateway_api.allows_credential(proxy_namespace, namespace, name)
+
+    def mesh_sessions(self) -> bool:
+        """Some mesh route sets a session (sidecars' outbound HCMs then carry the filter)."""
+        self._note(dep.SESSIONS)
+        return self.gateway_api.mesh_sessions
 
     def workload_policies(self, namespace: str, labels: Mapping[str, str]):
         """AuthorizationPolicies and RequestAuthentications selecting a workload."""
@@ -560,8 +573,9 @@ class PushContext:
         proxies of one namespace with the same labels and traits."""
         index, root = self.telemetry, self.mesh.root_namespace
         defaults = self.mesh.default_providers
+        tracing_raw = self._proxy_tracing_raw(proxy)
         if not (index.by_namespace.get(root) or index.by_namespace.get(proxy.namespace)
-                or defaults.access_logging or defaults.tracing):
+                or defaults.access_logging or defaults.tracing or (tracing_raw is not None and self.mesh.enable_tracing)):
             # The common case, no Telemetry for this proxy: MeshConfig's plan, without per-proxy work.
             self._note(dep.telemetry(root), dep.telemetry(proxy.namespace))
             shared = self._memo.get("telemetry-mesh")
@@ -571,10 +585,11 @@ class PushContext:
             return shared
         labels = proxy.labels
         md = proxy.metadata
+        tracing_key = json.dumps(tracing_raw, sort_keys=True) if tracing_raw is not None else None
         info = ProxyInfo(proxy.namespace, labels, proxy.type == "router", str(md.get("CLUSTER_ID") or ""),
-                         str(md.get("MESH_ID") or ""), proxy.cluster)
+                         str(md.get("MESH_ID") or ""), proxy.cluster, self._proxy_tracing(tracing_key, tracing_raw))
         key = ("telemetry", info.namespace, frozenset(labels.items()), info.is_router, info.cluster_id,
-               info.mesh_id, info.node_cluster)
+               info.mesh_id, info.node_cluster, tracing_key)
 
         def plan() -> TelemetryPlan:
             self._note(dep.telemetry(self.mesh.root_namespace), dep.telemetry(proxy.namespace))
@@ -582,6 +597,29 @@ class PushContext:
                             self.settings.knobs.trace_sampling)
 
         return self._memoized(key, plan)
+
+    def _proxy_tracing_raw(self, proxy: Proxy) -> Any:
+        """istiod's ProxyConfigOrDefault(mesh.defaultConfig).tracing: the proxy's PROXY_CONFIG
+        when it sent one, else MeshConfig's defaultConfig (as written)."""
+        pc = proxy.metadata.get("PROXY_CONFIG")
+        if isinstance(pc, str):  # a JSON string, as istio-agent's ISTIO_META_PROXY_CONFIG may be
+            try:
+                pc = json.loads(pc)
+            except ValueError:
+                pc = None
+        if isinstance(pc, Mapping):
+            return pc.get("tracing")
+        return (self.mesh.default_config.model_extra or {}).get("tracing")
+
+    def _proxy_tracing(self, key: str | None, raw: Any) -> ProxyTracing | None:
+        if key is None:
+            return None
+        memo_key = ("proxy-tracing", key)
+        if memo_key not in self._memo:
+            # Invalid PROXY_CONFIG tracing is refused by pilot-agent before Envoy starts; the mesh's
+            # is reported with the MeshConfig (TelemetryIndex.problems). Either way: as if absent.
+            self._memo[memo_key] = parse_proxy_tracing(raw, "PROXY_CONFIG tracing")[0]
+        return self._memo[memo_key]
 
     def wasm_plan(self, proxy: Proxy) -> WasmPlan:
         """The WasmPlugins selecting the proxy, per listener class (pilot/model/wasm.py); shared

@@ -29,6 +29,7 @@ from pilot.config.extension_providers import (
     ExtensionProvider,
 )
 from pilot.config.mesh import MeshConfig
+from pilot.config.proxy_tracing import ProxyTracing, parse_proxy_tracing
 from pilot.config.telemetry import AccessLogging, Telemetry, Tracing
 from pilot.model.labels import selects
 from pilot.model.store import Entry, Store
@@ -45,7 +46,7 @@ class AccessLog:
     builder reads, and the cache key: equal sinks compare equal across pushes)."""
 
     provider: str
-    kind: str  # "mesh-file" (MeshConfig's format), "file", "otel"
+    kind: str  # "mesh-file" (MeshConfig's format), "file", "otel", "http-als", "tcp-als"
     config: str
     cluster: str = ""
     authority: str = ""
@@ -54,8 +55,8 @@ class AccessLog:
 
 @dataclass(frozen=True, slots=True)
 class TracingSpec:
-    provider: str
-    kind: str  # zipkin, opentelemetry, datadog
+    provider: str  # "" for the bootstrap's tracer (istiod's legacy path, no provider)
+    kind: str  # zipkin, opentelemetry, datadog; "bootstrap": the tracer pilot-agent wrote
     config: str  # the provider's settings as canonical JSON
     cluster: str
     authority: str
@@ -66,6 +67,7 @@ class TracingSpec:
     spawn_upstream_span: bool  # routers (gateways) start a child span, as istiod
     no_context_propagation: bool
     service_name: str  # the node's cluster (datadog/opentelemetry service name)
+    max_path_tag_length: int = 0  # the provider's maxTagLength, else ProxyConfig tracing's (0: Envoy's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +114,9 @@ class ProxyInfo:
     cluster_id: str
     mesh_id: str
     node_cluster: str  # the xDS node's cluster (service name for datadog/opentelemetry)
+    # The proxy's ProxyConfig `tracing` (its PROXY_CONFIG, else MeshConfig defaultConfig's), as
+    # istiod's ProxyConfigOrDefault: sampling, custom tags and max path tag length fall back to it.
+    tracing: ProxyTracing | None = None
 
 
 @dataclass(frozen=True)
@@ -143,7 +148,15 @@ class TelemetryIndex:
                 if reason:
                     problems.append({"kind": "MeshConfig", "namespace": "", "name": "mesh",
                                      "reason": f"defaultProviders.{use}[{i}]: {reason}; ignored"})
+        _, tracing_problems = mesh_proxy_tracing(mesh)
+        problems += [{"kind": "MeshConfig", "namespace": "", "name": "mesh", "reason": r} for r in tracing_problems]
         return cls({k: tuple(v) for k, v in by_ns.items()}, tuple(problems))
+
+
+def mesh_proxy_tracing(mesh: MeshConfig) -> tuple[ProxyTracing | None, list[str]]:
+    """MeshConfig `defaultConfig.tracing` (kept as written by the lenient ProxyConfig model)."""
+    extra = mesh.default_config.model_extra or {}
+    return parse_proxy_tracing(extra.get("tracing"), "defaultConfig.tracing")
 
 
 def _problem(e: Entry[Telemetry], reason: str) -> dict:
@@ -264,7 +277,11 @@ def plan_for(index: TelemetryIndex, mesh: MeshConfig, proxy: ProxyInfo, lookup: 
     applied = applicable(index, mesh.root_namespace, proxy)
     defaults = mesh.default_providers
     if not applied and not defaults.access_logging and not defaults.tracing:
-        return TelemetryPlan(legacy, legacy, ())
+        traced = _legacy_tracing(mesh, proxy, default_sampling)
+        if traced is None:
+            return TelemetryPlan(legacy, legacy, ())
+        both = ModeTelemetry(legacy.access_logs, traced)
+        return TelemetryPlan(both, both, ())
     origins = tuple(f"Telemetry/{e.key.namespace}/{e.key.name}" for e in applied)
     levels = [list(e.obj.spec.access_logging) for e in applied if e.obj.spec.access_logging]
     tracing = [t for e in applied for t in e.obj.spec.tracing]
@@ -298,20 +315,49 @@ def _access_logs(mesh: MeshConfig, merged: dict[str, tuple[bool, str | None]], l
                 out.append(_with_filter(_mesh_file(mesh, f.path, p.name), expression))
             else:
                 out.append(AccessLog(p.name, "file", f.model_dump_json(by_alias=True), filter=expression))
-        elif p.envoy_otel_als is not None:
-            o = p.envoy_otel_als
+        elif p.provider_kind in _GRPC_LOG_KINDS:
+            kind, o = _GRPC_LOG_KINDS[p.provider_kind], getattr(p, p.provider_kind)
             found = lookup(o.service, o.port)
             if found is None:
                 problems.append(f"extension provider {p.name!r}: service {o.service} port {o.port} is not in the "
                                 "registry; its access log is left out")
                 continue
-            out.append(AccessLog(p.name, "otel", o.model_dump_json(by_alias=True), cluster=found[1],
+            out.append(AccessLog(p.name, kind, o.model_dump_json(by_alias=True), cluster=found[1],
                                  authority=found[0], filter=expression))
     return tuple(out)
 
 
+# The gRPC access loggers: provider kind -> AccessLog.kind (istiod's telemetryAccessLog puts each
+# on HTTP and TCP listeners alike, as here).
+_GRPC_LOG_KINDS = {"envoy_otel_als": "otel", "envoy_http_als": "http-als", "envoy_tcp_als": "tcp-als"}
+
+
 def _with_filter(log: AccessLog, expression: str | None) -> AccessLog:
     return AccessLog(log.provider, log.kind, log.config, log.cluster, log.authority, expression)
+
+
+def _proxy_sampling(tracing: ProxyTracing | None, default: float) -> float:
+    """istiod's proxyConfigSamplingValue: ProxyConfig tracing.sampling, else PILOT_TRACE_SAMPLING."""
+    if tracing is None or tracing.sampling == 0:
+        return default
+    return 1.0 if tracing.sampling > 100 else tracing.sampling
+
+
+def _legacy_tracing(mesh: MeshConfig, proxy: ProxyInfo, default_sampling: float) -> TracingSpec | None:
+    """No Telemetry tracing and no defaultProviders.tracing: istiod's legacy path. The HCM traces
+    with ProxyConfig's sampling and tags and no provider, so Envoy uses the bootstrap's tracer,
+    which pilot-agent writes from ProxyConfig tracing.zipkin. Only built when the proxy's
+    ProxyConfig has a tracing section: without one no tracer exists (none is defaulted here), the
+    HCM setting would change nothing Envoy does, and leaving it out keeps listeners shared."""
+    t = proxy.tracing
+    if not mesh.enable_tracing or t is None:
+        return None
+    istio_tags = t.enable_istio_tags if t.enable_istio_tags is not None else True
+    return TracingSpec(
+        provider="", kind="bootstrap", config="{}", cluster="", authority="", sampling=_proxy_sampling(t, default_sampling),
+        custom_tags=t.tags(), istio_tags=_istio_tags(proxy) if istio_tags else (),
+        use_request_id_for_sampling=True, spawn_upstream_span=False, no_context_propagation=False,
+        service_name=proxy.node_cluster, max_path_tag_length=t.max_path_tag_length)
 
 
 def _tracing(mesh: MeshConfig, entries: list[Tracing], mode: str, proxy: ProxyInfo, lookup: Lookup,
@@ -319,7 +365,7 @@ def _tracing(mesh: MeshConfig, entries: list[Tracing], mode: str, proxy: ProxyIn
     """istiod's Telemetries.Tracing for one mode, then configureTracingFromTelemetry's choices."""
     defaults = _usable_defaults(mesh, "tracing")
     if not entries and not defaults:
-        return None  # istiod's legacy enableTracing path: the bootstrap's tracer (not written here)
+        return _legacy_tracing(mesh, proxy, default_sampling)
     provider = _lookup(mesh.providers, defaults[0]) if defaults else None
     disabled = False
     sampling: float | None = None
@@ -351,7 +397,9 @@ def _tracing(mesh: MeshConfig, entries: list[Tracing], mode: str, proxy: ProxyIn
         problems.append(f"extension provider {provider.name!r}: service {settings.service} port {settings.port} "
                         "is not in the registry; tracing is not configured")
         return None
-    custom = []
+    custom: list[tuple[str, str, str, str]] = []
+    if not tags and proxy.tracing is not None:  # istiod: ProxyConfig's tags when the Telemetry has none
+        custom = list(proxy.tracing.tags())
     for name, tag in sorted(tags.items()):
         if tag.literal is not None:
             custom.append((name, "literal", tag.literal.value, ""))
@@ -364,10 +412,11 @@ def _tracing(mesh: MeshConfig, entries: list[Tracing], mode: str, proxy: ProxyIn
     return TracingSpec(
         provider=provider.name, kind=kind, config=settings.model_dump_json(by_alias=True),
         cluster=found[1], authority=found[0],
-        sampling=sampling if sampling is not None else default_sampling,
+        sampling=sampling if sampling is not None else _proxy_sampling(proxy.tracing, default_sampling),
         custom_tags=tuple(custom), istio_tags=_istio_tags(proxy) if istio_tags else (),
         use_request_id_for_sampling=use_request_id, spawn_upstream_span=proxy.is_router,
-        no_context_propagation=no_propagation, service_name=proxy.node_cluster)
+        no_context_propagation=no_propagation, service_name=proxy.node_cluster,
+        max_path_tag_length=settings.max_tag_length or (proxy.tracing.max_path_tag_length if proxy.tracing else 0))
 
 
 def _istio_tags(proxy: ProxyInfo) -> tuple[tuple[str, str], ...]:

@@ -22,6 +22,7 @@ from types import MappingProxyType
 from pilot.config.networking import DestinationRule, VirtualService
 from pilot.config.networking.virtual_service import HTTPRoute, TCPRoute, TLSRoute
 from pilot.model.dr_merge import consolidate
+from pilot.model.gateway_api.backend_tls import merged_under
 from pilot.model.labels import selects
 from pilot.model.store import Entry, Store
 
@@ -79,10 +80,13 @@ class TrafficIndex:
 
     @classmethod
     def build(cls, store: Store, domain: str, root_namespace: str,
-              mesh_routes: tuple[Entry[VirtualService], ...] = (), enhanced_dr_merge: bool = True) -> TrafficIndex:
+              mesh_routes: tuple[Entry[VirtualService], ...] = (), enhanced_dr_merge: bool = True,
+              backend_rules: tuple[Entry[DestinationRule], ...] = ()) -> TrafficIndex:
         """`mesh_routes`: the VirtualServices GAMMA routes became (model/gateway_api/mesh).
         DestinationRules of one host and namespace are consolidated (pilot/model/dr_merge.py;
-        `enhanced_dr_merge`: ENABLE_ENHANCED_DESTINATIONRULE_MERGE)."""
+        `enhanced_dr_merge`: ENABLE_ENHANCED_DESTINATIONRULE_MERGE); `backend_rules`, the
+        DestinationRules BackendTLSPolicies became (model/gateway_api/backend_tls), then merge
+        under the consolidated user rules."""
         vs: dict[str, list[Entry[VirtualService]]] = defaultdict(list)
         consumers: dict[tuple[str, str], Entry[VirtualService]] = {}
         for e in mesh_routes:
@@ -116,7 +120,9 @@ class TrafficIndex:
                             for rule in _rules(e.obj)
                             for m in rule.match if m.source_labels})
         return cls(MappingProxyType({h: tuple(v) for h, v in vs.items()}),
-                   MappingProxyType({h: consolidate(sorted(v, key=_age), enhanced_dr_merge) for h, v in dr.items()}),
+                   MappingProxyType({h: tuple(v) for h, v in _with_backend_rules(
+                       {h: list(consolidate(sorted(v, key=_age), enhanced_dr_merge)) for h, v in dr.items()},
+                       backend_rules).items()}),
                    tuple(sorted(conflicts)), root_namespace, tuple(selectors), MappingProxyType(consumers),
                    tuple(sorted(rule_selectors)))
 
@@ -157,6 +163,27 @@ class TrafficIndex:
                 return _applicable(tier, client_namespace, client_labels)
         tier = [e for e in candidates if _exported_to(e, client_namespace)]
         return _applicable(tier, client_namespace, client_labels) if tier else None
+
+
+def _with_backend_rules(rules: dict[str, list[Entry[DestinationRule]]],
+                        backend_rules: tuple[Entry[DestinationRule], ...]) -> dict[str, list[Entry[DestinationRule]]]:
+    for b in backend_rules:
+        _merge_backend_rule(rules.setdefault(b.obj.spec.host, []), b)
+    return rules
+
+
+def _merge_backend_rule(rules: list[Entry[DestinationRule]], backend: Entry[DestinationRule]) -> None:
+    """istiod's mergeDestinationRule for a rule synthesized from a backend policy: merged under
+    the user's rule of its namespace with no selector and the same (default) exportTo, whose
+    fields win whatever their ages; otherwise a rule of its own."""
+    for i, e in sorted(enumerate(rules), key=lambda ie: _age(ie[1])):
+        spec = e.obj.spec
+        if (e.key.namespace == backend.key.namespace and spec.workload_selector is None
+                and spec.export_to in ([], ["*"])):
+            rules[i] = merged_under(e, backend)
+            return
+    rules.append(backend)
+    rules.sort(key=_age)  # (stable) among the host's rules by age, as istiod's list is
 
 
 def _applicable(rules: list[Entry[DestinationRule]], client_namespace: str,

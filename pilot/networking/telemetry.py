@@ -37,6 +37,10 @@ FILE_LOGGER = "envoy.access_loggers.file"
 OTEL_LOGGER = "envoy.access_loggers.open_telemetry"
 CEL_FILTER = "envoy.access_loggers.extension_filters.cel"
 OTEL_LOG_NAME = "otel_envoy_accesslog"
+HTTP_ALS_LOGGER = "envoy.access_loggers.http_grpc"
+TCP_ALS_LOGGER = "envoy.tcp_grpc_access_log"  # istiod's name; Envoy picks the logger by the config's type
+HTTP_ALS_LOG_NAME = "http_envoy_accesslog"
+TCP_ALS_LOG_NAME = "tcp_envoy_accesslog"
 
 # istiod's EnvoyTextLogFormat (Istio 1.9 onwards).
 TEXT_FORMAT = (
@@ -65,6 +69,8 @@ JSON_FORMAT = {
     "upstream_transport_failure_reason": "%UPSTREAM_TRANSPORT_FAILURE_REASON%",
 }
 REQ_WITHOUT_QUERY = "%REQ_WITHOUT_QUERY"
+# The filter state envoyHttpAls/envoyTcpAls log unless the provider names its own (istiod's envoyStateToLog).
+ALS_STATE_TO_LOG = ("upstream_peer", "downstream_peer")
 # What the metadata exchange would have put in filter state, logged over ALS (istiod's list).
 WASM_STATE_TO_LOG = ("upstream_peer", "downstream_peer", "wasm.upstream_peer", "wasm.upstream_peer_id",
                      "wasm.downstream_peer", "wasm.downstream_peer_id")
@@ -150,10 +156,33 @@ def _otel(log: AccessLog, cfg: dict) -> logs_service_pb2.OpenTelemetryAccessLogC
     return out
 
 
+def _grpc_common(log: AccessLog, cfg: dict, default_name: str) -> als_pb2.CommonGrpcAccessLogConfig:
+    """istiod's http/tcpGrpcAccessLogFromTelemetry: the collector as an Envoy gRPC service."""
+    return als_pb2.CommonGrpcAccessLogConfig(
+        log_name=cfg.get("logName") or default_name,
+        grpc_service=grpc_service_pb2.GrpcService(envoy_grpc=grpc_service_pb2.GrpcService.EnvoyGrpc(
+            cluster_name=log.cluster, authority=log.authority)),
+        transport_api_version=config_source_pb2.ApiVersion.V3,
+        filter_state_objects_to_log=cfg.get("filterStateObjectsToLog") or list(ALS_STATE_TO_LOG))
+
+
+def _http_als(log: AccessLog, cfg: dict) -> als_pb2.HttpGrpcAccessLogConfig:
+    return als_pb2.HttpGrpcAccessLogConfig(
+        common_config=_grpc_common(log, cfg, HTTP_ALS_LOG_NAME),
+        additional_request_headers_to_log=cfg.get("additionalRequestHeadersToLog") or [],
+        additional_response_headers_to_log=cfg.get("additionalResponseHeadersToLog") or [],
+        additional_response_trailers_to_log=cfg.get("additionalResponseTrailersToLog") or [])
+
+
 def access_log(log: AccessLog) -> accesslog_pb2.AccessLog:
     cfg = json.loads(log.config)
     if log.kind == "otel":
         al = accesslog_pb2.AccessLog(name=OTEL_LOGGER, typed_config=pack(_otel(log, cfg)))
+    elif log.kind == "http-als":
+        al = accesslog_pb2.AccessLog(name=HTTP_ALS_LOGGER, typed_config=pack(_http_als(log, cfg)))
+    elif log.kind == "tcp-als":
+        al = accesslog_pb2.AccessLog(name=TCP_ALS_LOGGER, typed_config=pack(als_pb2.TcpGrpcAccessLogConfig(
+            common_config=_grpc_common(log, cfg, TCP_ALS_LOG_NAME))))
     else:
         fl = _mesh_file(cfg) if log.kind == "mesh-file" else _file(cfg)
         al = accesslog_pb2.AccessLog(name=FILE_LOGGER, typed_config=pack(fl))
@@ -253,12 +282,12 @@ def apply_tracing(hcm: hcm_pb2.HttpConnectionManager, telemetry: ModeTelemetry) 
     if spec is None:
         return
     tracing = hcm.tracing
-    tracing.provider.CopyFrom(_provider(spec))
+    if spec.kind != "bootstrap":  # the legacy path: no provider, Envoy uses the bootstrap's tracer
+        tracing.provider.CopyFrom(_provider(spec))
     if spec.spawn_upstream_span:
         tracing.spawn_upstream_span.value = True
-    cfg = json.loads(spec.config)
-    if cfg.get("maxTagLength"):
-        tracing.max_path_tag_length.value = cfg["maxTagLength"]
+    if spec.max_path_tag_length:
+        tracing.max_path_tag_length.value = spec.max_path_tag_length
     tracing.client_sampling.CopyFrom(percent_pb2.Percent(value=100.0))
     tracing.overall_sampling.CopyFrom(percent_pb2.Percent(value=100.0))
     tracing.random_sampling.CopyFrom(percent_pb2.Percent(value=spec.sampling))

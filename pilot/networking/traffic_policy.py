@@ -16,7 +16,9 @@ from google.protobuf import wrappers_pb2
 
 from pilot.durations import parse_duration
 from pilot.model.credentials import CA_SUFFIX, SDS_PREFIX
+from pilot.model.gateway_api.backend_tls import BackendTLS
 from pilot.model.traffic import effective_policy  # noqa: F401 - the builders' import path
+from pilot.networking.backend_tls import apply_backend_tls
 from pilot.networking.protos import ads_config_source, duration, pack
 
 HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
@@ -238,13 +240,16 @@ def apply_outlier_detection(c: cluster_pb2.Cluster, od) -> None:
     c.common_lb_config.healthy_panic_threshold.value = float(od.min_health_percent or 0)
 
 
-def apply_tls(c: cluster_pb2.Cluster, tls, hostname: str) -> str | None:
+def apply_tls(c: cluster_pb2.Cluster, tls, hostname: str, http2: bool = False) -> str | None:
     """SIMPLE and MUTUAL with certificate files, or with a Secret (`credentialName`, served over
     SDS on the ADS stream, as istiod: MUTUAL's chain and key from `kubernetes://NAME`, the CA to
     verify the server with from `kubernetes://NAME-cacert`). Returns why a mode was not applied,
     if so. ISTIO_MUTUAL is not applied here: pilot.model.mtls decides it (it needs the client's
     identity)."""
     if tls.mode == "DISABLE":
+        return None
+    if isinstance(tls, BackendTLS):  # from a BackendTLSPolicy: its own validation rules
+        apply_backend_tls(c, tls, http2)
         return None
     if tls.mode == "ISTIO_MUTUAL":
         return "ISTIO_MUTUAL applies only to proxies with a mesh identity (connected on 15012)"
@@ -313,4 +318,4 @@ def apply_policy(c: cluster_pb2.Cluster, policy: dict, hostname: str, http2: boo
     if policy["outlier_detection"] is not None:
         apply_outlier_detection(c, policy["outlier_detection"])
     if policy["tls"] is not None:
-        apply_tls(c, policy["tls"], hostname)
+        apply_tls(c, policy["tls"], hostname, http2)

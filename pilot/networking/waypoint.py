@@ -40,6 +40,7 @@ from google.protobuf import wrappers_pb2
 
 from pilot.config.mesh import HttpRetryPolicy
 from pilot.config.networking import DestinationRule, VirtualService
+from pilot.model.gateway_api.internal import has_session
 from pilot.model.mesh_settings import ClusterSettings
 from pilot.model.security_policies import WorkloadPolicies
 from pilot.model.services import MeshService, ServicePort
@@ -189,8 +190,8 @@ def _http_chain(cluster: str, port: int, policies: WorkloadPolicies, trust_domai
             virtual_hosts=[route_components_pb2.VirtualHost(name=f"inbound|http|{port}", domains=["*"],
                                                             routes=routes)]),
         use_remote_address=wrappers_pb2.BoolValue(value=False),
-        http_filters=[*tunnel_rbac(inbound_http_filters(policies, trust_domain)),
-                      fault_filter(), cors_filter(), stateful_session_filter(), router_filter()])
+        http_filters=[*tunnel_rbac(inbound_http_filters(policies, trust_domain)), fault_filter(), cors_filter(),
+                      *([stateful_session_filter()] if vs is not None and has_session(vs) else []), router_filter()])
     return listener_components_pb2.Filter(name="envoy.filters.network.http_connection_manager",
                                           typed_config=pack(manager))
 

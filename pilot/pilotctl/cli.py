@@ -5,6 +5,7 @@
     pilotctl [--addr ...] explain PROXY TYPE NAME
     pilotctl jwt init|rule|token DIR ...
     pilotctl tag set|generate|list|remove ...   (pilot/pilotctl/tag.py: the cluster, not the debug port)
+    pilotctl x workload entry configure -f WG.yaml -o DIR --clusterID C   (pilot/pilotctl/workload.py)
     pilotctl completion bash|zsh|fish
 
 Sources: the control plane replicas' debug endpoints (`--addr`, repeatable: a proxy is found on
@@ -27,6 +28,7 @@ import yaml
 
 from pilot.pilotctl import devjwt, tables
 from pilot.pilotctl import tag as tagctl
+from pilot.pilotctl import workload as workloadctl
 from pilot.pilotctl.client import CtlError, EnvoyAdmin, Replica, Replicas, check_addr
 from pilot.pilotctl.dump import bootstrap_of, resources_of
 from pilot.pilotctl.status import diff_text, proxy_diff, status_rows, status_table
@@ -331,6 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     jwt.set_defaults(run=cmd_jwt)
 
     tagctl.add_parser(sub)
+    workloadctl.add_parser(sub)
 
     comp = sub.add_parser("completion", help="shell completion script: eval \"$(pilotctl completion bash)\"")
     comp.add_argument("shell", choices=["bash", "zsh", "fish", "tcsh"])
@@ -360,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     warn = Warnings()
     try:
-        replicas = _replicas(args) if args.run not in (cmd_jwt, cmd_completion, tagctl.run) else Replicas([])
+        replicas = _replicas(args) if args.run not in (cmd_jwt, cmd_completion, tagctl.run, workloadctl.run) else Replicas([])
         out = args.run(args, replicas, warn)
     except CtlError as e:
         print(f"error: {e}", file=sys.stderr)

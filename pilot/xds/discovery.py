@@ -34,7 +34,7 @@ from pilot.xds.debounce import Debouncer
 from pilot.xds.envoy_filter_status import EnvoyFilterStatus
 from pilot.xds.generated import Generated, GenerationMemo, Generator, Plan
 from pilot.xds.generators import authorization, cds, ecds, eds, lds, rds, sds, wds
-from pilot.xds.pace import Pace
+from pilot.xds.pace import Pace, Slots
 from pilot.xds.pushstatus import PushHistory, PushRecord
 
 log = plog.get("ads")
@@ -66,12 +66,14 @@ class _Slot:
 
     __slots__ = ("_held", "_sem")
 
-    def __init__(self, sem: asyncio.Semaphore) -> None:
+    def __init__(self, sem: Slots) -> None:
         self._sem, self._held = sem, False
 
-    async def acquire(self) -> None:
-        await self._sem.acquire()
+    async def acquire(self) -> bool:
+        """Whether it waited for the slot."""
+        waited = await self._sem.acquire()
         self._held = True
+        return waited
 
     def release(self) -> None:
         if self._held:
@@ -109,7 +111,7 @@ class DiscoveryServer:
                                         proxy_inputs={typeurls.ENDPOINT: eds.proxy_inputs,
                                                       typeurls.CLUSTER: eds.cds_proxy_inputs})
         self.connections: dict[str, Connection] = {}
-        self.throttle = asyncio.Semaphore(features.push_throttle)
+        self.throttle = Slots(features.push_throttle)
         self.pace = Pace()  # stream work per loop iteration, bounded (pilot/xds/pace.py)
         self.debouncer = Debouncer(features.debounce_after, features.debounce_max,
                                    features.enable_eds_debounce, self._debounced_push)

@@ -62,10 +62,11 @@ def _conditions_problem(conditions: list[dict], want: list[list[str]]) -> str | 
     return None
 
 
-def _parent_matches(entry: dict, ns: str, name: str, section: str | None, route_ns: str) -> bool:
+def _parent_matches(entry: dict, ns: str, name: str, section: str | None, route_ns: str,
+                    kind: str = "Gateway") -> bool:
     ref = entry["parentRef"]
     return (ref["name"] == name and ref.get("namespace", route_ns) == ns
-            and (section is None or ref.get("sectionName") == section) and ref.get("kind", "Gateway") == "Gateway")
+            and (section is None or ref.get("sectionName") == section) and ref.get("kind", "Gateway") == kind)
 
 
 async def check_status(cluster: Cluster, spec: dict, timeout: float = STATUS_TIMEOUT) -> None:
@@ -79,14 +80,18 @@ async def check_status(cluster: Cluster, spec: dict, timeout: float = STATUS_TIM
         if spec.get("latest"):  # upstream *MustHaveLatestConditions: observedGeneration is current
             gen = cluster.objects[(kind, ns, name)]["metadata"]["generation"]
             conds = list(status.get("conditions", []))
-            for part in ("listeners", "parents"):
+            for part in ("listeners", "parents", "ancestors"):
                 for x in status.get(part, []):
                     conds += x.get("conditions", [])
             stale = [(c["type"], c.get("observedGeneration")) for c in conds if c.get("observedGeneration") != gen]
             if stale or not conds:
                 return f"conditions {stale or 'none'} not at generation {gen}"
             return None
-        if kind in ("Gateway", "GatewayClass"):
+        # upstream GatewayMustHaveAttachedListeners
+        if kind == "Gateway" and "attachedListenerSets" in spec \
+                and status.get("attachedListenerSets", 0) != spec["attachedListenerSets"]:
+            return f"attachedListenerSets {status.get('attachedListenerSets')}, want {spec['attachedListenerSets']}"
+        if kind in ("Gateway", "GatewayClass", "ListenerSet"):
             if "listener" in spec:
                 ls = next((x for x in status.get("listeners", []) if x["name"] == spec["listener"]), None)
                 if ls is None:
@@ -116,6 +121,17 @@ async def check_status(cluster: Cluster, spec: dict, timeout: float = STATUS_TIM
                 if not status.get("listeners"):
                     return "no listeners in status"
             return _conditions_problem(status.get("conditions", []), spec.get("conditions", []))
+        if kind == "BackendTLSPolicy":  # upstream BackendTLSPolicyMustHaveCondition: any ancestor naming the Gateway
+            gns, gname = split_name(spec["ancestor"])
+            problems = []
+            for a in status.get("ancestors", []):
+                ref = a["ancestorRef"]
+                if ref["name"] == gname and ref.get("namespace", gns) == gns:
+                    problem = _conditions_problem(a.get("conditions", []), spec.get("conditions", []))
+                    if problem is None:
+                        return None
+                    problems.append(problem)
+            return f"no ancestor {gns}/{gname} with {spec.get('conditions')}: {problems or status.get('ancestors')}"
         # a route
         parents = status.get("parents", [])
         if spec.get("noAcceptedParents"):
@@ -124,7 +140,8 @@ async def check_status(cluster: Cluster, spec: dict, timeout: float = STATUS_TIM
             return f"accepted parents {accepted}" if accepted else None
         pns, pname = split_name(spec["parent"])
         section = spec.get("section")
-        entry = next((p for p in parents if _parent_matches(p, pns, pname, section, ns)), None)
+        entry = next((p for p in parents if _parent_matches(p, pns, pname, section, ns,
+                                                            spec.get("parentKind", "Gateway"))), None)
         if entry is None:
             return f"no parent {pns}/{pname}/{section} in {[p['parentRef'] for p in parents]}"
         return _conditions_problem(entry.get("conditions", []), spec.get("conditions", []))
@@ -134,11 +151,14 @@ async def check_status(cluster: Cluster, spec: dict, timeout: float = STATUS_TIM
 
 async def check_accepted(cluster: Cluster, spec: dict) -> None:
     """upstream GatewayAndRoutesMustBeAccepted (+ ResolvedRefs True with `resolvedRefs: true`): every
-    route's parents are exactly the Gateway (or the listed sections of it), Accepted; every listener
-    of the Gateway Accepted, Programmed and ResolvedRefs."""
+    route has the Gateway (or the listed sections of it) among its parents, Accepted; every listener
+    of the Gateway Accepted, Programmed and ResolvedRefs. With `parentKind: ListenerSet`
+    (`gateway` names the ListenerSet), upstream RoutesAndParentMustBeAccepted for it."""
     gns, gname = split_name(spec["gateway"])
-    sections = spec.get("sections", [None])
+    # (`sections` name the listeners upstream lists; its parent match ignores sectionName, so one
+    # Accepted entry for the Gateway satisfies each of them)
     kind = spec.get("kind", "HTTPRoute")
+    parent_kind = spec.get("parentKind", "Gateway")
     for route in spec.get("routes", []):
         rns, rname = split_name(route)
 
@@ -147,27 +167,22 @@ async def check_accepted(cluster: Cluster, spec: dict) -> None:
             if status is None:
                 return "no status"
             parents = status.get("parents", [])
-            # As upstream's parentsForRouteMatch: as many parents as listeners named, matched by
+            # As upstream's parentsForRouteMatch: a parent entry for the Gateway, matched by
             # group, kind, name and namespace (not sectionName), from our controller, Accepted.
-            if len(parents) != len(sections):
-                return f"parents {[p['parentRef'] for p in parents]}, want {len(sections)} for {gns}/{gname}"
-            for entry in parents:
-                ref = entry["parentRef"]
-                if (ref.get("group"), ref.get("kind"), ref["name"]) != (GW_GROUP, "Gateway", gname) \
-                        or ref.get("namespace", rns) != gns:
-                    return f"parent {ref}, want {gns}/{gname}"
-                if entry.get("controllerName") != "istio.io/gateway-controller":
-                    return f"controllerName {entry.get('controllerName')}"
-                want = [["Accepted", "True", "Accepted"]]
-                if spec.get("resolvedRefs"):
-                    want.append(["ResolvedRefs", "True", "ResolvedRefs"])
-                problem = _conditions_problem(entry.get("conditions", []), want)
-                if problem:
-                    return problem
-            return None
+            want = [["Accepted", "True", "Accepted"]]
+            if spec.get("resolvedRefs"):
+                want.append(["ResolvedRefs", "True", "ResolvedRefs"])
+            ours = [p for p in parents
+                    if (p["parentRef"].get("group"), p["parentRef"].get("kind"), p["parentRef"]["name"])
+                    == (GW_GROUP, parent_kind, gname) and p["parentRef"].get("namespace", rns) == gns
+                    and p.get("controllerName") == "istio.io/gateway-controller"]
+            if not ours:
+                return f"parents {[p['parentRef'] for p in parents]}, want {parent_kind} {gns}/{gname}"
+            problems = [x for p in ours if (x := _conditions_problem(p.get("conditions", []), want))]
+            return problems[0] if len(problems) == len(ours) else None
 
         await _poll(check, STATUS_TIMEOUT, f"{kind} {rns}/{rname} accepted by {gns}/{gname}")
-    await check_status(cluster, {"kind": "Gateway", "name": f"{gns}/{gname}", "allListeners": [
+    await check_status(cluster, {"kind": parent_kind, "name": f"{gns}/{gname}", "allListeners": [
         ["ResolvedRefs", "True"], ["Accepted", "True"], ["Programmed", "True"]]})
 
 
@@ -223,6 +238,8 @@ def compare(req: dict, exp: dict, status: int, headers: dict[str, list[str]], bo
             return f"backend saw path {body['path']}, want {er['path']}"
         if er["method"] != body["method"]:
             return f"backend saw method {body['method']}, want {er['method']}"
+        if "sni" in er and er["sni"] != (body.get("tls") or {}).get("serverName"):
+            return f"backend saw SNI {(body.get('tls') or {}).get('serverName')!r}, want {er['sni']!r}"
         if exp.get("namespace", INFRA_NS) != body["namespace"]:
             return f"namespace {body['namespace']}, want {exp.get('namespace', INFRA_NS)}"
         seen = {k.lower(): v for k, v in body.get("headers", {}).items()}

@@ -32,10 +32,10 @@ from tests.unit.test_authn import Issuer
 GATEWAY_CLASS = "istio"
 CONTROLLER = "istio.io/gateway-controller"
 GW_LABEL = "gateway.networking.k8s.io/gateway-name"
-# Kinds the control plane reads from files; the rest (Deployments, ConfigMaps, ServiceAccounts)
+# Kinds the control plane reads from files; the rest (Deployments, ServiceAccounts)
 # is the cluster's business and is stood in for here.
-CONFIG_KINDS = {"Namespace", "Service", "Secret", "GatewayClass", "Gateway", "HTTPRoute", "GRPCRoute",
-                "TCPRoute", "TLSRoute", "ReferenceGrant", "EndpointSlice"}
+CONFIG_KINDS = {"Namespace", "Service", "Secret", "GatewayClass", "Gateway", "ListenerSet", "HTTPRoute", "GRPCRoute",
+                "TCPRoute", "TLSRoute", "ReferenceGrant", "EndpointSlice", "BackendTLSPolicy", "ConfigMap"}
 
 GATEWAY_CLASS_YAML = f"""\
 apiVersion: gateway.networking.k8s.io/v1
@@ -91,7 +91,16 @@ class Cluster:
     async def start(self) -> None:
         self.cp.write("00-gatewayclass.yaml", GATEWAY_CLASS_YAML)
         self._suite_secrets()
+        # The CA ConfigMaps suite.go creates for BackendTLSPolicy: the CA that signed
+        # tls-checks-certificate, and one that signed nothing.
+        await self.apply([self.ca_config_map("tls-checks-ca-certificate", self.ca),
+                          self.ca_config_map("mismatch-ca-certificate", certs.make_ca("unused CA"))])
         await self.cp.start()
+
+    @staticmethod
+    def ca_config_map(name: str, ca: certs.Issued, namespace: str = "gateway-conformance-infra") -> dict:
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": namespace},
+                "data": {"ca.crt": ca.cert_pem.decode()}}
 
     async def stop(self) -> None:
         await self.stop_router()
@@ -104,7 +113,7 @@ class Cluster:
         wanted = [("gateway-conformance-web-backend", "certificate", ["*"]),
                   ("gateway-conformance-infra", "tls-validity-checks-certificate", ["*", "*.org", "*.wildcard.org"]),
                   ("gateway-conformance-infra", "tls-checks-certificate",
-                   ["abc.example.com", "other.example.com"]),
+                   ["abc.example.com", "spiffe://abc.example.com/test-identity", "other.example.com"]),
                   ("gateway-conformance-infra", "tls-passthrough-checks-certificate", ["abc.example.com"]),
                   ("gateway-conformance-app-backend", "tls-passthrough-checks-certificate", ["abc.example.com"]),
                   ("gateway-conformance-infra", "tls-terminate-checks-certificate", ["tls.example.com"])]
@@ -129,6 +138,10 @@ class Cluster:
                 await self._deployment(doc)
         for k in applied:
             self._write(k)
+        # A Gateway's Service exposes its ListenerSets' ports too: rewritten when they change.
+        if any(k[0] == "ListenerSet" for k in applied):
+            for k in [k for k in self.objects if k[0] == "Gateway"]:
+                self._write(k)
         # A Service's endpoints follow the Deployments it selects, which may come in the same batch.
         for k in self.objects:
             if k[0] == "Service":
@@ -209,8 +222,14 @@ class Cluster:
         return out
 
     def _gateway_service(self, gw: dict) -> dict:
+        """As istiod's deployment controller (extractServicePorts): the Gateway's listener ports
+        and those of the ListenerSets naming it (here whether the Gateway allows them or not: an
+        extra port on the Service changes nothing the tests check)."""
         ns, name = gw["metadata"]["namespace"], gw["metadata"]["name"]
-        ports = sorted({lis["port"] for lis in gw["spec"].get("listeners", [])})
+        sets = [d for (kind, _, _), d in self.objects.items() if kind == "ListenerSet"
+                and (d["spec"]["parentRef"].get("namespace") or d["metadata"]["namespace"], d["spec"]["parentRef"]["name"])
+                == (ns, name)]
+        ports = sorted({lis["port"] for d in (gw, *sets) for lis in d["spec"].get("listeners", [])})
         return {"apiVersion": "v1", "kind": "Service",
                 "metadata": {"name": f"{name}-{GATEWAY_CLASS}", "namespace": ns},
                 "spec": {"selector": {GW_LABEL: name},

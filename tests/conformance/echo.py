@@ -51,6 +51,9 @@ class EchoServer:
                 "method": request.method, "proto": f"HTTP/{request.version.major}.{request.version.minor}",
                 "headers": headers, "namespace": self.namespace, "ingress": "", "service": self.service,
                 "pod": self.pod}
+        ssl_obj = request.transport.get_extra_info("ssl_object") if request.transport is not None else None
+        if ssl_obj is not None:  # echo-basic reports the SNI a TLS client sent it
+            info["tls"] = {"serverName": getattr(ssl_obj, "sni", "")}
         self.requests.append(info)
         m = _STATUS_PATH.match(request.path)
         if m is not None:
@@ -67,6 +70,11 @@ class EchoServer:
         return response
 
     async def start(self) -> EchoServer:
+        if self.tls is not None:
+            # Python's server side does not expose the client's SNI: keep it from the callback.
+            def remember_sni(sslobj, name, _ctx):
+                sslobj.sni = name or ""
+            self.tls.sni_callback = remember_sni
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None)

@@ -81,6 +81,13 @@ async def run_case(cluster: Cluster, name: str, case: dict) -> tuple[str, str]:
                     doc["endpoints"] = [{"addresses": ["127.0.0.1"], "conditions": {"ready": True}}]
                     doc["ports"] = [{**p, "port": echo.port} for p in doc.get("ports", [])]
                     await cluster.apply([doc])
+            elif "copyConfigMap" in step:  # the Go test's ConfigMap made from another's data
+                c = step["copyConfigMap"]
+                src = cluster.objects[("ConfigMap", *checks.split_name(c["from"]))]
+                ns, name = checks.split_name(c["to"])
+                doc = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": ns},
+                       "data": dict(src["data"])}
+                applied += await cluster.apply([doc])
             elif "patch" in step:  # a change to an applied object, as the Go test's Update does
                 p = step["patch"]
                 k = (p["kind"], *checks.split_name(p["name"]))

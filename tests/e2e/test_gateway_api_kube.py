@@ -25,7 +25,7 @@ LEASE = "istio-gateway-status-leader-default"  # the status writer's (per revisi
 CRDS = (("v1", "gatewayclasses", "GatewayClass", False), ("v1", "gateways", "Gateway", True),
         ("v1", "httproutes", "HTTPRoute", True), ("v1", "grpcroutes", "GRPCRoute", True),
         ("v1alpha2", "tcproutes", "TCPRoute", True), ("v1alpha2", "tlsroutes", "TLSRoute", True),
-        ("v1beta1", "referencegrants", "ReferenceGrant", True))
+        ("v1beta1", "referencegrants", "ReferenceGrant", True), ("v1", "backendtlspolicies", "BackendTLSPolicy", True))
 
 
 def gateway(name: str, port: int, class_name: str = "istio") -> dict:
@@ -176,3 +176,54 @@ async def test_status_written_by_the_leader_only_when_changed_and_never_pushing(
         return (await request(port, "shop.example.com", "/")).status == 500
 
     await wait_for(refused, 20, message="the route without its backend answers 500")
+
+
+async def test_backend_tls_policy_from_the_apiserver_applies_and_gets_status(cluster):
+    """A BackendTLSPolicy watched from the apiserver: its CA ConfigMap missing, the policy is
+    not accepted and traffic fails closed (503); once the ConfigMap exists, Accepted, and the
+    gateway originates TLS (to a plaintext backend here: still 503, now a TLS handshake failure
+    rather than the refusal; the policy's status is what changes). Written by the leader."""
+    from tests.support.certs import make_ca
+
+    fake, planes, envoy, port, tmp_path = cluster
+    await wait_for(lambda: fake.get(f"gatewayclasses.{API}", "istio"), 20, message="the leader's GatewayClass")
+    fake.create(gateway(GW_NAME, port))
+    fake.create(http_route("shop", "shop.example.com"))
+    await envoy.start(Envoy.bootstrap(ROUTER, planes["replica-a"].xds_port, metadata={
+        "NAMESPACE": GW_NS, "LABELS": {GW_LABEL: GW_NAME}}), tmp_path)
+
+    async def answered(status: int, backend: str | None):
+        r = await request(port, "shop.example.com", "/")
+        return r.status == status and r.backend == backend
+
+    await wait_for(lambda: answered(200, "alpha"), 20, message="plaintext to alpha before the policy")
+    fake.create({"apiVersion": f"{API}/v1", "kind": "BackendTLSPolicy",
+                 "metadata": {"name": "alpha-tls", "namespace": "default"},
+                 "spec": {"targetRefs": [{"group": "", "kind": "Service", "name": "alpha"}],
+                          "validation": {"caCertificateRefs": [{"group": "", "kind": "ConfigMap", "name": "alpha-ca"}],
+                                         "hostname": "alpha.example.com"}}})
+
+    def ancestors(want: dict):
+        def check():
+            got = {(a["ancestorRef"]["kind"], a["controllerName"]): conditions(a)
+                   for a in status_of(fake, "backendtlspolicies", "alpha-tls", "default").get("ancestors") or []}
+            return got if got == want else None
+        return check
+
+    bad = {"Accepted": ("False", "NoValidCACertificate"), "ResolvedRefs": ("False", "InvalidCACertificateRef")}
+    await wait_for(ancestors({("Service", "istio.io/mesh-controller"): bad,
+                              ("Gateway", "istio.io/gateway-controller"): bad}), 20, message="refused in status")
+    await wait_for(lambda: answered(503, None), 20, message="no valid CA: traffic fails closed")
+    fake.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "alpha-ca", "namespace": "default"},
+                 "data": {"ca.crt": make_ca().cert_pem.decode()}})
+    ok = {"Accepted": ("True", "Accepted"), "ResolvedRefs": ("True", "ResolvedRefs")}
+    await wait_for(ancestors({("Service", "istio.io/mesh-controller"): ok,
+                              ("Gateway", "istio.io/gateway-controller"): ok}), 20, message="accepted in status")
+    leader = fake.get("leases.coordination.k8s.io", LEASE, namespace="istio-system")["spec"]["holderIdentity"]
+    writers = {r.user_agent for r in status_writes(fake) if "backendtlspolicies" in r.path}
+    assert writers and all(f"({leader})" in ua for ua in writers), writers
+    # The policy's TLS (not the plaintext of before) is what alpha's cluster now speaks.
+    dump = await envoy.config_dump(resource="dynamic_active_clusters")
+    (alpha,) = [c["cluster"] for c in dump["configs"] if c["cluster"]["name"].endswith("||alpha.default.svc.cluster.local")]
+    assert alpha["transport_socket"]["typed_config"]["sni"] == "alpha.example.com"
+    assert (await request(port, "shop.example.com", "/")).status == 503

@@ -29,7 +29,7 @@ API = "gateway.networking.k8s.io"
 CRDS = (("v1", "gatewayclasses", "GatewayClass", False), ("v1", "gateways", "Gateway", True),
         ("v1", "httproutes", "HTTPRoute", True), ("v1", "grpcroutes", "GRPCRoute", True),
         ("v1alpha2", "tcproutes", "TCPRoute", True), ("v1alpha2", "tlsroutes", "TLSRoute", True),
-        ("v1beta1", "referencegrants", "ReferenceGrant", True))
+        ("v1beta1", "referencegrants", "ReferenceGrant", True), ("v1", "listenersets", "ListenerSet", True))
 
 
 def gateway(name: str, class_name: str = "istio", labels: dict | None = None, annotations: dict | None = None,
@@ -40,6 +40,7 @@ def gateway(name: str, class_name: str = "istio", labels: dict | None = None, an
         {"name": "http-again", "port": 8080, "protocol": "HTTP", "hostname": "b.example.com"}]}
     if infrastructure:
         spec["infrastructure"] = infrastructure
+    spec["allowedListeners"] = {"namespaces": {"from": "Same"}}
     return {"apiVersion": f"{API}/v1", "kind": "Gateway",
             "metadata": {"name": name, "namespace": "apps", "labels": labels or {}, "annotations": annotations or {}},
             "spec": spec}
@@ -114,6 +115,26 @@ async def test_a_gateway_gets_its_deployment_service_and_account_and_takes_them_
 
             status = await wait_for(programmed, timeout=20, message=f"Gateway programmed\n{cp.log_tail()}")
             assert status["addresses"] == [{"type": "Hostname", "value": "web-istio.apps.svc.cluster.local"}]
+
+            # A ListenerSet the Gateway allows (watched): its port joins the Service, as istiod's
+            # deployment controller adds it, and the leader writes the ListenerSet's status.
+            await api.create_namespaced_custom_object(API, "v1", "apps", "listenersets", {
+                "apiVersion": f"{API}/v1", "kind": "ListenerSet", "metadata": {"name": "extra", "namespace": "apps"},
+                "spec": {"parentRef": {"name": "web"}, "listeners": [{"name": "more", "port": 8443, "protocol": "HTTP"}]}})
+
+            def listener_set_programmed():
+                ports = [p["port"] for p in fake.get("services", "web-istio", namespace="apps")["spec"]["ports"]]
+                ls_status = fake.get(f"listenersets.{API}", "extra", namespace="apps").get("status") or {}
+                cond = {c["type"]: c["status"] for c in ls_status.get("conditions") or []}
+                return ls_status if 8443 in ports and cond == {"Accepted": "True", "Programmed": "True"} else None
+
+            ls_status = await wait_for(listener_set_programmed, timeout=20,
+                                       message=f"the ListenerSet's port on the Service, its status\n{cp.log_tail()}")
+            assert [(e["name"], e["attachedRoutes"]) for e in ls_status["listeners"]] == [("more", 0)]
+            gw_status = await wait_for(lambda: (s := fake.get(f"gateways.{API}", "web", namespace="apps")["status"])
+                                       .get("attachedListenerSets") == 1 and s, timeout=20,
+                                       message="attachedListenerSets on the Gateway")
+            assert {c["type"]: c["status"] for c in gw_status["conditions"]}["Programmed"] == "True"
 
             # Not ours: another controller's class, another revision, a Hostname address, a
             # name already taken by an unmanaged object.

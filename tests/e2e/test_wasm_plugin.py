@@ -10,7 +10,6 @@ import textwrap
 import aiohttp
 import pytest
 
-from pilot.networking.filters import STATEFUL_SESSION_FILTER as STATEFUL
 from tests.e2e.mesh_config import endpoint_slice_yaml, fqdn, service_yaml
 from tests.support.backends import HttpBackend
 from tests.support.control_plane import ControlPlane
@@ -106,7 +105,7 @@ async def test_a_wasm_plugin_adds_a_response_header_in_phase_and_priority_order(
         assert '"value": "{\\"greeting\\":\\"hi\\"}"' in ecds, "pluginConfig"
         assert '"name": "default.second"' in ecds
         names = http_filter_names(dump, port)
-        assert names == ["default.second", "envoy.filters.http.fault", "envoy.filters.http.cors", STATEFUL,
+        assert names == ["default.second", "envoy.filters.http.fault", "envoy.filters.http.cors",
                          "istio-system.first", "envoy.filters.http.router"], names
         cp.write("second.yaml", plugin("second", "default", str(second), """\
             selector: {matchLabels: {app: client}}
@@ -133,7 +132,7 @@ async def test_a_wasm_plugin_adds_a_response_header_in_phase_and_priority_order(
 
         await wait_for(neither, timeout=30, message=f"plugins no longer apply\n{envoy.log_tail()}")
         assert http_filter_names(await envoy.config_dump(resource="dynamic_listeners"), port) == [
-            "envoy.filters.http.fault", "envoy.filters.http.cors", STATEFUL, "envoy.filters.http.router"]
+            "envoy.filters.http.fault", "envoy.filters.http.cors", "envoy.filters.http.router"]
 
         # 4. A port match selects the listener again; deleting the plugin removes the filter.
         cp.write("first.yaml", plugin("first", "istio-system", str(first),

@@ -121,6 +121,18 @@ class FakeApiServer(ResourceRegistry, ObjectStore, WatchHub, Router, FaultInject
     ``seed_namespaces``: pre-create default, kube-system, kube-public, kube-node-lease.
     """
 
+    def _token_request(self, namespace: str, name: str, body: JSON) -> JSON:
+        """authentication.k8s.io/v1 TokenRequest for an existing ServiceAccount (404 otherwise)."""
+        rtype = self._types[("", "v1", "serviceaccounts")]
+        self._get(rtype, namespace, name)
+        spec = dict(body.get("spec") or {})
+        spec.setdefault("expirationSeconds", 3600)
+        token = (self.token_issuer(namespace, name, spec) if self.token_issuer is not None
+                 else f"fake-token:{namespace}:{name}:{','.join(spec.get('audiences') or [])}")
+        return {"kind": "TokenRequest", "apiVersion": "authentication.k8s.io/v1",
+                "metadata": {"name": name, "namespace": namespace}, "spec": spec,
+                "status": {"token": token, "expirationTimestamp": "2099-01-01T00:00:00Z"}}
+
     def __init__(
         self,
         *,
@@ -142,6 +154,9 @@ class FakeApiServer(ResourceRegistry, ObjectStore, WatchHub, Router, FaultInject
         # SubjectAccessReview: spec -> allowed. None answers "not allowed", as a cluster whose
         # RBAC grants the subject nothing.
         self.access_reviewer: Callable[[JSON], bool] | None = None
+        # TokenRequest (POST serviceaccounts/NAME/token): (namespace, name, spec) -> token. None
+        # issues an opaque "fake-token:NS:NAME:AUDIENCES".
+        self.token_issuer: Callable[[str, str, JSON], str] | None = None
         # Validating webhooks (admission.py): where a clientConfig.service is served.
         self.webhook_services: dict[tuple[str, str, int], Any] = {}
         self.admission_calls: list[tuple[str, str, str]] = []
@@ -375,6 +390,9 @@ class FakeApiServer(ResourceRegistry, ObjectStore, WatchHub, Router, FaultInject
         rtype = route.rtype
         assert rtype is not None
         dry_run = bool(query.get("dryRun"))
+        if route.subresource == "token" and rtype.plural == "serviceaccounts" and method == "POST":
+            return _json_response(self._token_request(route.namespace or "", route.name or "",
+                                                      await self._read_body(request)), 201)
         if route.subresource is not None:
             if route.subresource != "status" or not rtype.status_subresource:
                 raise _unknown_resource()

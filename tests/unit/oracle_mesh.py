@@ -1,6 +1,7 @@
 """The mesh the push oracle (test_push_oracle.py) changes: every config kind a generator reads
-(Gateway API Gateways, HTTPRoutes to a Gateway and to a Service, an ambient waypoint and the
-labels that enrol a namespace in it, RequestAuthentications included), as *slots* (one object each) with a few variants, one of which may be "absent".
+(Gateway API Gateways, HTTPRoutes to a Gateway and to a Service, a BackendTLSPolicy and its CA
+ConfigMap, an ambient waypoint and the labels that enrol a namespace in it, RequestAuthentications
+included), as *slots* (one object each) with a few variants, one of which may be "absent".
 
 A random change picks a slot and moves it to another variant: an add, a modify or a delete of
 that kind. Slots are independent, so orders such as "the Pod after its EndpointSlice" (or the
@@ -223,6 +224,17 @@ def http_route(name: str, ns: str, parent: dict, backend: str, port: int, path: 
         rule["matches"] = [{"path": {"type": "PathPrefix", "value": path}}]
     return {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": _meta(name, ns),
             "spec": {"parentRefs": [parent], "rules": [rule]}}
+
+
+def backend_tls_policy(name: str, ns: str, service_name: str, config_map: str, hostname: str) -> dict:
+    return {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "BackendTLSPolicy", "metadata": _meta(name, ns),
+            "spec": {"targetRefs": [{"group": "", "kind": "Service", "name": service_name}],
+                     "validation": {"caCertificateRefs": [{"group": "", "kind": "ConfigMap", "name": config_map}],
+                                    "hostname": hostname}}}
+
+
+def config_map(name: str, ns: str, data: dict[str, str]) -> dict:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(name, ns), "data": data}
 
 
 WEB_PARENT = {"name": "web", "namespace": SYSTEM_NS}
@@ -563,6 +575,18 @@ def slots() -> dict[str, list[dict | None]]:
             None,
             http_route("ratings-split", "default", RATINGS_PARENT, "reviews", 9080),
             http_route("ratings-split", "default", RATINGS_PARENT, "ratings", 9080, path="/v2"),
+        ],
+        # BackendTLSPolicy on a Service the gateway routes to, and its CA ConfigMap (emptied: fails closed)
+        "btls/productpage": [
+            None,
+            backend_tls_policy("pp-tls", "default", "productpage", "pp-ca", "pp.example.com"),
+            backend_tls_policy("pp-tls", "default", "productpage", "pp-ca", "other.example.com"),
+        ],
+        "cm/pp-ca": [
+            None,
+            config_map("pp-ca", "default", {"ca.crt": CERT_A.decode()}),
+            config_map("pp-ca", "default", {"ca.crt": CERT_B.decode()}),
+            config_map("pp-ca", "default", {"ca.crt": ""}),
         ],
         # Ambient waypoint of namespace shop (its Service gives it an address)
         "waypoint/shop": [

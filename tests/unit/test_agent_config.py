@@ -46,7 +46,7 @@ def test_defaults_follow_istio_agent():
 
 
 def test_proxy_config_layers_flags_and_proxy_metadata():
-    mesh = ("defaultConfig:\n  discoveryAddress: istiod.mesh.svc:15012\n  proxyAdminPort: 15001\n  tracing: {}\n"
+    mesh = ("defaultConfig:\n  discoveryAddress: istiod.mesh.svc:15012\n  proxyAdminPort: 15001\n  statNameLength: 189\n"
             "  gatewayTopology: {numTrustedProxies: 1, proxyProtocol: {}}\n")
     cfg, warnings = load({
         "PROXY_CONFIG": json.dumps({"proxyAdminPort": 0, "concurrency": 4,
@@ -58,7 +58,7 @@ def test_proxy_config_layers_flags_and_proxy_metadata():
     assert cfg.secret_ttl == 3600.0  # proxyMetadata configures the agent, as istio-agent's env does
     assert cfg.ca_address == "ca.example:443" and cfg.istiod_san == "istiod.custom"
     # numTrustedProxies is read by the control plane (gateway listeners), from PROXY_CONFIG.
-    assert warnings == ["./etc/istio/config/mesh defaultConfig: field 'tracing' is not used by pilot-agent",
+    assert warnings == ["./etc/istio/config/mesh defaultConfig: field 'statNameLength' is not used by pilot-agent",
                         "./etc/istio/config/mesh defaultConfig: field 'gatewayTopology.proxyProtocol' is not used"]
     md, _ = node_metadata(cfg)
     assert md["PROXY_CONFIG"]["gatewayTopology"]["numTrustedProxies"] == 1

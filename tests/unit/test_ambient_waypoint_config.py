@@ -130,8 +130,8 @@ def test_a_virtual_service_routes_at_the_waypoint(tmp_path):
     assert [(r.match.prefix, r.route.cluster) for r in routes] == [
         ("/old", "outbound|80||cart.shop.svc.cluster.local"), ("/", "outbound|80||cart.shop.svc.cluster.local")]
     assert routes[0].typed_per_filter_config["envoy.filters.http.fault"]
-    assert [f.name for f in h.http_filters][-4:] == ["envoy.filters.http.fault", "envoy.filters.http.cors",
-                                                     "envoy.filters.http.stateful_session",
+    # (no stateful session filter: no rule of the VirtualService sets a session)
+    assert [f.name for f in h.http_filters][-3:] == ["envoy.filters.http.fault", "envoy.filters.http.cors",
                                                      "envoy.filters.http.router"]
     config = static_bootstrap(ctx, p)
     config["bootstrap_extensions"] = [{"name": "envoy.bootstrap.internal_listener", "typed_config": {

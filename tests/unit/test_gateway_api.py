@@ -110,8 +110,11 @@ def listeners(result, name: str = "web") -> dict:
              extra="  infrastructure: {parametersRef: {group: '', kind: ConfigMap, name: x}}\n"),
      "spec.infrastructure.parametersRef: parametersRef is not supported"),
     (gateway("- {name: a, port: 80, protocol: HTTP}\n",
-             extra="  allowedListeners: {namespaces: {from: All}}\n"),
-     "spec.allowedListeners: allowedListeners is not supported"),
+             extra="  allowedListeners: {namespaces: {from: Selector}}\n"),
+     "spec.allowedListeners.namespaces: selector must be specified when from is Selector"),
+    (gateway("- {name: a, port: 80, protocol: HTTP}\n",
+             extra="  allowedListeners: {namespaces: {from: Some}}\n"),
+     "spec.allowedListeners.namespaces.from"),
     (route("r", "rules: [{retry: {codes: [200]}}]"), "spec.rules[0].retry.codes[0]: Input should be greater than or equal to 400"),
     # sessionPersistence: what Envoy's stateful session cannot enforce is refused by name
     (route("r", "rules: [{sessionPersistence: {idleTimeout: 10m}}]"),
@@ -557,8 +560,8 @@ def test_the_memo_reuses_only_what_no_input_of_it_changed():
 
 
 @pytest.mark.parametrize("api_version, kind", [
-    ("gateway.networking.k8s.io/v1", "ListenerSet"), ("gateway.networking.x-k8s.io/v1alpha1", "XListenerSet"),
-    ("gateway.networking.k8s.io/v1", "BackendTLSPolicy"), ("inference.networking.k8s.io/v1", "InferencePool"),
+    ("gateway.networking.x-k8s.io/v1alpha1", "XListenerSet"),
+    ("inference.networking.k8s.io/v1", "InferencePool"),
 ])
 def test_kinds_istiod_serves_but_not_built_here_are_refused_by_name(api_version: str, kind: str):
     doc = {"apiVersion": api_version, "kind": kind, "metadata": {"name": "x", "namespace": "default"}, "spec": {}}

@@ -196,7 +196,8 @@ def test_backend_problems_as_istiod_reports_them():
 def test_backend_kinds_as_istiod_resolves_them_with_its_default_flags():
     """buildDestination: a ServiceImport is its same-named Service (ENABLE_MCS_HOST off); an
     InferencePool is refused as istiod refuses it with ENABLE_GATEWAY_API_INFERENCE_EXTENSION off;
-    Hostname, a ServiceEntry and any other kind are InvalidKind; a Service named by its hostname
+    a Hostname no ServiceEntry declares is BackendNotFound (tests/unit/test_gateway_api_hostname_backends.py);
+    a ServiceEntry and any other kind are InvalidKind; a Service named by its hostname
     is InvalidDestination; the ReferenceGrant is checked before the kind."""
     refs = {
         "import": "{group: multicluster.x-k8s.io, kind: ServiceImport, name: alpha, port: 80}",
@@ -215,7 +216,7 @@ def test_backend_kinds_as_istiod_resolves_them_with_its_default_flags():
     result = translate(store, "cluster.local")
     got = {name: conds(parent_of(result, name))["ResolvedRefs"] for name in refs}
     assert got == {"import": ("True", "ResolvedRefs"), "import-no-port": ("False", "InvalidDestination"),
-                   "pool": ("False", "InvalidKind"), "hostname": ("False", "InvalidKind"),
+                   "pool": ("False", "InvalidKind"), "hostname": ("False", "BackendNotFound"),
                    "entry": ("False", "InvalidKind"), "dotted": ("False", "InvalidDestination"),
                    "foreign-kind": ("False", "RefNotPermitted")}
     assert message(parent_of(result, "pool"), "ResolvedRefs") == (

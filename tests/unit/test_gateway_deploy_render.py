@@ -56,3 +56,57 @@ def test_which_gateways_are_deployed():
     assert not controller_version_allows({"gateway.istio.io/controller-version": "6"})
     assert not controller_version_allows({"gateway.istio.io/controller-version": "x"})
     assert name_problem(gw(name="a" * 60), "istio") is not None and name_problem(gw(), "istio") is None
+
+
+def test_service_ports_include_the_allowed_listener_sets_ports():
+    """istiod's extractServicePorts(gw, listenersFromListenerSets): a merged port the Gateway
+    already has is not repeated."""
+    merged = parse_object({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "ListenerSet",
+                           "metadata": {"name": "ls", "namespace": "apps"},
+                           "spec": {"parentRef": {"name": "web"}, "listeners": [
+                               {"name": "extra", "port": 8443, "protocol": "HTTPS",
+                                "tls": {"certificateRefs": [{"name": "c"}]}},
+                               {"name": "again", "port": 80, "protocol": "HTTP", "hostname": "a.example.com"}]}})
+    svc = by_kind(render(gw(), "istio", Inputs(), tuple(merged.spec.listeners)))["Service"]
+    assert [(p["name"], p["port"], p["appProtocol"]) for p in svc["spec"]["ports"]] == [
+        ("status-port", 15021, "tcp"), ("http", 80, "http"), ("extra", 8443, "https")]
+
+
+def proxy_config(namespace, name, spec, created=""):
+    return parse_object({"apiVersion": "networking.istio.io/v1beta1", "kind": "ProxyConfig",
+                         "metadata": {"name": name, "namespace": namespace, "creationTimestamp": created},
+                         "spec": spec})
+
+
+def proxy_container(objs):
+    return by_kind(objs)["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_proxy_configs_reach_the_gateway_in_istiods_precedence():
+    values = {"global": {"hub": "docker.io/istio", "tag": "1.30.0"}}
+    mesh = {"defaultConfig": {"concurrency": 1, "proxyMetadata": {"FROM_MESH": "1", "LEVEL": "mesh"}}}
+    configs = [
+        proxy_config("istio-system", "mesh-wide", {"concurrency": 2, "environmentVariables": {"LEVEL": "root"}}),
+        proxy_config("apps", "namespace", {"concurrency": 3, "environmentVariables": {"LEVEL": "namespace"}}),
+        proxy_config("apps", "other-gateway", {"selector": {"matchLabels": {
+            "gateway.networking.k8s.io/gateway-name": "other"}}, "concurrency": 9}),
+    ]
+    c = proxy_container(render(gw(), "istio", Inputs(values=values, mesh=mesh), proxy_configs=configs))
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    pc = json.loads(env["PROXY_CONFIG"])
+    assert pc["concurrency"] == 3  # the namespace's over the root namespace's over the mesh's
+    assert (env["FROM_MESH"], env["LEVEL"]) == ("1", "namespace")
+    assert c["image"] == "docker.io/istio/proxyv2:1.30.0"
+
+    # A ProxyConfig selecting this gateway's pods wins; its image type becomes the tag's suffix.
+    configs.append(proxy_config("apps", "this-gateway", {
+        "selector": {"matchLabels": {"gateway.networking.k8s.io/gateway-name": "web"}},
+        "concurrency": 4, "image": {"imageType": "distroless"}, "environmentVariables": {"LEVEL": "workload"}}))
+    c = proxy_container(render(gw(), "istio", Inputs(values=values, mesh=mesh), proxy_configs=configs))
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert json.loads(env["PROXY_CONFIG"])["concurrency"] == 4 and env["LEVEL"] == "workload"
+    assert c["image"] == "docker.io/istio/proxyv2:1.30.0-distroless"
+    # The Gateway's proxy.istio.io/config annotation sits between the namespace and the workload layers.
+    c = proxy_container(render(gw(annotations={"proxy.istio.io/config": "concurrency: 7\n"}), "istio",
+                               Inputs(values=values, mesh=mesh), proxy_configs=configs[:2]))
+    assert json.loads({e["name"]: e.get("value") for e in c["env"]}["PROXY_CONFIG"])["concurrency"] == 7

@@ -8,7 +8,7 @@ import asyncio
 import itertools
 import time
 
-from pilot.xds.pace import ADMIT_BACKLOG, Pace
+from pilot.xds.pace import ADMIT_BACKLOG, Pace, Slots
 
 
 def _busy(seconds: float) -> None:
@@ -95,3 +95,50 @@ async def test_new_streams_wait_while_the_server_is_behind_and_are_admitted_as_i
     # With the server keeping up, admission is immediate.
     await pace.admit()
     assert pace.admission_waits == 1
+
+
+def test_slots_bound_holders_and_serve_waiters_in_arrival_order():
+    async def main():
+        slots = Slots(2)
+        holding: set[int] = set()
+        most = 0
+        order: list[int] = []
+
+        async def proxy(i: int, release: asyncio.Event) -> None:
+            nonlocal most
+            await slots.acquire()
+            order.append(i)
+            holding.add(i)
+            most = max(most, len(holding))
+            await release.wait()
+            holding.discard(i)
+            slots.release()
+
+        releases = [asyncio.Event() for _ in range(6)]
+        tasks = [asyncio.create_task(proxy(i, releases[i])) for i in range(6)]
+        for i in range(6):
+            while i not in holding:  # each is let in only once an earlier holder leaves
+                await asyncio.sleep(0)
+            releases[i].set()
+        await asyncio.gather(*tasks)
+        return most, order
+
+    most, order = asyncio.run(main())
+    assert most == 2
+    assert order == [0, 1, 2, 3, 4, 5]
+
+
+def test_a_waiter_cancelled_after_being_handed_a_slot_passes_it_on():
+    async def main():
+        slots = Slots(1)
+        await slots.acquire()  # held
+        first = asyncio.create_task(slots.acquire())
+        second = asyncio.create_task(slots.acquire())
+        await asyncio.sleep(0)  # both wait
+        slots.release()  # handed to `first`, which is cancelled before it runs
+        first.cancel()
+        waited = await asyncio.wait_for(second, 5)
+        return first.cancelled(), waited
+
+    cancelled, waited = asyncio.run(main())
+    assert cancelled and waited is True

@@ -26,7 +26,7 @@ PROVIDERS = {"extensionProviders": [
     {"name": "json-file", "envoyFileAccessLog": {"path": "/tmp/json.log", "logFormat": {"labels": {"code": "%RESPONSE_CODE%"}}}},
     {"name": "zipkin", "zipkin": {"service": "zipkin.istio-system.svc.cluster.local", "port": 9411}},
     {"name": "authz", "envoyExtAuthzHttp": {"service": "authz", "port": 8000}},
-    {"name": "als", "envoyHttpAls": {"service": "als", "port": 9000}},
+    {"name": "als", "skywalking": {"service": "als", "port": 9000}},
 ]}
 
 
@@ -177,7 +177,7 @@ def test_tracing_provider_sampling_and_tags_with_later_levels_overriding(world: 
     ({"accessLogging": [{"providers": [{"name": "nowhere"}]}]}, "'nowhere' is not defined"),
     ({"accessLogging": [{"providers": [{"name": "zipkin"}]}]}, "cannot be used for accessLogging"),
     ({"tracing": [{"providers": [{"name": "json-file"}]}]}, "cannot be used for tracing"),
-    ({"accessLogging": [{"providers": [{"name": "als"}]}]}, "envoyHttpAls provider is not supported"),
+    ({"accessLogging": [{"providers": [{"name": "als"}]}]}, "skywalking provider is not supported"),
     ({"tracing": [{"providers": [{"name": "authz"}]}]}, "AuthorizationPolicy CUSTOM"),
 ])
 def test_a_telemetry_that_names_an_unusable_provider_is_reported_and_changes_nothing(

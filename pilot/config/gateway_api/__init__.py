@@ -1,8 +1,9 @@
 """The gateway.networking.k8s.io kinds: GatewayClass, Gateway (filed as `KubernetesGateway`),
-HTTPRoute, GRPCRoute, TCPRoute, TLSRoute and ReferenceGrant.
+ListenerSet, HTTPRoute, GRPCRoute, TCPRoute, TLSRoute, ReferenceGrant and BackendTLSPolicy.
 
 `common` holds what they share (references, hostnames, filters, the base whose `status` never
-pushes), `gateway` the class and the Gateway, `routes` the routes and ReferenceGrant. What the
+pushes), `gateway` the class and the Gateway, `listener_set` the ListenerSet, `routes` the routes and
+ReferenceGrant, `policies` BackendTLSPolicy. What the
 objects mean (attachment, hostnames, status) is model/gateway_api's business.
 """
 
@@ -31,6 +32,8 @@ from pilot.config.gateway_api.gateway import (
     Listener,
     RouteGroupKind,
 )
+from pilot.config.gateway_api.listener_set import ListenerEntry, ListenerSet
+from pilot.config.gateway_api.policies import BackendTLSPolicy
 from pilot.config.gateway_api.routes import (
     GRPCRoute,
     GRPCRouteRule,
@@ -46,8 +49,8 @@ from pilot.config.gateway_api.routes import (
 )
 
 # Store names (ConfigKey.kind) of every Gateway API kind.
-GATEWAY_API_KINDS = ("GatewayClass", "KubernetesGateway", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute",
-                     "ReferenceGrant")
+GATEWAY_API_KINDS = ("GatewayClass", "KubernetesGateway", "ListenerSet", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute",
+                     "ReferenceGrant", "BackendTLSPolicy")
 ROUTE_KINDS = ("HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute")
 
 __all__ = [
@@ -59,6 +62,7 @@ __all__ = [
     "AllowedRoutes",
     "BackendObjectReference",
     "BackendRef",
+    "BackendTLSPolicy",
     "GRPCRoute",
     "GRPCRouteRule",
     "GatewayApiObject",
@@ -73,6 +77,8 @@ __all__ = [
     "KubernetesGateway",
     "L4RouteRule",
     "Listener",
+    "ListenerEntry",
+    "ListenerSet",
     "ParentReference",
     "ReferenceGrant",
     "RequestMirror",

@@ -107,13 +107,18 @@ class Listener(StrictModel):
     tls: GatewayTLSConfig | None = None
     allowed_routes: AllowedRoutes = Field(default_factory=AllowedRoutes)
 
+    # The Gateway CRD requires `tls` on an HTTPS listener; a ListenerSet's may leave it out (and
+    # istiod then refuses that one listener in status), see ListenerEntry.
+    TLS_REQUIRED_FOR_HTTPS: ClassVar[bool] = True
+
     @model_validator(mode="after")
     def _cel(self) -> Listener:
         # The CRD's CEL rules for a listener.
         errs = []
         if self.protocol in ("HTTP", "TCP", "UDP") and self.tls is not None:
             errs.append(f"tls must not be specified for protocol {self.protocol}")
-        if self.protocol == "HTTPS" and (self.tls is None or self.tls.mode != "Terminate"):
+        if self.protocol == "HTTPS" and (self.tls.mode != "Terminate" if self.tls is not None
+                                         else self.TLS_REQUIRED_FOR_HTTPS):
             errs.append("tls mode must be Terminate for protocol HTTPS")
         if self.protocol == "TLS" and self.tls is None:
             errs.append("tls must be specified for protocol TLS")
@@ -121,6 +126,34 @@ class Listener(StrictModel):
             errs.append(f"hostname must not be specified for protocol {self.protocol}")
         _raise_if(errs)
         return self
+
+
+def unique_listeners(listeners: list[Listener]) -> list[Listener]:
+    """The CRDs' CEL rules over a list of listeners (a Gateway's or a ListenerSet's)."""
+    names = [ln.name for ln in listeners]
+    if len(set(names)) != len(names):
+        _fail("Listener name must be unique within the Gateway")
+    combos = [(ln.port, ln.protocol, ln.hostname or "") for ln in listeners]
+    if len(set(combos)) != len(combos):
+        _fail("Combination of port, protocol and hostname must be unique for each listener")
+    return listeners
+
+
+class ListenerNamespaces(StrictModel):
+    from_: Literal["All", "Same", "Selector", "None"] = Field(default="None", alias="from")
+    selector: LabelSelector | None = None
+
+    @model_validator(mode="after")
+    def _selector(self) -> ListenerNamespaces:
+        if self.from_ == "Selector" and self.selector is None:
+            _fail("selector must be specified when from is Selector")
+        return self
+
+
+class AllowedListeners(StrictModel):
+    """Which namespaces' ListenerSets may add listeners to this Gateway (none by default)."""
+
+    namespaces: ListenerNamespaces = Field(default_factory=ListenerNamespaces)
 
 
 _ADDRESS_TYPE = re.compile(r"^Hostname|IPAddress|NamedAddress|[a-z0-9]([-a-z0-9]*[a-z0-9])?"
@@ -174,7 +207,7 @@ class GatewaySpec(StrictModel):
     # backends: dropping either would be less secure than written.
     tls: Unsupported = None
     infrastructure: GatewayInfrastructure | None = None  # labels/annotations of the deployed resources
-    allowed_listeners: Unsupported = None  # ListenerSets attaching to this Gateway
+    allowed_listeners: AllowedListeners | None = None  # ListenerSets attaching to this Gateway
     default_scope: Unsupported = None  # "All": routes that ask for default Gateways attach here
 
     @field_validator("addresses")
@@ -189,13 +222,7 @@ class GatewaySpec(StrictModel):
     @field_validator("listeners")
     @classmethod
     def _unique(cls, listeners: list[Listener]) -> list[Listener]:
-        names = [ln.name for ln in listeners]
-        if len(set(names)) != len(names):
-            _fail("Listener name must be unique within the Gateway")
-        combos = [(ln.port, ln.protocol, ln.hostname or "") for ln in listeners]
-        if len(set(combos)) != len(combos):
-            _fail("Combination of port, protocol and hostname must be unique for each listener")
-        return listeners
+        return unique_listeners(listeners)
 
 
 class KubernetesGateway(GatewayApiObject):

@@ -31,7 +31,7 @@ def _namespace_allowed(listener: ListenerState, route_ns: str, labels: Mapping[s
     if allowed.from_ == "All":
         return True
     if allowed.from_ == "Same":
-        return route_ns == listener.gateway.key.namespace
+        return route_ns == listener.namespace  # the ListenerSet's, for its listeners
     ns_labels = {**labels.get(route_ns, {}), "kubernetes.io/metadata.name": route_ns}
     return allowed.selector is not None and allowed.selector.matches(ns_labels)
 

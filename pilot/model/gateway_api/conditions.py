@@ -50,8 +50,9 @@ def _stamp(previous: Any, desired: Any, now: str) -> Any:
         for k, v in desired.items():
             if k == "conditions" and isinstance(v, list):
                 out[k] = _stamp_conditions(prev.get(k), v, now)
-            elif k in ("listeners", "parents") and isinstance(v, list):
-                ident = ("name",) if k == "listeners" else ("parentRef", "controllerName")
+            elif k in ("listeners", "parents", "ancestors") and isinstance(v, list):
+                ident = {"listeners": ("name",), "parents": ("parentRef", "controllerName"),
+                         "ancestors": ("ancestorRef", "controllerName")}[k]
                 old = {_ident(item, ident): item for item in prev.get(k) or () if isinstance(item, dict)}
                 out[k] = [_stamp(old.get(_ident(item, ident)), item, now) for item in v]
             else:
@@ -84,6 +85,25 @@ def merge_parents(current: list | None, ours: list[dict], controller: str,
             out.append(mine)
     out.extend(desired.values())
     return out
+
+
+def merge_ancestors(current: list | None, ours: list[dict], controllers: frozenset[str]) -> list[dict]:
+    """A policy's `ancestors` as written (istiod's mergeAncestors): other controllers' entries
+    kept where they are, ours replacing our entry for the same ancestorRef in place, our stale
+    ones dropped, new ones appended; at most 16 (the CRD's limit)."""
+    desired = {_ident(a, ("ancestorRef",)): a for a in ours}
+    out = []
+    for a in current or ():
+        if not isinstance(a, dict):
+            continue
+        if a.get("controllerName") not in controllers:
+            out.append(a)
+            continue
+        mine = desired.pop(_ident(a, ("ancestorRef",)), None)
+        if mine is not None:
+            out.append(mine)
+    out.extend(desired.values())
+    return out[:16]
 
 
 def stamp(previous: Status | None, desired: Status, now: str) -> Status:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pilot.config.core import Service
 from pilot.config.gateway_api import GRPCRoute, HTTPRoute, SessionPersistence, first_per_name
@@ -69,6 +69,8 @@ class RouteRefs:
     services: Mapping[tuple[str, str], Entry[Service]]
     grants: ReferenceGrants
     domain: str
+    # host -> (namespace, exportTo) of each ServiceEntry declaring it (Hostname backendRefs)
+    hostnames: Mapping[str, tuple[tuple[str, tuple[str, ...]], ...]] = field(default_factory=dict)
 
 
 def referenced_services(route: Entry[Route]) -> tuple[tuple[str, str], ...]:
@@ -121,7 +123,7 @@ def _backends(refs, kind: str, namespace: str, ctx: RouteRefs, problems: list[Ba
     """Each backendRef resolved, with the header operations of its own filters."""
     out = []
     for ref in refs:
-        b = resolve_backend(ref, kind, namespace, ctx.services, ctx.grants, ctx.domain)
+        b = resolve_backend(ref, kind, namespace, ctx.services, ctx.grants, ctx.domain, ctx.hostnames)
         if not b.valid:
             problems.append(b)
         request = response = None
@@ -167,7 +169,7 @@ def _rule_fields(rule, kind: str, namespace: str, prefix: str | None, ctx: Route
             response = _modifier(f.response_header_modifier)
         elif f.type == "RequestMirror":  # every one applies (Envoy's request_mirror_policies)
             m = f.request_mirror
-            b = resolve_backend(m.backend_ref, kind, namespace, ctx.services, ctx.grants, ctx.domain)
+            b = resolve_backend(m.backend_ref, kind, namespace, ctx.services, ctx.grants, ctx.domain, ctx.hostnames)
             if b.valid:
                 share = m.share
                 fields["mirrors"].append(HTTPMirrorPolicy.model_construct(

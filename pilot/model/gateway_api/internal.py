@@ -64,6 +64,12 @@ class GatewayApiRule(HTTPRoute):
     origin: str = ""  # the route it comes from, `Kind/namespace/name`: what its Envoy routes name
 
 
+def has_session(vs: Entry[VirtualService]) -> bool:
+    """A rule of it sets a session (an HTTPRoute rule's sessionPersistence): its HCM needs Envoy's
+    stateful session filter."""
+    return any(getattr(rule, "session", None) is not None for rule in vs.obj.spec.http)
+
+
 def _entry(kind: str, obj: ObjT) -> Entry[ObjT]:
     body = obj.model_dump_json(serialize_as_any=True).encode()
     revision = int.from_bytes(hashlib.blake2b(body, digest_size=8).digest(), "big")
@@ -81,7 +87,8 @@ def internal_gateway_name(gateway: str, listener: str) -> str:
 
 
 def gateway_entry(namespace: str, gateway: str, listener: str, created: str, port: int, protocol: str,
-                  hostname: str | None, tls_mode: str = "", credential: str = "") -> Entry[Gateway]:
+                  hostname: str | None, tls_mode: str = "", credential: str = "",
+                  parents: tuple[str, ...] = ()) -> Entry[Gateway]:
     tls = None
     if tls_mode:
         tls = ServerTLSSettings.model_construct(mode=tls_mode, credential_name=credential or None,
@@ -91,8 +98,8 @@ def gateway_entry(namespace: str, gateway: str, listener: str, created: str, por
         hosts=[f"*/{hostname or '*'}"], tls=tls, name=listener, bind=None)
     obj = Gateway.model_construct(
         api_version="networking.istio.io/v1", kind="Gateway",
-        metadata=_meta(internal_gateway_name(gateway, listener), namespace, (f"KubernetesGateway/{namespace}/{gateway}",),
-                       created, **{SCOPE: "namespace"}),
+        metadata=_meta(internal_gateway_name(gateway, listener), namespace,
+                       parents or (f"KubernetesGateway/{namespace}/{gateway}",), created, **{SCOPE: "namespace"}),
         spec=GatewaySpec.model_construct(selector={GATEWAY_NAME_LABEL: gateway}, servers=[server]))
     return _entry("Gateway", obj)
 

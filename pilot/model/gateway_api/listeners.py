@@ -11,6 +11,8 @@ Conflicts, per port in listener order (the earlier listener keeps the port): a l
 protocol class differs from the port's (HTTP against HTTPS/TLS against TCP) is ProtocolConflict;
 one with the same hostname as an earlier listener of its class (a second TCP listener alike) is
 HostnameConflict. A conflicted listener is neither accepted nor programmed, nor a route parent.
+The listeners of the ListenerSets a Gateway allows (listener_sets.py) are judged the same way,
+after the Gateway's own and against them (one PortBook for the merged list).
 
 Addresses: the Service istiod's automated deployment creates, `<gateway>-<class>` in the
 Gateway's namespace, or the Services `Hostname` addresses name; their cluster-local hostnames
@@ -24,15 +26,15 @@ addresses; one IP is a request to the managed deployment's load balancer).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pilot.config.core import Secret, Service
-from pilot.config.gateway_api import GROUP, KubernetesGateway
+from pilot.config.gateway_api import GROUP, KubernetesGateway, ListenerSet
 from pilot.config.gateway_api.gateway import TLS_TERMINATE_MODE
 from pilot.model.credentials import CA_KEYS, CA_SUFFIX, CERT_KEYS, key_pair_problem
 from pilot.model.gateway_api.conditions import condition, sorted_conditions
 from pilot.model.gateway_api.references import ReferenceGrants
-from pilot.model.store import Entry
+from pilot.model.store import ConfigKey, Entry
 
 HTTP_KINDS = ((GROUP, "HTTPRoute"), (GROUP, "GRPCRoute"))
 TLS_PASSTHROUGH_KINDS = ((GROUP, "TLSRoute"),)
@@ -61,14 +63,36 @@ class ListenerState:
     resolved: Verdict
     credential: str = ""  # the internal server's credentialName: NAME, or NAMESPACE/NAME across namespaces
     tls_mode: str = ""  # a terminating listener's server mode: SIMPLE, MUTUAL, OPTIONAL_MUTUAL, ISTIO_MUTUAL
+    # The ListenerSet whose listener this is (merged into `gateway`), or None for the Gateway's own.
+    owner: Entry[ListenerSet] | None = None
+    # Why it is not Programmed when nothing else says so (a ListenerSet's HTTPS listener without tls).
+    unprogrammed: Verdict | None = None
 
     @property
     def spec(self):
-        return self.gateway.obj.spec.listeners[self.index]
+        return (self.owner or self.gateway).obj.spec.listeners[self.index]
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def owner_key(self) -> ConfigKey:
+        """The route parent this listener belongs to: its ListenerSet, else its Gateway."""
+        return (self.owner or self.gateway).key
+
+    @property
+    def namespace(self) -> str:
+        """Where `allowedRoutes: Same` and its certificateRefs point: its owner's namespace."""
+        return self.owner_key.namespace
+
+    @property
+    def server_name(self) -> str:
+        """The internal server's (and Gateway's) listener part: unique across the merged
+        listeners (a ListenerSet's listener may share its name with the Gateway's)."""
+        if self.owner is None:
+            return self.name
+        return f"{self.owner.key.namespace}.{self.owner.key.name}.{self.name}"
 
     @property
     def bad_tls(self) -> bool:
@@ -77,13 +101,21 @@ class ListenerState:
     @property
     def programmed(self) -> bool:
         """Served: becomes a server of the router (what istiod counts as a valid listener)."""
-        return self.accepted.ok and not self.conflicted.ok and not self.bad_tls
+        return self.accepted.ok and not self.conflicted.ok and not self.bad_tls and self.unprogrammed is None
 
     @property
     def parent(self) -> bool:
-        """Routes may name it as a parent (istiod: every listener but conflicted ones; one with
-        an unsupported protocol takes no kind, one with a bad certificate still takes routes)."""
+        """Routes may name it as a parent (istiod: every listener of a Gateway but conflicted
+        ones; one with an unsupported protocol takes no kind, one with a bad certificate still
+        takes routes. Of a ListenerSet, only the programmed ones)."""
+        if self.owner is not None:
+            return self.programmed
         return not self.conflicted.ok
+
+    @property
+    def has_server(self) -> bool:
+        """istiod builds a server for it (its port counts towards the address checks)."""
+        return not self.conflicted.ok and self.unprogrammed is None
 
     def status(self, attached: int, generation: int) -> dict:
         # istiod's Programmed: False for a conflict (its reason) or bad TLS; an unsupported
@@ -92,6 +124,8 @@ class ListenerState:
             programmed = condition("Programmed", False, self.conflicted.reason, self.conflicted.message, generation)
         elif self.bad_tls:
             programmed = condition("Programmed", False, "Invalid", "Bad TLS configuration", generation)
+        elif self.unprogrammed is not None:
+            programmed = condition("Programmed", False, self.unprogrammed.reason, self.unprogrammed.message, generation)
         else:
             programmed = condition("Programmed", True, "Programmed", "No errors found", generation)
         return {
@@ -118,6 +152,20 @@ class GatewayState:
     addresses: tuple[tuple[str, str], ...]  # (type, value)
 
     report_listeners: bool = True  # False: no address could be used at all (istiod writes no listeners)
+    # The ListenerSets the Gateway allows, in merge precedence order, with their listeners.
+    sets: tuple[tuple[Entry[ListenerSet], tuple[ListenerState, ...]], ...] = ()
+    hosts: tuple[str, ...] = ()  # the Service hostnames it binds to (ListenerSets' address checks)
+    address_problem: Verdict | None = None  # an ignored address (ListenerSets: "Parent not accepted")
+
+    @property
+    def merged(self) -> tuple[ListenerState, ...]:
+        """The Gateway's listeners then its ListenerSets' (the spec's merge order)."""
+        return self.listeners + tuple(ls for _, listeners in self.sets for ls in listeners)
+
+    @property
+    def attached_sets(self) -> int:
+        """ListenerSets with a programmed listener (istiod's attachedListenerSets)."""
+        return sum(1 for _, listeners in self.sets if any(ls.programmed for ls in listeners))
 
     def status(self, attached: Mapping[str, int]) -> dict:
         gen = self.entry.obj.metadata.generation
@@ -130,6 +178,8 @@ class GatewayState:
         ])
         if self.report_listeners:
             out["listeners"] = [ls.status(attached.get(ls.name, 0), gen) for ls in self.listeners]
+        if self.attached_sets:
+            out["attachedListenerSets"] = self.attached_sets
         return out
 
 
@@ -154,18 +204,22 @@ def _supported_kinds(listener) -> tuple[tuple[tuple[str, str], ...], Verdict | N
     return ok, None
 
 
-def _certificate(gateway: Entry[KubernetesGateway], listener, secrets: Mapping[tuple[str, str], Entry[Secret]],
-                 grants: ReferenceGrants) -> tuple[str, Verdict | None]:
-    """The credentialName for a terminating listener, or why there is none."""
+def _certificate(gateway: Entry[KubernetesGateway], owner: Entry, listener,
+                 secrets: Mapping[tuple[str, str], Entry[Secret]], grants: ReferenceGrants) -> tuple[str, Verdict | None]:
+    """The credentialName for a terminating listener, or why there is none. `owner`: the Gateway
+    or ListenerSet the listener is written in (its namespace and kind are what references and
+    ReferenceGrants are relative to); the credential is named relative to the Gateway's
+    namespace, where its routers run."""
     ref = listener.tls.certificate_refs[0] if listener.tls.certificate_refs else None
     if ref is None:
         return "", Verdict(False, "InvalidCertificateRef", "no certificateRefs (tls.options alone are not supported)")
-    ns = ref.namespace or gateway.key.namespace
+    ns = ref.namespace or owner.key.namespace
     where = f"{ref.group or 'core'}/{ref.kind}/{ns}/{ref.name}"
     if ref.group not in ("", "core") or ref.kind != "Secret":
         return "", Verdict(False, "InvalidCertificateRef", f"invalid certificate reference {where}, only Secret is "
                                                             "allowed")
-    if not grants.allowed(GROUP, "Gateway", gateway.key.namespace, "", "Secret", ns, ref.name):
+    from_kind = "Gateway" if owner.key.kind == "KubernetesGateway" else owner.key.kind
+    if not grants.allowed(GROUP, from_kind, owner.key.namespace, "", "Secret", ns, ref.name):
         return "", Verdict(False, "RefNotPermitted", f"certificate reference {where} is not permitted (missing a "
                                                      "ReferenceGrant?)")
     secret = secrets.get((ns, ref.name))
@@ -201,16 +255,30 @@ def _client_ca(credential: str, namespace: str, secrets: Mapping[tuple[str, str]
                                                    f"certificates ({TLS_TERMINATE_MODE})")
 
 
+@dataclass
+class PortBook:
+    """Which listener holds what, per port, across a Gateway's merged listeners (the Gateway's
+    first, then its ListenerSets' in precedence order): the earlier listener keeps its place."""
+
+    port_class: dict[int, str] = field(default_factory=dict)
+    seen_hosts: dict[tuple[int, str], str] = field(default_factory=dict)
+
+
 def evaluate_listeners(gateway: Entry[KubernetesGateway], secrets: Mapping[tuple[str, str], Entry[Secret]],
-                       grants: ReferenceGrants) -> tuple[ListenerState, ...]:
+                       grants: ReferenceGrants, owner: Entry[ListenerSet] | None = None,
+                       book: PortBook | None = None) -> tuple[ListenerState, ...]:
+    """The listeners of `owner` (a ListenerSet merged into `gateway`), else of the Gateway;
+    `book` carries the ports taken by the listeners merged before them."""
     out: list[ListenerState] = []
-    port_class: dict[int, str] = {}
-    seen_hosts: dict[tuple[int, str], str] = {}
-    for i, listener in enumerate(gateway.obj.spec.listeners):
+    book = book if book is not None else PortBook()
+    port_class, seen_hosts = book.port_class, book.seen_hosts
+    source = owner or gateway
+    for i, listener in enumerate(source.obj.spec.listeners):
         kinds, kind_problem = _supported_kinds(listener)
         resolved = kind_problem or Verdict(True, "ResolvedRefs", "No errors found")
         accepted = ACCEPTED
         conflicted = Verdict(False, "NoConflicts", "No errors found")
+        unprogrammed = None
         credential = tls_mode = ""
         cls = _PORT_CLASS.get(listener.protocol)
         if cls is None:
@@ -218,9 +286,9 @@ def evaluate_listeners(gateway: Entry[KubernetesGateway], secrets: Mapping[tuple
                 if listener.protocol.upper() in _PORT_CLASS and listener.protocol != listener.protocol.upper() else ""
             accepted = Verdict(False, "UnsupportedProtocol", f'protocol "{listener.protocol}" is unsupported{hint}')
         else:
-            owner = port_class.setdefault(listener.port, cls)
+            holder = port_class.setdefault(listener.port, cls)
             host_key = (listener.port, listener.hostname or "")
-            if owner != cls:
+            if holder != cls:
                 conflicted = Verdict(True, "ProtocolConflict", f"port {listener.port} already serves another protocol "
                                                                f"(an earlier listener)")
             elif host_key in seen_hosts:
@@ -231,16 +299,21 @@ def evaluate_listeners(gateway: Entry[KubernetesGateway], secrets: Mapping[tuple
                 seen_hosts[host_key] = listener.name
             if conflicted.ok:
                 accepted = Verdict(False, conflicted.reason, conflicted.message)
+            elif listener.tls is None and listener.protocol in ("HTTPS", "TLS"):
+                # Only a ListenerSet's may lack it (its CRD allows that): istiod's placeholder.
+                accepted = Verdict(False, "UnsupportedProtocol",
+                                   f"protocol is {listener.protocol} but no TLS section is defined")
+                unprogrammed = Verdict(False, "Invalid", "Bad TLS configuration")
             elif listener.tls is not None and listener.tls.mode == "Terminate":
                 tls_mode = listener.tls.terminate_mode
                 if tls_mode != "ISTIO_MUTUAL":  # (istiod: the router's own certificate, refs unread)
-                    credential, problem = _certificate(gateway, listener, secrets, grants)
+                    credential, problem = _certificate(gateway, source, listener, secrets, grants)
                     if problem is None and tls_mode != "SIMPLE":
                         problem = _client_ca(credential, gateway.key.namespace, secrets)
                     if problem is not None:
                         resolved = problem
         out.append(ListenerState(gateway, i, kinds if cls is not None else (), accepted, conflicted, resolved,
-                                 credential, tls_mode))
+                                 credential, tls_mode, owner, unprogrammed))
     return tuple(out)
 
 
@@ -271,7 +344,7 @@ def _gateway_services(gateway: Entry[KubernetesGateway], class_name: str, domain
     return services, None
 
 
-def _resolve_addresses(namespace: str, hosts: list[str], ports: list[int],
+def resolve_addresses(namespace: str, hosts: list[str], ports: list[int],
                        services: Mapping[tuple[str, str], Entry[Service]], domain: str) -> tuple[list[str], list[str], bool]:
     """istiod's ResolveGatewayInstances, on Services alone: (HOST:PORT assigned, warnings, all
     usable). A hostname must be a Service of the Gateway's namespace exposing every listener
@@ -301,7 +374,7 @@ def _resolve_addresses(namespace: str, hosts: list[str], ports: list[int],
     return sorted(internal), sorted(warnings), usable
 
 
-def _programmed(internal: list[str], warnings: list[str], usable: bool) -> Verdict:
+def programmed_verdict(internal: list[str], warnings: list[str], usable: bool) -> Verdict:
     if warnings:
         reason = "AddressNotAssigned" if usable else "AddressNotUsable"
         if internal:
@@ -315,17 +388,22 @@ def _programmed(internal: list[str], warnings: list[str], usable: bool) -> Verdi
 
 def evaluate_gateway(gateway: Entry[KubernetesGateway], class_name: str,
                      services: Mapping[tuple[str, str], Entry[Service]],
-                     secrets: Mapping[tuple[str, str], Entry[Secret]], grants: ReferenceGrants, domain: str) -> GatewayState:
+                     secrets: Mapping[tuple[str, str], Entry[Secret]], grants: ReferenceGrants, domain: str,
+                     sets: tuple[Entry[ListenerSet], ...] = ()) -> GatewayState:
     """As istiod's GatewayCollection: with no usable address at all the Gateway is refused whole
     (no listener served or reported); an ignored address alone refuses Accepted, its listeners
-    still served. Accepted says ListenersNotValid when some listener cannot be served."""
+    still served. Accepted says ListenersNotValid when some listener cannot be served.
+    `sets`: the ListenerSets it allows, in merge precedence order (oldest first, then by
+    namespace/name); their listeners come after its own and lose conflicts to them."""
     hosts, address_problem = _gateway_services(gateway, class_name, domain)
     if not hosts:
         assert address_problem is not None
         return GatewayState(gateway, class_name, (), address_problem,
                             Verdict(False, "UnsupportedAddress", "Failed to assign to any requested addresses"), (),
-                            report_listeners=False)
-    listeners = evaluate_listeners(gateway, secrets, grants)
+                            report_listeners=False, sets=tuple((s, ()) for s in sets), address_problem=address_problem)
+    book = PortBook()
+    listeners = evaluate_listeners(gateway, secrets, grants, book=book)
+    merged = tuple((s, evaluate_listeners(gateway, secrets, grants, s, book)) for s in sets)
     valid = sum(1 for ls in listeners if ls.programmed)
     if address_problem is not None:
         accepted = address_problem
@@ -335,7 +413,10 @@ def evaluate_gateway(gateway: Entry[KubernetesGateway], class_name: str,
         accepted = Verdict(True, "ListenersNotValid", "One or more of the Gateway's listeners are invalid")
     else:
         accepted = Verdict(True, "Accepted", "Resource accepted")
-    ports = sorted({ls.spec.port for ls in listeners if ls.parent})
-    internal, warnings, usable = _resolve_addresses(gateway.key.namespace, hosts, ports, services, domain)
+    # istiod checks the ports of its own servers and of its ListenerSets' programmed listeners
+    ports = sorted({ls.spec.port for ls in listeners if ls.parent}
+                   | {ls.spec.port for _, ls_ in merged for ls in ls_ if ls.programmed})
+    internal, warnings, usable = resolve_addresses(gateway.key.namespace, hosts, ports, services, domain)
     addresses = tuple(("Hostname", h) for h in dict.fromkeys(i.rpartition(":")[0] for i in internal))
-    return GatewayState(gateway, class_name, listeners, accepted, _programmed(internal, warnings, usable), addresses)
+    return GatewayState(gateway, class_name, listeners, accepted, programmed_verdict(internal, warnings, usable),
+                        addresses, sets=merged, hosts=tuple(hosts), address_problem=address_problem)

@@ -84,11 +84,26 @@ INFERENCE_POOL_DISABLED = ("InferencePool is not enabled. To enable, set ENABLE_
                            "to true in istiod")
 
 
+ISTIO_GROUP = "networking.istio.io"
+
+
+def hostname_visible(hostnames: Mapping[str, tuple[tuple[str, tuple[str, ...]], ...]], host: str,
+                     namespace: str) -> bool:
+    """istiod's LookupHostname: a ServiceEntry host (exact) exported to `namespace` (ServiceEntries
+    are exported to every namespace here, exportTo `*` or unset: a narrower one is refused at parsing)."""
+    for se_namespace, export in hostnames.get(host, ()):
+        if not export or "*" in export or namespace in export or ("." in export and se_namespace == namespace):
+            return True
+    return False
+
+
 def resolve_backend(ref, route_kind: str, route_namespace: str, services: Mapping[tuple[str, str], Entry[Service]],
-                    grants: ReferenceGrants, domain: str) -> Backend:
+                    grants: ReferenceGrants, domain: str,
+                    hostnames: Mapping[str, tuple[tuple[str, tuple[str, ...]], ...]] | None = None) -> Backend:
     """`ref` is a BackendRef (or a mirror's BackendObjectReference, which has no weight). In
     istiod's order (buildDestination): the ReferenceGrant first, for whatever kind is named, then
-    the kind."""
+    the kind. `hostnames`: host -> (namespace, exportTo) of the ServiceEntries declaring it, for
+    backendRefs of kind Hostname (group networking.istio.io), which name a host of the registry."""
     w = getattr(ref, "weight", 1)
     port = ref.port or 0
     namespace = ref.namespace or route_namespace
@@ -99,8 +114,20 @@ def resolve_backend(ref, route_kind: str, route_namespace: str, services: Mappin
                        f"{route_namespace!r} (missing a ReferenceGrant?)")
     if (group, kind) == (INFERENCE_GROUP, "InferencePool"):
         return Backend(INVALID_BACKEND_HOST, port, w, "InvalidKind", INFERENCE_POOL_DISABLED)
+    if (group, kind) == (ISTIO_GROUP, "Hostname"):
+        if ref.namespace is not None:
+            return Backend(INVALID_BACKEND_HOST, port, w, "InvalidDestination",
+                           "namespace may not be set with Hostname type")
+        host = ref.name
+        k8s_name, _, rest = host.partition(".")
+        in_cluster = rest.endswith(f".svc.{domain}") and (rest[:-len(f".svc.{domain}")], k8s_name) in services
+        if not in_cluster and not hostname_visible(hostnames or {}, host, namespace):
+            return Backend(INVALID_BACKEND_HOST, port, w, "BackendNotFound", f"backend({host}) not found")
+        if not port:
+            return Backend(INVALID_BACKEND_HOST, port, w, "InvalidDestination", "port is required in backendRef")
+        return Backend(host, port, w)
     if (group, kind) not in (("", "Service"), (MCS_GROUP, "ServiceImport")):
-        # Hostname and XBackend (which istiod also builds) and anything else end here
+        # XBackend (which istiod builds behind PILOT_ENABLE_ALPHA_GATEWAY_API) and anything else end here
         return Backend(INVALID_BACKEND_HOST, port, w, "InvalidKind",
                        f'referencing unsupported backendRef: group "{ref.group or ""}" kind "{ref.kind}"')
     if kind == "Service" and "." in ref.name:

@@ -24,15 +24,18 @@ from pilot.config.core import Namespace, Secret, Service
 from pilot.config.gateway_api import (
     CONTROLLER_NAME,
     DEFAULT_CLASS,
+    BackendTLSPolicy,
     GatewayClass,
     GRPCRoute,
     HTTPRoute,
     KubernetesGateway,
+    ListenerSet,
     ReferenceGrant,
     TCPRoute,
     TLSRoute,
 )
-from pilot.config.networking import Gateway, VirtualService
+from pilot.config.networking import DestinationRule, Gateway, ServiceEntry, VirtualService
+from pilot.model.gateway_api import backend_tls
 from pilot.model.gateway_api.attach import Attachment, attach
 from pilot.model.gateway_api.conditions import Status, condition, sorted_conditions
 from pilot.model.gateway_api.hostnames import isolate, matches
@@ -44,13 +47,16 @@ from pilot.model.gateway_api.http import (
     referenced_services,
 )
 from pilot.model.gateway_api.internal import (
+    PARENTS,
     Route,
     gateway_entry,
+    has_session,
     internal_gateway_name,
     tcp_rule,
     tls_rule,
     virtual_service_entry,
 )
+from pilot.model.gateway_api.listener_sets import by_gateway, listener_set_status, refers_to_listener_set
 from pilot.model.gateway_api.listeners import GatewayState, ListenerState, evaluate_gateway
 from pilot.model.gateway_api.mesh import (
     MESH,
@@ -93,6 +99,10 @@ class GatewayApiResult:
     # (gateway namespace, secret namespace, secret name): Secrets in other namespaces that a
     # ReferenceGrant lets this namespace's gateways present (served over SDS).
     credentials: frozenset[tuple[str, str, str]] = frozenset()
+    # Some mesh VirtualService sets a session: sidecars' outbound HCMs need the stateful session filter.
+    mesh_sessions: bool = False
+    # BackendTLSPolicy: the DestinationRules they become (merged under users' in the traffic index)
+    destination_rules: tuple[Entry[DestinationRule], ...] = ()
     memo: TranslationMemo = field(default_factory=TranslationMemo, compare=False, repr=False)
 
     def allows_credential(self, proxy_namespace: str, namespace: str, name: str) -> bool:
@@ -138,6 +148,8 @@ class _Pass:
     previous: TranslationMemo
     memo: TranslationMemo
     grants: tuple[Entry[ReferenceGrant], ...]
+    # (namespace, name) of each allowed ListenerSet -> its Gateway and its listeners
+    listener_sets: dict[tuple[str, str], tuple[GatewayState, tuple[ListenerState, ...]]] = field(default_factory=dict)
     http: dict[tuple[ConfigKey, str], dict[str, list[tuple[int, Candidate]]]] = field(
         default_factory=lambda: defaultdict(lambda: defaultdict(list)))
     l4: list[tuple[ListenerState, Entry[Route], tuple[str, ...], tuple]] = field(default_factory=list)
@@ -160,14 +172,16 @@ class _Pass:
         referenced = referenced_services(route)
         elsewhere = {ns for ns, _ in referenced if ns != route.key.namespace}
         mesh = mesh and bool(elsewhere)
+        # (a Hostname backendRef reads the ServiceEntries declaring its host)
         signature = (route, tuple(services.get(k) for k in referenced),
+                     tuple(self.refs.hostnames.get(name) for _, name in referenced),
                      tuple(g for g in self.grants if g.key.namespace in elsewhere) if elsewhere and not mesh else ())
         memo_key = (route.key, mesh)
         hit = self.previous.routes.get(memo_key)
         if hit is not None and hit[0] == signature:
             self.memo.routes[memo_key] = hit
             return hit[1]
-        refs = RouteRefs(services, NO_GRANTS_NEEDED, self.refs.domain) if mesh else self.refs
+        refs = RouteRefs(services, NO_GRANTS_NEEDED, self.refs.domain, self.refs.hostnames) if mesh else self.refs
         problems: list[Backend] = []
         unsupported: list[str] = []
         candidates: list[Candidate] = []
@@ -193,16 +207,25 @@ class _Pass:
             if kind in MESH_ROUTE_KINDS and is_service_parent(ref):
                 parents.append(self._mesh_parent(route, order, ref, self._rules(route, mesh=True), gen))
                 continue
-            if not ref.refers_to_gateway():
+            where = (ref.namespace or route.key.namespace, ref.name)
+            if refers_to_listener_set(ref):
+                # a ListenerSet our Gateway allows (else not ours to report on): its listeners
+                gw_of_set, own = self.listener_sets.get(where, (None, ()))
+                if gw_of_set is None or not gw_of_set.report_listeners:
+                    continue
+                gw, candidates_listeners = gw_of_set, own
+            elif ref.refers_to_gateway():
+                gw = self.gateways.get(where)
+                if gw is None or not gw.report_listeners:
+                    # another controller's Gateway, none at all, or one refused whole (no usable
+                    # address: istiod makes it no route parent): not ours to report on
+                    continue
+                candidates_listeners = gw.listeners
+            else:
                 continue
-            gw = self.gateways.get((ref.namespace or route.key.namespace, ref.name))
-            if gw is None or not gw.report_listeners:
-                # another controller's Gateway, none at all, or one refused whole (no usable
-                # address: istiod makes it no route parent): not ours to report on
-                continue
-            found, verdict = attach(route, ref, gw.listeners, self.labels, hosts)
+            found, verdict = attach(route, ref, candidates_listeners, self.labels, hosts)
             for a in found:
-                self._attach(route, order, a, candidates, l4_targets, gw.listeners)
+                self._attach(route, order, a, candidates, l4_targets, gw.merged)
             parents.append({"parentRef": ref.as_status(), "controllerName": CONTROLLER_NAME,
                             "conditions": sorted_conditions([
                                 condition("Accepted", verdict.ok, verdict.reason, verdict.message, gen),
@@ -227,7 +250,7 @@ class _Pass:
 
     def _attach(self, route: Entry[Route], order: int, a: Attachment, candidates: tuple[Candidate, ...],
                 l4_targets: tuple[tuple[str, int, int], ...], listeners: tuple) -> None:
-        key = (a.listener.gateway.key, a.listener.name)
+        key = (a.listener.owner_key, a.listener.name)
         if route.key in self.attached[key]:
             return  # two parentRefs naming the same listener
         self.attached[key].add(route.key)
@@ -274,7 +297,8 @@ class _Pass:
         rules = route.obj.spec.rules
         out = []
         for ref in rules[0].backend_refs if rules else ():
-            b = resolve_backend(ref, route.key.kind, route.key.namespace, refs.services, refs.grants, refs.domain)
+            b = resolve_backend(ref, route.key.kind, route.key.namespace, refs.services, refs.grants, refs.domain,
+                                refs.hostnames)
             if not b.valid:
                 problems.append(b)
             if b.weight > 0:
@@ -311,18 +335,32 @@ def translate(store: Store, domain: str, previous: GatewayApiResult | None = Non
                                   *store.list(TCPRoute)]
     if not kube_gateways and not any(is_service_parent(ref) for r in routes
                                      for ref in r.obj.spec.parent_refs):
-        return GatewayApiResult(statuses=MappingProxyType(statuses)) if statuses else EMPTY
+        btls = backend_tls.evaluate(store, domain, {})
+        statuses.update(btls.statuses)
+        if not statuses:
+            return EMPTY
+        return GatewayApiResult(statuses=MappingProxyType(statuses), destination_rules=btls.destination_rules)
     services = {(e.key.namespace, e.key.name): e for e in store.list(Service)}
     secrets = {(e.key.namespace, e.key.name): e for e in store.list(Secret)}
     grant_entries = tuple(sorted(store.list(ReferenceGrant), key=lambda e: e.key))
     grants = ReferenceGrants.of(list(grant_entries))
     labels = {e.key.name: e.obj.metadata.labels for e in store.list(Namespace)}
+    sets = by_gateway(store.list(ListenerSet), {(g.key.namespace, g.key.name): g for g in kube_gateways},
+                      labels, statuses)
     states = {}
     for g in sorted(kube_gateways, key=_age):
         states[(g.key.namespace, g.key.name)] = evaluate_gateway(
-            g, g.obj.spec.gateway_class_name, services, secrets, grants, domain)
-    p = _Pass(RouteRefs(services, grants, domain), labels, states,
+            g, g.obj.spec.gateway_class_name, services, secrets, grants, domain,
+            sets.get((g.key.namespace, g.key.name), ()))
+    hostnames: dict[str, list[tuple[str, tuple[str, ...]]]] = defaultdict(list)
+    for se in store.list(ServiceEntry):
+        for h in se.obj.spec.hosts:
+            hostnames[h].append((se.key.namespace, tuple(se.obj.spec.export_to)))
+    p = _Pass(RouteRefs(services, grants, domain, {h: tuple(v) for h, v in hostnames.items()}), labels, states,
               previous.memo if previous is not None else TranslationMemo(), TranslationMemo(), grant_entries)
+    for state in states.values():
+        for entry, listeners in state.sets:
+            p.listener_sets[(entry.key.namespace, entry.key.name)] = (state, listeners)
     for order, route in enumerate(sorted(routes, key=_age)):
         p.route(route, order)
     statuses.update(p.statuses)
@@ -333,7 +371,11 @@ def translate(store: Store, domain: str, previous: GatewayApiResult | None = Non
     for state in states.values():
         statuses[state.entry.key] = state.status({ls.name: len(p.attached.get((state.entry.key, ls.name), ()))
                                                   for ls in state.listeners})
-        for ls in state.listeners:
+        for entry, listeners in state.sets:
+            statuses[entry.key] = listener_set_status(
+                state, entry, listeners, {ls.name: len(p.attached.get((entry.key, ls.name), ())) for ls in listeners},
+                services, domain)
+        for ls in state.merged:
             if not ls.programmed:
                 continue
             gateways.append(_internal_gateway(state, ls, p))
@@ -345,13 +387,44 @@ def translate(store: Store, domain: str, previous: GatewayApiResult | None = Non
         if not ls.programmed:
             continue
         gw = ls.gateway
-        internal = internal_gateway_name(gw.key.name, ls.name)
+        internal = internal_gateway_name(gw.key.name, ls.server_name)
         name = f"{internal}-{route.key.kind.lower()}-{route.key.namespace}-{route.key.name}"
         virtual_services.append(p.virtual_service(gw.key.namespace, name, internal, hosts, (str(route.key),),
                                                   route.obj.metadata.creation_timestamp, l4=targets,
                                                   kind=route.key.kind))
-    return GatewayApiResult(tuple(gateways), tuple(virtual_services), _mesh_virtual_services(p, domain),
-                            MappingProxyType(statuses), frozenset(credentials), p.memo)
+    mesh = _mesh_virtual_services(p, domain)
+    # (the ancestors index walks every route: only built when some policy will read it)
+    btls = (backend_tls.evaluate(store, domain, _gateways_by_backend(gateways, virtual_services))
+            if store.list(BackendTLSPolicy) else backend_tls.EMPTY)
+    statuses.update(btls.statuses)
+    return GatewayApiResult(tuple(gateways), tuple(virtual_services), mesh, MappingProxyType(statuses),
+                            frozenset(credentials), mesh_sessions=any(has_session(vs) for vs in mesh),
+                            destination_rules=btls.destination_rules, memo=p.memo)
+
+
+def _gateways_by_backend(gateways: list[Entry[Gateway]], virtual_services: list[Entry[VirtualService]]
+                         ) -> dict[str, frozenset[tuple[str, str]]]:
+    """Backend host -> the Gateways (namespace, name) whose routes send traffic to it (the
+    ancestors a BackendTLSPolicy reports, istiod's AncestorBackend index)."""
+    owner: dict[str, tuple[str, str]] = {}
+    for g in gateways:
+        parent = g.obj.metadata.annotations.get(PARENTS, "")  # KubernetesGateway/NS/NAME
+        _, ns, name = parent.split("/", 2)
+        owner[f"{g.key.namespace}/{g.key.name}"] = (ns, name)
+    out: dict[str, set[tuple[str, str]]] = defaultdict(set)
+    for vs in virtual_services:
+        gws = {owner[b] for b in vs.obj.spec.gateways if b in owner}
+        if not gws:
+            continue
+        spec = vs.obj.spec
+        dests = [d.destination for rule in spec.http for d in rule.route]
+        dests += [m.destination for rule in spec.http for m in rule.mirrors]
+        dests += [rule.mirror for rule in spec.http if rule.mirror is not None]
+        dests += [d.destination for tcp in spec.tcp for d in tcp.route]
+        dests += [d.destination for tls in spec.tls for d in tls.route]
+        for d in dests:
+            out[d.host] |= gws
+    return {h: frozenset(v) for h, v in out.items()}
 
 
 def _mesh_virtual_services(p: _Pass, domain: str) -> tuple[Entry[VirtualService], ...]:
@@ -388,16 +461,21 @@ def _internal_gateway(state: GatewayState, ls: ListenerState, p: _Pass) -> Entry
         protocol, mode = "TLS", ("PASSTHROUGH" if spec.tls.mode == "Passthrough" else ls.tls_mode)
     else:
         protocol, mode = "TCP", ""
-    return p.gateway(gw.key.namespace, gw.key.name, ls.name, gw.obj.metadata.creation_timestamp, spec.port,
-                     protocol, spec.hostname, mode, ls.credential)
+    # A ListenerSet's listener is served by the Gateway's routers: its internal Gateway lives in
+    # the Gateway's namespace (istiod's lives in the ListenerSet's, marked with the parent namespace).
+    parents = (f"KubernetesGateway/{gw.key.namespace}/{gw.key.name}",) if ls.owner is None else (
+        f"ListenerSet/{ls.owner.key.namespace}/{ls.owner.key.name}", f"KubernetesGateway/{gw.key.namespace}/{gw.key.name}")
+    created = (ls.owner or gw).obj.metadata.creation_timestamp
+    return p.gateway(gw.key.namespace, gw.key.name, ls.server_name, created, spec.port,
+                     protocol, spec.hostname, mode, ls.credential, parents)
 
 
 def _http_virtual_services(state: GatewayState, ls: ListenerState, p: _Pass) -> list[Entry[VirtualService]]:
-    by_host = p.http.get((state.entry.key, ls.name))
+    by_host = p.http.get((ls.owner_key, ls.name))
     if not by_host:
         return []
     gw = state.entry
-    internal = internal_gateway_name(gw.key.name, ls.name)
+    internal = internal_gateway_name(gw.key.name, ls.server_name)
     wildcards = sorted((h for h in by_host if h.startswith("*")), key=lambda h: (h == "*", -len(h), h))
     out = []
     for host in sorted(by_host):

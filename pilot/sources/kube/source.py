@@ -31,17 +31,18 @@ WATCHED_KINDS = ("Namespace", "Service", "EndpointSlice", "Pod", "Node", "Config
                  "Ingress", "VirtualService", "DestinationRule", "ServiceEntry", "WorkloadEntry", "Sidecar", "Gateway",
                  "EnvoyFilter", "ProxyConfig", "WorkloadGroup",
                  "PeerAuthentication", "AuthorizationPolicy", "RequestAuthentication",
-                 "GatewayClass", "KubernetesGateway", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute",
-                 "ReferenceGrant", "Telemetry", "WasmPlugin")
+                 "GatewayClass", "KubernetesGateway", "ListenerSet", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute",
+                 "ReferenceGrant", "BackendTLSPolicy", "Telemetry", "WasmPlugin")
 
 
 # Gateway credentials are kubernetes.io/tls Secrets or generic (Opaque) ones with tls.crt/tls.key.
 # As istiod does, the apiserver filters out the two kinds that are numerous and never credentials
 # (service-account tokens, Helm release records); the Secret model keeps only TLS keys of the rest.
 # Kinds istiod's config store reads (crdclient), filtered by revision; Gateways are not (istiod
-# reads every Gateway and decides which are its own by revision and tags).
+# reads every Gateway and decides which are its own by revision and tags), nor ListenerSets
+# (istiod emits their config from every revision; status only from their Gateway's).
 CONFIG_GROUPS = ("networking.istio.io", "security.istio.io", "gateway.networking.k8s.io")
-UNFILTERED_CONFIG_KINDS = ("KubernetesGateway",)
+UNFILTERED_CONFIG_KINDS = ("KubernetesGateway", "ListenerSet")
 FIELD_SELECTORS = {"Secret": "type!=kubernetes.io/service-account-token,type!=helm.sh/release.v1"}
 
 

@@ -6,13 +6,15 @@ PUTs the status subresource only where it differs:
 - lastTransitionTime is carried over while a condition keeps its status, so an unchanged status
   compares equal and is never written again;
 - a route's `parents` entries of other controllers are kept as they are and where they are;
-  ours are updated in place, and removed when the route no longer names our Gateway;
+  ours are updated in place, and removed when the route no longer names our Gateway; a
+  BackendTLSPolicy's `ancestors` likewise (ours: istio.io/gateway-controller and
+  istio.io/mesh-controller);
 - condition types we do not set (another controller's, on a Gateway, a listener or our own
   parent entry) are kept, as istiod's SetListenerConditions keeps them;
 - the PUT carries the resourceVersion the informer saw: a conflict (someone wrote meanwhile) is
   retried once the informer has the newer object;
 - with several revisions, each revision's leader writes only for the Gateways that are its own
-  (`owns_gateway`: istiod's tag watcher, IsMine): their status, and the route parent entries
+  (`owns_gateway`: istiod's tag watcher, IsMine): their status, their ListenerSets', the route parent entries
   naming them. Another revision's entries carry the same controllerName, so they are told
   apart by the Gateway they name and kept as they are.
 A status write changes only `status`, which the Gateway API models leave out of `spec_equal`: the
@@ -29,7 +31,8 @@ from pilot.config.base import K8sObject
 from pilot.config.gateway_api import CONTROLLER_NAME, GROUP, ROUTE_KINDS
 from pilot.config.gateway_api.common import GatewayApiObject
 from pilot.config.kinds import BY_NAME
-from pilot.model.gateway_api.conditions import Status, merge_parents, stamp
+from pilot.model.gateway_api.backend_tls import MESH_CONTROLLER
+from pilot.model.gateway_api.conditions import Status, merge_ancestors, merge_parents, stamp
 from pilot.model.store import ConfigKey
 from pilot.sources.kube.client import ApiError, Kube
 from pilot.sources.kube.leader_worker import LeaderWorker
@@ -38,7 +41,8 @@ from pilot.status.view import now_rfc3339
 
 log = plog.get("status")
 
-STATUS_KINDS = ("GatewayClass", "KubernetesGateway", *ROUTE_KINDS)
+STATUS_KINDS = ("GatewayClass", "KubernetesGateway", "ListenerSet", *ROUTE_KINDS, "BackendTLSPolicy")
+_POLICY_CONTROLLERS = frozenset({CONTROLLER_NAME, MESH_CONTROLLER})
 # What _write calls: PUT on the status subresource of every kind that has a status, cluster-wide.
 RBAC = tuple(Rule("cluster", BY_NAME[k].group, f"{BY_NAME[k].plural}/status", frozenset({"update"}))
              for k in STATUS_KINDS)
@@ -86,6 +90,8 @@ class StatusWriter(LeaderWorker):
         for key, status in desired.items():
             if key.kind == "KubernetesGateway" and not self.owns_gateway(key.namespace, key.name):
                 continue  # another revision's Gateway: its own leader writes it
+            if key.kind == "ListenerSet" and not self._owns_listener_set(key):
+                continue  # a ListenerSet of another revision's Gateway: alike
             ok &= await self._reconcile(key, status)
         for kind in ROUTE_KINDS:  # routes that stopped naming our Gateways: drop our parents
             for obj in list(self.objects_of(kind)):
@@ -108,6 +114,9 @@ class StatusWriter(LeaderWorker):
             desired = {**current, "parents": merge_parents(
                 current.get("parents"), ours, CONTROLLER_NAME,
                 keep=lambda p: not self._owns_parent(p.get("parentRef"), key.namespace))}
+        elif key.kind == "BackendTLSPolicy":  # other controllers' ancestors stay as they are
+            desired = {**current, "ancestors": merge_ancestors(current.get("ancestors"), desired.get("ancestors") or [],
+                                                               _POLICY_CONTROLLERS)}
         new = stamp(current, desired, self.clock())
         if new == current:
             return True
@@ -140,6 +149,11 @@ class StatusWriter(LeaderWorker):
                 "status": status}
         await self.kube.request("PUT", kind.path(key.namespace or None, key.name) + "/status", body=body)
 
+
+    def _owns_listener_set(self, key: ConfigKey) -> bool:
+        obj = self.lookup(key)
+        ref = getattr(getattr(obj, "spec", None), "parent_ref", None)
+        return ref is None or self.owns_gateway(ref.namespace or key.namespace, ref.name)
 
     def _mine(self, parent: object, route_namespace: str) -> bool:
         """A route parent entry this leader wrote and still answers for."""

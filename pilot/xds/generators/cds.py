@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from pilot.config.networking import DestinationRule
 from pilot.model.mtls import MeshTls, client_mesh_tls
@@ -52,40 +52,23 @@ def resources(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
     has_identity = proxy.traits.mesh_tls
     dns_local = ctx.dns_locality_in_use()
     sniffing_sidecar = proxy.type == "sidecar" and ctx.settings.listeners.sniff_outbound
-    unsupported = Protocol.UNSUPPORTED
     only = gateway.cluster_hosts(ctx, proxy) if proxy.type == "router" else None
     for svc in view.services:
         if only is not None and svc.hostname not in only:
             continue  # PILOT_FILTER_GATEWAY_CLUSTER_CONFIG: no route of this gateway reaches it
         dr = ctx.destination_rule(svc.hostname, proxy.namespace, svc.namespace, proxy.labels)
-        origins = (svc.origin,) + ((ref(dr),) if dr else ())
-        subsets = [s.name for s in dr.obj.spec.subsets] if dr else []
         dns = svc.resolution in ("DNS", "DNS_ROUND_ROBIN")
-        sans = ctx.service_accounts(svc) if has_identity else ()
-        # An ExternalName is outside the mesh (istiod's MeshExternal): never mesh mTLS.
-        mesh_tls_possible = has_identity and not svc.external_name
-        for port in svc.ports:
-            # A sniffed port carries HTTP/1.1 and h2c alike: keep the client's version upstream.
-            # (Only then is the flag passed: other clusters keep their key, and this hot loop
-            # its speed: no star-args call.)
-            downstream = sniffing_sidecar and port.protocol is unsupported
-            targets = ctx.endpoints(svc, port.port) if dns else ()
-            for subset in ("", *subsets):
-                name = names.outbound_cluster_name(port.port, svc.hostname, subset)
-                if want(name):
-                    mesh_tls = _mesh_tls(ctx, svc, port.port, dr, subset, sans) if mesh_tls_possible else None
-                    # istiod reorders a DNS cluster's own endpoints by the client's locality
-                    # (failoverPriority aside: its TODO for STRICT_DNS).
-                    local = eds.locality_lb(ctx, proxy, dr, subset, port.port, labels=False) \
-                        if dns and dns_local else None
-                    if downstream:
-                        yield cache.resource(CLUSTER, name, clusters.outbound_cluster,
-                                             svc, port, ctx.settings.clusters, dr, subset, targets, mesh_tls,
-                                             local, True, origins=origins)
-                        continue
-                    yield cache.resource(CLUSTER, name, clusters.outbound_cluster,
-                                         svc, port, ctx.settings.clusters, dr, subset, targets, mesh_tls,
-                                         local, origins=origins)
+        if requested is None and not (dns and dns_local):
+            # What follows reads nothing of the proxy but these: proxies of every namespace
+            # (ten memo keys of a push) share one walk per service and rule. The memo keeps
+            # the Deps of the first walk, so each later caller depends on what it read.
+            yield from ctx.memoized(("cds-outbound", id(svc), dr, has_identity, sniffing_sidecar),
+                                    lambda svc=svc, dr=dr, dns=dns: tuple(_outbound(
+                                        ctx, proxy, svc, dr, dns, has_identity, sniffing_sidecar, False, want,
+                                        cache)))
+        else:
+            yield from _outbound(ctx, proxy, svc, dr, dns, has_identity, sniffing_sidecar, dns and dns_local,
+                                 want, cache)
     if proxy.type == "sidecar":
         plan = ctx.inbound_plan(proxy)
         for port in plan.ports:
@@ -105,6 +88,40 @@ def resources(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
     wp = waypoint.waypoint_of(ctx, proxy)
     if wp is not None:
         yield from (r for r in waypoint.clusters(ctx, proxy, wp, cache) if want(r.name))
+
+
+def _outbound(ctx: PushContext, proxy: Proxy, svc: MeshService, dr: Entry[DestinationRule] | None, dns: bool,
+              has_identity: bool, sniffing_sidecar: bool, dns_local: bool, want: Callable[[str], bool],
+              cache: XdsCache) -> Iterator[CachedResource]:
+    """The outbound clusters of one service (a port and subset each). `proxy` is read only for
+    its locality, and only when `dns_local` (a DNS cluster's endpoints ordered for the client)."""
+    origins = (svc.origin,) + ((ref(dr),) if dr else ())
+    subsets = [s.name for s in dr.obj.spec.subsets] if dr else []
+    sans = ctx.service_accounts(svc) if has_identity else ()
+    # An ExternalName is outside the mesh (istiod's MeshExternal): never mesh mTLS.
+    mesh_tls_possible = has_identity and not svc.external_name
+    unsupported = Protocol.UNSUPPORTED
+    for port in svc.ports:
+        # A sniffed port carries HTTP/1.1 and h2c alike: keep the client's version upstream.
+        # (Only then is the flag passed: other clusters keep their key, and this hot loop
+        # its speed: no star-args call.)
+        downstream = sniffing_sidecar and port.protocol is unsupported
+        targets = ctx.endpoints(svc, port.port) if dns else ()
+        for subset in ("", *subsets):
+            name = names.outbound_cluster_name(port.port, svc.hostname, subset)
+            if want(name):
+                mesh_tls = _mesh_tls(ctx, svc, port.port, dr, subset, sans) if mesh_tls_possible else None
+                # istiod reorders a DNS cluster's own endpoints by the client's locality
+                # (failoverPriority aside: its TODO for STRICT_DNS).
+                local = eds.locality_lb(ctx, proxy, dr, subset, port.port, labels=False) if dns_local else None
+                if downstream:
+                    yield cache.resource(CLUSTER, name, clusters.outbound_cluster,
+                                         svc, port, ctx.settings.clusters, dr, subset, targets, mesh_tls,
+                                         local, True, origins=origins)
+                    continue
+                yield cache.resource(CLUSTER, name, clusters.outbound_cluster,
+                                     svc, port, ctx.settings.clusters, dr, subset, targets, mesh_tls,
+                                     local, origins=origins)
 
 
 def _mesh_tls(ctx: PushContext, svc: MeshService, port: int, dr: Entry[DestinationRule] | None, subset: str,

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from pilot import logging as plog
+from pilot.model.gateway_api.internal import has_session
 from pilot.model.gateways import GatewayView, config_origins, host_matches
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
@@ -87,6 +88,8 @@ def listeners(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         plugins = ctx.wasm_plan(proxy)  # CLIENT mode too
         if plugins.client:
             settings = replace(settings, wasm=plugins.client)
+        if any(has_session(vs) for vs in vss):  # the routes of this port set sessions
+            settings = replace(settings, session_filter=True)
         out.append(cache.resource(LISTENER, plan.name, gateway.gateway_listener, plan, settings,
                                   policies, ctx.mesh.trust_domains, hops,
                                   origins=plan.origins + telemetry.origins + plugins.origins + policies.origins))

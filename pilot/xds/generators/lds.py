@@ -89,6 +89,8 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
     plan_w = ctx.wasm_plan(proxy)
     if plan_w.client:
         settings = replace(settings, wasm=plan_w.client)
+    if ctx.mesh_sessions():  # outbound only: istiod never puts it on sidecar inbound listeners
+        settings = replace(settings, session_filter=True)
     if plan_w.server:
         server_settings = replace(server_settings, wasm=plan_w.server)
     telemetry_origins = plan_t.origins + plan_w.origins

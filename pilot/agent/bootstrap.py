@@ -20,6 +20,8 @@ from pilot.agent.config import (
     SDS_SOCKET_PATH,
     XDS_SOCKET_PATH,
     AgentConfig,
+    is_ip,
+    split_host_port,
     workload_name,
 )
 

@@ -83,7 +83,8 @@ async def get(port: int) -> tuple[int, dict[str, str]] | None:
         return None
 
 
-async def test_a_module_served_over_http_is_fetched_verified_and_its_fail_strategy_applied(tmp_path, issuer):
+@pytest.mark.parametrize("delta", [False, True], ids=["sotw", "delta"])
+async def test_a_module_served_over_http_is_fetched_verified_and_its_fail_strategy_applied(tmp_path, issuer, delta):
     module = add_response_header_module("x-wasm-remote", "fetched")
     good = hashlib.sha256(module).hexdigest()
     wrong = hashlib.sha256(b"something else").hexdigest()
@@ -91,7 +92,7 @@ async def test_a_module_served_over_http_is_fetched_verified_and_its_fail_strate
     async with plane(tmp_path, issuer) as cp, HttpBackend("backend") as backend, ModuleServer(module) as server:
         cp.write("backend.yaml", service_yaml("backend", port, namespace=NAMESPACE) + "---\n"
                  + endpoint_slice_yaml("backend", backend.port, namespace=NAMESPACE))
-        async with agent(tmp_path, cp, issuer) as a:
+        async with agent(tmp_path, cp, issuer, env={"ISTIO_DELTA_XDS": str(delta).lower()}) as a:
             await a.wait_ready()
 
             async def answer(status: int, header: str | None):

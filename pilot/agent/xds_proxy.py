@@ -109,7 +109,9 @@ class XdsProxy:
         creds = grpc.ssl_channel_credentials(Path(self.root_cert_path).read_bytes(), secret.key_pem.encode(),
                                              secret.chain_pem.encode())
         return grpc.aio.secure_channel(self.upstream, creds, options=[
-            *_OPTIONS, ("grpc.ssl_target_name_override", self.server_name)])
+            *_OPTIONS, ("grpc.ssl_target_name_override", self.server_name),
+            # The bootstrap's former TCP keepalive on xds-grpc (300 s), now the agent's connection.
+            ("grpc.keepalive_time_ms", 300_000)])
 
     # Async generator functions: grpc.aio tells streaming handlers apart by that.
     async def _sotw(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:

@@ -129,7 +129,8 @@ LEADER_RETRY_PERIOD = _knob("PILOT_LEADER_RETRY_PERIOD", "7.5s", parse_duration,
 DRAIN_DURATION = _knob(
     "PILOT_DRAIN_DURATION", "5s", parse_duration,
     "On SIGTERM, xDS streams are closed spread over this long so proxies reconnect gradually; the "
-    "xDS port says GOAWAY at once, so each reconnects on a new connection (another replica).")
+    "xDS ports (15010 and 15012) say GOAWAY at once, so each reconnects on a new connection "
+    "(another replica).")
 XDS_SEND_TIMEOUT = _knob(
     "PILOT_XDS_SEND_TIMEOUT", "0s", parse_duration,
     "Longest one xDS response may take to be written to a proxy; a proxy that does not read it "
@@ -267,6 +268,11 @@ FILTER_GATEWAY_CLUSTER_CONFIG = _knob(
     "PILOT_FILTER_GATEWAY_CLUSTER_CONFIG", "false", _bool,
     "A gateway gets only the clusters of hosts its servers' VirtualServices route to, not every "
     "service's (every one still when it has an AUTO_PASSTHROUGH server).")
+INGRESS_NAMESPACE = _knob(
+    "K8S_INGRESS_NS", "istio-system", str,
+    "The namespace of the ingress gateway Kubernetes Ingresses are translated for: their Gateways "
+    "live there (so their TLS secretNames are Secrets of that namespace), and MeshConfig "
+    "ingressService / ingressSelector are looked up there for Ingress status.")
 CLUSTER_ID = _knob(
     "CLUSTER_ID", "Kubernetes", str,
     "The name of the cluster this control plane runs in: the cluster of every workload it discovers "
@@ -324,6 +330,13 @@ TRACE_SAMPLING = _knob(
     "PILOT_TRACE_SAMPLING", "1.0", _sampling,
     "The percentage of requests traced (0.0-100.0, precision 0.01) when no Telemetry resource sets "
     "randomSamplingPercentage.")
+DUAL_STACK = _knob(
+    "ISTIO_DUAL_STACK", "false", _bool,
+    "Dual-stack support, as istiod's: Services keep every spec.clusterIPs address, endpoints of one "
+    "Pod in both families' EndpointSlices become one endpoint with an additional address, and "
+    "proxies with IPv4 and IPv6 addresses (INSTANCE_IPS) get wildcard listeners bound on :: too, "
+    "an inbound passthrough source ::6 beside 127.0.0.6 and DNS clusters resolving both families "
+    "(dns_lookup_family ALL).")
 HTTP10 = _knob(
     "PILOT_HTTP10", "false", _bool,
     "Sidecar HTTP listeners accept HTTP/1.0 (and sniffing recognises it as HTTP); off, HTTP/1.0 "
@@ -375,6 +388,7 @@ class Features:
     cluster_id: str = "Kubernetes"
     scope_gateway_to_namespace: bool = False
     filter_gateway_clusters: bool = False
+    ingress_namespace: str = "istio-system"
     enable_workload_entry_autoregistration: bool = True
     workload_entry_grace_period: float = 10.0
     ip_autoallocate: bool = True
@@ -382,13 +396,15 @@ class Features:
     trace_sampling: float = 1.0
     jwks_fetch_mode: str = "istiod"
     enhanced_dr_merge: bool = True
+    dual_stack: bool = False
 
     def generation_knobs(self) -> GenerationKnobs:
         return GenerationKnobs(self.sniff_outbound, self.sniff_inbound, self.http10,
                                self.inbound_protocol_detection_timeout, self.send_unhealthy_endpoints,
                                self.cluster_id, self.scope_gateway_to_namespace, self.filter_gateway_clusters,
                                self.ip_autoallocate_prefixes if self.ip_autoallocate else None,
-                               self.trace_sampling, self.jwks_fetch_mode, self.enhanced_dr_merge)
+                               self.trace_sampling, self.jwks_fetch_mode, self.enhanced_dr_merge,
+                               dual_stack=self.dual_stack, ingress_namespace=self.ingress_namespace)
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Features:
@@ -431,12 +447,14 @@ class Features:
             cluster_id=CLUSTER_ID.get(environ),
             scope_gateway_to_namespace=SCOPE_GATEWAY_TO_NAMESPACE.get(environ),
             filter_gateway_clusters=FILTER_GATEWAY_CLUSTER_CONFIG.get(environ),
+            ingress_namespace=INGRESS_NAMESPACE.get(environ),
             enable_workload_entry_autoregistration=ENABLE_WORKLOAD_ENTRY_AUTOREGISTRATION.get(environ),
             workload_entry_grace_period=WORKLOAD_ENTRY_GRACE_PERIOD.get(environ),
             ip_autoallocate=IP_AUTOALLOCATE.get(environ),
             trace_sampling=TRACE_SAMPLING.get(environ),
             jwks_fetch_mode=JWT_ENABLE_REMOTE_JWKS.get(environ),
             enhanced_dr_merge=ENHANCED_DESTINATIONRULE_MERGE.get(environ),
+            dual_stack=DUAL_STACK.get(environ),
             ip_autoallocate_prefixes=(IP_AUTOALLOCATE_IPV4_PREFIX.get(environ),
                                       IP_AUTOALLOCATE_IPV6_PREFIX.get(environ)),
         )

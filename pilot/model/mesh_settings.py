@@ -20,6 +20,9 @@ class ClusterSettings:
     # MeshConfig localityLbSetting (None: disabled): DestinationRules without one inherit it.
     locality: LocalitySetting | None = ENABLED
     h2_upgrade: bool = False  # MeshConfig h2UpgradePolicy UPGRADE: HTTP ports talk HTTP/2 upstream
+    # ISTIO_DUAL_STACK and a proxy with both IP families (the generators put it in): DNS clusters
+    # resolve both (ALL, Happy Eyeballs), the inbound passthrough binds ::6 too.
+    dual_stack: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +51,8 @@ class GenerationKnobs:
     trace_sampling: float = 1.0  # PILOT_TRACE_SAMPLING: percent traced when no Telemetry says
     jwks_fetch_mode: str = "istiod"  # PILOT_JWT_ENABLE_REMOTE_JWKS: istiod, hybrid or envoy
     enhanced_dr_merge: bool = True  # ENABLE_ENHANCED_DESTINATIONRULE_MERGE
+    dual_stack: bool = False  # ISTIO_DUAL_STACK
+    ingress_namespace: str = "istio-system"  # K8S_INGRESS_NS: where Ingress Gateways live
 
 
 DEFAULT_KNOBS = GenerationKnobs()
@@ -68,6 +73,9 @@ class ListenerSettings:
     inbound_detection_timeout_s: float = 0.0
     # The WasmPlugins of the proxy for this listener class (pilot/model/wasm.py), put in by the generators.
     wasm: tuple[WasmFilter, ...] = ()
+    # ISTIO_DUAL_STACK and a proxy with both IP families (the generators put it in): wildcard
+    # listeners bind :: as an additional address beside 0.0.0.0.
+    dual_stack: bool = False
     # HCMs carry the (empty) stateful session filter, for routes whose sessionPersistence configures
     # it: set by the generators only where such a route may be served (istiod adds the filter only
     # with PILOT_ENABLE_PERSISTENT_SESSION_FILTER; an empty one on every HCM was config for nothing).

@@ -88,6 +88,14 @@ class Proxy:
         return v4, v6
 
     @property
+    def dual_stack(self) -> bool:
+        """It has both an IPv4 and an IPv6 address: istiod's IPMode Dual, from the agent's
+        INSTANCE_IPS (every pod IP, comma-separated) or else the node id's IPs."""
+        meta = self.metadata.get("INSTANCE_IPS")
+        ips = [a.strip() for a in meta.split(",") if a.strip()] if isinstance(meta, str) and meta else self.ip_addresses
+        return any(":" in a for a in ips) and any(":" not in a for a in ips)
+
+    @property
     def is_grpc(self) -> bool:
         return self.generator == "grpc"
 

@@ -5,7 +5,7 @@ These are plain frozen values so a PushContext can share them freely between pus
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pilot.config.core import EndpointSlice, Node, Pod, Service
 from pilot.config.networking import ServiceEntry, WorkloadEntry
@@ -105,6 +105,9 @@ class EndpointAddress:
     weight: int = 1  # a WorkloadEntry's weight (Envoy's load_balancing_weight, at least 1)
     # The workload's labels with its topology labels (what failoverPriority compares), sorted.
     labels: tuple[tuple[str, str], ...] = ()
+    # ISTIO_DUAL_STACK: the same Pod's address in the other family (its IPv6 EndpointSlice):
+    # Envoy's `additional_addresses`, tried by Happy Eyeballs beside `address`.
+    extra_addresses: tuple[str, ...] = ()
 
 
 def _with_topology(labels: dict[str, str] | None, locality: Locality) -> tuple[tuple[str, str], ...]:
@@ -121,10 +124,15 @@ def pod_locality(labels: dict[str, str] | None, node: Entry[Node] | None, zone: 
     return Locality.of_node(node) or Locality(zone=zone or "")
 
 
-def mesh_service(entry: Entry[Service], domain: str) -> MeshService:
+def mesh_service(entry: Entry[Service], domain: str, dual_stack: bool = False) -> MeshService:
+    """`dual_stack` (ISTIO_DUAL_STACK): every `clusterIPs` address is the service's, as istiod
+    takes them; without, `clusterIP` alone."""
     svc = entry.obj
     ns, name = svc.metadata.namespace, svc.metadata.name
     cluster_ip = svc.spec.cluster_ip if svc.spec.cluster_ip not in (None, "", "None") else None
+    extra: tuple[str, ...] = ()
+    if dual_stack and cluster_ip is not None:
+        extra = tuple(dict.fromkeys(a for a in svc.spec.cluster_ips if a not in ("", "None", cluster_ip)))
     ports = tuple(
         ServicePort(p.name, p.port, select_protocol(p.name, p.app_protocol, p.protocol), p.target_port)
         for p in svc.spec.ports
@@ -133,7 +141,8 @@ def mesh_service(entry: Entry[Service], domain: str) -> MeshService:
     if svc.spec.type == "ExternalName" and svc.spec.external_name:
         return MeshService(f"{name}.{ns}.svc.{domain}", name, ns, None, ports, entry.revision, resolution="DNS",
                            external_name=svc.spec.external_name.rstrip("."))
-    return MeshService(f"{name}.{ns}.svc.{domain}", name, ns, cluster_ip, ports, entry.revision, selector=selector)
+    return MeshService(f"{name}.{ns}.svc.{domain}", name, ns, cluster_ip, ports, entry.revision, selector=selector,
+                       extra_addresses=extra)
 
 
 def _slice_port(slice_: EndpointSlice, svc_port: ServicePort) -> int | None:
@@ -150,18 +159,23 @@ def _slice_port(slice_: EndpointSlice, svc_port: ServicePort) -> int | None:
 def endpoints_for_port(slices: tuple[Entry[EndpointSlice], ...], svc_port: ServicePort,
                        subset_labels: tuple[tuple[str, str], ...] = (),
                        pods: tuple[Entry[Pod], ...] = (),
-                       nodes: tuple[Entry[Node], ...] = (), unhealthy: bool = False) -> tuple[EndpointAddress, ...]:
+                       nodes: tuple[Entry[Node], ...] = (), unhealthy: bool = False,
+                       dual_stack: bool = False) -> tuple[EndpointAddress, ...]:
     """Ready endpoints of one service port across all its slices, deduplicated, stable order;
     with `unhealthy` (PILOT_SEND_UNHEALTHY_ENDPOINTS) not-ready ones too, with ready False, as
     istiod sends them (terminating ones never).
     With `subset_labels`, only endpoints whose Pod (in `pods`) carries all those labels. A Pod's
     `security.istio.io/tlsMode` label becomes its endpoint's tls_mode; its locality comes from
-    `pod_locality` (`nodes`: the Nodes the endpoints run on)."""
+    `pod_locality` (`nodes`: the Nodes the endpoints run on).
+    With `dual_stack` (ISTIO_DUAL_STACK) a Pod's addresses on one port from its IPv4 and IPv6
+    slices are one endpoint (IPv4 first, the other as an extra address), as istiod merges them;
+    without, each address is an endpoint of its own."""
     pod_labels = {(p.key.namespace, p.key.name): p.obj.metadata.labels for p in pods}
     pod_nodes = {(p.key.namespace, p.key.name): p.obj.spec.node_name for p in pods}
     by_node = {n.key.name: n for n in nodes}
     seen: set[tuple[str, int]] = set()
     out: list[EndpointAddress] = []
+    of_pod: dict[tuple[str, str, int], int] = {}  # dual_stack: (pod namespace, name, port) -> index in out
     for entry in slices:
         s = entry.obj
         if s.address_type == "FQDN":
@@ -182,13 +196,28 @@ def endpoints_for_port(slices: tuple[Entry[EndpointSlice], ...], svc_port: Servi
                                          if ref and ref.kind == "Pod" else None)
             locality = pod_locality(labels, by_node.get(node_name) if node_name else None, ep.zone)
             ep_labels = _with_topology(labels, locality)
+            pod_key = (ref.namespace or entry.key.namespace, ref.name, port) if dual_stack and ref \
+                and ref.kind == "Pod" else None
             for addr in ep.addresses:
                 if (addr, port) in seen:
                     continue
                 seen.add((addr, port))
+                i = of_pod.get(pod_key) if pod_key is not None else None
+                if i is not None:
+                    out[i] = _with_other_family(out[i], addr)
+                    continue
+                if pod_key is not None:
+                    of_pod[pod_key] = len(out)
                 out.append(EndpointAddress(addr, port, locality, ep.is_ready, tls_mode, labels=ep_labels))
     out.sort(key=lambda e: (e.locality.label(), e.address, e.port))
     return tuple(out)
+
+
+def _with_other_family(ep: EndpointAddress, addr: str) -> EndpointAddress:
+    """A Pod's endpoint with its address of the other family added; IPv4 stays the main one."""
+    if ":" not in addr and ":" in ep.address:
+        return replace(ep, address=addr, extra_addresses=(ep.address, *ep.extra_addresses))
+    return replace(ep, extra_addresses=(*ep.extra_addresses, addr))
 
 
 def service_entry_services(entry: Entry[ServiceEntry]) -> list[MeshService]:
@@ -217,8 +246,11 @@ def service_entry_endpoints(entry: Entry[ServiceEntry], port: ServicePort,
                             workload_entries: tuple[Entry[WorkloadEntry], ...] = (),
                             subset_labels: tuple[tuple[str, str], ...] = (),
                             pods: tuple[Entry[Pod], ...] = (),
-                            nodes: tuple[Entry[Node], ...] = ()) -> tuple[EndpointAddress, ...]:
-    """Inline endpoints of a ServiceEntry, or the WorkloadEntries and `pods` its
+                            nodes: tuple[Entry[Node], ...] = (),
+                            dual_stack: bool = False) -> tuple[EndpointAddress, ...]:
+    """(`dual_stack`, ISTIO_DUAL_STACK: a selected Pod's other `podIPs` are extra addresses of
+    its endpoint, as istiod takes every pod IP.)
+    Inline endpoints of a ServiceEntry, or the WorkloadEntries and `pods` its
     workloadSelector picks (with `subset_labels`, only those carrying them). An endpoint's port
     is its `ports[port name]`, else the port's targetPort, else its number; a Pod's the
     targetPort, else the number (istiod's). `pods`: the ready Pods the selector picks (see
@@ -250,8 +282,11 @@ def service_entry_endpoints(entry: Entry[ServiceEntry], port: ServicePort,
                     any(labels.get(k) != v for k, v in subset_labels):
                 continue
             locality = pod_locality(labels, by_node.get(p.obj.spec.node_name), None)
-            out.append(EndpointAddress(p.obj.status.pod_ip, number, locality, True, labels.get(TLS_MODE_LABEL, ""),
-                                       labels=_with_topology(labels, locality)))
+            status = p.obj.status
+            extra = tuple(dict.fromkeys(a.ip for a in status.pod_ips if a.ip and a.ip != status.pod_ip)) \
+                if dual_stack else ()
+            out.append(EndpointAddress(status.pod_ip, number, locality, True, labels.get(TLS_MODE_LABEL, ""),
+                                       labels=_with_topology(labels, locality), extra_addresses=extra))
     return tuple(sorted(set(out), key=lambda e: (e.locality.label(), e.address, e.port)))
 
 

@@ -50,7 +50,8 @@ def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSetti
     )
     if svc.resolution in ("DNS", "DNS_ROUND_ROBIN"):
         c.type = cluster_pb2.Cluster.STRICT_DNS if svc.resolution == "DNS" else cluster_pb2.Cluster.LOGICAL_DNS
-        c.dns_lookup_family = cluster_pb2.Cluster.V4_PREFERRED
+        # ISTIO_DUAL_STACK for a dual-stack proxy: both families, Envoy's Happy Eyeballs picks (istiod's ALL).
+        c.dns_lookup_family = cluster_pb2.Cluster.ALL if settings.dual_stack else cluster_pb2.Cluster.V4_PREFERRED
         targets = dns_targets or (EndpointAddress(svc.external_name or svc.hostname, port.port, Locality(), True),)
         if svc.resolution == "DNS_ROUND_ROBIN":
             targets = targets[:1]  # LOGICAL_DNS takes exactly one host

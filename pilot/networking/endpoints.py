@@ -46,6 +46,9 @@ def cluster_load_assignment(cluster_name: str, endpoints: tuple[EndpointAddress,
                 health_status=health_check_pb2.HEALTHY if ep.ready else health_check_pb2.UNHEALTHY,
                 load_balancing_weight=wrappers_pb2.UInt32Value(value=ep.weight),
             )
+            for extra in ep.extra_addresses:  # ISTIO_DUAL_STACK: the Pod's other family
+                lbe.endpoint.additional_addresses.add().address.socket_address.CopyFrom(
+                    address_pb2.SocketAddress(address=extra, port_value=ep.port))
             if ep.tls_mode:
                 # What auto mTLS clusters' transport_socket_matches select on.
                 lbe.metadata.filter_metadata[TRANSPORT_SOCKET_MATCH].CopyFrom(_tls_mode(ep.tls_mode))

@@ -72,6 +72,7 @@ from pilot.networking.filters import (
     http_connection_manager,
 )
 from pilot.networking.http_routes import RouteInputs, destination_cluster, virtual_service_routes
+from pilot.networking.listeners import WILDCARD, add_ipv6_wildcard
 from pilot.networking.metadata import config_path
 from pilot.networking.policy_filters import TrustDomains, inbound_http_filters, inbound_network_filters
 from pilot.networking.protos import ads_config_source, pack
@@ -347,6 +348,8 @@ def gateway_listener(plan: ListenerPlan, settings: ListenerSettings,
         name=plan.name, traffic_direction=base_pb2.OUTBOUND,
         address=address_pb2.Address(socket_address=address_pb2.SocketAddress(address=plan.bind,
                                                                              port_value=plan.port)))
+    if settings.dual_stack and plan.bind == WILDCARD:
+        add_ipv6_wildcard(listener)  # ISTIO_DUAL_STACK, dual-stack router: [::]:PORT too, as istiod's extraBind
     if plan.tls_inspector:
         listener.listener_filters.add(name=TLS_INSPECTOR, typed_config=pack(tls_inspector_pb2.TlsInspector()))
     for c in plan.chains:

@@ -30,6 +30,7 @@ from pilot.networking import metadata, sniffing, telemetry, tls, wasm
 from pilot.networking.clusters import use_downstream_protocol
 from pilot.networking.endpoints import cluster_load_assignment
 from pilot.networking.filters import access_logs, hcm_network_filter, router_filter, tcp_proxy_filter
+from pilot.networking.listeners import add_ipv6_wildcard
 from pilot.networking.policy_filters import TrustDomains, inbound_http_filters, inbound_network_filters
 from pilot.networking.protos import duration, pack
 from pilot.networking.tcp_routes import tls_inspector
@@ -40,6 +41,7 @@ VIRTUAL_INBOUND_PORT = 15006
 INBOUND_PASSTHROUGH_CLUSTER = "InboundPassthroughCluster"
 # The source address Envoy uses toward the app, so iptables can tell proxy traffic from app traffic.
 INBOUND_PASSTHROUGH_BIND = "127.0.0.6"
+INBOUND_PASSTHROUGH_BIND_V6 = "::6"  # istiod's InboundPassthroughBindIpv6, for IPv6 connections
 _HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
 
@@ -95,6 +97,11 @@ def inbound_passthrough_cluster(settings: ClusterSettings) -> cluster_pb2.Cluste
                             connect_timeout=duration(settings.connect_timeout_s))
     c.upstream_bind_config.source_address.address = INBOUND_PASSTHROUGH_BIND
     c.upstream_bind_config.source_address.port_value = 0
+    if settings.dual_stack:
+        # Envoy picks the source of the upstream connection's family: IPv6 apps are reached from ::6.
+        extra = c.upstream_bind_config.extra_source_addresses.add()
+        extra.address.address = INBOUND_PASSTHROUGH_BIND_V6
+        extra.address.port_value = 0
     apply_default_circuit_breakers(c)  # istiod: built from the default passthrough cluster
     return c
 
@@ -223,6 +230,8 @@ def virtual_inbound_listener(ports: tuple[InboundPort, ...], mesh_tls: bool, set
         traffic_direction=base_pb2.INBOUND,
         use_original_dst=wrappers_pb2.BoolValue(value=True),
     )
+    if settings.dual_stack:
+        add_ipv6_wildcard(listener)
     listener.listener_filters.add(name="envoy.filters.listener.original_dst",
                                   typed_config=pack(original_dst_pb2.OriginalDst()))
     listener.listener_filters.append(tls_inspector())

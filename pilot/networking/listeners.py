@@ -24,10 +24,27 @@ from pilot.networking.filters import (
     http_connection_manager,
     tcp_proxy_filter,
 )
-from pilot.networking.tcp_routes import NO_CLIENT, Client, sni_chains, tcp_filter_for, tls_inspector
+from pilot.networking.tcp_routes import (
+    NO_CLIENT,
+    Client,
+    sni_chains,
+    tcp_filter_for,
+    tls_inspector,
+    vs_metadata,
+)
 
 LOCALHOST = "127.0.0.1"
 WILDCARD = "0.0.0.0"
+WILDCARD_V6 = "::"
+
+
+def add_ipv6_wildcard(listener: listener_pb2.Listener) -> None:
+    """ISTIO_DUAL_STACK for a dual-stack proxy: the listener bound on 0.0.0.0 also takes IPv6
+    connections, on [::] at the same port (istiod's extraBind, as `additional_addresses`)."""
+    port = listener.address.socket_address.port_value
+    extra = listener.additional_addresses.add()
+    extra.address.socket_address.address = WILDCARD_V6
+    extra.address.socket_address.port_value = port
 
 
 def _address(ip: str, port: int) -> address_pb2.Address:
@@ -44,10 +61,13 @@ def _tcp_chains(svc: MeshService, port: int, vs: Entry[VirtualService] | None, d
     """(SNI chains from `tls` rules, the default chain: a `tcp` rule or the service's cluster, the
     latter with the limits of the service's DestinationRule)."""
     cluster = names.outbound_cluster_name(port, svc.hostname)
-    default = tcp_filter_for(svc, port, vs, domain, settings, client) or tcp_proxy_filter(cluster, cluster,
-                                                                                           settings, limits)
+    routed = tcp_filter_for(svc, port, vs, domain, settings, client)
+    chain = listener_components_pb2.FilterChain(filters=[routed or tcp_proxy_filter(cluster, cluster, settings,
+                                                                                    limits)])
+    if routed is not None and vs is not None:  # istiod's BuildConfigInfoMetadata on the chain
+        vs_metadata(chain.metadata, vs)
     sni = sni_chains(svc, port, vs, domain, settings, client)
-    return sni, listener_components_pb2.FilterChain(filters=[default])
+    return sni, chain
 
 
 def _hcm_chain(stat_prefix: str, port: int, settings: ListenerSettings) -> listener_components_pb2.FilterChain:
@@ -125,6 +145,8 @@ def unbound_outbound_listener(plan: PortPlan, settings: ListenerSettings,
     listener = listener_pb2.Listener(
         name=names.listener_name(WILDCARD, plan.port), address=_address(WILDCARD, plan.port),
         bind_to_port=wrappers_pb2.BoolValue(value=False), traffic_direction=base_pb2.OUTBOUND)
+    if settings.dual_stack:
+        add_ipv6_wildcard(listener)  # IPv6 original destinations [::]:PORT land here too
     if plan.http and not plan.sniff:
         listener.filter_chains.append(_hcm_chain(f"outbound_{WILDCARD}_{plan.port}", plan.port, settings))
         return listener
@@ -184,6 +206,8 @@ def virtual_outbound_listener(settings: ListenerSettings) -> listener_pb2.Listen
         use_original_dst=wrappers_pb2.BoolValue(value=True),
         traffic_direction=base_pb2.OUTBOUND,
     )
+    if settings.dual_stack:
+        add_ipv6_wildcard(listener)
     listener.default_filter_chain.CopyFrom(listener_components_pb2.FilterChain(
         name=fallback, filters=[tcp_proxy_filter(fallback, fallback, settings)]))
     return listener

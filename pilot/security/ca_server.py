@@ -376,6 +376,7 @@ class SecureServer:
         self.certs = ServerCertRotator(ca, dns_names)
         self.front: TlsFront | None = None
         self._grpc: grpc.aio.Server | None = None
+        self._stopping: asyncio.Future | None = None  # the graceful stop begun by a drain
         self._rotation: asyncio.Task | None = None
 
     def handlers(self) -> tuple[grpc.GenericRpcHandler, ...]:
@@ -422,13 +423,26 @@ class SecureServer:
         if self.front is not None:
             self.front.set_context(context)
 
+    def begin_stop(self, grace: float) -> None:
+        """Shutdown drain: stop accepting and send GOAWAY on every connection now (gRPC's graceful
+        stop, relayed through the TLS front), so a proxy whose stream the drain ends reconnects on
+        a new connection (another replica) instead of the old one. Open streams and calls go on
+        for `grace`; `stop()` then waits for this rather than starting another stop."""
+        if self._grpc is None or self._stopping is not None:
+            return
+        if self.front is not None:
+            self.front.close_listener()
+        self._stopping = asyncio.ensure_future(self._grpc.stop(grace=grace))
+
     async def stop(self, grace: float = 1.0) -> None:
         if self._rotation is not None:
             self._rotation.cancel()
             await asyncio.gather(self._rotation, return_exceptions=True)
         if self.front is not None:
             self.front.close_listener()
-        if self._grpc is not None:
+        if self._stopping is not None:
+            await self._stopping
+        elif self._grpc is not None:
             await self._grpc.stop(grace=grace)
         if self.front is not None:
             await asyncio.to_thread(self.front.stop)

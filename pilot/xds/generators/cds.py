@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 from pilot.config.networking import DestinationRule
+from pilot.model.mesh_settings import ClusterSettings
 from pilot.model.mtls import MeshTls, client_mesh_tls
 from pilot.model.protocol import Protocol
 from pilot.model.proxy import Proxy
@@ -50,6 +52,9 @@ def resources(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
 
     view = ctx.view(None if proxy.type == "router" else ctx.sidecar_for(proxy.namespace, proxy.labels))
     has_identity = proxy.traits.mesh_tls
+    settings = ctx.settings.clusters
+    if ctx.settings.knobs.dual_stack and proxy.dual_stack:
+        settings = replace(settings, dual_stack=True)  # ISTIO_DUAL_STACK: part of these clusters' keys
     dns_local = ctx.dns_locality_in_use()
     sniffing_sidecar = proxy.type == "sidecar" and ctx.settings.listeners.sniff_outbound
     only = gateway.cluster_hosts(ctx, proxy) if proxy.type == "router" else None
@@ -62,12 +67,13 @@ def resources(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
             # What follows reads nothing of the proxy but these: proxies of every namespace
             # (ten memo keys of a push) share one walk per service and rule. The memo keeps
             # the Deps of the first walk, so each later caller depends on what it read.
-            yield from ctx.memoized(("cds-outbound", id(svc), dr, has_identity, sniffing_sidecar),
+            key = ("cds-outbound", id(svc), dr, has_identity, sniffing_sidecar, settings.dual_stack)
+            yield from ctx.memoized(key,
                                     lambda svc=svc, dr=dr, dns=dns: tuple(_outbound(
-                                        ctx, proxy, svc, dr, dns, has_identity, sniffing_sidecar, False, want,
+                                        ctx, proxy, svc, dr, dns, settings, has_identity, sniffing_sidecar, False, want,
                                         cache)))
         else:
-            yield from _outbound(ctx, proxy, svc, dr, dns, has_identity, sniffing_sidecar, dns and dns_local,
+            yield from _outbound(ctx, proxy, svc, dr, dns, settings, has_identity, sniffing_sidecar, dns and dns_local,
                                  want, cache)
     if proxy.type == "sidecar":
         plan = ctx.inbound_plan(proxy)
@@ -79,7 +85,7 @@ def resources(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         if proxy.interception_mode != "NONE" and (plan.mesh_tls or any(not p.bind for p in plan.ports)) \
                 and want(inbound.INBOUND_PASSTHROUGH_CLUSTER):
             yield cache.resource(CLUSTER, inbound.INBOUND_PASSTHROUGH_CLUSTER,
-                                 inbound.inbound_passthrough_cluster, ctx.settings.clusters,
+                                 inbound.inbound_passthrough_cluster, settings,
                                  origins=("MeshConfig",))
     for name, build in ((names.BLACKHOLE_CLUSTER, clusters.blackhole_cluster),
                         (names.PASSTHROUGH_CLUSTER, clusters.passthrough_cluster)):
@@ -91,7 +97,8 @@ def resources(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
 
 
 def _outbound(ctx: PushContext, proxy: Proxy, svc: MeshService, dr: Entry[DestinationRule] | None, dns: bool,
-              has_identity: bool, sniffing_sidecar: bool, dns_local: bool, want: Callable[[str], bool],
+              settings: ClusterSettings, has_identity: bool, sniffing_sidecar: bool, dns_local: bool,
+              want: Callable[[str], bool],
               cache: XdsCache) -> Iterator[CachedResource]:
     """The outbound clusters of one service (a port and subset each). `proxy` is read only for
     its locality, and only when `dns_local` (a DNS cluster's endpoints ordered for the client)."""
@@ -116,11 +123,11 @@ def _outbound(ctx: PushContext, proxy: Proxy, svc: MeshService, dr: Entry[Destin
                 local = eds.locality_lb(ctx, proxy, dr, subset, port.port, labels=False) if dns_local else None
                 if downstream:
                     yield cache.resource(CLUSTER, name, clusters.outbound_cluster,
-                                         svc, port, ctx.settings.clusters, dr, subset, targets, mesh_tls,
+                                         svc, port, settings, dr, subset, targets, mesh_tls,
                                          local, True, origins=origins)
                     continue
                 yield cache.resource(CLUSTER, name, clusters.outbound_cluster,
-                                     svc, port, ctx.settings.clusters, dr, subset, targets, mesh_tls,
+                                     svc, port, settings, dr, subset, targets, mesh_tls,
                                      local, origins=origins)
 
 

@@ -31,8 +31,8 @@ def build_cla(cluster_name: str, port: ServicePort, slices: tuple[Entry[Endpoint
               subset_labels: tuple[tuple[str, str], ...] = (), pods: tuple[Entry[Pod], ...] = (),
               nodes: tuple[Entry[Node], ...] = (), lb: LocalityLb | None = None,
               workload_entries: tuple[Entry[WorkloadEntry], ...] = (),
-              unhealthy: bool = False) -> endpoint_pb2.ClusterLoadAssignment:
-    eps = endpoints_for_port(slices, port, subset_labels, pods, nodes, unhealthy)
+              unhealthy: bool = False, dual_stack: bool = False) -> endpoint_pb2.ClusterLoadAssignment:
+    eps = endpoints_for_port(slices, port, subset_labels, pods, nodes, unhealthy, dual_stack)
     if workload_entries:  # a Kubernetes Service selecting WorkloadEntries (PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES)
         eps = merge_endpoints(eps, workload_entry_endpoints(port, workload_entries, subset_labels))
     return endpoints.cluster_load_assignment(cluster_name, eps, lb)
@@ -47,12 +47,37 @@ def build_cla_with_unhealthy(cluster_name: str, port: ServicePort, slices: tuple
     return build_cla(cluster_name, port, slices, subset_labels, pods, nodes, lb, workload_entries, unhealthy=True)
 
 
+# ISTIO_DUAL_STACK: one endpoint per Pod with both families' addresses. Other builders, so other
+# cache keys (the builder is part of them), and the knob-off path keeps its arguments.
+def build_cla_dual_stack(cluster_name: str, port: ServicePort, slices: tuple[Entry[EndpointSlice], ...],
+                         subset_labels: tuple[tuple[str, str], ...] = (), pods: tuple[Entry[Pod], ...] = (),
+                         nodes: tuple[Entry[Node], ...] = (), lb: LocalityLb | None = None,
+                         workload_entries: tuple[Entry[WorkloadEntry], ...] = ()
+                         ) -> endpoint_pb2.ClusterLoadAssignment:
+    return build_cla(cluster_name, port, slices, subset_labels, pods, nodes, lb, workload_entries, dual_stack=True)
+
+
+def build_cla_with_unhealthy_dual_stack(cluster_name: str, port: ServicePort, slices: tuple[Entry[EndpointSlice], ...],
+                                        subset_labels: tuple[tuple[str, str], ...] = (),
+                                        pods: tuple[Entry[Pod], ...] = (), nodes: tuple[Entry[Node], ...] = (),
+                                        lb: LocalityLb | None = None,
+                                        workload_entries: tuple[Entry[WorkloadEntry], ...] = ()
+                                        ) -> endpoint_pb2.ClusterLoadAssignment:
+    return build_cla(cluster_name, port, slices, subset_labels, pods, nodes, lb, workload_entries,
+                     unhealthy=True, dual_stack=True)
+
+
+_BUILDERS = {(False, False): build_cla, (True, False): build_cla_with_unhealthy,
+             (False, True): build_cla_dual_stack, (True, True): build_cla_with_unhealthy_dual_stack}
+
+
 def build_service_entry_cla(cluster_name: str, port: ServicePort, service_entry: Entry[ServiceEntry],
                             workload_entries: tuple[Entry[WorkloadEntry], ...], subset_labels: tuple[tuple[str, str], ...] = (),
                             lb: LocalityLb | None = None, pods: tuple[Entry[Pod], ...] = (),
-                            nodes: tuple[Entry[Node], ...] = ()) -> endpoint_pb2.ClusterLoadAssignment:
-    return endpoints.cluster_load_assignment(
-        cluster_name, service_entry_endpoints(service_entry, port, workload_entries, subset_labels, pods, nodes), lb)
+                            nodes: tuple[Entry[Node], ...] = (), dual_stack: bool = False
+                            ) -> endpoint_pb2.ClusterLoadAssignment:
+    return endpoints.cluster_load_assignment(cluster_name, service_entry_endpoints(
+        service_entry, port, workload_entries, subset_labels, pods, nodes, dual_stack), lb)
 
 
 def proxy_inputs(ctx: PushContext, proxy: Proxy) -> Hashable | None:
@@ -160,10 +185,12 @@ def _load_assignment(ctx: PushContext, proxy: Proxy, name: str, cache: XdsCache,
         origins = (svc.origin, *(f"WorkloadEntry/{w.key.namespace}/{w.key.name}" for w in wes),
                    *(f"Pod/{p.key.namespace}/{p.key.name}" for p in se_pods), *dr_origin)
         return cache.resource(ENDPOINT, name, build_service_entry_cla, name, port, se, wes, labels, lb,
-                              se_pods, ctx.nodes_of(se_pods), origins=origins)
+                              se_pods, ctx.nodes_of(se_pods), ctx.settings.knobs.dual_stack, origins=origins)
     slices = ctx.service_slices(svc)
     # PILOT_SEND_UNHEALTHY_ENDPOINTS: another builder, so another key (the builder is part of it).
-    build = build_cla_with_unhealthy if ctx.settings.knobs.send_unhealthy_endpoints else build_cla
+    # ISTIO_DUAL_STACK likewise.
+    knobs = ctx.settings.knobs
+    build = _BUILDERS[knobs.send_unhealthy_endpoints, knobs.dual_stack]
     # Pods decide subset membership and each endpoint's tlsMode (auto mTLS); their Nodes the locality.
     pods = ctx.service_pods(svc)
     nodes = ctx.service_nodes(svc)

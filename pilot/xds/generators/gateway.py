@@ -88,6 +88,8 @@ def listeners(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         plugins = ctx.wasm_plan(proxy)  # CLIENT mode too
         if plugins.client:
             settings = replace(settings, wasm=plugins.client)
+        if ctx.settings.knobs.dual_stack and proxy.dual_stack:
+            settings = replace(settings, dual_stack=True)  # ISTIO_DUAL_STACK: [::] beside 0.0.0.0
         if any(has_session(vs) for vs in vss):  # the routes of this port set sessions
             settings = replace(settings, session_filter=True)
         out.append(cache.resource(LISTENER, plan.name, gateway.gateway_listener, plan, settings,

@@ -93,6 +93,10 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         settings = replace(settings, session_filter=True)
     if plan_w.server:
         server_settings = replace(server_settings, wasm=plan_w.server)
+    if ctx.settings.knobs.dual_stack and proxy.dual_stack:
+        # ISTIO_DUAL_STACK: wildcard listeners take IPv6 too (in their cache keys via the settings).
+        settings = replace(settings, dual_stack=True)
+        server_settings = replace(server_settings, dual_stack=True)
     telemetry_origins = plan_t.origins + plan_w.origins
     mode = proxy.interception_mode
     out: list[CachedResource] = []

@@ -1,0 +1,193 @@
+"""ISTIO_DUAL_STACK (default false), as istiod: dual-stack Services keep both cluster IPs, a Pod's
+IPv4 and IPv6 endpoints are one endpoint with an additional address, and a proxy with addresses
+of both families gets wildcard listeners on :: too, the inbound passthrough source ::6 and DNS
+clusters resolving both families. Off, or for a single-family proxy, nothing changes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.endpoint.v3 import endpoint_pb2
+from envoy.config.listener.v3 import listener_pb2
+from envoy.config.route.v3 import route_pb2
+
+from pilot.features import Features
+from pilot.model.mesh_settings import GenerationKnobs
+from pilot.model.push_context import PushContext
+from tests.support.envoy import envoy_validate
+from tests.support.static_config import static_bootstrap
+
+from .helpers import DOMAIN, World, proxy
+
+pytestmark = pytest.mark.timeout(60)
+
+V4_VIP, V6_VIP = "10.96.0.20", "fd00:10::20"
+OUTBOUND = "outbound|9080||reviews.default.svc.cluster.local"
+DNS_CLUSTER = "outbound|443||api.example.com"
+
+
+def _slice(name: str, family: str, address: str) -> dict:
+    return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": name, "namespace": "default", "labels": {"kubernetes.io/service-name": "reviews"}},
+            "addressType": family, "ports": [{"name": "http", "port": 19080}],
+            "endpoints": [{"addresses": [address], "conditions": {"ready": True},
+                           "targetRef": {"kind": "Pod", "name": "reviews-1", "namespace": "default"}}]}
+
+
+def world() -> World:
+    w = World()
+    w.apply(
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "reviews", "namespace": "default"},
+         "spec": {"clusterIP": V4_VIP, "clusterIPs": [V4_VIP, V6_VIP], "ipFamilies": ["IPv4", "IPv6"],
+                  "ipFamilyPolicy": "RequireDualStack", "selector": {"app": "reviews"},
+                  "ports": [{"name": "http", "port": 9080, "targetPort": 19080}]}},
+        # The IPv6 slice first: the IPv4 address still leads the merged endpoint.
+        _slice("reviews-v6", "IPv6", "fd00:1::9"), _slice("reviews-v4", "IPv4", "10.1.0.9"),
+        {"apiVersion": "v1", "kind": "Pod",
+         "metadata": {"name": "reviews-1", "namespace": "default", "labels": {"app": "reviews"}},
+         "spec": {"serviceAccountName": "default"},
+         "status": {"podIP": "10.1.0.9", "podIPs": [{"ip": "10.1.0.9"}, {"ip": "fd00:1::9"}], "phase": "Running",
+                    "conditions": [{"type": "Ready", "status": "True"}]}},
+        {"apiVersion": "networking.istio.io/v1", "kind": "ServiceEntry",
+         "metadata": {"name": "api", "namespace": "default"},
+         "spec": {"hosts": ["api.example.com"], "resolution": "DNS", "location": "MESH_EXTERNAL",
+                  "ports": [{"number": 443, "name": "tls", "protocol": "TLS"}]}})
+    return w
+
+
+def ctx(w: World, dual_stack: bool) -> PushContext:
+    w.mesh.refresh(w.store)
+    return PushContext.build(w.store, w.mesh.current, w.mesh.version, DOMAIN, "v1",
+                             knobs=GenerationKnobs(dual_stack=dual_stack))
+
+
+def dual_proxy():
+    """The reviews Pod's sidecar (so it has inbound ports), with both of its addresses."""
+    p = proxy(interception="REDIRECT", ip="10.1.0.9,fd00:1::9", pod_name="reviews-1")
+    p.metadata["LABELS"] = {"app": "reviews"}
+    p.identity = "spiffe://cluster.local/ns/default/sa/default"  # a workload certificate: mTLS inbound
+    return p
+
+
+def _extra(listener: listener_pb2.Listener) -> list[tuple[str, int]]:
+    return [(a.address.socket_address.address, a.address.socket_address.port_value)
+            for a in listener.additional_addresses]
+
+
+def test_knob_reads_istiods_name_and_default():
+    assert Features.from_env({}).generation_knobs().dual_stack is False
+    assert Features.from_env({"ISTIO_DUAL_STACK": "true"}).generation_knobs().dual_stack is True
+    with pytest.raises(ValueError):
+        Features.from_env({"ISTIO_DUAL_STACK": "yes"})
+
+
+def test_dual_stack_proxy_listeners_bind_both_families_only_with_the_knob():
+    w = world()
+    for on, want in ((False, []), (True, [("::", 15001)])):
+        lds = w.lds(dual_proxy(), ctx(w, on))
+        assert _extra(lds["virtualOutbound"].message(listener_pb2.Listener)) == want
+        inbound = [("::", 15006)] if on else []
+        assert _extra(lds["virtualInbound"].message(listener_pb2.Listener)) == inbound
+        port = [("::", 9080)] if on else []
+        assert _extra(lds["0.0.0.0_9080"].message(listener_pb2.Listener)) == port
+    # An IPv4-only proxy keeps one address even with the knob on (istiod's IPMode IPv4).
+    lds = w.lds(proxy(interception="REDIRECT"), ctx(w, True))
+    assert _extra(lds["virtualOutbound"].message(listener_pb2.Listener)) == []
+
+
+def test_instance_ips_metadata_makes_a_proxy_dual_stack():
+    p = proxy(interception="REDIRECT")
+    assert not p.dual_stack
+    p.metadata["INSTANCE_IPS"] = "10.0.0.1,fd00::1"
+    assert p.dual_stack
+    w = world()
+    assert _extra(w.lds(p, ctx(w, True))["virtualOutbound"].message(listener_pb2.Listener)) == [("::", 15001)]
+
+
+def test_clusters_resolve_both_families_and_passthrough_binds_v6_source():
+    w = world()
+    off = w.cds(dual_proxy(), ctx(w, False))
+    assert off[DNS_CLUSTER].message(cluster_pb2.Cluster).dns_lookup_family == cluster_pb2.Cluster.V4_PREFERRED
+    assert not off["InboundPassthroughCluster"].message(cluster_pb2.Cluster).upstream_bind_config.extra_source_addresses
+    on = w.cds(dual_proxy(), ctx(w, True))
+    assert on[DNS_CLUSTER].message(cluster_pb2.Cluster).dns_lookup_family == cluster_pb2.Cluster.ALL
+    bind = on["InboundPassthroughCluster"].message(cluster_pb2.Cluster).upstream_bind_config
+    assert bind.source_address.address == "127.0.0.6"
+    assert [e.address.address for e in bind.extra_source_addresses] == ["::6"]
+    single = w.cds(proxy(interception="REDIRECT"), ctx(w, True))
+    assert single[DNS_CLUSTER].message(cluster_pb2.Cluster).dns_lookup_family == cluster_pb2.Cluster.V4_PREFERRED
+
+
+def _endpoints(w: World, on: bool) -> list[tuple[str, list[str]]]:
+    cla = w.eds(dual_proxy(), {OUTBOUND}, ctx(w, on))[OUTBOUND].message(endpoint_pb2.ClusterLoadAssignment)
+    return sorted((e.endpoint.address.socket_address.address,
+                   [a.address.socket_address.address for a in e.endpoint.additional_addresses])
+                  for g in cla.endpoints for e in g.lb_endpoints)
+
+
+def test_a_pods_two_slices_are_one_endpoint_with_the_knob():
+    w = world()
+    assert _endpoints(w, False) == [("10.1.0.9", []), ("fd00:1::9", [])]
+    assert _endpoints(w, True) == [("10.1.0.9", ["fd00:1::9"])]
+
+
+def test_service_entry_selected_pod_carries_its_other_pod_ip():
+    w = world()
+    w.apply({"apiVersion": "networking.istio.io/v1", "kind": "ServiceEntry",
+             "metadata": {"name": "internal", "namespace": "default"},
+             "spec": {"hosts": ["internal.example.com"], "resolution": "STATIC", "location": "MESH_INTERNAL",
+                      "ports": [{"number": 80, "name": "http", "protocol": "HTTP", "targetPort": 19080}],
+                      "workloadSelector": {"labels": {"app": "reviews"}}}})
+    name = "outbound|80||internal.example.com"
+    for on, extra in ((False, []), (True, ["fd00:1::9"])):
+        cla = w.eds(dual_proxy(), {name}, ctx(w, on))[name].message(endpoint_pb2.ClusterLoadAssignment)
+        eps = [e.endpoint for g in cla.endpoints for e in g.lb_endpoints]
+        assert [e.address.socket_address.address for e in eps] == ["10.1.0.9"]
+        assert [a.address.socket_address.address for a in eps[0].additional_addresses] == extra
+
+
+def test_both_cluster_ips_reach_the_service():
+    w = world()
+    for on in (False, True):
+        c = ctx(w, on)
+        assert c.by_host["reviews.default.svc.cluster.local"].addresses == ((V4_VIP, V6_VIP) if on else (V4_VIP,))
+        route = w.rds(dual_proxy(), {"9080"}, c)["9080"].message(route_pb2.RouteConfiguration)
+        domains = {d for vh in route.virtual_hosts for d in vh.domains}
+        assert (f"[{V6_VIP}]" in domains) is on and V4_VIP in domains
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_dual_stack_config_passes_envoy_validate(on: bool, tmp_path: Path):
+    w = world()
+    config = static_bootstrap(ctx(w, on), dual_proxy())
+    listeners = {ld["name"]: ld for ld in config["static_resources"]["listeners"]}
+    assert ("additional_addresses" in listeners["virtualOutbound"]) is on
+    ok, output = envoy_validate(config, tmp_path)
+    assert ok, f"envoy rejected the generated config:\n{output}"
+
+
+def test_dual_stack_router_gateway_listener_binds_both_families():
+    from tests.unit.test_gateway_config import gateway, router
+
+    w = world()
+    w.apply(gateway())
+    dual = router()
+    dual.metadata["INSTANCE_IPS"] = "10.0.0.9,fd00::9"
+    for p, on, want in ((dual, False, []), (dual, True, [("::", 8080)]), (router(), True, [])):
+        listener = w.lds(p, ctx(w, on))["0.0.0.0_8080"].message(listener_pb2.Listener)
+        assert _extra(listener) == want
+
+
+def test_dual_stack_gateway_config_passes_envoy_validate(tmp_path: Path):
+    from tests.unit.test_gateway_config import gateway, router
+
+    w = world()
+    w.apply(gateway())
+    dual = router()
+    dual.metadata["INSTANCE_IPS"] = "10.0.0.9,fd00::9"
+    config = static_bootstrap(ctx(w, True), dual)
+    assert any("additional_addresses" in ld for ld in config["static_resources"]["listeners"])
+    ok, output = envoy_validate(config, tmp_path)
+    assert ok, f"envoy rejected the generated config:\n{output}"

@@ -19,6 +19,7 @@ from pilot import features as feat
 from pilot import logging as plog
 from pilot.autoregistration import AutoRegistration, KubeWriter
 from pilot.cli import Options
+from pilot.config.core import Service
 from pilot.config.mesh import MeshConfig, MeshConfigError, parse_mesh_config
 from pilot.config.networking.proxy_config import ProxyConfig
 from pilot.gateway_deploy.controller import DeploymentController
@@ -32,6 +33,7 @@ from pilot.inject.review import InjectionContext
 from pilot.inject.store import configmap_name, follow_configmap, namespace_labels
 from pilot.loop_lag import lag_metrics, sample_lag
 from pilot.model import push_request as push_reasons
+from pilot.model.ingress import service_addresses
 from pilot.model.mesh import MeshHolder
 from pilot.model.push_request import PushRequest
 from pilot.model.store import ConfigKey, Store
@@ -53,6 +55,7 @@ from pilot.security.node_auth import NodeAuthorizer
 from pilot.security.secret_access import SecretAccess
 from pilot.sources.files import FileSource
 from pilot.sources.kube.client import Kube, in_cluster, load_api_client
+from pilot.sources.kube.ingress_status import IngressStatusWriter
 from pilot.sources.kube.leader import LeaderElection
 from pilot.sources.kube.source import KubeSource
 from pilot.sources.kube.status_writer import StatusWriter
@@ -135,6 +138,7 @@ class ControlPlane:
         self.leaders: list[LeaderElection] = []
         self.root_cert_writer: RootCertWriter | None = None
         self.status_writer: StatusWriter | None = None
+        self.ingress_status_writer: IngressStatusWriter | None = None
         self.ca: CertificateAuthority | None = None
         self.secure: SecureServer | None = None
         self.webhook: WebhookServer | None = None
@@ -364,7 +368,7 @@ class ControlPlane:
         return [w for w in (self.root_cert_writer,) if w is not None]
 
     def _status_workers(self) -> list:
-        return [w for w in (self.status_writer,) if w is not None]
+        return [w for w in (self.status_writer, self.ingress_status_writer) if w is not None]
 
     def _gateway_is_mine(self, namespace: str, name: str) -> bool:
         """Is this Gateway this revision's (its `istio.io/rev` label, else its namespace's,
@@ -403,6 +407,13 @@ class ControlPlane:
                                                    owns_gateway=self._gateway_is_mine)
         self.gateway_status.listeners.append(status.offer)
         status.offer(self.gateway_status.desired)
+        ingress = self.ingress_status_writer = IngressStatusWriter(self.kube, source.latest,
+                                                                   self._ingress_service_addresses)
+        source.informers["Service"].on_object.append(
+            lambda svc: ingress.poke() if self._is_ingress_service(svc) else None)
+        self.discovery.context_listeners.append(lambda ctx: ingress.offer(ctx.ingress.statuses))
+        if getattr(self.discovery, "push_context", None) is not None:
+            ingress.offer(self.discovery.push_context.ingress.statuses)
         if self.tag_watcher is not None:  # a tag moved: which Gateways are ours may have changed
             self.tag_watcher.listeners.append(lambda _state: status.offer(self.gateway_status.desired))
         f = self.features
@@ -431,6 +442,18 @@ class ControlPlane:
                                   retry_period=f.leader_retry_period, on_started=started, on_stopped=stopped)
         self.leaders.append(election)
         self._tasks.append(asyncio.create_task(election.run(), name=f"leader-election-{lease}"))
+
+    def _is_ingress_service(self, svc) -> bool:
+        name = self.mesh.current.ingress_service
+        return bool(name) and (svc.metadata.namespace, svc.metadata.name) == (self.features.ingress_namespace, name)
+
+    def _ingress_service_addresses(self):
+        """MeshConfig ingressService's addresses from its informer (None without one)."""
+        name = self.mesh.current.ingress_service
+        if not name or self.kube_source is None:
+            return None
+        svc = self.kube_source.latest(ConfigKey("Service", self.features.ingress_namespace, name))
+        return service_addresses(svc if isinstance(svc, Service) else None)
 
     def _namespace_selected(self, namespace: str) -> bool:
         selectors = self.mesh.peek(self.store).discovery_selectors

@@ -268,6 +268,11 @@ FILTER_GATEWAY_CLUSTER_CONFIG = _knob(
     "PILOT_FILTER_GATEWAY_CLUSTER_CONFIG", "false", _bool,
     "A gateway gets only the clusters of hosts its servers' VirtualServices route to, not every "
     "service's (every one still when it has an AUTO_PASSTHROUGH server).")
+INGRESS_NAMESPACE = _knob(
+    "K8S_INGRESS_NS", "istio-system", str,
+    "The namespace of the ingress gateway Kubernetes Ingresses are translated for: their Gateways "
+    "live there (so their TLS secretNames are Secrets of that namespace), and MeshConfig "
+    "ingressService / ingressSelector are looked up there for Ingress status.")
 CLUSTER_ID = _knob(
     "CLUSTER_ID", "Kubernetes", str,
     "The name of the cluster this control plane runs in: the cluster of every workload it discovers "
@@ -383,6 +388,7 @@ class Features:
     cluster_id: str = "Kubernetes"
     scope_gateway_to_namespace: bool = False
     filter_gateway_clusters: bool = False
+    ingress_namespace: str = "istio-system"
     enable_workload_entry_autoregistration: bool = True
     workload_entry_grace_period: float = 10.0
     ip_autoallocate: bool = True
@@ -398,7 +404,7 @@ class Features:
                                self.cluster_id, self.scope_gateway_to_namespace, self.filter_gateway_clusters,
                                self.ip_autoallocate_prefixes if self.ip_autoallocate else None,
                                self.trace_sampling, self.jwks_fetch_mode, self.enhanced_dr_merge,
-                               dual_stack=self.dual_stack)
+                               dual_stack=self.dual_stack, ingress_namespace=self.ingress_namespace)
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Features:
@@ -441,6 +447,7 @@ class Features:
             cluster_id=CLUSTER_ID.get(environ),
             scope_gateway_to_namespace=SCOPE_GATEWAY_TO_NAMESPACE.get(environ),
             filter_gateway_clusters=FILTER_GATEWAY_CLUSTER_CONFIG.get(environ),
+            ingress_namespace=INGRESS_NAMESPACE.get(environ),
             enable_workload_entry_autoregistration=ENABLE_WORKLOAD_ENTRY_AUTOREGISTRATION.get(environ),
             workload_entry_grace_period=WORKLOAD_ENTRY_GRACE_PERIOD.get(environ),
             ip_autoallocate=IP_AUTOALLOCATE.get(environ),

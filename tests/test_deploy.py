@@ -463,6 +463,17 @@ async def test_required_rules_cover_every_request_the_code_makes_and_nothing_mor
     assert await writer.reconcile_all() and writer.writes == len(STATUS_KINDS)
     calls += kube.calls
 
+    # The Ingress status writer: a status PUT with the gateway's addresses.
+    from pilot.sources.kube.ingress_status import IngressStatusWriter
+
+    ing = parse_object({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+                        "metadata": {"name": "web", "namespace": "apps", "resourceVersion": "3"}, "spec": {}})
+    kube = RecordingKube(lambda method, path, body: body)
+    ingress_writer = IngressStatusWriter(kube, {ConfigKey.of(ing): ing}.get)
+    ingress_writer.offer({ConfigKey.of(ing): ({"ip": "192.0.2.1"},)})
+    assert await ingress_writer.reconcile_all() and ingress_writer.writes == 1
+    calls += kube.calls
+
     # The webhook's caBundle writer: watch and read its configuration, probe with a dry-run
     # Gateway (denied: ready to fail closed), write the bundle back.
     from pilot.webhook.ca_bundle import CABundleWriter

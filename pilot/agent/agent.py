@@ -1,5 +1,5 @@
-"""Wires pilot-agent together: certificate first, then the SDS socket, the bootstrap, the status
-port and Envoy; SIGTERM drains Envoy then stops it (drain.py), and the agent exits with Envoy's
+"""Wires pilot-agent together: certificate first, then the SDS socket, the xDS proxy (Envoy's ADS
+goes through the agent to istiod), the bootstrap, the status port and Envoy; SIGTERM drains Envoy then stops it (drain.py), and the agent exits with Envoy's
 status.
 
 The certificate is fetched before Envoy starts: a wrong token or an unreachable root then fails
@@ -26,6 +26,8 @@ from pilot.agent.config import (
     ROOT_CERT_PATH,
     SDS_SOCKET_PATH,
     TOKEN_PATH,
+    WASM_CACHE_PATH,
+    XDS_SOCKET_PATH,
     AgentConfig,
 )
 from pilot.agent.drain import GracefulStop
@@ -33,6 +35,8 @@ from pilot.agent.sds import SdsServer
 from pilot.agent.secrets import SecretManager
 from pilot.agent.status import StatusServer
 from pilot.agent.supervisor import EnvoySupervisor
+from pilot.agent.wasm import ModuleCache, rewrite_response
+from pilot.agent.xds_proxy import XdsProxy
 
 log = plog.get("agent")
 
@@ -125,6 +129,11 @@ async def run(cfg: AgentConfig, warnings: list[str]) -> int:
 
     sds = SdsServer(secrets, SDS_SOCKET_PATH)
     await sds.start()
+    modules = ModuleCache(WASM_CACHE_PATH)
+    xds = XdsProxy(upstream=cfg.discovery_address, server_name=cfg.istiod_san, root_cert_path=ROOT_CERT_PATH,
+                   secrets=secrets, socket_path=XDS_SOCKET_PATH,
+                   rewrite_ecds=lambda data, delta: rewrite_response(data, delta, modules))
+    await xds.start()
     status = StatusServer(secrets, supervisor, port=cfg.proxy.status_port,
                           on_port=lambda p: ports.set("status", p), app_probers=cfg.app_probers,
                           app_host=cfg.instance_ip, app_metrics=cfg.app_metrics, node_id=cfg.node_id)
@@ -143,6 +152,7 @@ async def run(cfg: AgentConfig, warnings: list[str]) -> int:
         with contextlib.suppress(asyncio.CancelledError):
             await rotation
         await status.stop()
+        await xds.stop()
         await sds.stop()
     log.info("pilot-agent exiting", status=code)
     return code

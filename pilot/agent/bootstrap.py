@@ -1,5 +1,6 @@
-"""The Envoy bootstrap pilot-agent writes: node identity and metadata, admin, ADS to istiod over
-TLS, and the `sds-grpc` cluster through which Envoy gets its workload certificate.
+"""The Envoy bootstrap pilot-agent writes: node identity and metadata, admin, ADS to the agent's
+xDS proxy (which forwards to istiod over mTLS), and the `sds-grpc` cluster through which Envoy
+gets its workload certificate.
 
 Pure: configuration and file contents in, a JSON-ready dict out.
 
@@ -16,8 +17,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from pilot.agent.config import (
-    ROOT_CERT_PATH,
     SDS_SOCKET_PATH,
+    XDS_SOCKET_PATH,
     AgentConfig,
     is_ip,
     split_host_port,
@@ -141,41 +142,20 @@ def _sds_config() -> dict:
     }
 
 
-def _xds_cluster(cfg: AgentConfig) -> dict:
-    host, port = split_host_port(cfg.discovery_address, "discoveryAddress")
-    cluster = {
+def _xds_cluster() -> dict:
+    """ADS goes to the agent's xDS proxy (pilot/agent/xds_proxy.py), which holds the mTLS
+    connection to istiod and fetches remote Wasm modules, as istio-agent's bootstrap does."""
+    return {
         "name": XDS_CLUSTER,
-        "type": "STATIC" if is_ip(host) else "STRICT_DNS",
+        "type": "STATIC",
         "connect_timeout": "1s",
         "typed_extension_protocol_options": _HTTP2,
-        "upstream_connection_options": {"tcp_keepalive": {"keepalive_time": 300}},
         "load_assignment": {
             "cluster_name": XDS_CLUSTER,
             "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {
-                "socket_address": {"address": host, "port_value": port}}}}]}],
-        },
-        # istiod is verified against the mounted root (as the agent verifies the CA); Envoy
-        # authenticates with the workload certificate it gets over SDS, which istiod's secure
-        # port accepts in place of a token.
-        "transport_socket": {
-            "name": "envoy.transport_sockets.tls",
-            "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
-                "sni": cfg.istiod_san,
-                "common_tls_context": {
-                    "alpn_protocols": ["h2"],
-                    "tls_certificate_sds_secret_configs": [
-                        {"name": WORKLOAD_SECRET, "sds_config": _sds_config()}],
-                    "validation_context": {
-                        "trusted_ca": {"filename": ROOT_CERT_PATH},
-                        "match_typed_subject_alt_names": [
-                            {"san_type": "DNS", "matcher": {"exact": cfg.istiod_san}}],
-                    },
-                },
-            },
+                "pipe": {"path": XDS_SOCKET_PATH}}}}]}],
         },
     }
-    return cluster
 
 
 ZIPKIN_CLUSTER = "zipkin"
@@ -266,7 +246,7 @@ def _envoy_bootstrap(cfg: AgentConfig, metadata: Mapping[str, Any]) -> dict:
                             "pipe": {"path": SDS_SOCKET_PATH}}}}]}],
                     },
                 },
-                _xds_cluster(cfg),
+                _xds_cluster(),
             ],
         },
     }

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 ROOT_CERT_PATH = "./var/run/secrets/istio/root-cert.pem"  # the istio-ca-root-cert ConfigMap
 TOKEN_PATH = "./var/run/secrets/tokens/istio-token"  # third-party (projected) service-account token
 SDS_SOCKET_PATH = "./var/run/secrets/workload-spiffe-uds/socket"
+XDS_SOCKET_PATH = "./etc/istio/proxy/XDS"  # the agent's xDS proxy, as istio-agent's
+WASM_CACHE_PATH = "./var/lib/istio/data"  # remote Wasm modules the agent fetched
 BOOTSTRAP_PATH = "./etc/istio/proxy/envoy-rev.json"
 MESH_CONFIG_PATH = "./etc/istio/config/mesh"  # the istio ConfigMap's `mesh` key, when mounted
 POD_LABELS_PATH = "./etc/istio/pod/labels"  # downward API

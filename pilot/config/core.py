@@ -31,6 +31,8 @@ class ServiceSpec(Model):
     cluster_ips: list[str] = Field(default_factory=list, alias="clusterIPs")
     type: str = "ClusterIP"
     external_name: str | None = None
+    # Only Ingress status reads these (the ingress Service's addresses, pilot/model/ingress.py).
+    external_ips: list[str] = Field(default_factory=list, alias="externalIPs")
 
     @field_validator("ports")
     @classmethod
@@ -57,9 +59,32 @@ class ServiceSpec(Model):
         return self
 
 
+class LoadBalancerIngress(Model):
+    ip: str = ""
+    hostname: str = ""
+
+
+class LoadBalancerStatus(Model):
+    ingress: list[LoadBalancerIngress] = Field(default_factory=list)
+
+
+class ServiceStatus(Model):
+    load_balancer: LoadBalancerStatus = Field(default_factory=LoadBalancerStatus)
+
+
 class Service(K8sObject):
     kind: Literal["Service"] = "Service"
     spec: ServiceSpec = Field(default_factory=ServiceSpec)
+    # Kept for Ingress status (the ingress Service's load balancer addresses).
+    status: ServiceStatus = Field(default_factory=ServiceStatus,
+                                  description="the ingress Service's addresses, for Ingress status")
+
+    def spec_equal(self, other: K8sObject) -> bool:
+        # A status-only update (a load balancer address) changes no proxy config: no Store event,
+        # no push. The Ingress status writer reads the informer's latest copy instead.
+        if not isinstance(other, Service):
+            return False
+        return super().spec_equal(other.model_copy(update={"status": self.status}))
 
 
 class EndpointConditions(Model):

@@ -27,6 +27,7 @@ Translation of pydantic's JSON Schema into Kubernetes' structural subset:
 
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -309,7 +310,13 @@ def files() -> dict[str, str]:
 
 
 def main(argv: list[str]) -> int:
-    directory = Path(argv[0]) if argv else Path(__file__).resolve().parents[2] / "deploy" / "crds"
+    # argparse, so `--help` prints usage instead of becoming an output directory named "--help"
+    parser = argparse.ArgumentParser(prog="python -m pilot.config.crd_schema",
+                                     description="Write the CRDs of every served kind (and their kustomization).")
+    parser.add_argument("directory", nargs="?", type=Path,
+                        default=Path(__file__).resolve().parents[2] / "deploy" / "crds",
+                        help="where to write them (default: deploy/crds of this checkout)")
+    directory: Path = parser.parse_args(argv).directory
     directory.mkdir(parents=True, exist_ok=True)
     for name, text in files().items():
         (directory / name).write_text(text)

@@ -2,9 +2,11 @@
 (pkg/config/validation validateWasmPlugin) and what this control plane can apply.
 
 The module is loaded by Envoy's V8 runtime (the PyPI Envoy build has it) from a local file
-(`file://`): the HTTP Wasm filter is inserted into the proxy's HTTP filter chain
-(pilot/networking/wasm.py). What needs istio-agent's module fetcher (`oci://`, and `http(s)://`
-which istiod also hands to the agent) or a NETWORK filter is refused naming the field.
+(`file://`) or, for `http://`/`https://`, from the file pilot-agent fetched, verified against
+`sha256` and cached (pilot/agent/wasm.py, as istio-agent's fetcher): the HTTP Wasm filter is
+inserted into the proxy's HTTP filter chain (pilot/networking/wasm.py). OCI images (`oci://`, or
+a URL without scheme), their pull secret and signature key, and NETWORK filters are refused
+naming the field.
 """
 
 from __future__ import annotations
@@ -63,8 +65,9 @@ class WasmPluginSpec(StrictModel):
     target_refs: list[PolicyTargetReference] = Field(default_factory=list)
     url: str = Field(min_length=1)
     sha256: str = ""
-    # Pull settings are istio-agent's module fetcher's (OCI images); local files have none.
-    image_pull_policy: Unsupported = None
+    # Read by the agent's fetcher (http(s) modules); local files have nothing to pull.
+    image_pull_policy: Literal["UNSPECIFIED_POLICY", "IfNotPresent", "Always"] = "UNSPECIFIED_POLICY"
+    # Registry credentials and signature keys are for OCI images, which are refused.
     image_pull_secret: Unsupported = None
     verification_key: Unsupported = None
     plugin_config: dict[str, Any] | None = None
@@ -93,11 +96,15 @@ class WasmPluginSpec(StrictModel):
             if not rest.startswith("/"):
                 raise ValueError("url: file:// needs an absolute path (file:///path/to/module.wasm)")
             return v
-        if scheme in ("oci", "http", "https"):
-            raise ValueError(f"url: {scheme}:// is not supported: istiod hands remote modules to istio-agent's "
-                             "fetcher, which this control plane's agent does not have; use file:// "
-                             "with the module on the proxy's filesystem")
-        raise ValueError(f"url: unsupported scheme {scheme!r} (file:// is supported)")
+        if scheme in ("http", "https"):
+            if not rest or rest.startswith("/"):
+                raise ValueError(f"url: {scheme}:// needs a host")
+            return v
+        if scheme == "oci":
+            raise ValueError("url: oci:// is not supported: pulling OCI images needs a registry client, which "
+                             "this control plane's agent does not have; serve the module over http(s):// "
+                             "(with sha256) or use file:// with the module on the proxy's filesystem")
+        raise ValueError(f"url: unsupported scheme {scheme!r} (file://, http:// and https:// are supported)")
 
     @field_validator("sha256")
     @classmethod
@@ -109,15 +116,22 @@ class WasmPluginSpec(StrictModel):
     @model_validator(mode="after")
     def _valid(self) -> WasmPluginSpec:
         problems = selector_problems(self.selector, self.target_ref, self.target_refs)
-        if self.sha256:  # only file:// is accepted, and Envoy reads local modules unverified
+        if self.is_local and self.sha256:
             problems.append("sha256: not supported for file:// modules (Envoy does not verify local files; "
-                            "it checks sha256 only for modules it fetches)")
+                            "the agent checks sha256 only for modules it fetches)")
+        if self.is_local and self.image_pull_policy != "UNSPECIFIED_POLICY":
+            problems.append("imagePullPolicy: only applies to modules the agent fetches (http(s)://), "
+                            "not to file://")
         _raise_if(problems)
         return self
 
     @property
     def target_references(self) -> list[PolicyTargetReference]:
         return ([self.target_ref] if self.target_ref is not None else []) + list(self.target_refs)
+
+    @property
+    def is_local(self) -> bool:
+        return self.url.startswith("file://")
 
     @property
     def file_path(self) -> str:

@@ -1,18 +1,21 @@
-"""Kubernetes Ingress (networking.k8s.io/v1) as istiod reads it: the Ingresses of class `istio`
-become gateway config for the ingress gateway (pilot/model/ingress.py). Only the fields istiod
-translates are accepted; a field it cannot honour is refused by name."""
+"""Kubernetes Ingress and IngressClass (networking.k8s.io/v1) as istiod reads them: the Ingresses
+this control plane processes (MeshConfig ingressClass / ingressControllerMode, or an IngressClass
+whose controller is `istio.io/ingress-controller`; pilot/model/ingress.py) become gateway config
+for the ingress gateway. Only the fields istiod translates are accepted; a field it cannot honour
+is refused by name."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from pilot.config.base import K8sObject, Model, Unsupported
 
-# The class that names this control plane (istiod's default MeshConfig ingressClass).
-INGRESS_CLASS = "istio"
 CLASS_ANNOTATION = "kubernetes.io/ingress.class"
+# An IngressClass naming this controller selects its Ingresses for this control plane (istiod's
+# IstioIngressController).
+INGRESS_CONTROLLER = "istio.io/ingress-controller"
 
 
 class ServiceBackendPort(Model):
@@ -77,13 +80,52 @@ class IngressSpec(Model):
 
 
 class Ingress(K8sObject):
+    """`status` is what the leader last wrote (status.loadBalancer), kept for the status writer
+    to compare against and ignored by `spec_equal`: a status write is never a config change."""
+
     kind: Literal["Ingress"] = "Ingress"
     spec: IngressSpec = Field(default_factory=IngressSpec)
+    status: dict[str, Any] = Field(default_factory=dict,
+                                   description="status.loadBalancer written by the leader (MeshConfig ingressService)")
+
+    @property
+    def class_annotation(self) -> str | None:
+        return self.metadata.annotations.get(CLASS_ANNOTATION)
+
+    def spec_equal(self, other: K8sObject) -> bool:
+        # The class annotation decides whether the Ingress is processed at all (the base
+        # comparison keeps only istio.io annotations).
+        if not isinstance(other, Ingress) or self.class_annotation != other.class_annotation:
+            return False
+        ignore: dict[str, Any] = {"status": True,
+                                  "metadata": {"resource_version", "uid", "generation", "annotations",
+                                               "creation_timestamp"}}
+        return self.model_dump(exclude=ignore) == other.model_dump(exclude=ignore)
+
+
+class IngressClassSpec(Model):
+    controller: str = ""
+    # Read by no part of istiod: refused for our controller's classes (never silently ignored),
+    # left alone on other controllers' classes (not ours to judge).
+    parameters: dict[str, Any] | None = Field(
+        default=None, description="refused on classes of istio.io/ingress-controller (istiod reads none); "
+                                  "other controllers' classes are theirs")
+
+    @model_validator(mode="after")
+    def _parameters(self) -> IngressClassSpec:
+        if self.controller == INGRESS_CONTROLLER and self.parameters is not None:
+            raise ValueError(f"parameters: not supported for controller {INGRESS_CONTROLLER} "
+                             "(istiod reads no IngressClass parameters)")
+        return self
+
+
+class IngressClass(K8sObject):
+    """Cluster-scoped. An Ingress naming it by spec.ingressClassName is processed when its
+    controller is `istio.io/ingress-controller` (the annotation, when set, wins)."""
+
+    kind: Literal["IngressClass"] = "IngressClass"
+    spec: IngressClassSpec = Field(default_factory=IngressClassSpec)
 
     @property
     def ours(self) -> bool:
-        """Of class `istio` (spec.ingressClassName or the older annotation), as istiod's
-        default strict mode reads it: an Ingress naming no class is not ours."""
-        if self.spec.ingress_class_name is not None:
-            return self.spec.ingress_class_name == INGRESS_CLASS
-        return self.metadata.annotations.get(CLASS_ANNOTATION) == INGRESS_CLASS
+        return self.spec.controller == INGRESS_CONTROLLER

@@ -19,7 +19,7 @@ from pilot.config.gateway_api import (
     TCPRoute,
     TLSRoute,
 )
-from pilot.config.ingress import Ingress
+from pilot.config.ingress import Ingress, IngressClass
 from pilot.config.networking import (
     DestinationRule,
     EnvoyFilter,
@@ -83,6 +83,7 @@ KINDS: tuple[Kind, ...] = (
     Kind("", ("v1",), "Secret", "secrets", True, Secret),
     # Ingress of class `istio`, translated to gateway config (pilot/model/ingress.py).
     Kind("networking.k8s.io", ("v1",), "Ingress", "ingresses", True, Ingress),
+    Kind("networking.k8s.io", ("v1",), "IngressClass", "ingressclasses", False, IngressClass),
     # networking.istio.io: v1 is read and written; v1beta1 and v1alpha3 serve the same schema.
     Kind("networking.istio.io", ISTIO_VERSIONS, "VirtualService", "virtualservices", True, VirtualService),
     Kind("networking.istio.io", ISTIO_VERSIONS, "DestinationRule", "destinationrules", True, DestinationRule),

@@ -115,16 +115,22 @@ class MeshConfig(StrictModel):
     # before treating the connection as TCP; 0s (istiod's default) waits for ever, so server-first
     # protocols on such ports need a port name or appProtocol.
     protocol_detection_timeout: str = "0s"
+    # Kubernetes Ingress (pilot/model/ingress.py), istiod's defaults: the class an Ingress's
+    # `kubernetes.io/ingress.class` annotation must name; which Ingresses are processed (OFF: none,
+    # STRICT: those naming the class or an IngressClass of istio.io/ingress-controller, DEFAULT:
+    # those too and the ones naming no class; UNSPECIFIED: none, as istiod); the Service in
+    # K8S_INGRESS_NS whose addresses go to Ingress status; and the `istio` label value of the
+    # gateway pods (empty: the service name, or `ingressgateway` for istio-ingressgateway).
+    ingress_class: str = "istio"
+    ingress_controller_mode: Literal["UNSPECIFIED", "OFF", "DEFAULT", "STRICT"] = "STRICT"
+    ingress_service: str = "istio-ingressgateway"
+    ingress_selector: str = ""
     # --- istio 1.30 fields not applied here (mesh/v1alpha1/config.proto) ---
     proxy_listen_port: Unsupported = None
     proxy_inbound_listen_port: Unsupported = None
     proxy_http_port: Unsupported = None
     hbone_idle_timeout: Unsupported = None
     tcp_keepalive: Unsupported = None
-    ingress_class: Unsupported = None
-    ingress_service: Unsupported = None
-    ingress_controller_mode: Unsupported = None
-    ingress_selector: Unsupported = None
     enable_envoy_access_log_service: Unsupported = None
     disable_envoy_listener_log: Unsupported = None
     inbound_traffic_policy: Unsupported = None

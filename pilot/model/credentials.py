@@ -26,6 +26,10 @@ CERT_KEYS = (("tls.crt", "tls.key"), ("cert", "key"))
 # `kubernetes://NAME-cacert` (its CA bundle, or that of a Secret named NAME-cacert).
 SDS_PREFIX = "kubernetes://"
 CA_SUFFIX = "-cacert"
+# A ConfigMap's `ca.crt` (Gateway spec.tls.frontend), as istiod names it: configmap://NS/NAME-cacert.
+CONFIGMAP_PREFIX = "configmap://"
+# A Secret's CA bundle for the same purpose: kubernetes-gateway://NS/NAME-cacert.
+SECRET_CA_PREFIX = "kubernetes-gateway://"
 CA_KEYS = ("ca.crt", "cacert")
 _PEM = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----(.*?)-----END \1-----", re.DOTALL)
 _KEY_LABELS = {b"PRIVATE KEY", b"RSA PRIVATE KEY", b"EC PRIVATE KEY"}

@@ -114,6 +114,10 @@ def secret(namespace: str, name: str) -> tuple:
     return ("secret", namespace, name)
 
 
+def configmap(namespace: str, name: str) -> tuple:
+    return ("configmap", namespace, name)
+
+
 def telemetry(namespace: str) -> tuple:
     return ("telemetry", namespace)
 
@@ -270,6 +274,8 @@ def change_of(keys: Iterable[ConfigKey], old, new, *, mesh_changed: bool, servic
             facets.add(service_entry(k.namespace, k.name))
         elif k.kind == "Secret":
             facets.add(secret(k.namespace, k.name))
+        elif k.kind == "ConfigMap":
+            facets.add(configmap(k.namespace, k.name))
         elif k.kind == "JWKS":
             facets.add(JWKS)
         elif k.kind == "Telemetry":

@@ -52,6 +52,7 @@ class GenerationKnobs:
     jwks_fetch_mode: str = "istiod"  # PILOT_JWT_ENABLE_REMOTE_JWKS: istiod, hybrid or envoy
     enhanced_dr_merge: bool = True  # ENABLE_ENHANCED_DESTINATIONRULE_MERGE
     dual_stack: bool = False  # ISTIO_DUAL_STACK
+    ingress_namespace: str = "istio-system"  # K8S_INGRESS_NS: where Ingress Gateways live
 
 
 DEFAULT_KNOBS = GenerationKnobs()

@@ -36,6 +36,7 @@ from pilot.model.gateway_api import EMPTY as NO_GATEWAY_API
 from pilot.model.gateway_api import GatewayApiResult, translate
 from pilot.model.gateways import GatewayIndex
 from pilot.model.inbound import NO_INBOUND, InboundPlan, plan_inbound
+from pilot.model.ingress import NO_INGRESS, IngressResult
 from pilot.model.ingress import translate as translate_ingress
 from pilot.model.labels import selects
 from pilot.model.mesh_settings import DEFAULT_KNOBS, GenerationKnobs, MeshSettings
@@ -70,7 +71,7 @@ CONTEXT_KINDS = ENDPOINT_KINDS | AMBIENT_INPUT_KINDS | frozenset({
     "Service", "ServiceEntry", "VirtualService", "DestinationRule", "Sidecar", "Gateway", "Secret", "EnvoyFilter",
     "PeerAuthentication", "AuthorizationPolicy", "RequestAuthentication", "Namespace",
     "GatewayClass", "KubernetesGateway", "ListenerSet", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute", "ReferenceGrant",
-    "BackendTLSPolicy", "ConfigMap", "Telemetry", "WasmPlugin"})
+    "BackendTLSPolicy", "ConfigMap", "Ingress", "IngressClass", "Telemetry", "WasmPlugin"})
 
 
 class _Recording:
@@ -118,8 +119,9 @@ class PushContext:
     wasm_plugins: Mapping[str, tuple[Entry[WasmPlugin], ...]] = field(default_factory=dict)  # by namespace, oldest first
     # Gateway API objects: the Istio config they become (also in `gateways`) and their status.
     gateway_api: GatewayApiResult = NO_GATEWAY_API
-    # Ingress paths not served, and why (a backend port name no Service has).
-    ingress_problems: tuple[str, ...] = ()
+    # Kubernetes Ingress: its config (also in `gateways`), what is not served and why (a backend
+    # port name no Service has), and the status.loadBalancer of each processed Ingress.
+    ingress: IngressResult = NO_INGRESS
     # PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES: Kubernetes Services select WorkloadEntries too.
     k8s_select_workload_entries: bool = True
     # PILOT_ENABLE_IP_AUTOALLOCATE: (namespace, host) -> (IPv4, IPv6) of ServiceEntries without
@@ -163,7 +165,7 @@ class PushContext:
         if previous is not None and previous.settings == settings:
             settings = previous.settings
         gateway_api = translate(store, domain, previous.gateway_api if previous is not None else None)
-        ingress_gateways, ingress_vss, ingress_problems = translate_ingress(store, domain)
+        ingress = translate_ingress(store, domain, mesh, knobs.ingress_namespace)
         return cls(
             version=version,
             mesh=mesh,
@@ -180,10 +182,10 @@ class PushContext:
             workload_entries_by_ns=_by_namespace(store.list(WorkloadEntry)),
             full_view=ServiceView.of(services, sniff=settings.listeners.sniff_outbound),
             pods=_index_pods(store),
-            gateways=GatewayIndex.build(store, domain, (*gateway_api.gateways, *ingress_gateways),
-                                        (*gateway_api.virtual_services, *ingress_vss),
+            gateways=GatewayIndex.build(store, domain, (*gateway_api.gateways, *ingress.gateways),
+                                        (*gateway_api.virtual_services, *ingress.virtual_services),
                                         knobs.scope_gateway_to_namespace),
-            ingress_problems=ingress_problems,
+            ingress=ingress,
             gateway_api=gateway_api,
             security=SecurityIndex.build(store, mesh.root_namespace, jwks,
                                          resolve_providers(mesh.extension_providers, by_host, domain),
@@ -294,6 +296,14 @@ class PushContext:
     def gateway_secret(self, namespace: str, name: str) -> Entry[Secret] | None:
         self._note(dep.secret(namespace, name))
         return self.gateways.secret(namespace, name)
+
+    def gateway_client_ca(self, proxy_namespace: str, kind: str, namespace: str, name: str,
+                          sds_name: str) -> bytes | None:
+        """The CA a Gateway of `proxy_namespace` verifies clients with (a ConfigMap's or Secret's
+        ca.crt), if any."""
+        self._note(dep.configmap(namespace, name) if kind == "ConfigMap" else dep.secret(namespace, name),
+                   dep.GATEWAYS)
+        return self.gateway_api.client_cas.get((proxy_namespace, sds_name))
 
     def allows_credential(self, proxy_namespace: str, namespace: str, name: str) -> bool:
         self._note(dep.GRANTS)

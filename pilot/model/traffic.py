@@ -89,11 +89,12 @@ class TrafficIndex:
         under the consolidated user rules."""
         vs: dict[str, list[Entry[VirtualService]]] = defaultdict(list)
         consumers: dict[tuple[str, str], Entry[VirtualService]] = {}
-        for e in mesh_routes:
-            if e.obj.spec.export_to == ["."]:
-                consumers[(e.obj.spec.hosts[0], e.key.namespace)] = e
-            else:
-                vs[e.obj.spec.hosts[0]].append(e)
+        for e in mesh_routes:  # (a ServiceEntry parent's route holds every host of the ServiceEntry)
+            for h in e.obj.spec.hosts:
+                if e.obj.spec.export_to == ["."]:
+                    consumers[(h, e.key.namespace)] = e
+                else:
+                    vs[h].append(e)
         for e in store.list(VirtualService):
             spec = e.obj.spec
             gateways = spec.gateways or [MESH_GATEWAY]

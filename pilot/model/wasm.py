@@ -27,7 +27,9 @@ class WasmFilter:
 
     name: str  # "NS.NAME", the HTTP filter's and its ECDS resource's name, as istiod's
     phase: str
-    url: str  # file:///path, read by Envoy (the only scheme accepted)
+    url: str  # file:///path, read by Envoy; http(s)://, fetched by the agent
+    sha256: str  # "" for file:// (refused there) or an unverified http(s) module
+    pull_policy: str  # imagePullPolicy, for the agent ("UNSPECIFIED_POLICY" for file://)
     root_id: str
     config: str  # pluginConfig as JSON ("" when absent)
     fail_open: bool
@@ -38,6 +40,10 @@ class WasmFilter:
 
     def applies_to_port(self, port: int) -> bool:
         return not self.ports or port in self.ports
+
+    @property
+    def is_local(self) -> bool:
+        return self.url.startswith("file://")
 
     @property
     def path(self) -> str:
@@ -75,7 +81,8 @@ def _filter(e: Entry[WasmPlugin], ports: frozenset[int]) -> WasmFilter:
     spec = e.obj.spec
     env = spec.vm_config.env if spec.vm_config else []
     return WasmFilter(
-        name=f"{e.key.namespace}.{e.key.name}", phase=spec.phase, url=spec.url, root_id=spec.plugin_name,
+        name=f"{e.key.namespace}.{e.key.name}", phase=spec.phase, url=spec.url, sha256=spec.sha256,
+        pull_policy=spec.image_pull_policy, root_id=spec.plugin_name,
         config=json.dumps(spec.plugin_config, sort_keys=True, separators=(",", ":"))
         if spec.plugin_config is not None else "",
         fail_open=spec.fail_strategy == "FAIL_OPEN",

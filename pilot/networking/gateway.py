@@ -105,6 +105,10 @@ class TlsPlan:
     verify_spki: tuple[str, ...] = ()  # client certificate pins (MUTUAL, OPTIONAL_MUTUAL)
     verify_hash: tuple[str, ...] = ()
     more_credentials: tuple[str, ...] = ()  # SDS names of further certificates (credentialNames)
+    # The CA checking clients when not the credential's own (Gateway API spec.tls.frontend), and
+    # whether untrusted client certificates are accepted (its AllowInsecureFallback).
+    client_ca: str = ""
+    accept_untrusted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +137,8 @@ def _tls_plan(ref: ServerRef, alpn: tuple[str, ...]) -> TlsPlan:
     more = () if t.mode == "ISTIO_MUTUAL" else tuple(credential_resource_name(n) for n in names[1:])
     return TlsPlan(t.mode, credential, tuple(t.subject_alt_names),
                    t.min_protocol_version or "", t.max_protocol_version or "", tuple(t.cipher_suites), alpn,
-                   tuple(t.verify_certificate_spki), tuple(t.verify_certificate_hash), more)
+                   tuple(t.verify_certificate_spki), tuple(t.verify_certificate_hash), more,
+                   t.ca_cert_credential_name or "", getattr(t, "insecure_skip_verify", False))
 
 
 def _rules_for_gateway(rules, gateway: str, namespace: str, port: int) -> list:
@@ -314,9 +319,11 @@ def downstream_tls_context(tls: TlsPlan) -> tls_pb2.DownstreamTlsContext:
                 matcher=string_pb2.StringMatcher(exact=san))
         default.verify_certificate_spki.extend(tls.verify_spki)
         default.verify_certificate_hash.extend(tls.verify_hash)
+        if tls.accept_untrusted:
+            default.trust_chain_verification = common_pb2.CertificateValidationContext.ACCEPT_UNTRUSTED
         ctx.common_tls_context.combined_validation_context.CopyFrom(tls_pb2.CommonTlsContext.CombinedCertificateValidationContext(
             default_validation_context=default,
-            validation_context_sds_secret_config=sds_secret_config(tls.credential + CA_SUFFIX)))
+            validation_context_sds_secret_config=sds_secret_config(tls.client_ca or tls.credential + CA_SUFFIX)))
         ctx.require_client_certificate.CopyFrom(wrappers_pb2.BoolValue(value=tls.mode == "MUTUAL"))
     return ctx
 

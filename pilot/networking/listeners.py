@@ -24,7 +24,14 @@ from pilot.networking.filters import (
     http_connection_manager,
     tcp_proxy_filter,
 )
-from pilot.networking.tcp_routes import NO_CLIENT, Client, sni_chains, tcp_filter_for, tls_inspector
+from pilot.networking.tcp_routes import (
+    NO_CLIENT,
+    Client,
+    sni_chains,
+    tcp_filter_for,
+    tls_inspector,
+    vs_metadata,
+)
 
 LOCALHOST = "127.0.0.1"
 WILDCARD = "0.0.0.0"
@@ -54,10 +61,13 @@ def _tcp_chains(svc: MeshService, port: int, vs: Entry[VirtualService] | None, d
     """(SNI chains from `tls` rules, the default chain: a `tcp` rule or the service's cluster, the
     latter with the limits of the service's DestinationRule)."""
     cluster = names.outbound_cluster_name(port, svc.hostname)
-    default = tcp_filter_for(svc, port, vs, domain, settings, client) or tcp_proxy_filter(cluster, cluster,
-                                                                                           settings, limits)
+    routed = tcp_filter_for(svc, port, vs, domain, settings, client)
+    chain = listener_components_pb2.FilterChain(filters=[routed or tcp_proxy_filter(cluster, cluster, settings,
+                                                                                    limits)])
+    if routed is not None and vs is not None:  # istiod's BuildConfigInfoMetadata on the chain
+        vs_metadata(chain.metadata, vs)
     sni = sni_chains(svc, port, vs, domain, settings, client)
-    return sni, listener_components_pb2.FilterChain(filters=[default])
+    return sni, chain
 
 
 def _hcm_chain(stat_prefix: str, port: int, settings: ListenerSettings) -> listener_components_pb2.FilterChain:

@@ -15,6 +15,7 @@ from pilot.model.store import Entry
 from pilot.model.traffic import MESH_GATEWAY, resolve_host
 from pilot.networking import names
 from pilot.networking.filters import TCP_PROXY_FILTER, access_logs
+from pilot.networking.metadata import config_path, set_config
 from pilot.networking.protos import pack
 
 TLS_INSPECTOR = "envoy.filters.listener.tls_inspector"
@@ -24,6 +25,12 @@ def _cluster(dest, port: int, vs: Entry[VirtualService], domain: str) -> str:
     host = resolve_host(dest.host, vs.key.namespace, domain)
     number = dest.port.number if dest.port is not None and dest.port.number else port
     return names.outbound_cluster_name(number, host, dest.subset or "")
+
+
+def vs_metadata(md, vs: Entry[VirtualService]) -> None:
+    """`filter_metadata.istio.config` naming the VirtualService a TCP/TLS filter chain comes from,
+    as istiod sets it (istioctl proxy-config listener shows it)."""
+    set_config(md, config_path("VirtualService", vs.key.namespace, vs.key.name))
 
 
 def _tcp_proxy(stat_prefix: str, route, port: int, vs: Entry[VirtualService], domain: str,
@@ -105,6 +112,7 @@ def sni_chains(svc: MeshService, port: int, vs: Entry[VirtualService] | None, do
             filters=[_tcp_proxy(f"outbound|{port}||{svc.hostname}", rule, port, vs, domain, settings)])
         chain.filter_chain_match.server_names.extend(sni)
         chain.filter_chain_match.transport_protocol = "tls"
+        vs_metadata(chain.metadata, vs)
         chains.append(chain)
     return chains
 

@@ -28,6 +28,8 @@ WASM_HTTP_TYPE = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
 # istio-agent replaces a module it cannot fetch by an RBAC filter of the same name: istiod lists
 # that type too, and so does this (the same config works behind either agent).
 RBAC_HTTP_TYPE = "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC"
+PULL_POLICY_ENV = "ISTIO_META_WASM_IMAGE_PULL_POLICY"  # istiod's name; read by pilot/agent/wasm.py
+REMOTE_FETCH_TIMEOUT_S = 30  # istiod's
 
 
 def wasm_filter(f: WasmFilter) -> hcm_pb2.HttpFilter:
@@ -44,10 +46,22 @@ def wasm_filter(f: WasmFilter) -> hcm_pb2.HttpFilter:
 def extension_config(f: WasmFilter) -> extension_pb2.TypedExtensionConfig:
     """The ECDS resource of a plugin (istiod's BuildHTTPWasmFilter)."""
     vm = wasm_pb2.VmConfig(runtime=V8, vm_id=f.name)
-    vm.code.local.filename = f.path
-    if f.env_host or f.env_inline:
+    env_inline = dict(f.env_inline)
+    if f.is_local:
+        vm.code.local.filename = f.path
+    else:
+        # As istiod: a remote source the agent replaces by its local copy before Envoy sees it
+        # (Envoy's own fetch would need a cluster, hence the placeholder); the pull policy
+        # travels in the VM environment, which the agent strips.
+        vm.code.remote.http_uri.uri = f.url
+        vm.code.remote.http_uri.cluster = "_"
+        vm.code.remote.http_uri.timeout.FromSeconds(REMOTE_FETCH_TIMEOUT_S)
+        vm.code.remote.sha256 = f.sha256
+        if f.pull_policy != "UNSPECIFIED_POLICY":
+            env_inline[PULL_POLICY_ENV] = f.pull_policy
+    if f.env_host or env_inline:
         vm.environment_variables.host_env_keys.extend(f.env_host)
-        vm.environment_variables.key_values.update(dict(f.env_inline))
+        vm.environment_variables.key_values.update(env_inline)
     plugin = wasm_pb2.PluginConfig(name=f.name, root_id=f.root_id, vm_config=vm,
                                    failure_policy=wasm_pb2.FAIL_OPEN if f.fail_open else wasm_pb2.FAIL_CLOSED)
     if f.config:

@@ -188,16 +188,35 @@ async def check_accepted(cluster: Cluster, spec: dict) -> None:
 
 # --- requests -----------------------------------------------------------------------------------
 
-async def _round_trip(port: int, req: dict, tls: bool) -> tuple[int, dict[str, list[str]], Any]:
+def _client_tls(req: dict, handshake: dict) -> ssl.SSLContext:
+    """The client's TLS: the server is not verified; with `_clientCert` (files of a Secret) the
+    certificate is presented when the server asks for one, and handshake["certRequested"] says
+    whether it did (upstream's GetClientCertificateHook: the certificate must have been asked for,
+    whether the request then succeeds or fails)."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    if req.get("_clientCert"):
+        ctx.load_cert_chain(*req["_clientCert"])
+        handshake["certRequested"] = False
+
+        def on_message(_conn, direction, _version, _content_type, msg_type, _data) -> None:
+            if direction == "read" and msg_type == ssl._TLSMessageType.CERTIFICATE_REQUEST:
+                handshake["certRequested"] = True
+
+        # CPython's handshake message hook (ssl's debugging callback; no public way to see a
+        # CertificateRequest)
+        ctx._msg_callback = on_message  # type: ignore[attr-defined]
+    return ctx
+
+
+async def _round_trip(port: int, req: dict, tls: bool,
+                      handshake: dict | None = None) -> tuple[int, dict[str, list[str]], Any]:
     host = req["host"]
     headers = {"Host": host, **{k: str(v) for k, v in (req.get("headers") or {}).items()}}
     if req.get("backendSetResponseHeaders"):
         headers["X-Echo-Set-Header"] = ",".join(f"{k}:{v}" for k, v in req["backendSetResponseHeaders"].items())
-    ctx = None
-    if tls:
-        ctx = ssl.create_default_context()
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
+    ctx = _client_tls(req, {} if handshake is None else handshake) if tls else None
     scheme = "https" if tls else "http"
     timeout = aiohttp.ClientTimeout(total=req.get("timeout", 10))
     async with aiohttp.ClientSession(timeout=timeout, auto_decompress=False) as s, s.request(
@@ -308,6 +327,8 @@ async def check_request(cluster: Cluster, default_gateway: str, item: dict,
         else listeners[0]
     port = item.get("port", listener["port"])
     tls = listener["protocol"] in ("HTTPS", "TLS")
+    if "clientCert" in req:  # a TLS Secret's certificate and key, presented when asked for
+        req["_clientCert"] = cluster.tls_files(*split_name(req.pop("clientCert")))
     scheme = "https" if tls else "http"
     if "host" not in req:
         # upstream sends the Gateway's address as Host (without the scheme's default port)
@@ -323,13 +344,16 @@ async def _consistently(req: dict, exp: dict, port: int, tls: bool, scheme: str,
     deadline = time.monotonic() + timeout
     streak, problem = 0, "never tried"
     while time.monotonic() < deadline and streak < CONSECUTIVE:
+        handshake: dict = {}
         try:
-            status, headers, body = await _round_trip(port, req, tls)
+            status, headers, body = await _round_trip(port, req, tls, handshake)
             problem = "connection accepted, want it rejected" if exp.get("rejected") \
                 else compare(req, exp, status, headers, body, scheme)
         except (aiohttp.ClientError, OSError, TimeoutError) as e:
             # upstream MakeTLSConnectionAndExpectEventuallyConnectionRejection: the handshake fails
             problem = None if exp.get("rejected") else f"{type(e).__name__}: {e}"
+        if problem is None and handshake.get("certRequested") is False:
+            problem = "the server did not ask for the client certificate"
         if problem is None:
             streak += 1
         else:

@@ -14,6 +14,7 @@ permission to bind them, and only one gateway Envoy runs at a time (the base Gat
 
 from __future__ import annotations
 
+import base64
 import itertools
 import ssl
 from pathlib import Path
@@ -86,6 +87,7 @@ class Cluster:
         self._seq = itertools.count()
         self.ca = certs.make_ca("gateway-api conformance CA")
         self.secrets: dict[tuple[str, str], certs.Issued] = {}
+        self.suite_objects: list[dict] = []  # suite.go's CA ConfigMaps besides tls-checks'
 
     # --- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -94,7 +96,8 @@ class Cluster:
         # The CA ConfigMaps suite.go creates for BackendTLSPolicy: the CA that signed
         # tls-checks-certificate, and one that signed nothing.
         await self.apply([self.ca_config_map("tls-checks-ca-certificate", self.ca),
-                          self.ca_config_map("mismatch-ca-certificate", certs.make_ca("unused CA"))])
+                          self.ca_config_map("mismatch-ca-certificate", certs.make_ca("unused CA")),
+                          *self.suite_objects])
         await self.cp.start()
 
     @staticmethod
@@ -121,6 +124,35 @@ class Cluster:
             leaf = certs.issue(self.ca, hosts)
             self.secrets[(ns, name)] = leaf
             self.cp.write(f"01-secret-{ns}-{name}.yaml", certs.tls_secret_yaml(name, ns, leaf))
+        # Frontend client certificate validation: a CA ConfigMap and a client certificate it signed,
+        # for the default and for the per-port configuration (distinct CAs, so each client is
+        # refused by the other's listener)
+        for ca_name, client_name in [("tls-validity-checks-ca-certificate", "tls-validity-checks-client-certificate"),
+                                     ("tls-validity-checks-per-port-ca-certificate",
+                                      "tls-validity-checks-per-port-client-certificate")]:
+            ca = certs.make_ca(ca_name)
+            self.suite_objects.append(self.ca_config_map(ca_name, ca))
+            leaf = certs.issue(ca, [], client=True)
+            self.secrets[("gateway-conformance-infra", client_name)] = leaf
+            self.cp.write(f"01-secret-gateway-conformance-infra-{client_name}.yaml",
+                          certs.tls_secret_yaml(client_name, "gateway-conformance-infra", leaf))
+        self.suite_objects.append(self.ca_config_map("web-backend-cm", certs.make_ca("web-backend-cm"),
+                                                     "gateway-conformance-web-backend"))
+
+    def tls_files(self, namespace: str, name: str) -> tuple[Path, Path]:
+        """tls.crt and tls.key of a TLS Secret (upstream GetTLSSecret) as files, for a client to
+        present: one the suite made, or one a manifest applied (read as it is now)."""
+        if (namespace, name) in self.secrets:
+            cert, key_ = self.secrets[(namespace, name)].cert_pem, self.secrets[(namespace, name)].key_pem
+        else:
+            doc = self.objects.get(("Secret", namespace, name))
+            if doc is None:
+                raise KeyError(f"no Secret {namespace}/{name}")
+            cert, key_ = (base64.b64decode(doc["data"][f]) for f in ("tls.crt", "tls.key"))
+        paths = (self.workdir / f"client-{namespace}-{name}.crt", self.workdir / f"client-{namespace}-{name}.key")
+        paths[0].write_bytes(cert)
+        paths[1].write_bytes(key_)
+        return paths
 
     # --- manifests ----------------------------------------------------------------------------
     async def apply(self, docs: list[dict]) -> list[tuple[str, str, str]]:

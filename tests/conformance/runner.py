@@ -104,7 +104,7 @@ async def run_case(cluster: Cluster, name: str, case: dict) -> tuple[str, str]:
         cluster.delete(applied)
 
 
-REQUEST_KEYS = {"host", "path", "method", "headers", "backendSetResponseHeaders", "sni"}
+REQUEST_KEYS = {"host", "path", "method", "headers", "backendSetResponseHeaders", "sni", "clientCert"}
 RESPONSE_KEYS = {"status": "status", "backend": "backend", "namespace": "namespace", "seen": "request",
                  "responseHeaders": "headers", "absentResponseHeaders": "absentHeaders", "redirect": "redirect",
                  "mirroredTo": "mirroredTo", "rejected": "rejected", "validResponseHeaders": "validHeaders",

@@ -16,11 +16,12 @@ pytestmark = pytest.mark.timeout(240)
 
 # One of each kind of check: routing by path and header, a cross-namespace backend behind a
 # ReferenceGrant that is then deleted (500), route status reasons, HTTPS with a Secret, gRPC,
-# TLS passthrough by SNI, a mesh route seen from a sidecar, and TLS to backends (BackendTLSPolicy
-# subjectAltNames matched and not).
+# TLS passthrough by SNI, a mesh route seen from a sidecar, TLS to backends (BackendTLSPolicy
+# subjectAltNames matched and not), and client certificates checked by the Gateway's frontend CAs.
 FAST = ["HTTPRouteMatching", "HTTPRouteReferenceGrant", "HTTPRouteInvalidCrossNamespaceParentRef",
         "HTTPRouteHTTPSListener", "GRPCExactMethodMatching", "TLSRouteHostnameIntersection",
-        "MeshHTTPRouteSimpleSameNamespace", "BackendTLSPolicySANValidation"]
+        "MeshHTTPRouteSimpleSameNamespace", "BackendTLSPolicySANValidation",
+        "GatewayFrontendClientCertificateValidation"]
 
 
 def _can_bind_low_ports() -> bool:

@@ -7,6 +7,8 @@ Moving the EndpointSlice must move the client's RPCs to the other backend.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.e2e.mesh_config import endpoint_slice_yaml, service_yaml
@@ -91,5 +93,37 @@ async def test_proxyless_client_sees_service_appear_and_go(tmp_path, backends):
             await client.wait_for_error("does not exist", timeout=10)
             row = await cp.sync_status(client.bootstrap["node"]["id"])
             assert row and all(row[f"{t}_nack"] is None for t in ("cluster", "listener", "route", "endpoint")), row
+        finally:
+            await client.stop()
+
+
+def _sidecar(hosts: list[str]) -> str:
+    return ("apiVersion: networking.istio.io/v1\nkind: Sidecar\nmetadata: {name: default, namespace: default}\n"
+            f"spec:\n  egress:\n  - hosts: {hosts}\n")
+
+
+async def test_sidecar_egress_scope_limits_what_a_proxyless_client_is_given(tmp_path, backends):
+    """istiod builds grpc clients' LDS and RDS from the Sidecar scope: a service the client's
+    Sidecar hides has no listener (its RPCs fail); once the Sidecar shows it, it routes."""
+    one, _two = backends
+    cp = ControlPlane(tmp_path)
+    cp.write("echo.yaml", service_yaml("echo", PORT, port_name="grpc"))
+    cp.write("echo-eps.yaml", endpoint_slice_yaml("echo", one.port, port_name="grpc"))
+    cp.write("sidecar.yaml", _sidecar(["./nothing.default.svc.cluster.local"]))
+    async with cp:
+        client = GrpcXdsClientProcess(f"xds:///{HOST}:{PORT}", cp.xds_port, tmp_path, max_seconds=40,
+                                      call_timeout=1.0, metadata={"NAMESPACE": "default", "GENERATOR": "grpc"})
+        await client.start()
+        try:
+            await client.wait_for_error("", timeout=10, since=0)
+            await client.wait_for_line(lambda _line: True, timeout=10, since=3, message="three attempts")
+            assert not client.replies(0), client.describe()  # never routed while hidden
+            proxy_id = client.bootstrap["node"]["id"]
+            # What the control plane sends this client: no listener and no route config for it.
+            sent = json.dumps(await cp.debug(f"/debug/config_dump?proxyID={proxy_id}"))
+            assert f'"{HOST}:{PORT}"' not in sent, sent[:2000]
+            cp.write("sidecar.yaml", _sidecar(["./echo.default.svc.cluster.local"]))
+            await client.wait_for_reply("echo-1:", timeout=15)
+            assert f'"{HOST}:{PORT}"' in json.dumps(await cp.debug(f"/debug/config_dump?proxyID={proxy_id}"))
         finally:
             await client.stop()

@@ -1,6 +1,7 @@
-"""Kubernetes Ingress (class istio) through a real Envoy running as the ingress gateway: the
-Service istio-ingressgateway maps port 80 to a free target port (as istiod maps it), and an
-Ingress rule routes Host + path to its backend."""
+"""Kubernetes Ingress (an IngressClass of istio.io/ingress-controller) through a real Envoy
+running as the ingress gateway: the Service istio-ingressgateway maps ports 80 and 443 to free
+target ports (as istiod maps them), an Ingress rule routes Host + path to its backend, and a
+`spec.tls` secretName is served over SDS to a real TLS client."""
 
 from __future__ import annotations
 
@@ -8,8 +9,23 @@ import textwrap
 
 import pytest
 
-from tests.e2e.test_gateway import GW_NS, SERVICE_PORT, GatewayEnv, env, http_request  # noqa: F401 - fixture
+from tests.e2e.test_gateway import (  # noqa: F401 - fixture
+    GW_NS,
+    SERVICE_PORT,
+    GatewayEnv,
+    env,
+    http_request,
+    tls_request,
+)
+from tests.support.certs import issue, make_ca, tls_secret_yaml
 from tests.support.ports import free_ports
+
+INGRESS_CLASS = """\
+apiVersion: networking.k8s.io/v1
+kind: IngressClass
+metadata: {name: istio}
+spec: {controller: istio.io/ingress-controller}
+"""
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -24,6 +40,7 @@ async def test_ingress_routes_host_and_path(env: GatewayEnv):  # noqa: F811 - th
           selector: {{istio: ingressgateway}}
           ports: [{{name: http2, port: 80, targetPort: {target}}}]
         """))
+    env.cp.write("ingress-class.yaml", INGRESS_CLASS)
     env.cp.write("ingress.yaml", textwrap.dedent(f"""\
         apiVersion: networking.k8s.io/v1
         kind: Ingress
@@ -61,3 +78,44 @@ async def test_ingress_routes_host_and_path(env: GatewayEnv):  # noqa: F811 - th
     # Prefix matches whole segments: /betamax is not under /beta.
     assert await http_request(target, "shop.example.com", "/betamax") == (200, "alpha")
     assert (await http_request(target, "other.example.com", "/"))[0] == 404
+
+
+async def test_ingress_tls_secret_served_to_a_real_tls_client(env: GatewayEnv):  # noqa: F811 - the fixture
+    host = "secure.example.com"
+    ca = make_ca()
+    cert = issue(ca, [host])
+    http_target, https_target = free_ports(2)
+    env.cp.write("gw-svc.yaml", textwrap.dedent(f"""\
+        apiVersion: v1
+        kind: Service
+        metadata: {{name: istio-ingressgateway, namespace: {GW_NS}}}
+        spec:
+          selector: {{istio: ingressgateway}}
+          ports:
+          - {{name: http2, port: 80, targetPort: {http_target}}}
+          - {{name: https, port: 443, targetPort: {https_target}}}
+        """))
+    # As istiod: the secretName is a Secret of the gateway's namespace (K8S_INGRESS_NS).
+    env.cp.write("secret.yaml", tls_secret_yaml("secure-cert", GW_NS, cert))
+    env.cp.write("ingress-class.yaml", INGRESS_CLASS)
+    env.cp.write("ingress.yaml", textwrap.dedent(f"""\
+        apiVersion: networking.k8s.io/v1
+        kind: Ingress
+        metadata: {{name: secure, namespace: default}}
+        spec:
+          ingressClassName: istio
+          tls: [{{hosts: [{host}], secretName: secure-cert}}]
+          rules:
+          - host: {host}
+            http:
+              paths:
+              - {{path: /, pathType: Prefix, backend: {{service: {{name: beta, port: {{number: {SERVICE_PORT}}}}}}}}}
+        """))
+    await env.start(verified=True)
+
+    async def served():
+        return await tls_request(https_target, host, ca) == (200, "beta", cert.serial)
+
+    await env.until(served, "HTTPS through the Ingress with its secretName")
+    # The same Ingress still answers plain HTTP on 80.
+    assert await http_request(http_target, host, "/") == (200, "beta")

@@ -16,6 +16,7 @@ from aiohttp import web
 
 from pilot.inject.config import InjectorConfigHolder, default_config_text
 from pilot.inject.review import InjectionContext
+from tests.e2e.mesh_config import endpoint_slice_yaml, service_yaml
 from tests.support.admission import apply, container, deployment_pod, env, review_request
 from tests.support.agent import PilotAgent
 from tests.support.control_plane import ControlPlane
@@ -128,6 +129,10 @@ async def test_the_injected_istio_proxy_runs_as_the_kubelet_would_run_it(tmp_pat
         mesh_config=f"trustDomain: {TRUST_DOMAIN}\n",
         env={"JWT_RULE": issuer.rule(), "CA_KEY_TYPE": "EC"},
     )
+    # A service in the mesh: its (auto-mTLS) cluster makes Envoy ask the agent for `default`
+    # (Envoy's own xDS connection goes through the agent and needs no certificate).
+    cp.write("backend.yaml", service_yaml("backend", 18080, namespace="shop") + "---\n"
+             + endpoint_slice_yaml("backend", 18081, namespace="shop"))
     try:
         await cp.start(timeout=60)  # a busy 2-core machine: start is CPU-bound, not a hang
         secure = f"127.0.0.1:{cp.secure_port}"

@@ -56,6 +56,13 @@ def agent(tmp_path, cp: ControlPlane, issuer: Issuer, *, token: str | None = Non
     return a
 
 
+def mesh_service(cp: ControlPlane) -> None:
+    """A service in the mesh: its (auto-mTLS) cluster makes Envoy ask the agent for `default`.
+    Nothing else references the certificate: Envoy's own xDS connection goes through the agent."""
+    cp.write("backend.yaml", service_yaml("backend", 18080, namespace=NAMESPACE) + "---\n"
+             + endpoint_slice_yaml("backend", 18081, namespace=NAMESPACE))
+
+
 async def held_chain(a: PilotAgent) -> list[x509.Certificate]:
     """The `default` secret's certificate chain as Envoy holds it (config_dump)."""
     dump = await a.admin_json("/config_dump?resource=dynamic_active_secrets")
@@ -80,6 +87,7 @@ def uris(cert: x509.Certificate) -> list[str]:
 
 async def test_envoy_gets_its_certificate_and_config_over_15012(tmp_path, issuer):
     async with plane(tmp_path, issuer) as cp:
+        mesh_service(cp)
         a = agent(tmp_path, cp, issuer)
         started = time.monotonic()
         async with a:
@@ -88,8 +96,11 @@ async def test_envoy_gets_its_certificate_and_config_over_15012(tmp_path, issuer
             # Config came from the secure port: the control plane saw this node and it ACKed.
             row = await cp.wait_synced(NODE_ID, types=("cluster", "listener"))
             assert row["proxy"] == NODE_ID
-            stats = await a.admin_json("/stats?format=json&filter=^cluster\\.xds-grpc\\.ssl\\.handshake$")
-            assert stats["stats"][0]["value"] >= 1  # TLS to istiod, with the SDS-served client cert
+            # Envoy's ADS goes to the agent's xDS proxy over its Unix socket; the agent holds the
+            # mTLS connection to the secure port (the only one this node was given).
+            stats = await a.admin_json("/stats?format=json&filter=^cluster\\.xds-grpc\\.upstream_cx_total$")
+            assert stats["stats"][0]["value"] >= 1
+            assert (a.workdir / "etc/istio/proxy/XDS").is_socket()
             leaf = verify(await held_chain(a), cp.root_cert())
             assert uris(leaf) == [SPIFFE]
             # Node metadata as istio-agent sends it.
@@ -108,6 +119,7 @@ async def test_short_lived_certificates_rotate_without_restarting_envoy(tmp_path
     cp = ControlPlane(tmp_path, secure_grpc=True, mesh_config=MESH,
                       env={"JWT_RULE": issuer.rule(), "CA_KEY_TYPE": "EC"},
                       extra_args=["--secureGRPCAddr", f"127.0.0.1:{free_port()}"])
+    mesh_service(cp)
     await cp.start()
     try:
         # 4 s certificates: renewed about every 2 s (SECRET_GRACE_PERIOD_RATIO 0.5).
@@ -132,7 +144,8 @@ async def test_short_lived_certificates_rotate_without_restarting_envoy(tmp_path
             await cp.start()
             before = len(seen)
             await wait_for(lambda: rotated(before), timeout=20, interval=0.2, message=f"renewed\n{a.log_tail()}")
-            # Envoy reconnected to the restarted control plane over TLS with a renewed certificate
+            # The agent's xDS proxy reconnected to the restarted control plane over TLS with a renewed
+            # certificate
             # (the first one has expired by now) and is in sync again.
             assert first.not_valid_after_utc < dt.datetime.now(dt.UTC)
             # Envoy's ADS reconnect backoff grows to 30 s (jittered) while the control plane is

@@ -105,6 +105,8 @@ _BUILTINS: tuple[ResourceType, ...] = (
     ResourceType("", "v1", "serviceaccounts", "ServiceAccount", short_names=("sa",)),
     ResourceType("", "v1", "events", "Event", short_names=("ev",)),
     ResourceType("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice"),
+    ResourceType("networking.k8s.io", "v1", "ingresses", "Ingress", status_subresource=True, short_names=("ing",)),
+    ResourceType("networking.k8s.io", "v1", "ingressclasses", "IngressClass", namespaced=False),
     ResourceType("apps", "v1", "deployments", "Deployment", status_subresource=True, short_names=("deploy",)),
     ResourceType("coordination.k8s.io", "v1", "leases", "Lease"),
     ResourceType("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",

@@ -46,17 +46,21 @@ def make_ca(common_name: str = "test root CA") -> Issued:
 
 
 def issue(ca: Issued, hosts: list[str], *, client: bool = False) -> Issued:
-    """A leaf certificate for `hosts` (DNS SANs; a URI SAN for one with a scheme), signed by `ca`."""
+    """A leaf certificate for `hosts` (DNS SANs; a URI SAN for one with a scheme), signed by `ca`.
+    No hosts: a client certificate named `default` without SANs (upstream conformance's
+    MustCreateCASignedClientCertSecret)."""
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.UTC)
     serial = x509.random_serial_number()
     usage = ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])]))
-            .issuer_name(ca.cert.subject).public_key(key.public_key()).serial_number(serial)
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(hours=2))
-            .add_extension(x509.SubjectAlternativeName([x509.UniformResourceIdentifier(h) if "://" in h else x509.DNSName(h)
-                                                  for h in hosts]), critical=False)
+    builder = (x509.CertificateBuilder()
+               .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0] if hosts else "default")]))
+               .issuer_name(ca.cert.subject).public_key(key.public_key()).serial_number(serial)
+               .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(hours=2)))
+    if hosts:
+        builder = builder.add_extension(x509.SubjectAlternativeName(
+            [x509.UniformResourceIdentifier(h) if "://" in h else x509.DNSName(h) for h in hosts]), critical=False)
+    cert = (builder
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()), critical=False)

@@ -140,12 +140,11 @@ def test_the_bootstrap_passes_envoy_validation_and_keeps_the_sds_contract(tmp_pa
     sds = clusters["sds-grpc"]
     assert sds["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"] == {
         "pipe": {"path": "./var/run/secrets/workload-spiffe-uds/socket"}}
-    tls = clusters["xds-grpc"]["transport_socket"]["typed_config"]
-    assert tls["sni"] == "istiod.istio-system.svc"
-    (cert_sds,) = tls["common_tls_context"]["tls_certificate_sds_secret_configs"]
-    assert cert_sds["name"] == "default"
-    assert cert_sds["sds_config"]["api_config_source"]["grpc_services"] == [{"envoy_grpc": {"cluster_name": "sds-grpc"}}]
-    assert clusters["xds-grpc"]["type"] == ("STATIC" if discovery[0].isdigit() else "STRICT_DNS")
+    # ADS goes to the agent's xDS proxy (which holds the mTLS connection to istiod), not to istiod.
+    xds = clusters["xds-grpc"]
+    assert xds["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"] == {
+        "pipe": {"path": "./etc/istio/proxy/XDS"}}
+    assert "transport_socket" not in xds
     assert bootstrap["dynamic_resources"]["ads_config"]["api_type"] == "DELTA_GRPC"
 
     # Envoy resolves the bootstrap's relative paths from its working directory, as the agent runs it.

@@ -30,7 +30,8 @@ def test_statuses_follow_the_marks_on_the_models() -> None:
     assert ap["spec.rules[].from[].source.notTrustDomains"].status == ft.APPLIED
     assert ap["spec.provider"].status == ft.APPLIED and "deny" in ap["spec.provider"].note
     gw = rows_of("Gateway (KubernetesGateway)")
-    assert gw["spec.tls"].status == ft.UNSUPPORTED
+    assert gw["spec.tls.backend"].status == ft.UNSUPPORTED
+    assert gw["spec.tls.frontend.perPort[].tls.validation.mode"].status == ft.APPLIED
     assert gw["spec.listeners[].tls.options"].status == ft.APPLIED  # (keys other than tls-terminate-mode refused)
     assert gw["spec.listeners[].tls.certificateRefs[].name"].status == ft.APPLIED
     assert "status" not in gw  # ours to write, not configuration

@@ -105,7 +105,20 @@ def listeners(result, name: str = "web") -> dict:
      "applies to mode Terminate only"),
     (gateway("- {name: a, port: 80, protocol: HTTP}\n",
              extra="  tls: {frontend: {default: {validation: {caCertificateRefs: [{name: ca}]}}}}\n"),
-     "spec.tls: tls is not supported"),
+     "spec.tls.frontend.default.validation.caCertificateRefs[0].group: Field required"),  # ObjectReference: group and kind required
+    (gateway("- {name: a, port: 80, protocol: HTTP}\n",
+             extra="  tls: {backend: {clientCertificateRef: {name: c}}}\n"),
+     "spec.tls.backend: backend is not supported"),
+    (gateway("- {name: a, port: 80, protocol: HTTP}\n",
+             extra="  tls: {frontend: {default: {validation: {caCertificateRefs: []}}}}\n"),
+     "caCertificateRefs"),
+    (gateway("- {name: a, port: 80, protocol: HTTP}\n",
+             extra="  tls: {frontend: {default: {validation: {mode: Other, caCertificateRefs: "
+                   "[{group: '', kind: ConfigMap, name: ca}]}}}}\n"),
+     "spec.tls.frontend.default.validation.mode"),
+    (gateway("- {name: a, port: 80, protocol: HTTP}\n",
+             extra="  tls: {frontend: {default: {}, perPort: [{port: 443, tls: {}}, {port: 443, tls: {}}]}}\n"),
+     "Port for TLS configuration must be unique"),
     (gateway("- {name: a, port: 80, protocol: HTTP}\n",
              extra="  infrastructure: {parametersRef: {group: '', kind: ConfigMap, name: x}}\n"),
      "spec.infrastructure.parametersRef: parametersRef is not supported"),
@@ -199,7 +212,7 @@ def test_listener_conditions_for_protocols_conflicts_kinds_and_certificates():
     assert conds(ls["tcp-on-80"]) == {"Accepted": ("False", "ProtocolConflict"), "Conflicted": ("True", "ProtocolConflict"),
                                       "Programmed": ("False", "ProtocolConflict"),
                                       "ResolvedRefs": ("True", "ResolvedRefs")}
-    assert conds(ls["tls-same-host"])["Conflicted"] == ("True", "HostnameConflict")
+    assert conds(ls["tls-same-host"])["Conflicted"] == ("True", "ProtocolConflict")  # istiod: protocols differ
     # istiod: an unsupported protocol is refused by Accepted alone (Programmed stays True), and
     # the listener is not served.
     assert conds(ls["udp"])["Accepted"] == ("False", "UnsupportedProtocol") and ls["udp"]["supportedKinds"] == []

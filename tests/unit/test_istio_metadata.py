@@ -137,3 +137,25 @@ def test_inbound_clusters_name_every_service_that_targets_the_port():
     w.apply(alias)
     inbound = w.cds(mesh_proxy())["inbound|9080||"].message(cluster_pb2.Cluster)
     assert sorted(s["name"] for s in _istio(inbound)["services"]) == ["reviews", "reviews-alias"]
+
+
+def test_tcp_and_tls_filter_chains_name_their_virtual_service():
+    """As istiod's BuildConfigInfoMetadata on the filter chains a `tcp` or `tls` rule makes; the
+    service's own default chain (no rule) carries none."""
+    from envoy.config.listener.v3 import listener_pb2
+
+    w = World()
+    w.apply(service("db", ports=[{"name": "tcp-db", "port": 5432}]),
+            service("tls", cluster_ip="10.96.0.21", ports=[{"name": "tls-web", "port": 8443}]))
+    w.apply({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+             "metadata": {"name": "db-route", "namespace": "default"},
+             "spec": {"hosts": ["db"], "tcp": [{"route": [{"destination": {"host": "db"}}]}]}},
+            {"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+             "metadata": {"name": "tls-route", "namespace": "default"},
+             "spec": {"hosts": ["tls"], "tls": [{"match": [{"sniHosts": ["tls"]}],
+                                                  "route": [{"destination": {"host": "tls"}}]}]}})
+    listeners = [r.message(listener_pb2.Listener) for r in w.lds(proxy()).values()]
+    chains = [c for listener in listeners for c in listener.filter_chains if c.HasField("metadata")]
+    paths = sorted(_istio(c)["config"] for c in chains)
+    assert paths == ["/apis/networking.istio.io/v1/namespaces/default/virtual-service/db-route",
+                     "/apis/networking.istio.io/v1/namespaces/default/virtual-service/tls-route"]

@@ -17,11 +17,12 @@ def doc(spec: dict, name: str = "p", namespace: str = "default", created: str = 
 @pytest.mark.parametrize(("spec", "reason"), [
     ({"url": "oci://ghcr.io/x/y:1"}, "oci:// is not supported"),
     ({"url": "ghcr.io/x/y:1"}, "oci:// is not supported"),
-    ({"url": "https://example.com/p.wasm"}, "https:// is not supported"),
+    ({"url": "https:///p.wasm"}, "https:// needs a host"),
+    ({"url": "https://example.com/p.wasm", "imagePullSecret": "creds"}, "imagePullSecret"),
     ({"url": "file://relative.wasm"}, "absolute path"),
     ({"url": "file:///p.wasm", "sha256": "ab" * 32}, "sha256: not supported"),
     ({"url": "file:///p.wasm", "type": "NETWORK"}, "NETWORK is not supported"),
-    ({"url": "file:///p.wasm", "imagePullPolicy": "Always"}, "imagePullPolicy is not supported"),
+    ({"url": "file:///p.wasm", "imagePullPolicy": "Always"}, "imagePullPolicy: only applies to modules the agent fetches"),
     ({"url": "file:///p.wasm", "phase": "LATE"}, "phase"),
     ({"url": "file:///p.wasm", "vmConfig": {"env": [{"name": "A", "valueFrom": "HOST", "value": "x"}]}},
      "only be set when valueFrom is INLINE"),
@@ -31,6 +32,24 @@ def test_what_cannot_be_applied_is_refused_naming_the_field(spec, reason):
     with pytest.raises(InvalidObject) as e:
         parse_object(doc(spec))
     assert reason in str(e.value)
+
+
+def test_an_http_module_is_handed_to_the_agent_as_istiod_does():
+    from envoy.extensions.filters.http.wasm.v3 import wasm_pb2 as http_wasm_pb2
+    from envoy.extensions.wasm.v3 import wasm_pb2
+
+    from pilot.networking.wasm import extension_config
+    sha = "ab" * 32
+    e = entry({"url": "https://example.com/p.wasm", "sha256": sha, "imagePullPolicy": "Always",
+               "failStrategy": "FAIL_OPEN"}, "p", "default", "", 1)
+    (f,) = plan_for({"default": (e,)}, "istio-system", "default", {}).client
+    tec = extension_config(f)
+    wasm = http_wasm_pb2.Wasm()
+    assert tec.typed_config.Unpack(wasm)
+    vm = wasm.config.vm_config
+    assert vm.code.remote.http_uri.uri == "https://example.com/p.wasm" and vm.code.remote.sha256 == sha
+    assert dict(vm.environment_variables.key_values) == {"ISTIO_META_WASM_IMAGE_PULL_POLICY": "Always"}
+    assert wasm.config.failure_policy == wasm_pb2.FAIL_OPEN
 
 
 def entry(spec: dict, name: str, namespace: str, created: str, revision: int) -> Entry:

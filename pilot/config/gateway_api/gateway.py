@@ -15,6 +15,8 @@ from pilot.config.gateway_api.common import (
     Group,
     Hostname,
     Kind,
+    Namespace,
+    ObjectName,
     PortNumber,
     SecretObjectReference,
     SectionName,
@@ -198,14 +200,68 @@ class GatewayInfrastructure(StrictModel):
         return value
 
 
+class ObjectReference(StrictModel):
+    """A reference with no default kind (Gateway API's ObjectReference): group and kind required."""
+
+    group: Group
+    kind: Kind
+    name: ObjectName
+    namespace: Namespace | None = None
+
+
+class FrontendTLSValidation(StrictModel):
+    """Client certificates checked against a CA (a ConfigMap's or Secret's `ca.crt`).
+    AllowValidOnly: a client without a valid certificate is refused in the handshake.
+    AllowInsecureFallback: as istiod, OPTIONAL_MUTUAL accepting untrusted certificates (or none),
+    reported by the Gateway's InsecureFrontendValidationMode condition."""
+
+    ca_certificate_refs: list[ObjectReference] = Field(min_length=1, max_length=8)
+    mode: Literal["AllowValidOnly", "AllowInsecureFallback"] = "AllowValidOnly"
+
+
+class FrontendTLSConfig(StrictModel):
+    validation: FrontendTLSValidation | None = None
+
+
+class FrontendTLSPortConfig(StrictModel):
+    port: PortNumber
+    tls: FrontendTLSConfig
+
+
+class FrontendTLS(StrictModel):
+    """The validation each terminating listener applies: its port's `perPort` entry, else
+    `default`."""
+
+    default: FrontendTLSConfig
+    per_port: list[FrontendTLSPortConfig] = Field(default_factory=list, max_length=64)
+
+    @field_validator("per_port")
+    @classmethod
+    def _unique_ports(cls, per_port: list[FrontendTLSPortConfig]) -> list[FrontendTLSPortConfig]:
+        ports = [p.port for p in per_port]
+        if len(set(ports)) != len(ports):
+            _fail("Port for TLS configuration must be unique within the Gateway")
+        return per_port
+
+    def for_port(self, port: int) -> FrontendTLSValidation | None:
+        for p in self.per_port:
+            if p.port == port:
+                return p.tls.validation
+        return self.default.validation
+
+
+class GatewayTLS(StrictModel):
+    frontend: FrontendTLS | None = None
+    # The Gateway's own client certificate towards backends (GEP-3155): not applied, and dropping
+    # it would send requests without the identity the backends expect.
+    backend: Unsupported = None
+
+
 class GatewaySpec(StrictModel):
     gateway_class_name: str = Field(min_length=1, max_length=253)
     listeners: list[Listener] = Field(min_length=1, max_length=64)
     addresses: list[GatewayAddress] = Field(default_factory=list, max_length=16)
-    # Gateway API 1.5/1.6 fields this control plane does not apply. `tls` holds the client
-    # certificate validation of the frontend (mTLS) and the Gateway's own certificate towards
-    # backends: dropping either would be less secure than written.
-    tls: Unsupported = None
+    tls: GatewayTLS | None = None  # client certificate validation of terminating listeners
     infrastructure: GatewayInfrastructure | None = None  # labels/annotations of the deployed resources
     allowed_listeners: AllowedListeners | None = None  # ListenerSets attaching to this Gateway
     default_scope: Unsupported = None  # "All": routes that ask for default Gateways attach here

@@ -86,13 +86,28 @@ def internal_gateway_name(gateway: str, listener: str) -> str:
     return f"{gateway}-{INTERNAL_SUFFIX}-{listener}"
 
 
+class FrontendServerTLS(ServerTLSSettings):
+    """A translated server's TLS with a Gateway's spec.tls.frontend: istiod's insecureSkipVerify
+    (AllowInsecureFallback) is not in the networking API users write here, so only translation
+    can set it."""
+
+    insecure_skip_verify: bool = False
+
+
 def gateway_entry(namespace: str, gateway: str, listener: str, created: str, port: int, protocol: str,
                   hostname: str | None, tls_mode: str = "", credential: str = "",
-                  parents: tuple[str, ...] = ()) -> Entry[Gateway]:
+                  parents: tuple[str, ...] = (), client_ca: str = "", insecure: bool = False) -> Entry[Gateway]:
+    """`client_ca`: the SDS name of a CA checking client certificates (a Gateway's
+    spec.tls.frontend) in place of the credential's own; `insecure`: accept untrusted ones."""
     tls = None
     if tls_mode:
-        tls = ServerTLSSettings.model_construct(mode=tls_mode, credential_name=credential or None,
-                                                subject_alt_names=[], cipher_suites=[])
+        if client_ca:
+            tls = FrontendServerTLS.model_construct(mode=tls_mode, credential_name=credential or None,
+                                                    subject_alt_names=[], cipher_suites=[],
+                                                    ca_cert_credential_name=client_ca, insecure_skip_verify=insecure)
+        else:
+            tls = ServerTLSSettings.model_construct(mode=tls_mode, credential_name=credential or None,
+                                                    subject_alt_names=[], cipher_suites=[])
     server = Server.model_construct(
         port=GatewayPort.model_construct(number=port, protocol=protocol, name=listener, target_port=None),
         hosts=[f"*/{hostname or '*'}"], tls=tls, name=listener, bind=None)

@@ -7,12 +7,17 @@ Terminate takes TLSRoute and TCPRoute (istiod's: the connection is decrypted, th
 the route says); TCP takes TCPRoute. Anything else (UDP, lowercase `http`, unknown) is not
 accepted, and takes no kind, but is reported Programmed as istiod does (Accepted says why).
 
-Conflicts, per port in listener order (the earlier listener keeps the port): a listener whose
-protocol class differs from the port's (HTTP against HTTPS/TLS against TCP) is ProtocolConflict;
-one with the same hostname as an earlier listener of its class (a second TCP listener alike) is
-HostnameConflict. A conflicted listener is neither accepted nor programmed, nor a route parent.
-The listeners of the ListenerSets a Gateway allows (listener_sets.py) are judged the same way,
-after the Gateway's own and against them (one PortBook for the merged list).
+Conflicts (istiod's listenersDistinct, gatewaycommon/listener_conflicts.go), in merge order, each
+listener against the earlier ones that were not themselves conflicted (a conflicted listener frees
+its place): on another port, never; TCP/UDP against TCP/UDP or against HTTP/HTTPS/TLS on one port,
+always (ProtocolConflict); two of HTTP/HTTPS/TLS on one port when their hostnames are equal (unset
+is `*`), ProtocolConflict if their protocols differ, else HostnameConflict; any other protocol
+(lowercase, unknown) only with its own kind (HostnameConflict). So HTTP a.example and HTTPS
+b.example may share a port, as in istiod; istiod's MergeGateways then serves only the class of the
+port's first server (model/gateways.py skips the other with a reason), which is what is served
+here too. A conflicted listener is neither accepted nor programmed, nor a route parent; its
+message is istiod's. The listeners of the ListenerSets a Gateway allows (listener_sets.py) are
+judged the same way, after the Gateway's own and against them (one PortBook for the merged list).
 
 Addresses: the Service istiod's automated deployment creates, `<gateway>-<class>` in the
 Gateway's namespace, or the Services `Hostname` addresses name; their cluster-local hostnames
@@ -28,10 +33,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from pilot.config.core import Secret, Service
+from pilot.config.core import ConfigMap, Secret, Service
 from pilot.config.gateway_api import GROUP, KubernetesGateway, ListenerSet
 from pilot.config.gateway_api.gateway import TLS_TERMINATE_MODE
-from pilot.model.credentials import CA_KEYS, CA_SUFFIX, CERT_KEYS, key_pair_problem
+from pilot.model.credentials import (
+    CA_KEYS,
+    CA_SUFFIX,
+    CERT_KEYS,
+    CONFIGMAP_PREFIX,
+    SECRET_CA_PREFIX,
+    CredentialError,
+    ca_bundle,
+    check_certificates,
+    key_pair_problem,
+)
 from pilot.model.gateway_api.conditions import condition, sorted_conditions
 from pilot.model.gateway_api.references import ReferenceGrants
 from pilot.model.store import ConfigKey, Entry
@@ -67,6 +82,12 @@ class ListenerState:
     owner: Entry[ListenerSet] | None = None
     # Why it is not Programmed when nothing else says so (a ListenerSet's HTTPS listener without tls).
     unprogrammed: Verdict | None = None
+    # spec.tls.frontend: the SDS name of the CA checking client certificates (configmap://NS/NAME-cacert
+    # or kubernetes-gateway://NS/NAME-cacert), its checked PEM, and whether an unverified (or no)
+    # certificate is let through (AllowInsecureFallback).
+    client_ca: str = ""
+    client_ca_pem: bytes = b""
+    insecure_fallback: bool = False
 
     @property
     def spec(self):
@@ -96,7 +117,8 @@ class ListenerState:
 
     @property
     def bad_tls(self) -> bool:
-        return self.resolved.reason in ("InvalidCertificateRef", "RefNotPermitted")
+        return self.resolved.reason in ("InvalidCertificateRef", "RefNotPermitted", "InvalidCACertificateRef",
+                                        "InvalidCACertificateKind")
 
     @property
     def programmed(self) -> bool:
@@ -175,12 +197,26 @@ class GatewayState:
         out["conditions"] = sorted_conditions([
             condition("Accepted", self.accepted.ok, self.accepted.reason, self.accepted.message, gen),
             condition("Programmed", self.programmed.ok, self.programmed.reason, self.programmed.message, gen),
+            *_insecure_frontend(self.entry, gen),
         ])
         if self.report_listeners:
             out["listeners"] = [ls.status(attached.get(ls.name, 0), gen) for ls in self.listeners]
         if self.attached_sets:
             out["attachedListenerSets"] = self.attached_sets
         return out
+
+
+def _insecure_frontend(gateway: Entry[KubernetesGateway], gen: int) -> list[dict]:
+    """istiod's InsecureFrontendValidationMode: some port lets clients in without a valid certificate."""
+    tls = gateway.obj.spec.tls
+    frontend = tls.frontend if tls is not None else None
+    if frontend is None:
+        return []
+    validations = [frontend.default.validation, *(p.tls.validation for p in frontend.per_port)]
+    if not any(v is not None and v.mode == "AllowInsecureFallback" for v in validations):
+        return []
+    return [condition("InsecureFrontendValidationMode", True, "ConfigurationChanged",
+                      "Gateway is operating in AllowInsecureFallback mode for frontend validation", gen)]
 
 
 def _supported_kinds(listener) -> tuple[tuple[tuple[str, str], ...], Verdict | None]:
@@ -255,23 +291,114 @@ def _client_ca(credential: str, namespace: str, secrets: Mapping[tuple[str, str]
                                                    f"certificates ({TLS_TERMINATE_MODE})")
 
 
+def _frontend_ca(gateway: Entry[KubernetesGateway], listener,
+                 configmaps: Mapping[tuple[str, str], Entry[ConfigMap]],
+                 secrets: Mapping[tuple[str, str], Entry[Secret]],
+                 grants: ReferenceGrants) -> tuple[str, bytes, bool, Verdict | None]:
+    """The Gateway's `spec.tls.frontend` for this listener's port, as istiod's buildTLS: (the CA's
+    SDS name, its checked PEM, insecure fallback, why it cannot be used). A CA that is missing or
+    not PEM refuses the listener here, so Envoy never waits for (or rejects) a validation context.
+    istiod's kinds: a ConfigMap's `ca.crt` (configmap://NS/NAME-cacert) or a Secret's
+    (kubernetes-gateway://NS/NAME-cacert)."""
+    tls = gateway.obj.spec.tls
+    validation = tls.frontend.for_port(listener.port) if tls is not None and tls.frontend is not None else None
+    if validation is None:
+        return "", b"", False, None
+    if len(validation.ca_certificate_refs) > 1:
+        return "", b"", False, Verdict(False, "InvalidCACertificateRef", "only one caCertificateRef is supported")
+    ref = validation.ca_certificate_refs[0]
+    ns = ref.namespace or gateway.key.namespace
+    where = f"{ref.group}/{ref.kind}/{ref.name}.{ref.namespace or ''}"
+    if ref.group not in ("", "core") or ref.kind not in ("ConfigMap", "Secret"):
+        return "", b"", False, Verdict(False, "InvalidCACertificateKind", f"invalid CA certificate reference {where}, "
+                                                                         "only secret and configmap are allowed")
+    if ns != gateway.key.namespace and not grants.allowed(GROUP, "Gateway", gateway.key.namespace, "", ref.kind,
+                                                          ns, ref.name):
+        return "", b"", False, Verdict(False, "RefNotPermitted", f"caCertificateRef {ns}/{ref.name} not accessible "
+                                                                 f"to a Gateway in namespace {gateway.key.namespace!r} "
+                                                                 "(missing a ReferenceGrant?)")
+
+    def bad(why: str) -> tuple[str, bytes, bool, Verdict]:
+        return "", b"", False, Verdict(False, "InvalidCACertificateRef", f"invalid CA certificate reference {where}, "
+                                                                         f"{why}")
+
+    if ref.kind == "ConfigMap":
+        cm = configmaps.get((ns, ref.name))
+        if cm is None:
+            return bad(f"configmap {ns}/{ref.name} not found")
+        text = cm.obj.data.get("ca.crt")
+        if text is None:
+            return bad("found no ca.crt")
+        try:
+            pem = check_certificates(text.encode(), "ca.crt")
+        except CredentialError:
+            return bad("the bundle is malformed")
+        prefix = CONFIGMAP_PREFIX
+    else:
+        secret = secrets.get((ns, ref.name))
+        if secret is None:
+            return bad(f"secret {ns}/{ref.name} not found")
+        data = secret.obj.reveal()
+        if not any(k in data for k in CA_KEYS):
+            return bad("found no ca.crt")
+        try:
+            pem = ca_bundle(data)
+        except CredentialError:
+            return bad("the bundle is malformed")
+        prefix = SECRET_CA_PREFIX
+    return f"{prefix}{ns}/{ref.name}{CA_SUFFIX}", pem, validation.mode == "AllowInsecureFallback", None
+
+
+_L4 = ("TCP", "UDP")
+_HTTP_LIKE = ("HTTP", "HTTPS", "TLS")
+CONFLICT_MESSAGE = "Listener has a conflict with another listener attached to the same Gateway"
+
+
+def _distinct(a: tuple[int, str, str], b: tuple[int, str, str]) -> bool:
+    """istiod's listenersDistinct over (port, protocol, hostname-or-*)."""
+    (port_a, proto_a, host_a), (port_b, proto_b, host_b) = a, b
+    if port_a != port_b:
+        return True
+    if proto_a in _L4 and (proto_b in _L4 or proto_b in _HTTP_LIKE) or proto_a in _HTTP_LIKE and proto_b in _L4:
+        return False
+    if proto_a in _HTTP_LIKE and proto_b in _HTTP_LIKE:
+        return host_a != host_b
+    return proto_a != proto_b
+
+
+def conflict_reason(a: tuple[int, str, str], b: tuple[int, str, str]) -> str:
+    """istiod's listenerConflictReason for two listeners that are not distinct."""
+    if a[1] in _L4 and b[1] in _L4 or a[1] != b[1]:
+        return "ProtocolConflict"
+    return "HostnameConflict"
+
+
 @dataclass
 class PortBook:
-    """Which listener holds what, per port, across a Gateway's merged listeners (the Gateway's
-    first, then its ListenerSets' in precedence order): the earlier listener keeps its place."""
+    """The listeners that won their place so far across a Gateway's merged listeners (the
+    Gateway's first, then its ListenerSets' in precedence order), as (port, protocol, host)."""
 
-    port_class: dict[int, str] = field(default_factory=dict)
-    seen_hosts: dict[tuple[int, str], str] = field(default_factory=dict)
+    winners: list[tuple[int, str, str]] = field(default_factory=list)
+
+    def claim(self, port: int, protocol: str, hostname: str) -> str | None:
+        """The conflict reason against the first winner this listener is not distinct from, else
+        None (and it becomes a winner)."""
+        me = (port, protocol, hostname or "*")
+        for prior in self.winners:
+            if not _distinct(me, prior):
+                return conflict_reason(me, prior)
+        self.winners.append(me)
+        return None
 
 
 def evaluate_listeners(gateway: Entry[KubernetesGateway], secrets: Mapping[tuple[str, str], Entry[Secret]],
                        grants: ReferenceGrants, owner: Entry[ListenerSet] | None = None,
-                       book: PortBook | None = None) -> tuple[ListenerState, ...]:
+                       book: PortBook | None = None,
+                       configmaps: Mapping[tuple[str, str], Entry[ConfigMap]] | None = None) -> tuple[ListenerState, ...]:
     """The listeners of `owner` (a ListenerSet merged into `gateway`), else of the Gateway;
     `book` carries the ports taken by the listeners merged before them."""
     out: list[ListenerState] = []
     book = book if book is not None else PortBook()
-    port_class, seen_hosts = book.port_class, book.seen_hosts
     source = owner or gateway
     for i, listener in enumerate(source.obj.spec.listeners):
         kinds, kind_problem = _supported_kinds(listener)
@@ -279,24 +406,19 @@ def evaluate_listeners(gateway: Entry[KubernetesGateway], secrets: Mapping[tuple
         accepted = ACCEPTED
         conflicted = Verdict(False, "NoConflicts", "No errors found")
         unprogrammed = None
-        credential = tls_mode = ""
+        credential = tls_mode = client_ca = ""
+        client_ca_pem = b""
+        insecure = False
         cls = _PORT_CLASS.get(listener.protocol)
-        if cls is None:
+        # istiod judges conflicts first, over every listener (an unsupported protocol's too).
+        reason = book.claim(listener.port, listener.protocol, listener.hostname or "")
+        if reason is not None:
+            conflicted = Verdict(True, reason, CONFLICT_MESSAGE)
+        if cls is None and not conflicted.ok:
             hint = f'. hint: "{listener.protocol.upper()}" (uppercase) may be supported' \
                 if listener.protocol.upper() in _PORT_CLASS and listener.protocol != listener.protocol.upper() else ""
             accepted = Verdict(False, "UnsupportedProtocol", f'protocol "{listener.protocol}" is unsupported{hint}')
         else:
-            holder = port_class.setdefault(listener.port, cls)
-            host_key = (listener.port, listener.hostname or "")
-            if holder != cls:
-                conflicted = Verdict(True, "ProtocolConflict", f"port {listener.port} already serves another protocol "
-                                                               f"(an earlier listener)")
-            elif host_key in seen_hosts:
-                conflicted = Verdict(True, "HostnameConflict", f"listener {seen_hosts[host_key]} already serves "
-                                                               f"hostname {listener.hostname or '*'!r} on port "
-                                                               f"{listener.port}")
-            else:
-                seen_hosts[host_key] = listener.name
             if conflicted.ok:
                 accepted = Verdict(False, conflicted.reason, conflicted.message)
             elif listener.tls is None and listener.protocol in ("HTTPS", "TLS"):
@@ -308,12 +430,24 @@ def evaluate_listeners(gateway: Entry[KubernetesGateway], secrets: Mapping[tuple
                 tls_mode = listener.tls.terminate_mode
                 if tls_mode != "ISTIO_MUTUAL":  # (istiod: the router's own certificate, refs unread)
                     credential, problem = _certificate(gateway, source, listener, secrets, grants)
-                    if problem is None and tls_mode != "SIMPLE":
+                    if problem is None:
+                        client_ca, client_ca_pem, insecure, problem = _frontend_ca(
+                            gateway, listener, configmaps or {}, secrets, grants)
+                        if problem is not None:  # istiod: a CA problem also refuses Accepted
+                            accepted = Verdict(False, "NoValidCACertificate", problem.message)
+                    if problem is None and client_ca:
+                        # istiod: the frontend CA makes it MUTUAL (AllowInsecureFallback: OPTIONAL_MUTUAL
+                        # accepting untrusted certificates); an explicit terminate mode still wins.
+                        if tls_mode == "SIMPLE":
+                            tls_mode = "OPTIONAL_MUTUAL" if insecure else "MUTUAL"
+                        else:
+                            insecure = False
+                    elif problem is None and tls_mode != "SIMPLE":
                         problem = _client_ca(credential, gateway.key.namespace, secrets)
                     if problem is not None:
                         resolved = problem
         out.append(ListenerState(gateway, i, kinds if cls is not None else (), accepted, conflicted, resolved,
-                                 credential, tls_mode, owner, unprogrammed))
+                                 credential, tls_mode, owner, unprogrammed, client_ca, client_ca_pem, insecure))
     return tuple(out)
 
 
@@ -389,7 +523,8 @@ def programmed_verdict(internal: list[str], warnings: list[str], usable: bool) -
 def evaluate_gateway(gateway: Entry[KubernetesGateway], class_name: str,
                      services: Mapping[tuple[str, str], Entry[Service]],
                      secrets: Mapping[tuple[str, str], Entry[Secret]], grants: ReferenceGrants, domain: str,
-                     sets: tuple[Entry[ListenerSet], ...] = ()) -> GatewayState:
+                     sets: tuple[Entry[ListenerSet], ...] = (),
+                     configmaps: Mapping[tuple[str, str], Entry[ConfigMap]] | None = None) -> GatewayState:
     """As istiod's GatewayCollection: with no usable address at all the Gateway is refused whole
     (no listener served or reported); an ignored address alone refuses Accepted, its listeners
     still served. Accepted says ListenersNotValid when some listener cannot be served.
@@ -402,8 +537,8 @@ def evaluate_gateway(gateway: Entry[KubernetesGateway], class_name: str,
                             Verdict(False, "UnsupportedAddress", "Failed to assign to any requested addresses"), (),
                             report_listeners=False, sets=tuple((s, ()) for s in sets), address_problem=address_problem)
     book = PortBook()
-    listeners = evaluate_listeners(gateway, secrets, grants, book=book)
-    merged = tuple((s, evaluate_listeners(gateway, secrets, grants, s, book)) for s in sets)
+    listeners = evaluate_listeners(gateway, secrets, grants, book=book, configmaps=configmaps)
+    merged = tuple((s, evaluate_listeners(gateway, secrets, grants, s, book, configmaps)) for s in sets)
     valid = sum(1 for ls in listeners if ls.programmed)
     if address_problem is not None:
         accepted = address_problem

@@ -13,6 +13,11 @@ Service that does not exist is not accepted (NoMatchingParent, istiod's reason a
 port is not checked against the Service (istiod's neither). Backends in other namespaces need
 no ReferenceGrant for mesh parents (istiod enforces grants for Gateway parents only: the
 sidecar could reach those Services anyway).
+
+A parentRef may also name a networking.istio.io ServiceEntry (istiod's allowed parent kinds):
+the same, for every host of the ServiceEntry (a TLSRoute without hostnames matches them by
+SNI). A ServiceEntry that does not exist: NoMatchingParent, `parent service entry: "NAME" not
+found` (istiod's); its ports are not checked either.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from pilot.config.core import Service
+from pilot.config.networking import ServiceEntry
 from pilot.model.gateway_api.http import Candidate
 from pilot.model.gateway_api.internal import INTERNAL_SUFFIX
 from pilot.model.gateway_api.listeners import Verdict
@@ -27,10 +33,28 @@ from pilot.model.store import Entry
 
 MESH = "mesh"
 MESH_ROUTE_KINDS = ("HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute")
+SERVICE_ENTRY_GROUP = "networking.istio.io"
 
 
 def is_service_parent(ref) -> bool:
     return ref.group in ("", "core") and ref.kind == "Service"
+
+
+def is_service_entry_parent(ref) -> bool:
+    return ref.group == SERVICE_ENTRY_GROUP and ref.kind == "ServiceEntry"
+
+
+def is_mesh_parent(ref) -> bool:
+    return is_service_parent(ref) or is_service_entry_parent(ref)
+
+
+def service_entry_parent(ref, route_namespace: str, entries: Mapping[tuple[str, str], Entry[ServiceEntry]]
+                         ) -> tuple[tuple[str, str] | None, Verdict]:
+    """As `service_parent`, for a ServiceEntry parentRef."""
+    key = (ref.namespace or route_namespace, ref.name)
+    if key not in entries:
+        return None, Verdict(False, "NoMatchingParent", f'parent service entry: "{ref.name}" not found')
+    return key, Verdict(True, "Accepted", "Route was valid")
 
 
 def service_parent(ref, route_namespace: str,
@@ -54,8 +78,10 @@ def on_port(candidates: tuple[Candidate, ...], port: int | None) -> tuple[Candid
     return tuple(out)
 
 
-def mesh_virtual_service_name(service: str, service_namespace: str) -> str:
-    return f"{service}.{service_namespace}-{INTERNAL_SUFFIX}-{MESH}"
+def mesh_virtual_service_name(service: str, service_namespace: str, kind: str = "Service") -> str:
+    # (a ServiceEntry may share its name and namespace with a Service: their names must differ)
+    middle = "" if kind == "Service" else "-serviceentry"
+    return f"{service}.{service_namespace}{middle}-{INTERNAL_SUFFIX}-{MESH}"
 
 
 def export_to(route_namespace: str, service_namespace: str) -> list[str]:

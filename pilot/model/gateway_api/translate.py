@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from pilot.config.core import Namespace, Secret, Service
+from pilot.config.core import ConfigMap, Namespace, Secret, Service
 from pilot.config.gateway_api import (
     CONTROLLER_NAME,
     DEFAULT_CLASS,
@@ -62,9 +62,11 @@ from pilot.model.gateway_api.mesh import (
     MESH,
     MESH_ROUTE_KINDS,
     export_to,
+    is_mesh_parent,
     is_service_parent,
     mesh_virtual_service_name,
     on_port,
+    service_entry_parent,
     service_parent,
 )
 from pilot.model.gateway_api.references import (
@@ -101,6 +103,9 @@ class GatewayApiResult:
     credentials: frozenset[tuple[str, str, str]] = frozenset()
     # Some mesh VirtualService sets a session: sidecars' outbound HCMs need the stateful session filter.
     mesh_sessions: bool = False
+    # (gateway namespace, SDS name) -> the checked PEM: the CAs (ConfigMap or Secret ca.crt) that
+    # Gateways' spec.tls.frontend let this namespace's routers verify clients with (over SDS).
+    client_cas: Mapping[tuple[str, str], bytes] = field(default_factory=dict)
     # BackendTLSPolicy: the DestinationRules they become (merged under users' in the traffic index)
     destination_rules: tuple[Entry[DestinationRule], ...] = ()
     memo: TranslationMemo = field(default_factory=TranslationMemo, compare=False, repr=False)
@@ -156,12 +161,15 @@ class _Pass:
     # (Gateway, listener name) -> the routes attached to it (its status's attachedRoutes)
     attached: dict[tuple[ConfigKey, str], set[ConfigKey]] = field(default_factory=lambda: defaultdict(set))
     statuses: dict[ConfigKey, Status] = field(default_factory=dict)
-    # GAMMA: (route namespace, Service namespace, Service name) -> (order, route, candidates)
-    mesh: dict[tuple[str, str, str], list[tuple[int, Entry[Route], tuple[Candidate, ...]]]] = field(
+    # GAMMA: (route namespace, parent namespace, parent name, parent kind: Service or
+    # ServiceEntry) -> (order, route, candidates)
+    mesh: dict[tuple[str, str, str, str], list[tuple[int, Entry[Route], tuple[Candidate, ...]]]] = field(
         default_factory=lambda: defaultdict(list))
     # ... and TCPRoute/TLSRoute: (order, route, parentRef port, SNI hosts, targets)
-    mesh_l4: dict[tuple[str, str, str], list[tuple[int, Entry, int | None, tuple[str, ...], tuple]]] = field(
+    mesh_l4: dict[tuple[str, str, str, str], list[tuple[int, Entry, int | None, tuple[str, ...], tuple]]] = field(
         default_factory=lambda: defaultdict(list))
+    # (namespace, name) -> ServiceEntry: mesh parents besides Services
+    service_entries: Mapping[tuple[str, str], Entry[ServiceEntry]] = field(default_factory=dict)
 
     def _rules(self, route: Entry[Route], mesh: bool = False) -> tuple:
         """(candidates, l4 targets, backend problems, unsupported filters) of a route, reused from
@@ -204,7 +212,7 @@ class _Pass:
         parents = []
         hosts = list(getattr(spec, "hostnames", [])) if kind != "TCPRoute" else None
         for ref in spec.parent_refs:
-            if kind in MESH_ROUTE_KINDS and is_service_parent(ref):
+            if kind in MESH_ROUTE_KINDS and is_mesh_parent(ref):
                 parents.append(self._mesh_parent(route, order, ref, self._rules(route, mesh=True), gen))
                 continue
             where = (ref.namespace or route.key.namespace, ref.name)
@@ -235,18 +243,30 @@ class _Pass:
 
     def _mesh_parent(self, route: Entry[Route], order: int, ref, rules: tuple, gen: int) -> dict:
         candidates, l4_targets, problems, unsupported = rules
-        svc, verdict = service_parent(ref, route.key.namespace, self.refs.services)
+        if is_service_parent(ref):
+            svc, verdict = service_parent(ref, route.key.namespace, self.refs.services)
+            parent_kind = "Service"
+        else:
+            svc, verdict = service_entry_parent(ref, route.key.namespace, self.service_entries)
+            parent_kind = "ServiceEntry"
         if svc is not None:
-            where = (route.key.namespace, *svc)
+            where = (route.key.namespace, *svc, parent_kind)
             if route.key.kind in ("TCPRoute", "TLSRoute"):
-                hosts = tuple(getattr(route.obj.spec, "hostnames", ())) or (
-                    f"{svc[1]}.{svc[0]}.svc.{self.refs.domain}",)
+                # a TLSRoute without hostnames matches the parent's hosts by SNI (istiod's)
+                hosts = tuple(getattr(route.obj.spec, "hostnames", ())) or self.mesh_hosts(where)
                 self.mesh_l4[where].append((order, route, ref.port, hosts, l4_targets))
             else:
                 self.mesh[where].append((order, route, on_port(candidates, ref.port)))
         return {"parentRef": ref.as_status(), "controllerName": CONTROLLER_NAME,
                 "conditions": sorted_conditions([condition("Accepted", verdict.ok, verdict.reason, verdict.message, gen),
                                                  _resolved(list(problems), list(unsupported), gen)])}
+
+    def mesh_hosts(self, where: tuple[str, str, str, str]) -> tuple[str, ...]:
+        """The hosts a mesh parent names: a Service's hostname, a ServiceEntry's hosts."""
+        _, ns, name, kind = where
+        if kind == "Service":
+            return (f"{name}.{ns}.svc.{self.refs.domain}",)
+        return tuple(self.service_entries[(ns, name)].obj.spec.hosts)
 
     def _attach(self, route: Entry[Route], order: int, a: Attachment, candidates: tuple[Candidate, ...],
                 l4_targets: tuple[tuple[str, int, int], ...], listeners: tuple) -> None:
@@ -333,7 +353,7 @@ def translate(store: Store, domain: str, previous: GatewayApiResult | None = Non
                      if g.obj.spec.gateway_class_name in ours]
     routes: list[Entry[Route]] = [*store.list(HTTPRoute), *store.list(GRPCRoute), *store.list(TLSRoute),
                                   *store.list(TCPRoute)]
-    if not kube_gateways and not any(is_service_parent(ref) for r in routes
+    if not kube_gateways and not any(is_mesh_parent(ref) for r in routes
                                      for ref in r.obj.spec.parent_refs):
         btls = backend_tls.evaluate(store, domain, {})
         statuses.update(btls.statuses)
@@ -342,6 +362,9 @@ def translate(store: Store, domain: str, previous: GatewayApiResult | None = Non
         return GatewayApiResult(statuses=MappingProxyType(statuses), destination_rules=btls.destination_rules)
     services = {(e.key.namespace, e.key.name): e for e in store.list(Service)}
     secrets = {(e.key.namespace, e.key.name): e for e in store.list(Secret)}
+    # (only indexed when some Gateway has spec.tls: clusters hold many ConfigMaps)
+    configmaps = ({(e.key.namespace, e.key.name): e for e in store.list(ConfigMap)}
+                  if any(g.obj.spec.tls is not None for g in kube_gateways) else {})
     grant_entries = tuple(sorted(store.list(ReferenceGrant), key=lambda e: e.key))
     grants = ReferenceGrants.of(list(grant_entries))
     labels = {e.key.name: e.obj.metadata.labels for e in store.list(Namespace)}
@@ -351,13 +374,15 @@ def translate(store: Store, domain: str, previous: GatewayApiResult | None = Non
     for g in sorted(kube_gateways, key=_age):
         states[(g.key.namespace, g.key.name)] = evaluate_gateway(
             g, g.obj.spec.gateway_class_name, services, secrets, grants, domain,
-            sets.get((g.key.namespace, g.key.name), ()))
+            sets.get((g.key.namespace, g.key.name), ()), configmaps)
     hostnames: dict[str, list[tuple[str, tuple[str, ...]]]] = defaultdict(list)
-    for se in store.list(ServiceEntry):
+    service_entries = store.list(ServiceEntry)
+    for se in service_entries:
         for h in se.obj.spec.hosts:
             hostnames[h].append((se.key.namespace, tuple(se.obj.spec.export_to)))
     p = _Pass(RouteRefs(services, grants, domain, {h: tuple(v) for h, v in hostnames.items()}), labels, states,
-              previous.memo if previous is not None else TranslationMemo(), TranslationMemo(), grant_entries)
+              previous.memo if previous is not None else TranslationMemo(), TranslationMemo(), grant_entries,
+              service_entries={(e.key.namespace, e.key.name): e for e in service_entries})
     for state in states.values():
         for entry, listeners in state.sets:
             p.listener_sets[(entry.key.namespace, entry.key.name)] = (state, listeners)
@@ -368,6 +393,7 @@ def translate(store: Store, domain: str, previous: GatewayApiResult | None = Non
     gateways: list[Entry[Gateway]] = []
     virtual_services: list[Entry[VirtualService]] = []
     credentials: set[tuple[str, str, str]] = set()
+    client_cas: dict[tuple[str, str], bytes] = {}
     for state in states.values():
         statuses[state.entry.key] = state.status({ls.name: len(p.attached.get((state.entry.key, ls.name), ()))
                                                   for ls in state.listeners})
@@ -382,6 +408,8 @@ def translate(store: Store, domain: str, previous: GatewayApiResult | None = Non
             if "/" in ls.credential:
                 secret_ns, _, secret = ls.credential.partition("/")
                 credentials.add((state.entry.key.namespace, secret_ns, secret))
+            if ls.client_ca:
+                client_cas[(state.entry.key.namespace, ls.client_ca)] = ls.client_ca_pem
             virtual_services.extend(_http_virtual_services(state, ls, p))
     for ls, route, hosts, targets in p.l4:
         if not ls.programmed:
@@ -392,14 +420,15 @@ def translate(store: Store, domain: str, previous: GatewayApiResult | None = Non
         virtual_services.append(p.virtual_service(gw.key.namespace, name, internal, hosts, (str(route.key),),
                                                   route.obj.metadata.creation_timestamp, l4=targets,
                                                   kind=route.key.kind))
-    mesh = _mesh_virtual_services(p, domain)
+    mesh = _mesh_virtual_services(p)
     # (the ancestors index walks every route: only built when some policy will read it)
     btls = (backend_tls.evaluate(store, domain, _gateways_by_backend(gateways, virtual_services))
             if store.list(BackendTLSPolicy) else backend_tls.EMPTY)
     statuses.update(btls.statuses)
     return GatewayApiResult(tuple(gateways), tuple(virtual_services), mesh, MappingProxyType(statuses),
                             frozenset(credentials), mesh_sessions=any(has_session(vs) for vs in mesh),
-                            destination_rules=btls.destination_rules, memo=p.memo)
+                            client_cas=MappingProxyType(client_cas), destination_rules=btls.destination_rules,
+                            memo=p.memo)
 
 
 def _gateways_by_backend(gateways: list[Entry[Gateway]], virtual_services: list[Entry[VirtualService]]
@@ -427,14 +456,14 @@ def _gateways_by_backend(gateways: list[Entry[Gateway]], virtual_services: list[
     return {h: frozenset(v) for h, v in out.items()}
 
 
-def _mesh_virtual_services(p: _Pass, domain: str) -> tuple[Entry[VirtualService], ...]:
-    """One VirtualService per (route namespace, Service) (sidecars read one per host): its HTTP
+def _mesh_virtual_services(p: _Pass) -> tuple[Entry[VirtualService], ...]:
+    """One VirtualService per (route namespace, Service or ServiceEntry) for its hosts: its HTTP
     routes' rules in precedence order, its TCPRoutes' and TLSRoutes' rules oldest first. Its
     creationTimestamp is its oldest route's, which places it among VirtualServices for the same
     host (oldest first)."""
     out = []
     for where in sorted(set(p.mesh) | set(p.mesh_l4)):
-        route_ns, svc_ns, svc = where
+        route_ns, svc_ns, svc, parent_kind = where
         attached = p.mesh.get(where, [])
         l4 = sorted(p.mesh_l4.get(where, []), key=lambda t: t[0])
         ranked = sorted(((c.rank, order, c) for order, _, cs in attached for c in cs), key=lambda t: t[:2])
@@ -443,8 +472,8 @@ def _mesh_virtual_services(p: _Pass, domain: str) -> tuple[Entry[VirtualService]
         parents = tuple(str(r.key) for r in routes)
         tcp = tuple((port, targets) for _, r, port, _, targets in l4 if r.key.kind == "TCPRoute")
         tls = tuple((hosts, port, targets) for _, r, port, hosts, targets in l4 if r.key.kind == "TLSRoute")
-        out.append(p.virtual_service(route_ns, mesh_virtual_service_name(svc, svc_ns), MESH,
-                                     (f"{svc}.{svc_ns}.svc.{domain}",), parents,
+        out.append(p.virtual_service(route_ns, mesh_virtual_service_name(svc, svc_ns, parent_kind), MESH,
+                                     p.mesh_hosts(where), parents,
                                      routes[0].obj.metadata.creation_timestamp, http=candidates,
                                      export=tuple(export_to(route_ns, svc_ns)), mesh_tcp=tcp, mesh_tls=tls))
     return tuple(out)
@@ -467,7 +496,7 @@ def _internal_gateway(state: GatewayState, ls: ListenerState, p: _Pass) -> Entry
         f"ListenerSet/{ls.owner.key.namespace}/{ls.owner.key.name}", f"KubernetesGateway/{gw.key.namespace}/{gw.key.name}")
     created = (ls.owner or gw).obj.metadata.creation_timestamp
     return p.gateway(gw.key.namespace, gw.key.name, ls.server_name, created, spec.port,
-                     protocol, spec.hostname, mode, ls.credential, parents)
+                     protocol, spec.hostname, mode, ls.credential, parents, ls.client_ca, ls.insecure_fallback)
 
 
 def _http_virtual_services(state: GatewayState, ls: ListenerState, p: _Pass) -> list[Entry[VirtualService]]:

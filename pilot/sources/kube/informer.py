@@ -52,6 +52,8 @@ class Informer:
         # change of the filter (discovery selectors) re-applies without a round trip.
         self.objects: dict[ConfigKey, K8sObject] = {}
         self._rejections: dict[ConfigKey, Rejection] = {}
+        # Told of every object seen, even a change the Store ignores (a status-only update).
+        self.on_object: list[Callable[[K8sObject], None]] = []
 
     # --- the loop -----------------------------------------------------------------------------
     async def run(self) -> None:
@@ -152,6 +154,8 @@ class Informer:
             if parsed is not None:
                 key = ConfigKey.of(parsed)
                 self.objects[key] = parsed
+                for hook in self.on_object:
+                    hook(parsed)
                 if self.accept(parsed):
                     self.store.apply(parsed, self._source(key))
                 else:

@@ -28,7 +28,7 @@ log = plog.get("kube")
 SELECTED_KINDS = ("Service", "EndpointSlice", "Pod")
 # Everything the control plane lists and watches. The RBAC in deploy/ is derived from this.
 WATCHED_KINDS = ("Namespace", "Service", "EndpointSlice", "Pod", "Node", "ConfigMap", "Secret",
-                 "Ingress", "VirtualService", "DestinationRule", "ServiceEntry", "WorkloadEntry", "Sidecar", "Gateway",
+                 "Ingress", "IngressClass", "VirtualService", "DestinationRule", "ServiceEntry", "WorkloadEntry", "Sidecar", "Gateway",
                  "EnvoyFilter", "ProxyConfig", "WorkloadGroup",
                  "PeerAuthentication", "AuthorizationPolicy", "RequestAuthentication",
                  "GatewayClass", "KubernetesGateway", "ListenerSet", "HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute",

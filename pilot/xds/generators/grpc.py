@@ -28,7 +28,7 @@ def listeners(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
             if res is not None:
                 out.append(res)
             continue
-        found = resolve_host_port(ctx, name)
+        found = resolve_host_port(ctx, name, proxy)
         if found is None:
             continue
         svc, port = found
@@ -138,8 +138,10 @@ def _all_cluster_names(ctx: PushContext, proxy: Proxy, services) -> list[str]:
     return out
 
 
-def resolve_host_port(ctx: PushContext, name: str):
-    """`host:port` as a gRPC target names it; host may be the FQDN or `name.namespace[.svc]`."""
+def resolve_host_port(ctx: PushContext, name: str, proxy: Proxy | None = None):
+    """`host:port` as a gRPC target names it; host may be the FQDN or `name.namespace[.svc]`.
+    With `proxy`, only a service its Sidecar's egress scope shows (istiod's grpcgen builds LDS
+    and RDS from SidecarScope.Services()): a hidden target gets no listener or route."""
     host, sep, port_text = name.rpartition(":")
     if not sep or not port_text.isdigit():
         return None
@@ -151,4 +153,8 @@ def resolve_host_port(ctx: PushContext, name: str):
             svc = ctx.service(f"{parts[0]}.{parts[1]}.svc.{ctx.domain}")
     if svc is None or svc.port(port) is None:
         return None
+    if proxy is not None:
+        view = ctx.view(ctx.sidecar_for(proxy.namespace, proxy.labels))
+        if all(s.hostname != svc.hostname for s in view.services):
+            return None
     return svc, port

@@ -22,7 +22,7 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
     out: list[CachedResource] = []
     for name in sorted(requested or ()):
         if proxy.is_grpc or not name.isdigit():
-            found = resolve_host_port(ctx, name)
+            found = resolve_host_port(ctx, name, proxy)
             if found is None:
                 continue
             svc, port = found

@@ -30,7 +30,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from pilot import logging as plog
-from pilot.model.credentials import CredentialError
+from pilot.model.credentials import CONFIGMAP_PREFIX, SECRET_CA_PREFIX, CredentialError
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
 from pilot.model.store import Entry
@@ -66,6 +66,17 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
 
 
 def _resource(ctx: PushContext, proxy: Proxy, name: str, cache: XdsCache) -> CachedResource | None:
+    for prefix, kind in ((CONFIGMAP_PREFIX, "ConfigMap"), (SECRET_CA_PREFIX, "Secret")):
+        if name.startswith(prefix) and name.endswith(CA_SUFFIX) and proxy.type == "router":
+            # A Gateway's spec.tls.frontend CA: only one a Gateway of the router's namespace uses
+            # (translation checked it and its ReferenceGrant); no other object is served this way.
+            namespace, _, obj = name[len(prefix):-len(CA_SUFFIX)].partition("/")
+            ca = ctx.gateway_client_ca(proxy.namespace, kind, namespace, obj, name)
+            if ca is None:
+                log.info("gateway client CA not in use by this namespace's Gateways", name=name)
+                return None
+            return cache.resource(SECRET, name, validation_context_secret, name, ca,
+                                  origins=(f"{kind}/{namespace}/{obj}",))
     if not name.startswith(SDS_PREFIX):
         return None
     ref = name[len(SDS_PREFIX):]

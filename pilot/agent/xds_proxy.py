@@ -1,0 +1,138 @@
+"""The agent's xDS proxy (istio-agent's pkg/istio-agent/xds_proxy.go, much smaller): Envoy's ADS
+goes to a Unix socket the agent serves, and each stream (SotW or delta) is forwarded to istiod
+over mutual TLS with the workload certificate the agent holds, both directions.
+
+Messages travel as raw bytes: requests are never parsed; of a response only the top-level
+`type_url` is read (both DiscoveryResponse and DeltaDiscoveryResponse keep it in field 4), and
+only ECDS responses are parsed and re-serialised, to replace remote Wasm modules by local files
+(pilot/agent/wasm.py). Nonces, versions, ACKs and NACKs therefore pass through untouched.
+
+One upstream channel per Envoy stream, built with the certificate current when Envoy connects:
+after a rotation the next stream (Envoy reconnects on any error) presents the new one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import grpc
+
+from pilot import logging as plog
+from pilot.agent.secrets import SecretManager
+
+log = plog.get("xdsproxy")
+
+SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
+SOTW, DELTA = "StreamAggregatedResources", "DeltaAggregatedResources"
+ECDS_TYPE = "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig"
+_MAX_MESSAGE = 1 << 30  # xDS responses of a large mesh exceed gRPC's 4 MiB default
+_OPTIONS = [("grpc.max_receive_message_length", _MAX_MESSAGE), ("grpc.max_send_message_length", _MAX_MESSAGE)]
+
+# (response bytes, delta?) -> response bytes to forward
+Rewriter = Callable[[bytes, bool], Awaitable[bytes]]
+
+
+def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    shift = value = 0
+    while True:
+        b = buf[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, i
+        shift += 7
+
+
+def type_url(buf: bytes) -> str:
+    """Field 4 (`type_url`) of a serialised (Delta)DiscoveryResponse, skipping the other fields
+    without decoding them; "" when absent or malformed."""
+    i, n = 0, len(buf)
+    try:
+        while i < n:
+            key, i = _varint(buf, i)
+            wire = key & 7
+            if wire == 0:
+                _, i = _varint(buf, i)
+            elif wire == 2:
+                length, i = _varint(buf, i)
+                if key >> 3 == 4:
+                    return buf[i:i + length].decode()
+                i += length
+            elif wire == 1:
+                i += 8
+            elif wire == 5:
+                i += 4
+            else:
+                return ""
+    except (IndexError, UnicodeDecodeError):
+        return ""
+    return ""
+
+
+class XdsProxy:
+    def __init__(self, *, upstream: str, server_name: str, root_cert_path: str, secrets: SecretManager,
+                 socket_path: str, rewrite_ecds: Rewriter) -> None:
+        self.upstream = upstream
+        self.server_name = server_name
+        self.root_cert_path = root_cert_path
+        self.secrets = secrets
+        self.socket_path = socket_path
+        self.rewrite_ecds = rewrite_ecds
+        self._server: grpc.aio.Server | None = None
+
+    async def start(self) -> None:
+        Path(self.socket_path).parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)  # left by an agent that did not stop cleanly
+        server = grpc.aio.server(options=_OPTIONS)
+        # No deserializers: handlers see and return bytes.
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, {
+            SOTW: grpc.stream_stream_rpc_method_handler(self._sotw),
+            DELTA: grpc.stream_stream_rpc_method_handler(self._delta),
+        })])
+        server.add_insecure_port(f"unix:{os.path.abspath(self.socket_path)}")
+        await server.start()
+        self._server = server
+        log.info("xDS proxy listening", socket=self.socket_path, upstream=self.upstream)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop(grace=None)
+            self._server = None
+
+    def _channel(self) -> grpc.aio.Channel:
+        secret = self.secrets.current
+        assert secret is not None  # the agent starts the proxy once it holds a certificate
+        creds = grpc.ssl_channel_credentials(Path(self.root_cert_path).read_bytes(), secret.key_pem.encode(),
+                                             secret.chain_pem.encode())
+        return grpc.aio.secure_channel(self.upstream, creds, options=[
+            *_OPTIONS, ("grpc.ssl_target_name_override", self.server_name),
+            # The bootstrap's former TCP keepalive on xds-grpc (300 s), now the agent's connection.
+            ("grpc.keepalive_time_ms", 300_000)])
+
+    # Async generator functions: grpc.aio tells streaming handlers apart by that.
+    async def _sotw(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        async for response in self._forward(SOTW, requests, context, delta=False):
+            yield response
+
+    async def _delta(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        async for response in self._forward(DELTA, requests, context, delta=True):
+            yield response
+
+    async def _forward(self, method: str, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext,
+                       *, delta: bool) -> AsyncIterator[bytes]:
+        async with self._channel() as channel:
+            rpc: grpc.aio.StreamStreamMultiCallable = channel.stream_stream(f"/{SERVICE}/{method}")
+            call = rpc(requests)  # raw bytes both ways: no serializers
+            try:
+                async for response in call:
+                    if type_url(response) == ECDS_TYPE:
+                        response = await self.rewrite_ecds(response, delta)
+                    yield response
+            except grpc.aio.AioRpcError as e:
+                # Envoy sees istiod's status (and retries with its backoff).
+                log.info("upstream xDS stream ended", method=method, code=e.code().name, details=e.details())
+                await context.abort(e.code(), e.details() or "")

@@ -55,12 +55,14 @@ class LeaderElection:
         self.is_leader = False
         self.transitions = 0
         self._lease: dict | None = None
+        self._task: asyncio.Task | None = None  # run(), stopped by release()
 
     @property
     def _path(self) -> str:
         return LEASE_PATH.format(ns=self.namespace)
 
     async def run(self) -> None:
+        self._task = asyncio.current_task()
         try:
             while True:
                 await self._acquire()
@@ -142,14 +144,26 @@ class LeaderElection:
             return False
 
     async def release(self) -> None:
-        """Give the lease up (shutdown): another replica can take it at its next retry."""
-        if not self.is_leader or self._lease is None:
+        """Give the lease up (shutdown): another replica can take it at its next retry.
+
+        The renew loop is stopped first: left running, its next round would find the lease
+        free and take it straight back, and the other replicas would wait out the lease
+        duration after all. The lease is then read again, so a renewal cut short after
+        the apiserver applied it cannot leave a stale resourceVersion to conflict with."""
+        was_leader = self.is_leader
+        if self._task is not None and self._task is not asyncio.current_task():
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if not was_leader:
             return
-        lease = {**self._lease, "spec": {**self._lease.get("spec", {}), "holderIdentity": "",
-                                         "leaseDurationSeconds": 1, "renewTime": _fmt(_now())}}
         try:
-            await self.kube.request("PUT", f"{self._path}/{self.name}", body=lease, timeout=5)
-            log.info("released leadership", lease=self.name)
+            lease = await self.kube.request("GET", f"{self._path}/{self.name}", timeout=5)
+            if (lease.get("spec") or {}).get("holderIdentity") == self.identity:
+                lease = {**lease, "spec": {**lease["spec"], "holderIdentity": "",
+                                           "leaseDurationSeconds": 1, "renewTime": _fmt(_now())}}
+                await self.kube.request("PUT", f"{self._path}/{self.name}", body=lease, timeout=5)
+                log.info("released leadership", lease=self.name)
         except Exception as e:  # noqa: BLE001 - any failure here is retried or reported, never fatal
             log.warning("could not release the lease", error=str(e))
-        await self._lose()
+        if self.is_leader:
+            await self._lose()

@@ -44,6 +44,8 @@ class MeshService:
     # A ServiceEntry's other `addresses` (IPs and CIDRs; `cluster_ip` is its first IP): istiod makes
     # one service per (host, address), so traffic to any of them reaches the service.
     extra_addresses: tuple[str, ...] = ()
+    # istiod's MeshExternal: a ServiceEntry with location MESH_EXTERNAL, or an ExternalName Service.
+    mesh_external: bool = False
 
     @property
     def addresses(self) -> tuple[str, ...]:
@@ -140,7 +142,7 @@ def mesh_service(entry: Entry[Service], domain: str, dual_stack: bool = False) -
     selector = tuple(sorted((svc.spec.selector or {}).items()))
     if svc.spec.type == "ExternalName" and svc.spec.external_name:
         return MeshService(f"{name}.{ns}.svc.{domain}", name, ns, None, ports, entry.revision, resolution="DNS",
-                           external_name=svc.spec.external_name.rstrip("."))
+                           external_name=svc.spec.external_name.rstrip("."), mesh_external=True)
     return MeshService(f"{name}.{ns}.svc.{domain}", name, ns, cluster_ip, ports, entry.revision, selector=selector,
                        extra_addresses=extra)
 
@@ -230,7 +232,8 @@ def service_entry_services(entry: Entry[ServiceEntry]) -> list[MeshService]:
     address = next((a for a in addresses if "/" not in a), None)
     extra = tuple(a for a in addresses if a != address)
     return [MeshService(host, se.metadata.name, se.metadata.namespace, address, ports, entry.revision,
-                        kind="ServiceEntry", resolution=spec.resolution, extra_addresses=extra)
+                        kind="ServiceEntry", resolution=spec.resolution, extra_addresses=extra,
+                        mesh_external=spec.location == "MESH_EXTERNAL")
             for host in spec.hosts]
 
 

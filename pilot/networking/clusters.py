@@ -102,6 +102,10 @@ def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSetti
     short = svc.hostname if svc.kind == "ServiceEntry" else svc.name
     metadata.set_cluster_metadata(c.metadata, svc.hostname, short, svc.namespace, dr_path, subset,
                                   dr_tls.mode if dr_tls is not None else None)
+    if svc.mesh_external and not subset:
+        # istiod's applyDestinationRule marks only the default cluster (`istio.external: true`),
+        # which telemetry and istioctl read to tell traffic leaving the mesh.
+        c.metadata.filter_metadata[metadata.ISTIO].fields["external"].bool_value = True
     return c
 
 

@@ -2,7 +2,8 @@
 
 It owns the current PushContext, the resource cache, the debouncer and the connections. The
 two wire protocols (xds/ads.py) call `respond` for requests and `push_connection` for pushes;
-both go through `_send`, which is where SotW and delta differ.
+both go through `_send`, which is where SotW and delta differ. What proxies answer (ACK, NACK)
+is recorded by its base AckNack (pilot/xds/ack_nack.py).
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ from pilot.model.events import SERVICE_ENDPOINTS, push_request_for
 from pilot.model.mesh import MeshHolder
 from pilot.model.proxy import Proxy, shown
 from pilot.model.push_context import PushContext
-from pilot.model.push_request import CONFIG_UPDATE, PushRequest
+from pilot.model.push_request import PushRequest
 from pilot.model.security_policies import JwksSnapshot
 from pilot.model.store import ConfigKey, Event, Store
 from pilot.xds import typeurls, wire
+from pilot.xds.ack_nack import AckNack
 from pilot.xds.cache import XdsCache
-from pilot.xds.connection import Connection, Nack, WatchedResource
+from pilot.xds.connection import Connection, WatchedResource
 from pilot.xds.debounce import Debouncer
 from pilot.xds.envoy_filter_status import EnvoyFilterStatus
 from pilot.xds.generated import Generated, GenerationMemo, Generator, Plan
@@ -43,14 +45,6 @@ log = plog.get("ads")
 # kinds count in pilot_k8s_cfg_events.
 REGISTRY_EVENT_TYPES = {"Service": "Services", "EndpointSlice": "EndpointSlice", "Pod": "Pods",
                         "Node": "Nodes", "Namespace": "Namespaces"}
-
-MAX_NACK_MESSAGE = 4096  # Envoy embeds text dumps; keep enough to read, not a hostile client's megabytes
-
-def _printable(text: str) -> str:
-    """A client's text for a log line: control characters escaped (newlines kept readable)."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() or c == "\n" else repr(c)[1:-1] for c in text)
 
 
 SLOW_WRITE = 1.0  # seconds a write may keep its push throttle slot before giving it up
@@ -97,7 +91,7 @@ GENERATORS: dict[str, Generator] = {
 SLICED = {typeurls.CLUSTER: cds.sliced, typeurls.ENDPOINT: eds.resources}
 
 
-class DiscoveryServer:
+class DiscoveryServer(AckNack):
     def __init__(self, store: Store, mesh: MeshHolder, features: Features, domain: str = "cluster.local",
                  metrics: Metrics | None = None) -> None:
         self.store = store
@@ -340,21 +334,6 @@ class DiscoveryServer:
         for listener in self.connection_listeners:
             listener.disconnected(conn.proxy)
 
-    def _clear_reject_gauge(self, conn: Connection, w: WatchedResource) -> None:
-        """The proxy no longer rejects what it last rejected (it ACKed since, or left)."""
-        if w.last_nack is None or w.last_nack.cleared:
-            return
-        w.last_nack.cleared = True
-        short = typeurls.SHORT.get(w.type_url, "other")
-        gauge = self.metrics.type_rejects.get(short)
-        if gauge is not None:
-            try:
-                gauge.remove(conn.proxy.id, w.last_nack.message[:100])
-            except KeyError:
-                pass
-        for origin in w.last_nack.origins:
-            self.metrics.rejected_config.labels(short, origin).dec()
-
     async def push_connection(self, conn: Connection, req: PushRequest, send) -> None:
         """Send every watched type this push changes, in CDS, EDS, LDS, RDS order."""
         conn.pushing = True
@@ -548,80 +527,6 @@ class DiscoveryServer:
                 self.metrics.xds_pushes.labels(short), self.metrics.xds_config_size.labels(short),
                 self.metrics.xds_push_time.labels(short))
         return found
-
-    # --- ACK / NACK -------------------------------------------------------------------------
-    def record_ack(self, conn: Connection, w: WatchedResource, nonce: str, version: str) -> None:
-        w.nonce_acked, w.version_acked, w.last_acked_at = nonce, version or w.version_sent, time.time()
-        w.pending.pop(nonce, None)
-        started = w.push_started.pop(nonce, None)
-        if started is not None:
-            start, push_version = started
-            converged = time.monotonic() - start
-            self.metrics.proxy_convergence_time.observe(converged)
-            record = self.history.get(push_version)
-            if record is not None:
-                record.acks += 1
-                record.convergence_max_s = max(record.convergence_max_s, converged)
-        if w.last_nack is not None:
-            self._clear_reject_gauge(conn, w)
-
-    def record_nack(self, conn: Connection, w: WatchedResource, nonce: str, version: str,
-                    code: int, message: str) -> None:
-        if w.last_nack is not None and w.last_nack.nonce == nonce:
-            return  # the same rejection repeated: counted and logged once
-        message = message[:MAX_NACK_MESSAGE]
-        sent = w.pending.pop(nonce, ())
-        started = w.push_started.pop(nonce, None)
-        record = self.history.get(started[1]) if started else None
-        if record is not None:
-            record.nacks += 1
-        # Envoy names the resource it choked on; blame only those when it does.
-        named = tuple(r for r in sent if r.name in message) or sent
-        names_ = tuple(r.name for r in named)
-        origins = tuple(dict.fromkeys(o for r in named for o in r.origins))
-        self._clear_reject_gauge(conn, w)
-        w.last_nack = Nack(version, nonce, message, code, time.time(), names_, origins)
-        w.nacks += 1
-        short = typeurls.SHORT.get(w.type_url, "other")
-        self.metrics.total_xds_rejects.labels(short).inc()
-        if short in self.metrics.type_rejects:
-            self.metrics.type_rejects[short].labels(conn.proxy.id, message[:100]).set(1)
-        for origin in origins:
-            self.metrics.rejected_config.labels(short, origin).inc()
-        log.warning("proxy rejected config", proxy=conn.proxy.id, type=short, nonce=nonce,
-                    accepted_version=shown(version), error=_printable(message), resources=list(names_)[:10],
-                    config=list(origins)[:10])
-        # Only a resource Envoy names is blamed on its EnvoyFilters: a NACK for another reason
-        # must not switch off a filter that merely patched something else in the same response.
-        if any(r.name in message for r in named):
-            self._reject_envoy_filters(conn, short, origins, message)
-
-    def _reject_envoy_filters(self, conn: Connection, short: str, origins: tuple[str, ...], message: str) -> None:
-        """A NACKed resource that EnvoyFilters patched: the most recently changed of them (the
-        likeliest culprit; should the NACK persist, the next one goes, so this ends) is left out
-        and the config generated again without it. istiod would leave the proxy NACKing; here
-        the rest of its config moves on. Shown in /debug/push_status until the object changes."""
-        entries = []
-        for origin in origins:
-            kind, _, rest = origin.partition("/")
-            ns, _, name = rest.partition("/")
-            if kind == "EnvoyFilter":
-                entry = self.store.get(ConfigKey("EnvoyFilter", ns, name))
-                if entry is not None and (entry.key, entry.revision) not in self.rejected_envoy_filters:
-                    entries.append(entry)
-        if not entries:
-            return
-        entry = max(entries, key=lambda e: e.revision)
-        origin = f"EnvoyFilter/{entry.key.namespace}/{entry.key.name}"
-        self.rejected_envoy_filters[(entry.key, entry.revision)] = {
-            "envoyFilter": origin, "revision": entry.revision, "proxy": conn.proxy.id, "type": short,
-            "error": message[:1000], "at": time.time()}
-        self.envoy_filter_status.errored(entry)
-        log.error("EnvoyFilter produced config a proxy rejected; generating without it until it changes",
-                  envoy_filter=origin, proxy=conn.proxy.id, type=short, error=_printable(message[:300]))
-        req = PushRequest(full=True, config_keys={entry.key})
-        req.reasons[CONFIG_UPDATE] += 1
-        self.debouncer.enqueue(req)
 
 
 def _log_telemetry_problems(previous: PushContext | None, ctx: PushContext) -> None:

@@ -159,3 +159,29 @@ def test_tcp_and_tls_filter_chains_name_their_virtual_service():
     paths = sorted(_istio(c)["config"] for c in chains)
     assert paths == ["/apis/networking.istio.io/v1/namespaces/default/virtual-service/db-route",
                      "/apis/networking.istio.io/v1/namespaces/default/virtual-service/tls-route"]
+
+
+def _service_entry(name: str, location: str) -> dict:
+    return {"apiVersion": "networking.istio.io/v1", "kind": "ServiceEntry",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"hosts": [f"{name}.example.com"], "location": location, "resolution": "DNS",
+                     "ports": [{"number": 443, "name": "tls", "protocol": "TLS"}]}}
+
+
+def test_mesh_external_hosts_mark_their_default_cluster_external():
+    """istiod's applyDestinationRule: `istio.external: true` on the default cluster of a
+    MeshExternal service (ServiceEntry MESH_EXTERNAL, ExternalName Service), never its subsets
+    and never a MESH_INTERNAL entry."""
+    w = World()
+    ext_name = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "legacy", "namespace": "default"},
+                "spec": {"type": "ExternalName", "externalName": "db.example.com",
+                         "ports": [{"name": "tcp", "port": 5432}]}}
+    w.apply(_service_entry("api", "MESH_EXTERNAL"), _service_entry("inside", "MESH_INTERNAL"), ext_name,
+            {"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule",
+             "metadata": {"name": "api", "namespace": "default"},
+             "spec": {"host": "api.example.com", "subsets": [{"name": "v1", "labels": {"v": "1"}}]}})
+    got = _clusters(w)
+    assert _istio(got["outbound|443||api.example.com"])["external"] is True
+    assert "external" not in _istio(got["outbound|443|v1|api.example.com"])
+    assert "external" not in _istio(got["outbound|443||inside.example.com"])
+    assert _istio(got["outbound|5432||legacy.default.svc.cluster.local"])["external"] is True

@@ -11,6 +11,11 @@ instance registers the proxies connected to it, as istiod's controllers do.
 Labels, as istiod merges them: the template's, then the group's metadata labels, then the proxy's
 own LABELS (without istio-locality); annotations: the group's metadata annotations, plus
 `istio.io/autoRegistrationGroup`, `istio.io/connectedAt` / `istio.io/disconnectedAt`.
+
+Health (PILOT_ENABLE_WORKLOAD_ENTRY_HEALTHCHECKS): a proxy whose PROXY_CONFIG metadata has a
+`readinessProbe` gets the `proxy.istio.io/health-checks-enabled` annotation, so its entry is no
+endpoint until the agent reports healthy (pilot/agent/health.py); each report sets the entry's
+`Healthy` condition (status), as istiod's health controller does.
 """
 
 from __future__ import annotations
@@ -20,7 +25,12 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from pilot import logging as plog
-from pilot.config.networking.service_entry import WorkloadEntry
+from pilot.config.networking.service_entry import (
+    HEALTH_CHECK_ANNOTATION,
+    IstioCondition,
+    WorkloadEntry,
+    WorkloadEntryStatus,
+)
 from pilot.config.networking.workload_group import WorkloadGroup
 from pilot.model.proxy import Proxy
 from pilot.model.services import LOCALITY_LABEL
@@ -35,8 +45,11 @@ GROUP_META = "AUTO_REGISTER_GROUP"
 GROUP_ANNOTATION = "istio.io/autoRegistrationGroup"
 CONNECTED_AT = "istio.io/connectedAt"
 DISCONNECTED_AT = "istio.io/disconnectedAt"
-# KubeWriter: POST the entry (on 409 GET it and PUT ours over it), PUT the disconnect mark, DELETE.
-RBAC = (Rule("cluster", "networking.istio.io", "workloadentries", frozenset({"create", "get", "update", "delete"})),)
+# KubeWriter: POST the entry (on 409 GET it and PUT ours over it), PUT the disconnect mark and the
+# status (Healthy condition), DELETE.
+RBAC = (Rule("cluster", "networking.istio.io", "workloadentries", frozenset({"create", "get", "update", "delete"})),
+        # The Healthy condition (health checks) goes through the status subresource.
+        Rule("cluster", "networking.istio.io", "workloadentries/status", frozenset({"update"})))
 
 
 class Writer(Protocol):
@@ -99,13 +112,17 @@ class KubeWriter:
                 body = obj.model_dump(mode="json", by_alias=True, exclude_defaults=True)
                 body["apiVersion"], body["kind"] = "networking.istio.io/v1", "WorkloadEntry"
                 try:
-                    await self.kube.request("POST", path, body=body)
+                    existing = await self.kube.request("POST", path, body=body)
                 except ApiError as e:
                     if e.status != 409:
                         raise
                     existing = await self.kube.request("GET", f"{path}/{key.name}")
                     body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
-                    await self.kube.request("PUT", f"{path}/{key.name}", body=body)
+                    existing = await self.kube.request("PUT", f"{path}/{key.name}", body=body)
+                if obj.status is not None:
+                    # The status subresource: a create or update of the object leaves status alone.
+                    body["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
+                    await self.kube.request("PUT", f"{path}/{key.name}/status", body=body)
             except Exception as e:  # noqa: BLE001 - one failed write must not stop the others
                 log.warning("auto-registration: writing the WorkloadEntry failed", entry=str(key), op=op,
                             error=str(e))
@@ -124,7 +141,13 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def workload_entry(group: WorkloadGroup, proxy: Proxy, connected_at: str) -> WorkloadEntry:
+def health_checked(proxy: Proxy) -> bool:
+    config = proxy.metadata.get("PROXY_CONFIG")
+    return isinstance(config, dict) and config.get("readinessProbe") is not None
+
+
+def workload_entry(group: WorkloadGroup, proxy: Proxy, connected_at: str,
+                   health_checks: bool = False) -> WorkloadEntry:
     """The entry istiod's workloadEntryFromGroup makes (pure but for the timestamp given)."""
     spec = group.spec.template.model_dump(by_alias=True, exclude_none=True, exclude_defaults=True)
     labels = {**group.spec.template.labels, **group.spec.metadata.labels, **proxy.labels}
@@ -133,6 +156,8 @@ def workload_entry(group: WorkloadGroup, proxy: Proxy, connected_at: str) -> Wor
     spec["address"] = proxy.ip_addresses[0]
     annotations = {**group.spec.metadata.annotations, GROUP_ANNOTATION: group.metadata.name,
                    CONNECTED_AT: connected_at}
+    if health_checks and health_checked(proxy):
+        annotations[HEALTH_CHECK_ANNOTATION] = "true"
     return WorkloadEntry.model_validate({
         "apiVersion": "networking.istio.io/v1", "kind": "WorkloadEntry",
         "metadata": {"name": entry_name(group.metadata.name, proxy.ip_addresses[0]),
@@ -143,8 +168,10 @@ def workload_entry(group: WorkloadGroup, proxy: Proxy, connected_at: str) -> Wor
 class AutoRegistration:
     """Told of every xDS connection and disconnection (DiscoveryServer.connection_listeners)."""
 
-    def __init__(self, store: Store, grace_period: float, writer: Writer | None = None) -> None:
+    def __init__(self, store: Store, grace_period: float, writer: Writer | None = None,
+                 health_checks: bool = False) -> None:
         self.store = store
+        self.health_checks = health_checks
         self.writer: Writer = writer or StoreWriter(store)
         self.grace_period = grace_period
         self._connections: dict[ConfigKey, int] = {}
@@ -174,7 +201,7 @@ class AutoRegistration:
         if (timer := self._cleanup.pop(key, None)) is not None:
             timer.cancel()
         self._connections[key] = self._connections.get(key, 0) + 1
-        self.writer.put(workload_entry(entry.obj, proxy, _now()))
+        self.writer.put(workload_entry(entry.obj, proxy, _now(), self.health_checks))
         log.info("auto-registered", entry=f"{key.namespace}/{key.name}", proxy=proxy.id)
 
     def disconnected(self, proxy: Proxy) -> None:
@@ -195,6 +222,29 @@ class AutoRegistration:
             marked = meta.model_copy(update={"annotations": {**meta.annotations, DISCONNECTED_AT: _now()}})
             self.writer.put(current.obj.model_copy(update={"metadata": marked}))
         self._cleanup[key] = asyncio.get_running_loop().call_later(self.grace_period, self._remove, key)
+
+    def health(self, proxy: Proxy, healthy: bool, message: str) -> None:
+        """An istio.io/health report: the entry's Healthy condition, written only when it changes."""
+        found = self._key(proxy)
+        if found is None or not self.health_checks or not self._connections.get(found[1]):
+            return
+        current = self.store.get(found[1], WorkloadEntry)
+        if current is None or not self.writer.owns(current) or \
+                HEALTH_CHECK_ANNOTATION not in current.obj.metadata.annotations:
+            return  # istiod's IsEligibleForHealthStatusUpdates
+        status = "True" if healthy else "False"
+        old = current.obj.status.conditions if current.obj.status is not None else ()
+        previous = next((c for c in old if c.type == "Healthy"), None)
+        if previous is not None and previous.status == status and previous.message == message:
+            return
+        now = _now()
+        cond = IstioCondition(type="Healthy", status=status, message=message, last_probe_time=now,
+                              last_transition_time=now if previous is None or previous.status != status
+                              else previous.last_transition_time)
+        conditions = (*(c for c in old if c.type != "Healthy"), cond)
+        self.writer.put(current.obj.model_copy(update={"status": WorkloadEntryStatus(conditions=conditions)}))
+        log.info("workload health", entry=f"{found[1].namespace}/{found[1].name}", healthy=healthy,
+                 message=message)
 
     def _remove(self, key: ConfigKey) -> None:
         self._cleanup.pop(key, None)

@@ -131,8 +131,11 @@ class ControlPlane:
         # (its writer is set in _start_kube).
         self.autoregistration: AutoRegistration | None = None
         if features.enable_workload_entry_autoregistration:
-            self.autoregistration = AutoRegistration(self.store, features.workload_entry_grace_period)
+            self.autoregistration = AutoRegistration(self.store, features.workload_entry_grace_period,
+                                                     health_checks=features.enable_workload_entry_healthchecks)
             self.discovery.connection_listeners.append(self.autoregistration)
+            if features.enable_workload_entry_healthchecks:
+                self.discovery.health_listener = self.autoregistration.health
         self.kube: Kube | None = None
         self.kube_source: KubeSource | None = None
         self.leaders: list[LeaderElection] = []

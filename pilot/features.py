@@ -159,6 +159,10 @@ ENABLE_WORKLOAD_ENTRY_AUTOREGISTRATION = _knob(
     "PILOT_ENABLE_WORKLOAD_ENTRY_AUTOREGISTRATION", "true", _bool,
     "A proxy connecting with node metadata AUTO_REGISTER_GROUP gets a WorkloadEntry made from that "
     "WorkloadGroup of its namespace (file mode: kept in memory; istiod's default: on).")
+ENABLE_WORKLOAD_ENTRY_HEALTHCHECKS = _knob(
+    "PILOT_ENABLE_WORKLOAD_ENTRY_HEALTHCHECKS", "true", _bool,
+    "An auto-registered proxy whose ProxyConfig has a readinessProbe reports its health (istio.io/health "
+    "requests); its WorkloadEntry's Healthy condition follows and an unhealthy one is no endpoint.")
 WORKLOAD_ENTRY_GRACE_PERIOD = _knob(
     "PILOT_WORKLOAD_ENTRY_GRACE_PERIOD", "10s", parse_duration,
     "How long an auto-registered WorkloadEntry outlives its proxy's last connection.")
@@ -390,6 +394,7 @@ class Features:
     filter_gateway_clusters: bool = False
     ingress_namespace: str = "istio-system"
     enable_workload_entry_autoregistration: bool = True
+    enable_workload_entry_healthchecks: bool = True
     workload_entry_grace_period: float = 10.0
     ip_autoallocate: bool = True
     ip_autoallocate_prefixes: tuple[str, str] = ("240.240.0.0/16", "2001:2::/48")
@@ -450,6 +455,7 @@ class Features:
             ingress_namespace=INGRESS_NAMESPACE.get(environ),
             enable_workload_entry_autoregistration=ENABLE_WORKLOAD_ENTRY_AUTOREGISTRATION.get(environ),
             workload_entry_grace_period=WORKLOAD_ENTRY_GRACE_PERIOD.get(environ),
+            enable_workload_entry_healthchecks=ENABLE_WORKLOAD_ENTRY_HEALTHCHECKS.get(environ),
             ip_autoallocate=IP_AUTOALLOCATE.get(environ),
             trace_sampling=TRACE_SAMPLING.get(environ),
             jwks_fetch_mode=JWT_ENABLE_REMOTE_JWKS.get(environ),

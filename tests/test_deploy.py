@@ -547,6 +547,7 @@ async def test_required_rules_cover_every_request_the_code_makes_and_nothing_mor
     # Auto-registration's writer: POST an entry (409: GET and PUT it), DELETE it.
     from pilot.autoregistration import KubeWriter
     from pilot.config.networking import WorkloadEntry
+    from pilot.config.networking.service_entry import IstioCondition, WorkloadEntryStatus
 
     def entries(method, path, body):
         if method == "POST":
@@ -559,10 +560,14 @@ async def test_required_rules_cover_every_request_the_code_makes_and_nothing_mor
                                           "metadata": {"name": "vm-10.0.0.1", "namespace": "vms"},
                                           "spec": {"address": "10.0.0.1"}})
     writer.put(entry)
+    # A health report: the Healthy condition goes through the status subresource.
+    writer.put(entry.model_copy(update={"status": WorkloadEntryStatus(conditions=(
+        IstioCondition(type="Healthy", status="True"),))}))
     writer.remove(ConfigKey.of(entry))
     assert writer._task is not None
     await writer._task
-    assert [m for m, _p, _q in kube.calls] == ["POST", "GET", "PUT", "DELETE"]
+    assert [m for m, _p, _q in kube.calls] == ["POST", "GET", "PUT", "POST", "GET", "PUT", "PUT", "DELETE"]
+    assert kube.calls[6][1].endswith("/vm-10.0.0.1/status")
     calls += kube.calls
 
     used = {_rbac_of(*c) for c in calls}

@@ -16,6 +16,7 @@ import signal
 from pathlib import Path
 
 from pilot import logging as plog
+from pilot.agent import health
 from pilot.agent.bootstrap import envoy_bootstrap, node_metadata
 from pilot.agent.ca_client import CAClient, CertificateError
 from pilot.agent.config import (
@@ -134,6 +135,15 @@ async def run(cfg: AgentConfig, warnings: list[str]) -> int:
                    secrets=secrets, socket_path=XDS_SOCKET_PATH,
                    rewrite_ecds=lambda data, delta: rewrite_response(data, delta, modules))
     await xds.start()
+    try:
+        readiness = health.parse(cfg.proxy.raw.get("readinessProbe"))
+    except health.ProbeConfigError as e:
+        log.error("bad readiness probe", error=str(e))
+        await xds.stop()
+        await sds.stop()
+        return 1
+    prober = None if readiness is None else asyncio.create_task(
+        health.run_forever(readiness, cfg.instance_ip, xds.report_health), name="readiness-probe")
     status = StatusServer(secrets, supervisor, port=cfg.proxy.status_port,
                           on_port=lambda p: ports.set("status", p), app_probers=cfg.app_probers,
                           app_host=cfg.instance_ip, app_metrics=cfg.app_metrics, node_id=cfg.node_id)
@@ -151,6 +161,10 @@ async def run(cfg: AgentConfig, warnings: list[str]) -> int:
         rotation.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await rotation
+        if prober is not None:
+            prober.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await prober
         await status.stop()
         await xds.stop()
         await sds.stop()

@@ -186,7 +186,7 @@ def parse_proxy_config(layers: list[tuple[str, str]]) -> tuple[ProxyConfig, list
                 # the control plane reads numTrustedProxies from PROXY_CONFIG (gateway listeners)
                 warnings.extend(f"{name}: field 'gatewayTopology.{k}' is not used" for k in doc[key]
                                 if k not in _CONTROL_PLANE_TOPOLOGY)
-            elif key not in _PC_FIELDS:
+            elif key not in _PC_FIELDS and key != "readinessProbe":  # pilot/agent/health.py reads it
                 warnings.append(f"{name}: field {key!r} is not used by pilot-agent")
     values = {}
     for key, attr in _PC_FIELDS.items():

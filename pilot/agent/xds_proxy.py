@@ -7,20 +7,28 @@ Messages travel as raw bytes: requests are never parsed; of a response only the 
 only ECDS responses are parsed and re-serialised, to replace remote Wasm modules by local files
 (pilot/agent/wasm.py). Nonces, versions, ACKs and NACKs therefore pass through untouched.
 
+Health reports (pilot/agent/health.py) are added to the upstream request stream after Envoy's
+first request (which carries the node): the latest one again on each new stream, so a
+reconnected (re-registered) workload's entry gets its condition back.
+
 One upstream channel per Envoy stream, built with the certificate current when Envoy connects:
 after a rotation the next stream (Envoy reconnects on any error) presents the new one.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import grpc
+from envoy.service.discovery.v3 import discovery_pb2
+from google.rpc import status_pb2  # type: ignore[import-untyped]
 
 from pilot import logging as plog
+from pilot.agent.health import HEALTH_TYPE
 from pilot.agent.secrets import SecretManager
 
 log = plog.get("xdsproxy")
@@ -82,6 +90,8 @@ class XdsProxy:
         self.socket_path = socket_path
         self.rewrite_ecds = rewrite_ecds
         self._server: grpc.aio.Server | None = None
+        self._health: tuple[bool, str] | None = None
+        self._streams: set[tuple[asyncio.Queue[bytes | None], bool]] = set()  # (upstream requests, delta?)
 
     async def start(self) -> None:
         Path(self.socket_path).parent.mkdir(parents=True, exist_ok=True)
@@ -102,6 +112,46 @@ class XdsProxy:
         if self._server is not None:
             await self._server.stop(grace=None)
             self._server = None
+
+    def report_health(self, healthy: bool, message: str) -> None:
+        self._health = (healthy, message)
+        for queue, delta in self._streams:
+            queue.put_nowait(self._health_request(delta))
+
+    def _health_request(self, delta: bool) -> bytes:
+        assert self._health is not None
+        healthy, message = self._health
+        # istio-agent: code 500 and the probe's failure as the message when unhealthy.
+        detail = None if healthy else status_pb2.Status(code=500, message=message or "unhealthy")
+        if delta:
+            return discovery_pb2.DeltaDiscoveryRequest(type_url=HEALTH_TYPE, error_detail=detail).SerializeToString()
+        return discovery_pb2.DiscoveryRequest(type_url=HEALTH_TYPE, error_detail=detail).SerializeToString()
+
+    async def _merged(self, requests: AsyncIterator[bytes], delta: bool) -> AsyncIterator[bytes]:
+        """Envoy's requests, with health reports once Envoy's first one (the node) went ahead."""
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+        async def pump() -> None:
+            first = True
+            try:
+                async for r in requests:
+                    queue.put_nowait(r)
+                    if first:
+                        first = False
+                        self._streams.add(slot)
+                        if self._health is not None:
+                            queue.put_nowait(self._health_request(delta))
+            finally:
+                queue.put_nowait(None)
+
+        slot = (queue, delta)
+        task = asyncio.get_running_loop().create_task(pump(), name="xds-proxy-requests")
+        try:
+            while (item := await queue.get()) is not None:
+                yield item
+        finally:
+            self._streams.discard(slot)
+            task.cancel()
 
     def _channel(self) -> grpc.aio.Channel:
         secret = self.secrets.current
@@ -126,7 +176,7 @@ class XdsProxy:
                        *, delta: bool) -> AsyncIterator[bytes]:
         async with self._channel() as channel:
             rpc: grpc.aio.StreamStreamMultiCallable = channel.stream_stream(f"/{SERVICE}/{method}")
-            call = rpc(requests)  # raw bytes both ways: no serializers
+            call = rpc(self._merged(requests, delta))  # raw bytes both ways: no serializers
             try:
                 async for response in call:
                     if type_url(response) == ECDS_TYPE:

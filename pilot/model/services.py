@@ -264,7 +264,7 @@ def service_entry_endpoints(entry: Entry[ServiceEntry], port: ServicePort,
         selector = spec.workload_selector.match_labels
         for we in workload_entries:
             labels = we.obj.spec.labels
-            if selects(selector, labels):
+            if selects(selector, labels) and we.obj.is_healthy():  # unhealthy: no endpoint (istiod's)
                 workloads.append(we.obj.spec)
     out: list[EndpointAddress] = []
     for w in workloads:
@@ -305,7 +305,7 @@ def workload_entry_endpoints(svc_port: ServicePort, entries: tuple[Entry[Workloa
     out: list[EndpointAddress] = []
     for e in entries:
         w = e.obj.spec
-        if not w.address or w.address.startswith("unix://"):
+        if not w.address or w.address.startswith("unix://") or not e.obj.is_healthy():
             continue
         if any(w.labels.get(k) != v for k, v in subset_labels):
             continue

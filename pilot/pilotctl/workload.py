@@ -6,7 +6,7 @@ file and the cluster (the user's kubeconfig):
 - `mesh.yaml`: `defaultConfig`, the mesh's (ConfigMap `istio`, or `istio-REV`) with the group's
   `proxy.istio.io/config` annotation applied and the workload's proxyMetadata (canonical service
   and revision, namespace, service account, trust domain, cluster, mesh, network, labels, and
-  `ISTIO_META_AUTO_REGISTER_GROUP` with --autoregister);
+  `ISTIO_META_AUTO_REGISTER_GROUP` with --autoregister), and the group's `probe` as `readinessProbe`;
 - `root-cert.pem`: ConfigMap `istio-ca-root-cert` of the group's namespace;
 - `istio-token`: a TokenRequest for the group's service account, audience `istio-ca`;
 - `hosts`: `INGRESS_IP istiod[-REV].NS.svc` when --ingressIP is given (istioctl otherwise looks
@@ -86,6 +86,8 @@ def files_for(wg: Any, mesh_text: str, root_cert: str, token: str, *, cluster_id
         if not isinstance(over, dict):
             raise CtlError(f"annotation {PROXY_CONFIG_ANNOTATION}: must be a ProxyConfig object")
         proxy = _merge(proxy, over)
+    if wg.spec.probe is not None:  # istioctl: the group's probe is the agent's readinessProbe
+        proxy["readinessProbe"] = wg.spec.probe.model_dump(mode="json", by_alias=True, exclude_defaults=True)
     metadata.update(proxy.get("proxyMetadata") or {})
     labels = {**wg.spec.metadata.labels, **we.labels}  # istioctl: template labels override metadata's
     service, rev = _canonical(labels, name)

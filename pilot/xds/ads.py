@@ -284,6 +284,9 @@ class AdsService:
         if plog.enabled("ads"):  # istiod's "ADS:TYPE: REQ" line; envelope fields only (names stay unparsed)
             log.debug("request", proxy=conn.proxy.id, type=type_url, nonce=req.response_nonce,
                       version=req.version_info)
+        if type_url == typeurls.HEALTH:
+            self._on_health(conn, req)
+            return
         if debug.is_debug(type_url):  # as istiod: answered once, starts no watch, never ACKed
             names = list(self._names(conn, req))
             await send(await self.debug.respond(conn, type_url, names, delta=False))
@@ -367,6 +370,14 @@ class AdsService:
             hit = self._resumed[key] = held
         return hit
 
+    def _on_health(self, conn: Connection, req) -> None:
+        """The agent's readiness report (istiod's handleWorkloadHealthcheck): never answered."""
+        listener = self.server.health_listener
+        if listener is None:
+            return
+        healthy = not req.HasField("error_detail")
+        listener(conn.proxy, healthy, "" if healthy else req.error_detail.message)
+
     async def _on_delta(self, conn: Connection, req: discovery_pb2.DeltaDiscoveryRequest, send) -> None:
         self._check_counted(req)
         type_url = req.type_url
@@ -375,6 +386,9 @@ class AdsService:
         self._check_count(type_url, "resource_names_subscribe", len(req.resource_names_subscribe))
         self._check_count(type_url, "resource_names_unsubscribe", len(req.resource_names_unsubscribe))
         self._check_count(type_url, "initial_resource_versions", len(req.initial_resource_versions))
+        if type_url == typeurls.HEALTH:
+            self._on_health(conn, req)
+            return
         if debug.is_debug(type_url):
             await send(await self.debug.respond(conn, type_url, list(req.resource_names_subscribe), delta=True))
             return

@@ -121,6 +121,8 @@ class DiscoveryServer(AckNack):
         self.context_listeners: list[Callable[[PushContext], None]] = []  # told of every new full context
         # Told of each registered and unregistered connection's proxy (auto-registration).
         self.connection_listeners: list[ConnectionListener] = []
+        # Told of each istio.io/health report (proxy, healthy, message); None: reports are ignored.
+        self.health_listener: Callable[[Proxy, bool, str], None] | None = None
         # Whether a proven proxy may read its namespace's Secrets (Kubernetes RBAC; see
         # pilot/security/secret_access.py): the refusal, or None. Unset: only the proof counts.
         self.credential_access: Callable[[Proxy], Awaitable[str | None]] | None = None

@@ -20,3 +20,6 @@ SHORT = {CLUSTER: "cds", ENDPOINT: "eds", LISTENER: "lds", ROUTE: "rds", SECRET:
          AUTHORIZATION: "wads"}
 # For SotW these are "all or nothing": omitting a resource from a response deletes it.
 STATE_OF_THE_WORLD_COMPLETE = {CLUSTER, LISTENER}
+
+# The agent's readiness reports (istiod's v3.HealthInfoType): requests only, never served.
+HEALTH = "istio.io/health"

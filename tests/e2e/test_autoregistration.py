@@ -126,3 +126,45 @@ async def test_kubernetes_mode_writes_the_entry_to_the_apiserver(tmp_path):
                 call.cancel()
             await wait_for(lambda: stored() is None, timeout=30,
                            message=f"deleted after the grace period\n{cp.log_tail()}")
+
+
+async def test_kubernetes_mode_writes_the_healthy_condition_through_the_status_subresource(tmp_path):
+    """What pilot-agent sends (tests/e2e/test_workload_health.py runs the agent): a node whose
+    PROXY_CONFIG has a readinessProbe, then istio.io/health requests; the apiserver's entry gets
+    the annotation and its status the Healthy condition, False with the probe's message."""
+    from google.rpc import status_pb2  # type: ignore[import-untyped]
+
+    from tests.fakes.apiserver import FakeApiServer
+
+    async with FakeApiServer() as fake:
+        for plural, kind in (("workloadgroups", "WorkloadGroup"), ("workloadentries", "WorkloadEntry")):
+            fake.register_crd("networking.istio.io", "v1", plural, kind)
+        for ns in ("istio-system", "vms"):
+            fake.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+        fake.create(GROUP)
+        kubeconfig = fake.write_kubeconfig(tmp_path / "kubeconfig")
+        async with ControlPlane(tmp_path, kubeconfig=kubeconfig) as cp:
+            node = vm_node()
+            node.metadata.update({"PROXY_CONFIG": {"readinessProbe": {"tcpSocket": {"port": 8080}}}})
+
+            def healthy() -> str | None:
+                entry = fake.get("workloadentries.networking.istio.io", f"billing-vm-{VM_IP}", namespace="vms")
+                conds = ((entry or {}).get("status") or {}).get("conditions") or []
+                return next((c["status"] + ":" + c.get("message", "") for c in conds if c["type"] == "Healthy"), None)
+
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{cp.xds_port}") as ch:
+                call = ch.stream_stream(SOTW, request_serializer=discovery_pb2.DiscoveryRequest.SerializeToString,
+                                        response_deserializer=discovery_pb2.DiscoveryResponse.FromString)()
+                await call.write(discovery_pb2.DiscoveryRequest(type_url=CDS, node=node))
+                assert (await call.read()).type_url == CDS
+                # Read back through the informer: health reports apply to the entry the store holds.
+                await wait_for(lambda: registered(cp), timeout=20, message=f"the entry is registered\n{cp.log_tail()}")
+                entry = fake.get("workloadentries.networking.istio.io", f"billing-vm-{VM_IP}", namespace="vms")
+                assert entry["metadata"]["annotations"]["proxy.istio.io/health-checks-enabled"] == "true"
+                await call.write(discovery_pb2.DiscoveryRequest(type_url="istio.io/health"))
+                await wait_for(lambda: healthy() == "True:", timeout=20, message=f"Healthy=True\n{cp.log_tail()}")
+                await call.write(discovery_pb2.DiscoveryRequest(
+                    type_url="istio.io/health", error_detail=status_pb2.Status(code=500, message="connection refused")))
+                await wait_for(lambda: healthy() == "False:connection refused", timeout=20,
+                               message=f"Healthy=False\n{cp.log_tail()}")
+                call.cancel()

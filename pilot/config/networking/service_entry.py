@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from pilot.config.base import K8sObject, StrictModel, Unsupported
+from pilot.config.base import K8sObject, Model, StrictModel, Unsupported
 from pilot.config.networking.common import UNIX_PREFIX, NetworkingWorkloadSelector
 from pilot.config.networking.validation import (
     _HTTP_PROTOCOLS,
@@ -72,9 +72,38 @@ class WorkloadEntrySpec(StrictModel):
         return self
 
 
+class IstioCondition(Model):
+    type: str = ""
+    status: str = ""
+    reason: str = ""
+    message: str = ""
+    last_probe_time: str = ""
+    last_transition_time: str = ""
+
+
+class WorkloadEntryStatus(Model):
+    """Written by the control plane (auto-registration health), read for endpoint health."""
+
+    conditions: tuple[IstioCondition, ...] = ()
+
+
+# istiod's status.WorkloadEntryHealthCheckAnnotation: with it, only Healthy=True is an endpoint.
+HEALTH_CHECK_ANNOTATION = "proxy.istio.io/health-checks-enabled"
+
+
 class WorkloadEntry(K8sObject):
     kind: Literal["WorkloadEntry"] = "WorkloadEntry"
     spec: WorkloadEntrySpec
+    status: WorkloadEntryStatus | None = None
+
+    def is_healthy(self) -> bool:
+        """istiod's isHealthy: health checked entries count only once a probe said so."""
+        if self.metadata.annotations.get(HEALTH_CHECK_ANNOTATION, "").lower() not in ("true", "1"):
+            return True
+        for c in self.status.conditions if self.status is not None else ():
+            if c.type == "Healthy":
+                return c.status == "True"
+        return False
 
 
 class ServiceEntryPort(StrictModel):

@@ -28,14 +28,14 @@ from envoy.service.discovery.v3 import discovery_pb2
 from google.rpc import status_pb2  # type: ignore[import-untyped]
 
 from pilot import logging as plog
-from pilot.agent.health import HEALTH_TYPE
 from pilot.agent.secrets import SecretManager
+from pilot.xds.typeurls import EXTENSION_CONFIG as ECDS_TYPE
+from pilot.xds.typeurls import HEALTH as HEALTH_TYPE
 
 log = plog.get("xdsproxy")
 
 SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
 SOTW, DELTA = "StreamAggregatedResources", "DeltaAggregatedResources"
-ECDS_TYPE = "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig"
 _MAX_MESSAGE = 1 << 30  # xDS responses of a large mesh exceed gRPC's 4 MiB default
 _OPTIONS = [("grpc.max_receive_message_length", _MAX_MESSAGE), ("grpc.max_send_message_length", _MAX_MESSAGE)]
 

@@ -25,13 +25,18 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
     if not requested or proxy.is_grpc:
         return []  # only ever asked by name; proxyless gRPC has no HTTP filters of ours
     patches = envoy_filter.patches_for(ctx, proxy, EXTENSION_CONFIG)
-    added: dict[str, PatchRef] | None = patches.memo.get("ecds_adds")
+    router = proxy.type == "router"
+    added: dict[str, PatchRef] | None = patches.memo.get(("ecds_adds", router))
     if added is None:  # once per patch set, as envoy_filter's own ADDs
+        # istiod ignores `match.context` here; it is honoured as far as an extension config can
+        # tell (gateway or sidecar: one resource serves a sidecar's inbound and outbound filters),
+        # so a GATEWAY-only config does not reach sidecars.
+        contexts = ("ANY", "GATEWAY") if router else ("ANY", "SIDECAR_INBOUND", "SIDECAR_OUTBOUND")
         added = {}
         for ref in patches:
-            if ref.patch.patch.operation == "ADD":
+            if ref.patch.patch.operation == "ADD" and ref.patch.match.context in contexts:
                 added.setdefault(ref.patch.message.name, ref)
-        patches.memo["ecds_adds"] = added
+        patches.memo[("ecds_adds", router)] = added
     plan = ctx.wasm_plan(proxy)
     out: list[CachedResource] = []
     for name in sorted(requested):

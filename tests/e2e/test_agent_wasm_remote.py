@@ -122,7 +122,7 @@ async def test_a_module_served_over_http_is_fetched_verified_and_its_fail_strate
             assert (await answer(200, "fetched")) is not None
             assert server.downloads == 1
 
-            # 3. Always: fetched again for each push of the resource.
+            # 3. Always: fetched again, the plugin having changed (its resource version).
             cp.write("plugin.yaml", plugin(server.url, good, "imagePullPolicy: Always\n"))
             await wait_for(lambda: server.downloads >= 2, timeout=30, message=f"refetched\n{a.log_tail()}")
             await wait_for(lambda: answer(200, "fetched"), timeout=30, message="still applied")

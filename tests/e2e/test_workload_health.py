@@ -83,6 +83,13 @@ async def endpoints(cp) -> list[tuple[str, int]]:
             if row["service"] == HOST for e in row["endpoints"]]
 
 
+async def envoy_endpoints(a) -> list[tuple[str, int]]:
+    """What a consumer's Envoy (here the VM's own, a client of the service too) holds over EDS."""
+    clusters = (await a.admin_json("/clusters?format=json"))["cluster_statuses"]
+    return [(h["address"]["socket_address"]["address"], h["address"]["socket_address"]["port_value"])
+            for c in clusters if c["name"] == f"outbound|80||{HOST}" for h in c.get("host_statuses") or []]
+
+
 async def test_the_entry_and_its_endpoint_follow_the_vm_probe(tmp_path, issuer):
     async with App() as app, plane(tmp_path, issuer) as cp:
         wg = group(app.port)
@@ -99,11 +106,15 @@ async def test_the_entry_and_its_endpoint_follow_the_vm_probe(tmp_path, issuer):
                            message=f"the entry is registered healthy\n{a.log_tail()}\n{cp.log_tail()}")
             await wait_for(lambda: is_(endpoints(cp), [("127.0.0.1", app.port)]), timeout=20,
                            message="the healthy VM is an endpoint")
+            await wait_for(lambda: is_(envoy_endpoints(a), [("127.0.0.1", app.port)]), timeout=20,
+                           message="the healthy VM is an endpoint in Envoy")
 
             app.healthy = False
             await wait_for(lambda: is_(condition(cp), "False"), timeout=20,
                            message=f"the failing probe is reported\n{a.log_tail()}")
             await wait_for(lambda: is_(endpoints(cp), []), timeout=20, message="the unhealthy VM is no endpoint")
+            await wait_for(lambda: is_(envoy_endpoints(a), []), timeout=20,
+                           message="the unhealthy VM left the consumer's EDS")
             entry = next(c for c in (await cp.debug("/debug/configz"))["configs"] if c["name"] == ENTRY)
             (cond,) = entry["object"]["status"]["conditions"]
             assert "503" in cond["message"], cond
@@ -112,6 +123,8 @@ async def test_the_entry_and_its_endpoint_follow_the_vm_probe(tmp_path, issuer):
             await wait_for(lambda: is_(condition(cp), "True"), timeout=20, message="recovery is reported")
             await wait_for(lambda: is_(endpoints(cp), [("127.0.0.1", app.port)]), timeout=20,
                            message="the recovered VM is an endpoint again")
+            await wait_for(lambda: is_(envoy_endpoints(a), [("127.0.0.1", app.port)]), timeout=20,
+                           message="the recovered VM is back in the consumer's EDS")
 
 
 async def is_(value, want) -> bool:

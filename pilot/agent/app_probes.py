@@ -44,7 +44,7 @@ def prober(where: str, p: Mapping[str, Any]) -> Prober:
         raise ProberConfigError(f"{where}.{kinds[0]}.port: must be a number 1-65535, got {port!r}")
     timeout = p.get("timeoutSeconds")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0):
-        raise ProberConfigError(f"{where}.timeoutSeconds: must be an integer >= 1, got {timeout!r}")
+        raise ProberConfigError(f"{where}.timeoutSeconds: must be a whole number of seconds, got {timeout!r}")
     return Prober(kinds[0], action, float(timeout or DEFAULT_TIMEOUT))  # 0 is unset, as the kubelet
 
 

@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pilot.config.extensions import WasmPlugin
+from pilot.config.extensions import WasmPlugin, is_local
 from pilot.model.labels import selects
 from pilot.model.store import Entry
 
@@ -46,7 +46,7 @@ class WasmFilter:
 
     @property
     def is_local(self) -> bool:
-        return self.url.startswith("file://")
+        return is_local(self.url)
 
     @property
     def path(self) -> str:

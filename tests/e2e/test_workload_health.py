@@ -14,7 +14,7 @@ from aiohttp import web
 from pilot.config.validation import InvalidObject, parse_object
 from pilot.pilotctl.workload import files_for
 from tests.e2e.test_pilot_agent import NAMESPACE, SA, agent, plane
-from tests.support.ports import free_port
+from tests.support.backends import serve
 from tests.support.wait import wait_for
 from tests.unit.test_authn import Issuer
 
@@ -33,7 +33,7 @@ class App:
 
     def __init__(self) -> None:
         self.healthy = True
-        self.port = free_port()
+        self.port = 0
         self._runner: web.AppRunner | None = None
 
     async def _health(self, _: web.Request) -> web.Response:
@@ -42,9 +42,7 @@ class App:
     async def __aenter__(self) -> Self:
         app = web.Application()
         app.router.add_get("/healthz", self._health)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        self._runner, self.port = await serve(app)
         return self
 
     async def __aexit__(self, *_: object) -> None:

@@ -14,6 +14,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from pilot.agent.wasm import ModuleCache, rewrite_response
 from pilot.agent.xds_proxy import ECDS_TYPE, type_url
+from tests.support.backends import serve
 from tests.support.ports import free_port
 
 
@@ -73,15 +74,11 @@ async def test_always_fetches_again_when_the_plugins_resource_version_changes_on
     module = b"\x00asm\x01\x00\x00\x00"
     app = web.Application()
 
-    async def serve(_: web.Request) -> web.Response:
+    async def module_file(_: web.Request) -> web.Response:
         return web.Response(body=module)
 
-    app.router.add_get("/m.wasm", serve)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    app.router.add_get("/m.wasm", module_file)
+    runner, port = await serve(app)
     cache = ModuleCache(str(tmp_path))
 
     async def push(version: str | None) -> str:

@@ -41,7 +41,7 @@ from pilot.config.networking.destination_rule import (
     PortTrafficPolicy,
     TrafficPolicy,
 )
-from pilot.model.credentials import CA_KEYS, CredentialError, check_certificates
+from pilot.model.credentials import CredentialError, config_map_ca_bundle
 from pilot.model.gateway_api.conditions import Status, condition, sorted_conditions
 from pilot.model.gateway_api.internal import PARENTS, _entry, _meta
 from pilot.model.store import ConfigKey, Entry, Store
@@ -146,7 +146,7 @@ def _ca(policy: Entry[BackendTLSPolicy], config_maps: Mapping[tuple[str, str], E
             conds.resolved = ("InvalidCACertificateRef", f"Certificate reference not found: {err}")
         else:
             try:
-                pem = _ca_pem(cm.obj.data)
+                pem = config_map_ca_bundle(cm.obj.data).decode()
             except CredentialError as e:
                 err = str(e)
                 conds.resolved = ("InvalidCACertificateRef", f"Certificate invalid: {err}")
@@ -154,13 +154,6 @@ def _ca(policy: Entry[BackendTLSPolicy], config_maps: Mapping[tuple[str, str], E
                 return BackendTLS.model_construct(**base, ca_pem=pem, system_ca=False, verify_nothing=False)
     conds.accepted = ("NoValidCACertificate", f"Certificate reference invalid: {err}")
     return BackendTLS.model_construct(**base, verify_nothing=True, ca_pem="", system_ca=False)
-
-
-def _ca_pem(data: Mapping[str, str]) -> str:
-    for k in CA_KEYS:
-        if data.get(k):
-            return check_certificates(data[k].encode(), f"data[{k!r}]").decode()
-    raise CredentialError("no CA certificate: want a non-empty data key ca.crt (or cacert)")
 
 
 def _target(ref: LocalPolicyTargetReferenceWithSectionName, namespace: str,

@@ -47,15 +47,22 @@ class RouteGroupKind(StrictModel):
         return (self.group, self.kind)
 
 
-class RouteNamespaces(StrictModel):
-    from_: Literal["All", "Same", "Selector"] = Field(default="Same", alias="from")
+class FromNamespaces(StrictModel):
+    """Which namespaces a Gateway admits (routes to a listener, ListenerSets to the Gateway):
+    `from`, with the label `selector` that `Selector` needs. Each use narrows `from`."""
+
+    from_: Literal["All", "Same", "Selector", "None"] = Field(default="Same", alias="from")
     selector: LabelSelector | None = None
 
     @model_validator(mode="after")
-    def _selector(self) -> RouteNamespaces:
+    def _selector(self) -> FromNamespaces:
         if self.from_ == "Selector" and self.selector is None:
             _fail("selector must be specified when from is Selector")
         return self
+
+
+class RouteNamespaces(FromNamespaces):
+    from_: Literal["All", "Same", "Selector"] = Field(default="Same", alias="from")
 
 
 class AllowedRoutes(StrictModel):
@@ -141,15 +148,8 @@ def unique_listeners(listeners: list[Listener]) -> list[Listener]:
     return listeners
 
 
-class ListenerNamespaces(StrictModel):
+class ListenerNamespaces(FromNamespaces):
     from_: Literal["All", "Same", "Selector", "None"] = Field(default="None", alias="from")
-    selector: LabelSelector | None = None
-
-    @model_validator(mode="after")
-    def _selector(self) -> ListenerNamespaces:
-        if self.from_ == "Selector" and self.selector is None:
-            _fail("selector must be specified when from is Selector")
-        return self
 
 
 class AllowedListeners(StrictModel):

@@ -17,6 +17,7 @@ from tests.e2e.gateway_api_env import (
     SERVICE_PORT,
     GatewayApiEnv,
     conditions,
+    gateway_service_yaml,
     gateway_yaml,
     namespace_yaml,
     parent_status,
@@ -35,12 +36,6 @@ TEAM = "team"
 async def env(tmp_path):
     async with running_env(tmp_path, ("alpha", "beta")) as e:
         yield e
-
-
-def service_with_ports(*ports: int) -> str:
-    """The Gateway's deployment Service, exposing every listener port (merged ones too)."""
-    return (f"apiVersion: v1\nkind: Service\nmetadata: {{name: {GW_NAME}-istio, namespace: {GW_NS}}}\n"
-            "spec:\n  ports:\n" + "".join(f"  - {{name: p{p}, port: {p}}}\n" for p in ports))
 
 
 def gateway(port: int, allowed: str) -> str:
@@ -80,7 +75,7 @@ async def test_a_listener_set_adds_served_listeners_to_its_gateway(env: GatewayA
     selector = "{from: Selector, selector: {matchLabels: {gateway-access: granted}}}"
     env.cp.write("ns.yaml", namespace_yaml(TEAM, {"gateway-access": "granted"}))
     env.cp.write("gateway.yaml", gateway(gw_port, selector) + "---\n"
-                 + service_with_ports(gw_port, http_port, https_port))
+                 + gateway_service_yaml(gw_port, http_port, https_port))
     env.cp.write("cert.yaml", tls_secret_yaml("team-cert", TEAM, issue(ca, ["team.example.com"])))
     env.cp.write("listenerset.yaml", listener_set(http_port, https_port))
     env.cp.write("routes.yaml", route_yaml("HTTPRoute", "team-route", f"""\
@@ -117,7 +112,7 @@ async def test_a_listener_set_adds_served_listeners_to_its_gateway(env: GatewayA
 
     # The Gateway stops allowing the namespace: the ListenerSet is NotAllowed and its port closes.
     env.cp.write("gateway.yaml", gateway(gw_port, "{from: Same}") + "---\n"
-                 + service_with_ports(gw_port, http_port, https_port))
+                 + gateway_service_yaml(gw_port, http_port, https_port))
 
     async def refused():
         s = await env.status("ListenerSet", "team-listeners", TEAM)

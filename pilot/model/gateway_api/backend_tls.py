@@ -197,13 +197,19 @@ def _ancestor(ref: dict, controller: str, conds: _Conds, generation: int) -> dic
     return {"ancestorRef": ref, "controllerName": controller, "conditions": conds.render(generation)}
 
 
-def evaluate(store: Store, domain: str, gateways_of: Mapping[str, frozenset[tuple[str, str]]]) -> BackendTLSResult:
-    """`gateways_of`: host -> the (namespace, name) of our Gateways that route to it."""
+def evaluate(store: Store, domain: str, gateways_of: Mapping[str, frozenset[tuple[str, str]]],
+             services: Mapping[tuple[str, str], Entry[Service]] | None = None,
+             entries: Mapping[tuple[str, str], Entry[ServiceEntry]] | None = None) -> BackendTLSResult:
+    """`gateways_of`: host -> the (namespace, name) of our Gateways that route to it; `services`,
+    `entries`: the Store's Services and ServiceEntries by (namespace, name), when the caller
+    has indexed them already."""
     policies = sorted(store.list(BackendTLSPolicy), key=_age)
     if not policies:
         return EMPTY
-    services = {(e.key.namespace, e.key.name): e for e in store.list(Service)}
-    entries = {(e.key.namespace, e.key.name): e for e in store.list(ServiceEntry)}
+    if services is None:
+        services = {(e.key.namespace, e.key.name): e for e in store.list(Service)}
+    if entries is None:
+        entries = {(e.key.namespace, e.key.name): e for e in store.list(ServiceEntry)}
     config_maps = {(e.key.namespace, e.key.name): e for e in store.list(ConfigMap)}
     by_namespace: dict[str, list[Entry[BackendTLSPolicy]]] = defaultdict(list)
     for p in policies:

@@ -4,6 +4,7 @@ lists listeners (port, protocol, hostname, TLS, which routes may attach)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -137,7 +138,7 @@ class Listener(StrictModel):
         return self
 
 
-def unique_listeners(listeners: list[Listener]) -> list[Listener]:
+def unique_listeners(listeners: Sequence[Listener]) -> None:
     """The CRDs' CEL rules over a list of listeners (a Gateway's or a ListenerSet's)."""
     names = [ln.name for ln in listeners]
     if len(set(names)) != len(names):
@@ -145,7 +146,6 @@ def unique_listeners(listeners: list[Listener]) -> list[Listener]:
     combos = [(ln.port, ln.protocol, ln.hostname or "") for ln in listeners]
     if len(set(combos)) != len(combos):
         _fail("Combination of port, protocol and hostname must be unique for each listener")
-    return listeners
 
 
 class ListenerNamespaces(FromNamespaces):
@@ -278,7 +278,8 @@ class GatewaySpec(StrictModel):
     @field_validator("listeners")
     @classmethod
     def _unique(cls, listeners: list[Listener]) -> list[Listener]:
-        return unique_listeners(listeners)
+        unique_listeners(listeners)
+        return listeners
 
 
 class KubernetesGateway(GatewayApiObject):

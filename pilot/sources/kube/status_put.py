@@ -15,9 +15,12 @@ from pilot.config.kinds import BY_NAME
 from pilot.model.store import ConfigKey
 from pilot.sources.kube.client import ApiError, Kube
 from pilot.sources.kube.leader_worker import LeaderWorker
+from pilot.sources.kube.rbac import Rule
 
 log = plog.get("status")
 RETRY_S = 1.0
+# The status PUT's rules are its users' (status_writer, ingress_status): each names the kinds it writes.
+RBAC: tuple[Rule, ...] = ()
 
 
 class StatusPutWorker(LeaderWorker):

@@ -14,6 +14,7 @@ from tests.e2e.test_gateway import (  # noqa: F401 - fixture
     SERVICE_PORT,
     GatewayEnv,
     env,
+    gateway_service_yaml,
     http_request,
     tls_request,
 )
@@ -32,14 +33,7 @@ pytestmark = pytest.mark.timeout(90)
 
 async def test_ingress_routes_host_and_path(env: GatewayEnv):  # noqa: F811 - the fixture
     (target,) = free_ports(1)
-    env.cp.write("gw-svc.yaml", textwrap.dedent(f"""\
-        apiVersion: v1
-        kind: Service
-        metadata: {{name: istio-ingressgateway, namespace: {GW_NS}}}
-        spec:
-          selector: {{istio: ingressgateway}}
-          ports: [{{name: http2, port: 80, targetPort: {target}}}]
-        """))
+    env.cp.write("gw-svc.yaml", gateway_service_yaml(("http2", 80, target)))
     env.cp.write("ingress-class.yaml", INGRESS_CLASS)
     env.cp.write("ingress.yaml", textwrap.dedent(f"""\
         apiVersion: networking.k8s.io/v1
@@ -85,16 +79,7 @@ async def test_ingress_tls_secret_served_to_a_real_tls_client(env: GatewayEnv): 
     ca = make_ca()
     cert = issue(ca, [host])
     http_target, https_target = free_ports(2)
-    env.cp.write("gw-svc.yaml", textwrap.dedent(f"""\
-        apiVersion: v1
-        kind: Service
-        metadata: {{name: istio-ingressgateway, namespace: {GW_NS}}}
-        spec:
-          selector: {{istio: ingressgateway}}
-          ports:
-          - {{name: http2, port: 80, targetPort: {http_target}}}
-          - {{name: https, port: 443, targetPort: {https_target}}}
-        """))
+    env.cp.write("gw-svc.yaml", gateway_service_yaml(("http2", 80, http_target), ("https", 443, https_target)))
     # As istiod: the secretName is a Secret of the gateway's namespace (K8S_INGRESS_NS).
     env.cp.write("secret.yaml", tls_secret_yaml("secure-cert", GW_NS, cert))
     env.cp.write("ingress-class.yaml", INGRESS_CLASS)

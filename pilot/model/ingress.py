@@ -61,8 +61,11 @@ def gateway_selector(mesh: MeshConfig) -> dict[str, str]:
 def processed(ing: Ingress, cls: IngressClass | None, mesh: MeshConfig) -> bool:
     """istiod's shouldProcessIngressWithClass: the class annotation (against ingressClass, unless
     the mode is OFF), else the IngressClass named by spec.ingressClassName (its controller), else
-    the mode: DEFAULT takes an Ingress with no (known) class, STRICT and OFF do not."""
+    the mode: DEFAULT takes an Ingress with no (known) class, STRICT does not. OFF processes none,
+    not even an IngressClass's: istiod then runs no Ingress controller at all (server.go)."""
     mode = mesh.ingress_controller_mode
+    if mode == "OFF":
+        return False
     annotation = ing.class_annotation
     if annotation is not None:
         return mode in ("STRICT", "DEFAULT") and annotation == mesh.ingress_class

@@ -217,6 +217,8 @@ def translate(store: Store, domain: str, mesh: MeshConfig | None = None,
     ingresses = sorted((e for e in store.list(Ingress)
                         if processed(e.obj, classes.get(e.obj.spec.ingress_class_name or ""), mesh)),
                        key=lambda e: (e.obj.metadata.creation_timestamp, e.key))
+    if not ingresses:  # the common case: no index of every Service on each full push
+        return NO_INGRESS
     services = {(e.key.namespace, e.key.name): e.obj for e in store.list(Service)}
     selector = gateway_selector(mesh)
     gateways = []

@@ -290,6 +290,15 @@ def change_of(keys: Iterable[ConfigKey], old, new, *, mesh_changed: bool, servic
             svc = new.by_host.get(h) or old.by_host.get(h)
             facets.update((host(h), ns_services(svc.namespace), ALL_SERVICES))
             services.append((svc.namespace, h))
+    oa, na = getattr(old, "auto_addresses", None), getattr(new, "auto_addresses", None)
+    if oa is not na and oa is not None and na is not None:
+        # A ServiceEntry host's auto-allocated address moves when an older one it collided with
+        # goes (collisions resolve in age order): the DNS-capturing proxies that see the host
+        # (Sidecar-scoped ones included) must regenerate though its ServiceEntry did not change.
+        for ns, h in _diff(oa, na):
+            facets.update((host(h), ns_services(ns), ALL_SERVICES))
+            if (ns, h) not in services:
+                services.append((ns, h))
     facets.update(_identities_changed(keys, old, new, service_endpoints_kind))
     if new is not old:
         ot, nt = old.traffic, new.traffic

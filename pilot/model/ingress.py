@@ -61,8 +61,11 @@ def gateway_selector(mesh: MeshConfig) -> dict[str, str]:
 def processed(ing: Ingress, cls: IngressClass | None, mesh: MeshConfig) -> bool:
     """istiod's shouldProcessIngressWithClass: the class annotation (against ingressClass, unless
     the mode is OFF), else the IngressClass named by spec.ingressClassName (its controller), else
-    the mode: DEFAULT takes an Ingress with no (known) class, STRICT and OFF do not."""
+    the mode: DEFAULT takes an Ingress with no (known) class, STRICT does not. OFF processes none,
+    not even an IngressClass's: istiod then runs no Ingress controller at all (server.go)."""
     mode = mesh.ingress_controller_mode
+    if mode == "OFF":
+        return False
     annotation = ing.class_annotation
     if annotation is not None:
         return mode in ("STRICT", "DEFAULT") and annotation == mesh.ingress_class
@@ -214,6 +217,8 @@ def translate(store: Store, domain: str, mesh: MeshConfig | None = None,
     ingresses = sorted((e for e in store.list(Ingress)
                         if processed(e.obj, classes.get(e.obj.spec.ingress_class_name or ""), mesh)),
                        key=lambda e: (e.obj.metadata.creation_timestamp, e.key))
+    if not ingresses:  # the common case: no index of every Service on each full push
+        return NO_INGRESS
     services = {(e.key.namespace, e.key.name): e.obj for e in store.list(Service)}
     selector = gateway_selector(mesh)
     gateways = []

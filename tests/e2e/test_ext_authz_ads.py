@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tests.e2e.mesh_config import endpoint_slice_yaml, service_yaml
-from tests.e2e.test_ext_authz_envoy import GrpcAuthz, HttpAuthz, custom_policy
+from tests.e2e.test_ext_authz_envoy import GrpcAuthz, HttpAuthz, _lower, custom_policy, send
 from tests.e2e.test_tcp_tls_routes import TcpBackend, exchange
 from tests.support.backends import HttpBackend
 from tests.support.control_plane import ControlPlane
@@ -85,17 +85,6 @@ async def sidecar(tmp_path, mesh_config: str, authz_port: int, port_name: str, r
         await cp.stop()
         await app.stop()
         await db.stop()
-
-
-async def send(url: str, decision: str | None = None) -> tuple[int, str, dict]:
-    headers = {"x-ext-authz": decision} if decision else {}
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s, \
-            s.get(url, headers={**headers, "x-other": "private"}) as r:
-        return r.status, await r.text(), {k.lower(): v for k, v in r.headers.items()}
-
-
-def _lower(headers: dict) -> dict:
-    return {k.lower(): v for k, v in headers.items()}
 
 
 async def test_http_provider_over_ads_allows_denies_and_shapes_headers(tmp_path):

@@ -157,7 +157,7 @@ async def send(url: str, decision: str | None = None) -> tuple[int, str, dict]:
     headers = {"x-ext-authz": decision} if decision else {}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s, \
             s.get(url, headers={**headers, "x-other": "private"}) as r:
-        return r.status, await r.text(), dict(r.headers)
+        return r.status, await r.text(), _lower(dict(r.headers))
 
 
 def _lower(headers: dict) -> dict:

@@ -66,6 +66,14 @@ def gateway_yaml(name: str, servers: str, namespace: str = GW_NS, selector: str 
         """) + textwrap.indent(textwrap.dedent(servers), "  ")
 
 
+def gateway_service_yaml(*ports: tuple[str, int, int]) -> str:
+    """The istio-ingressgateway Service, (name, port, targetPort) each: istiod maps a server's
+    port to the targetPort its gateway pod listens on."""
+    entries = "".join(f"\n  - {{name: {n}, port: {p}, targetPort: {t}}}" for n, p, t in ports)
+    return (f"apiVersion: v1\nkind: Service\nmetadata: {{name: istio-ingressgateway, namespace: {GW_NS}}}\n"
+            f"spec:\n  selector: {{istio: ingressgateway}}\n  ports:{entries}\n")
+
+
 def virtual_service_yaml(name: str, spec: str, namespace: str = "default") -> str:
     return (f"apiVersion: networking.istio.io/v1\nkind: VirtualService\n"
             f"metadata: {{name: {name}, namespace: {namespace}}}\nspec:\n"
@@ -537,14 +545,7 @@ async def test_server_port_follows_the_gateway_services_target_port(env: Gateway
     """istiod's mapping: Service istio-ingressgateway 80 -> 8080 selects the router, so a server
     on port 80 listens on 8080 (no root needed); clients' Host `host:80` still matches."""
     service_port, target = free_ports(2)
-    env.cp.write("gw-svc.yaml", textwrap.dedent(f"""\
-        apiVersion: v1
-        kind: Service
-        metadata: {{name: istio-ingressgateway, namespace: {GW_NS}}}
-        spec:
-          selector: {{istio: ingressgateway}}
-          ports: [{{name: http2, port: {service_port}, targetPort: {target}}}]
-        """))
+    env.cp.write("gw-svc.yaml", gateway_service_yaml(("http2", service_port, target)))
     env.cp.write("gateway.yaml", gateway_yaml("web", f"""\
         - port: {{number: {service_port}, name: http, protocol: HTTP}}
           hosts: [shop.example.com]

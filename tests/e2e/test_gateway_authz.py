@@ -36,12 +36,17 @@ SELECTOR = {"matchLabels": {"istio": "ingressgateway"}}
 async def get(port: int, path: str, **headers: str) -> int:
     """The status of a GET through the gateway (Host: shop.example.com)."""
     reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 5)
+    extra = "".join(f"{k.replace('_', '-')}: {v}\r\n" for k, v in headers.items())
+    return await _status(reader, writer, f"GET {path} HTTP/1.1\r\nHost: shop.example.com\r\n{extra}")
+
+
+async def _status(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: str) -> int:
+    """Send a request (its head, without the closing headers) and read the response's status."""
     try:
-        extra = "".join(f"{k.replace('_', '-')}: {v}\r\n" for k, v in headers.items())
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: shop.example.com\r\n{extra}Connection: close\r\n\r\n".encode())
+        writer.write(f"{head}Connection: close\r\n\r\n".encode())
         await writer.drain()
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
-        return int(head.split()[1])
+        response = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        return int(response.split()[1])
     finally:
         writer.close()
 
@@ -55,13 +60,7 @@ async def tls_status(port: int, sni: str, ca: Issued) -> int | str:
             asyncio.open_connection("127.0.0.1", port, ssl=ctx, server_hostname=sni), 5)
     except (ssl.SSLError, ConnectionError, asyncio.IncompleteReadError, OSError):
         return "closed"
-    try:
-        writer.write(f"GET / HTTP/1.1\r\nHost: {sni}\r\nConnection: close\r\n\r\n".encode())
-        await writer.drain()
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
-        return int(head.split()[1])
-    finally:
-        writer.close()
+    return await _status(reader, writer, f"GET / HTTP/1.1\r\nHost: {sni}\r\n")
 
 
 def policy(name: str, **spec) -> str:

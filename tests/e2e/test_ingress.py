@@ -14,6 +14,7 @@ from tests.e2e.test_gateway import (  # noqa: F401 - fixture
     SERVICE_PORT,
     GatewayEnv,
     env,
+    gateway_service_yaml,
     http_request,
     tls_request,
 )
@@ -32,14 +33,7 @@ pytestmark = pytest.mark.timeout(90)
 
 async def test_ingress_routes_host_and_path(env: GatewayEnv):  # noqa: F811 - the fixture
     (target,) = free_ports(1)
-    env.cp.write("gw-svc.yaml", textwrap.dedent(f"""\
-        apiVersion: v1
-        kind: Service
-        metadata: {{name: istio-ingressgateway, namespace: {GW_NS}}}
-        spec:
-          selector: {{istio: ingressgateway}}
-          ports: [{{name: http2, port: 80, targetPort: {target}}}]
-        """))
+    env.cp.write("gw-svc.yaml", gateway_service_yaml(("http2", 80, target)))
     env.cp.write("ingress-class.yaml", INGRESS_CLASS)
     env.cp.write("ingress.yaml", textwrap.dedent(f"""\
         apiVersion: networking.k8s.io/v1
@@ -85,16 +79,7 @@ async def test_ingress_tls_secret_served_to_a_real_tls_client(env: GatewayEnv): 
     ca = make_ca()
     cert = issue(ca, [host])
     http_target, https_target = free_ports(2)
-    env.cp.write("gw-svc.yaml", textwrap.dedent(f"""\
-        apiVersion: v1
-        kind: Service
-        metadata: {{name: istio-ingressgateway, namespace: {GW_NS}}}
-        spec:
-          selector: {{istio: ingressgateway}}
-          ports:
-          - {{name: http2, port: 80, targetPort: {http_target}}}
-          - {{name: https, port: 443, targetPort: {https_target}}}
-        """))
+    env.cp.write("gw-svc.yaml", gateway_service_yaml(("http2", 80, http_target), ("https", 443, https_target)))
     # As istiod: the secretName is a Secret of the gateway's namespace (K8S_INGRESS_NS).
     env.cp.write("secret.yaml", tls_secret_yaml("secure-cert", GW_NS, cert))
     env.cp.write("ingress-class.yaml", INGRESS_CLASS)
@@ -119,3 +104,43 @@ async def test_ingress_tls_secret_served_to_a_real_tls_client(env: GatewayEnv): 
     await env.until(served, "HTTPS through the Ingress with its secretName")
     # The same Ingress still answers plain HTTP on 80.
     assert await http_request(http_target, host, "/") == (200, "beta")
+
+
+async def test_ingress_class_controller_change_reaches_the_gateway(env: GatewayEnv):  # noqa: F811 - the fixture
+    """The IngressClass decides whether its Ingresses are ours: handing it to another controller
+    takes the routes off the running gateway, handing it back restores them (a change of the
+    IngressClass alone, no Ingress changes)."""
+    (target,) = free_ports(1)
+    env.cp.write("gw-svc.yaml", gateway_service_yaml(("http2", 80, target)))
+    env.cp.write("ingress-class.yaml", INGRESS_CLASS)
+    env.cp.write("ingress.yaml", textwrap.dedent(f"""\
+        apiVersion: networking.k8s.io/v1
+        kind: Ingress
+        metadata: {{name: shop, namespace: default}}
+        spec:
+          ingressClassName: istio
+          rules:
+          - host: shop.example.com
+            http:
+              paths:
+              - {{path: /, pathType: Prefix, backend: {{service: {{name: alpha, port: {{number: {SERVICE_PORT}}}}}}}}}
+        """))
+    await env.start()
+
+    async def status() -> int:
+        return (await http_request(target, "shop.example.com", "/"))[0]
+
+    async def served():
+        return await status() == 200
+
+    async def not_served():  # no Ingress left: no server on 80, so no listener either
+        try:
+            return await status() == 404
+        except ConnectionRefusedError:
+            return True
+
+    await env.until(served, "the Ingress of class istio routes shop.example.com")
+    env.cp.write("ingress-class.yaml", INGRESS_CLASS.replace("istio.io/ingress-controller", "k8s.io/ingress-nginx"))
+    await env.until(not_served, "the IngressClass handed to nginx: the gateway stops serving the Ingress")
+    env.cp.write("ingress-class.yaml", INGRESS_CLASS)
+    await env.until(served, "the IngressClass ours again: the route is back")

@@ -84,7 +84,8 @@ def processed(store: Store, mesh: MeshConfig | None = None) -> set[str]:
 @pytest.mark.parametrize(("mode", "expected"), [
     ("STRICT", {"by-class", "by-annotation"}),
     ("DEFAULT", {"by-class", "by-annotation", "no-class", "unknown-class"}),
-    ("OFF", {"by-class"}),
+    ("OFF", set()),  # istiod runs no Ingress controller at all
+    ("UNSPECIFIED", {"by-class"}),  # only an IngressClass of ours (shouldProcessIngressWithClass)
 ])
 def test_which_ingresses_are_processed(mode: str, expected: set[str]) -> None:
     nginx = IngressClass.model_validate({"apiVersion": "networking.k8s.io/v1", "kind": "IngressClass",
@@ -95,7 +96,7 @@ def test_which_ingresses_are_processed(mode: str, expected: set[str]) -> None:
                        ingress("annotation-wins", cls="istio", annotation="nginx"),
                        ingress("nginx-class", cls="nginx"), ingress("no-class", cls=None),
                        ingress("unknown-class", cls="missing"))
-    # istiod: an IngressClass of istio.io/ingress-controller is processed whatever the mode.
+    # istiod: an IngressClass of istio.io/ingress-controller is processed whatever the mode, OFF aside.
     assert processed(store, MeshConfig(ingress_controller_mode=mode)) == expected
 
 

@@ -60,6 +60,22 @@ def test_allocation_is_stable_across_builds_and_additions():
     assert len({v for v, _ in later.values()}) == 201  # no two hosts share an address
 
 
+def test_a_build_with_the_same_service_entries_reuses_the_allocation():
+    """Allocating hashes every host: a full push that changed no ServiceEntry keeps the previous
+    context's allocation (the same object, so the push sees no address change)."""
+    w = World()
+    w.apply(se("a", ["a.example.com"]), se("b", ["b.example.com"]))
+    first = w.ctx()
+    w.apply({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+             "metadata": {"name": "v", "namespace": "default"}, "spec": {"hosts": ["x.example.com"], "tcp": [{"route": [{"destination": {"host": "a.example.com"}}]}]}})
+    same = PushContext.build(w.store, w.mesh.current, w.mesh.version, DOMAIN, "v-next", previous=first)
+    assert same.auto_addresses is first.auto_addresses
+    w.apply(se("c", ["c.example.com"]))
+    grown = PushContext.build(w.store, w.mesh.current, w.mesh.version, DOMAIN, "v-grown", previous=same)
+    assert set(grown.auto_addresses) == {("default", f"{n}.example.com") for n in "abc"}
+    assert {k: v for k, v in grown.auto_addresses.items() if k[1] != "c.example.com"} == dict(first.auto_addresses)
+
+
 def test_collisions_resolve_without_sharing_in_a_tiny_prefix():
     entries = World()
     entries.apply(*(se(f"s{i}", [f"s{i}.example.com"]) for i in range(14)))

@@ -27,6 +27,7 @@ INFORMER_VERBS: frozenset[str] = frozenset({"list", "watch"})
 # here (tests/test_deploy.py fails for a module that calls `kube.request`/`kube.open` unlisted).
 RBAC_MODULES: tuple[str, ...] = ("pilot.sources.kube.leader", "pilot.sources.kube.writers", "pilot.security.ca_storage",
                                  "pilot.security.authn", "pilot.sources.kube.status_writer", "pilot.sources.kube.ingress_status",
+                                 "pilot.sources.kube.status_put",
                                  "pilot.security.secret_access", "pilot.webhook.ca_bundle",
                                  "pilot.sources.kube.tags", "pilot.gateway_deploy.controller",
                                  "pilot.autoregistration")

@@ -23,10 +23,8 @@ Store sees no change, so it never causes a push.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Iterable, Mapping
 
-from pilot import logging as plog
 from pilot.config.base import K8sObject
 from pilot.config.gateway_api import CONTROLLER_NAME, GROUP, ROUTE_KINDS
 from pilot.config.gateway_api.common import GatewayApiObject
@@ -34,22 +32,19 @@ from pilot.config.kinds import BY_NAME
 from pilot.model.gateway_api.backend_tls import MESH_CONTROLLER
 from pilot.model.gateway_api.conditions import Status, merge_ancestors, merge_parents, stamp
 from pilot.model.store import ConfigKey
-from pilot.sources.kube.client import ApiError, Kube
-from pilot.sources.kube.leader_worker import LeaderWorker
+from pilot.sources.kube.client import Kube
 from pilot.sources.kube.rbac import Rule
+from pilot.sources.kube.status_put import StatusPutWorker
 from pilot.status.view import now_rfc3339
-
-log = plog.get("status")
 
 STATUS_KINDS = ("GatewayClass", "KubernetesGateway", "ListenerSet", *ROUTE_KINDS, "BackendTLSPolicy")
 _POLICY_CONTROLLERS = frozenset({CONTROLLER_NAME, MESH_CONTROLLER})
 # What _write calls: PUT on the status subresource of every kind that has a status, cluster-wide.
 RBAC = tuple(Rule("cluster", BY_NAME[k].group, f"{BY_NAME[k].plural}/status", frozenset({"update"}))
              for k in STATUS_KINDS)
-RETRY_S = 1.0
 
 
-class StatusWriter(LeaderWorker):
+class StatusWriter(StatusPutWorker):
     task_name = "gateway-status-writer"
 
     def __init__(self, kube: Kube, lookup: Callable[[ConfigKey], K8sObject | None],
@@ -58,30 +53,18 @@ class StatusWriter(LeaderWorker):
         """`lookup(key)` is the informers' latest copy of an object (with its status and
         resourceVersion); `objects_of(kind)` every object of a kind they hold; `owns_gateway(ns,
         name)` whether a Gateway is this revision's to report on."""
-        super().__init__()
-        self.kube = kube
+        super().__init__(kube)
         self.owns_gateway = owns_gateway
         self.lookup = lookup
         self.objects_of = objects_of
         self.clock = clock
-        self.writes = 0
-        self.conflicts = 0
         self._desired: Mapping[ConfigKey, Status] = {}
-        self._written: dict[ConfigKey, tuple[str, Status]] = {}  # key -> (resourceVersion written over, status)
 
     def offer(self, desired: Mapping[ConfigKey, Status]) -> None:
         """The status a new PushContext computed (a GatewayStatusView listener)."""
         self._desired = desired
         if self.active:
             self._wake.set()
-
-    async def _run(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            if not await self.reconcile_all():
-                await asyncio.sleep(RETRY_S)  # failed writes: retry soon, not in a hot loop
-                self._wake.set()
 
     async def reconcile_all(self) -> bool:
         """One pass over everything; False when some write must be retried."""
@@ -99,7 +82,7 @@ class StatusWriter(LeaderWorker):
                 if key not in desired and isinstance(obj, GatewayApiObject) and any(
                         self._mine(p, key.namespace) for p in obj.status.get("parents") or ()):
                     ok &= await self._reconcile(key, {"parents": []})
-        self._written = {k: v for k, v in self._written.items() if k in desired}  # forget deleted objects
+        self._forget_except(desired)
         return ok
 
     async def _reconcile(self, key: ConfigKey, desired: Status) -> bool:
@@ -120,35 +103,7 @@ class StatusWriter(LeaderWorker):
         new = stamp(current, desired, self.clock())
         if new == current:
             return True
-        written = self._written.get(key)
-        if written is not None and written == (rv, new):
-            return True  # written already; the informer has not seen it yet
-        try:
-            await self._write(key, obj, new)
-        except ApiError as e:
-            if e.status == 409:
-                self.conflicts += 1
-                return False
-            if e.status == 404:
-                return True
-            log.warning("could not write status", object=str(key), status=e.status, reason=e.reason)
-            return False
-        except Exception as e:  # noqa: BLE001 - the apiserver is away (any transport error): retried
-            log.warning("could not write status", object=str(key), error=f"{type(e).__name__}: {e}")
-            return False
-        self._written[key] = (rv, new)
-        self.writes += 1
-        log.debug("wrote status", object=str(key))
-        return True
-
-    async def _write(self, key: ConfigKey, obj: K8sObject, status: Status) -> None:
-        kind = BY_NAME[key.kind]
-        body = {"apiVersion": kind.api_version, "kind": kind.kind,
-                "metadata": {"name": key.name, **({"namespace": key.namespace} if kind.namespaced else {}),
-                             "resourceVersion": obj.metadata.resource_version},
-                "status": status}
-        await self.kube.request("PUT", kind.path(key.namespace or None, key.name) + "/status", body=body)
-
+        return await self._put(key, rv, new)
 
     def _owns_listener_set(self, key: ConfigKey) -> bool:
         obj = self.lookup(key)

@@ -120,6 +120,23 @@ def test_clusters_resolve_both_families_and_passthrough_binds_v6_source():
     assert single[DNS_CLUSTER].message(cluster_pb2.Cluster).dns_lookup_family == cluster_pb2.Cluster.V4_PREFERRED
 
 
+
+def test_one_push_keeps_dual_stack_and_single_family_clusters_apart():
+    """A dual-stack and a single-family proxy of one namespace and identity, in one push: the
+    outbound walk they share within a push (ctx.memoized in CDS) is keyed on the family, so the
+    second one generated, in either order, gets its own dns_lookup_family."""
+    want = {True: cluster_pb2.Cluster.ALL, False: cluster_pb2.Cluster.V4_PREFERRED}
+    for order in ((True, False), (False, True)):
+        w = world()
+        push = ctx(w, True)
+        for dual in order:
+            p = dual_proxy()
+            if not dual:
+                p = proxy(interception="REDIRECT")
+                p.identity = dual_proxy().identity
+            got = w.cds(p, push)[DNS_CLUSTER].message(cluster_pb2.Cluster).dns_lookup_family
+            assert got == want[dual], (order, dual)
+
 def _endpoints(w: World, on: bool) -> list[tuple[str, list[str]]]:
     cla = w.eds(dual_proxy(), {OUTBOUND}, ctx(w, on))[OUTBOUND].message(endpoint_pb2.ClusterLoadAssignment)
     return sorted((e.endpoint.address.socket_address.address,

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
+from functools import partial
 
 from envoy.config.endpoint.v3 import endpoint_pb2
 
@@ -38,37 +39,14 @@ def build_cla(cluster_name: str, port: ServicePort, slices: tuple[Entry[Endpoint
     return endpoints.cluster_load_assignment(cluster_name, eps, lb)
 
 
-def build_cla_with_unhealthy(cluster_name: str, port: ServicePort, slices: tuple[Entry[EndpointSlice], ...],
-                             subset_labels: tuple[tuple[str, str], ...] = (), pods: tuple[Entry[Pod], ...] = (),
-                             nodes: tuple[Entry[Node], ...] = (), lb: LocalityLb | None = None,
-                             workload_entries: tuple[Entry[WorkloadEntry], ...] = ()
-                             ) -> endpoint_pb2.ClusterLoadAssignment:
-    """PILOT_SEND_UNHEALTHY_ENDPOINTS: not-ready endpoints too, marked UNHEALTHY."""
-    return build_cla(cluster_name, port, slices, subset_labels, pods, nodes, lb, workload_entries, unhealthy=True)
-
-
-# ISTIO_DUAL_STACK: one endpoint per Pod with both families' addresses. Other builders, so other
-# cache keys (the builder is part of them), and the knob-off path keeps its arguments.
-def build_cla_dual_stack(cluster_name: str, port: ServicePort, slices: tuple[Entry[EndpointSlice], ...],
-                         subset_labels: tuple[tuple[str, str], ...] = (), pods: tuple[Entry[Pod], ...] = (),
-                         nodes: tuple[Entry[Node], ...] = (), lb: LocalityLb | None = None,
-                         workload_entries: tuple[Entry[WorkloadEntry], ...] = ()
-                         ) -> endpoint_pb2.ClusterLoadAssignment:
-    return build_cla(cluster_name, port, slices, subset_labels, pods, nodes, lb, workload_entries, dual_stack=True)
-
-
-def build_cla_with_unhealthy_dual_stack(cluster_name: str, port: ServicePort, slices: tuple[Entry[EndpointSlice], ...],
-                                        subset_labels: tuple[tuple[str, str], ...] = (),
-                                        pods: tuple[Entry[Pod], ...] = (), nodes: tuple[Entry[Node], ...] = (),
-                                        lb: LocalityLb | None = None,
-                                        workload_entries: tuple[Entry[WorkloadEntry], ...] = ()
-                                        ) -> endpoint_pb2.ClusterLoadAssignment:
-    return build_cla(cluster_name, port, slices, subset_labels, pods, nodes, lb, workload_entries,
-                     unhealthy=True, dual_stack=True)
-
-
-_BUILDERS = {(False, False): build_cla, (True, False): build_cla_with_unhealthy,
-             (False, True): build_cla_dual_stack, (True, True): build_cla_with_unhealthy_dual_stack}
+# PILOT_SEND_UNHEALTHY_ENDPOINTS (not-ready endpoints too, marked UNHEALTHY) and ISTIO_DUAL_STACK
+# (one endpoint per Pod with both families' addresses): other builders, so other cache keys (the
+# builder is part of them), while the default path keeps build_cla and its arguments.
+_BUILDERS: dict[tuple[bool, bool], Callable[..., endpoint_pb2.ClusterLoadAssignment]] = {
+    (False, False): build_cla,
+    (True, False): partial(build_cla, unhealthy=True),
+    (False, True): partial(build_cla, dual_stack=True),
+    (True, True): partial(build_cla, unhealthy=True, dual_stack=True)}
 
 
 def build_service_entry_cla(cluster_name: str, port: ServicePort, service_entry: Entry[ServiceEntry],
@@ -187,8 +165,7 @@ def _load_assignment(ctx: PushContext, proxy: Proxy, name: str, cache: XdsCache,
         return cache.resource(ENDPOINT, name, build_service_entry_cla, name, port, se, wes, labels, lb,
                               se_pods, ctx.nodes_of(se_pods), ctx.settings.knobs.dual_stack, origins=origins)
     slices = ctx.service_slices(svc)
-    # PILOT_SEND_UNHEALTHY_ENDPOINTS: another builder, so another key (the builder is part of it).
-    # ISTIO_DUAL_STACK likewise.
+    # PILOT_SEND_UNHEALTHY_ENDPOINTS, ISTIO_DUAL_STACK: another builder each, so another key.
     knobs = ctx.settings.knobs
     build = _BUILDERS[knobs.send_unhealthy_endpoints, knobs.dual_stack]
     # Pods decide subset membership and each endpoint's tlsMode (auto mTLS); their Nodes the locality.

@@ -31,6 +31,23 @@ class Prober:
     timeout: float
 
 
+def prober(where: str, p: Mapping[str, Any]) -> Prober:
+    """One probe's action and timeout, in the Kubernetes Probe's JSON shape; shared by the
+    injector's app probers and the VM readiness probe (pilot/agent/health.py). `where` names the
+    probe in errors."""
+    kinds = [k for k in ("httpGet", "tcpSocket", "grpc") if isinstance(p.get(k), Mapping)]
+    if len(kinds) != 1:
+        raise ProberConfigError(f"{where}: needs exactly one of httpGet, tcpSocket, grpc")
+    action = p[kinds[0]]
+    port = action.get("port")
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port <= 65535:
+        raise ProberConfigError(f"{where}.{kinds[0]}.port: must be a number 1-65535, got {port!r}")
+    timeout = p.get("timeoutSeconds")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0):
+        raise ProberConfigError(f"{where}.timeoutSeconds: must be a whole number of seconds, got {timeout!r}")
+    return Prober(kinds[0], action, float(timeout or DEFAULT_TIMEOUT))  # 0 is unset, as the kubelet
+
+
 def parse_probers(text: str) -> dict[str, Prober]:
     """ISTIO_KUBE_APP_PROBERS; a bad value is a start-up error naming the entry."""
     if not text.strip():
@@ -45,19 +62,7 @@ def parse_probers(text: str) -> dict[str, Prober]:
     for path, p in doc.items():
         if not isinstance(p, dict) or not path.startswith("/app-health/"):
             raise ProberConfigError(f"{KUBE_APP_PROBERS}[{path!r}]: must be /app-health/... -> prober object")
-        kinds = [k for k in ("httpGet", "tcpSocket", "grpc") if isinstance(p.get(k), dict)]
-        if len(kinds) != 1:
-            raise ProberConfigError(
-                f"{KUBE_APP_PROBERS}[{path!r}]: needs exactly one of httpGet, tcpSocket, grpc"
-            )
-        action = p[kinds[0]]
-        port = action.get("port")
-        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port <= 65535:
-            raise ProberConfigError(
-                f"{KUBE_APP_PROBERS}[{path!r}]: port must be a number 1-65535, got {port!r}"
-            )
-        timeout = p.get("timeoutSeconds") or DEFAULT_TIMEOUT
-        out[path] = Prober(kinds[0], action, float(timeout))
+        out[path] = prober(f"{KUBE_APP_PROBERS}[{path!r}]", p)
     return out
 
 

@@ -10,21 +10,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
 
 from pilot import logging as plog
-from pilot.agent.app_probes import Prober, run
+from pilot.agent.app_probes import Prober, ProberConfigError, prober, run
 
 log = plog.get("health")
 
-HEALTH_TYPE = "istio.io/health"
-
-
-class ProbeConfigError(ValueError):
-    pass
+ProbeConfigError = ProberConfigError
 
 
 @dataclass(frozen=True)
@@ -54,18 +50,11 @@ def parse(probe: Any) -> ReadinessProbe | None:
     if probe.get("exec") is not None:
         raise ProbeConfigError("ProxyConfig.readinessProbe.exec: command probes are not run by this agent "
                                "(use httpGet, tcpSocket or grpc)")
-    kinds = [k for k in ("httpGet", "tcpSocket", "grpc") if isinstance(probe.get(k), Mapping)]
-    if len(kinds) != 1:
-        raise ProbeConfigError("ProxyConfig.readinessProbe: needs exactly one of httpGet, tcpSocket, grpc")
-    action = probe[kinds[0]]
-    port = action.get("port")
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port <= 65535:
-        raise ProbeConfigError(f"ProxyConfig.readinessProbe.{kinds[0]}.port: must be 1-65535, got {port!r}")
-    timeout = _count(probe, "timeoutSeconds", 1, 1)
-    action = dict(action)
-    if kinds[0] == "tcpSocket" and not action.get("host"):
-        action["host"] = "localhost"  # the API's default for tcpSocket; httpGet's is the VM's IP
-    return ReadinessProbe(Prober(kinds[0], action, float(timeout)),
+    base = prober("ProxyConfig.readinessProbe", probe)
+    if base.kind == "tcpSocket" and not base.action.get("host"):
+        # the API's default for tcpSocket; httpGet's is the VM's IP
+        base = replace(base, action={**base.action, "host": "localhost"})
+    return ReadinessProbe(base,
                           initial_delay=float(_count(probe, "initialDelaySeconds", 0, 0)),
                           period=float(_count(probe, "periodSeconds", 10, 1)),
                           success_threshold=_count(probe, "successThreshold", 1, 1),

@@ -2,8 +2,10 @@
 (`vm_config.code.remote`, what istiod builds for an http(s) WasmPlugin url) are fetched by the
 agent, checked against their sha256, cached on disk, and handed to Envoy as a local file.
 
-Pull policy comes, as from istiod, in the VM's environment (`ISTIO_META_WASM_IMAGE_PULL_POLICY`,
-removed before Envoy sees it): `Always` fetches each time the resource arrives, anything else
+Pull policy comes, as from istiod, in the VM's environment (`ISTIO_META_WASM_IMAGE_PULL_POLICY`
+and the plugin's `ISTIO_META_WASM_PLUGIN_RESOURCE_VERSION`, removed before Envoy sees them):
+`Always` fetches again when the plugin's resource version changes (as istio-agent: not on every
+ECDS response, which would stall the proxied stream on each push and reconnect), anything else
 reuses a cached file (keyed by URL and sha256). A module that cannot be fetched or does not match
 its sha256 turns the filter, as istio-agent does, into an RBAC filter of the same name: allow-all
 for failStrategy FAIL_OPEN, deny-all (403) otherwise.
@@ -25,14 +27,16 @@ from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf.any_pb2 import Any as AnyProto
 
 from pilot import logging as plog
+from pilot.networking.wasm import (  # what the control plane writes
+    PULL_POLICY_ENV,
+    RESOURCE_VERSION_ENV,
+    WASM_HTTP_TYPE,
+)
 
 log = plog.get("wasm")
 
-PULL_POLICY_ENV = "ISTIO_META_WASM_IMAGE_PULL_POLICY"
-RESOURCE_VERSION_ENV = "ISTIO_META_WASM_PLUGIN_RESOURCE_VERSION"
 MAX_MODULE_BYTES = 256 << 20  # istio-agent's limit
 DEFAULT_TIMEOUT_S = 30.0
-WASM_HTTP_TYPE = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"
 
 
 class FetchError(Exception):
@@ -43,13 +47,17 @@ class ModuleCache:
     def __init__(self, directory: str) -> None:
         self.directory = Path(os.path.abspath(directory))
         self.fetches = 0  # downloads made (a cache hit makes none)
+        self._fetched_at: dict[Path, str] = {}  # module -> resource version it was last fetched for
 
     def path_for(self, url: str, sha256: str) -> Path:
         return self.directory / (hashlib.sha256(f"{url}\n{sha256}".encode()).hexdigest() + ".wasm")
 
-    async def get(self, url: str, sha256: str, *, always: bool, timeout: float) -> str:
+    async def get(self, url: str, sha256: str, *, always: bool, timeout: float, resource_version: str = "") -> str:
+        """The module's local file; with `always`, fetched again unless it was fetched for this
+        `resource_version` (none given: every time)."""
         path = self.path_for(url, sha256)
-        if not always and path.exists():
+        fresh = not always or (resource_version and self._fetched_at.get(path) == resource_version)
+        if fresh and path.exists():
             return str(path)
         data = await self._download(url, timeout)
         if sha256:
@@ -60,6 +68,7 @@ class ModuleCache:
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_bytes(data)
         os.replace(tmp, path)  # Envoy never reads a half-written module
+        self._fetched_at[path] = resource_version
         return str(path)
 
     async def _download(self, url: str, timeout: float) -> bytes:
@@ -98,12 +107,14 @@ async def convert(resource: AnyProto, cache: ModuleCache) -> bool:
     remote = vm.code.remote
     env = vm.environment_variables.key_values
     always = env.get(PULL_POLICY_ENV) == "Always"
+    resource_version = env.get(RESOURCE_VERSION_ENV, "")
     for k in (PULL_POLICY_ENV, RESOURCE_VERSION_ENV):
         env.pop(k, None)
     timeout = (remote.http_uri.timeout.ToTimedelta().total_seconds() if remote.http_uri.HasField("timeout")
                else DEFAULT_TIMEOUT_S) or DEFAULT_TIMEOUT_S
     try:
-        path = await cache.get(remote.http_uri.uri, remote.sha256, always=always, timeout=timeout)
+        path = await cache.get(remote.http_uri.uri, remote.sha256, always=always, timeout=timeout,
+                               resource_version=resource_version)
     except (FetchError, OSError) as e:
         fail_open = filt.config.failure_policy == wasm_pb2.FAIL_OPEN or filt.config.fail_open
         log.error("cannot fetch Wasm module; applying the plugin's failStrategy", resource=tec.name,

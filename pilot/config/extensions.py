@@ -59,6 +59,11 @@ class VmConfig(StrictModel):
         return self
 
 
+def is_local(url: str) -> bool:
+    """A module on the proxy's filesystem, read by Envoy (else one the agent fetches)."""
+    return url.startswith("file://")
+
+
 class WasmPluginSpec(StrictModel):
     selector: Selector | None = None
     target_ref: PolicyTargetReference | None = None
@@ -131,11 +136,7 @@ class WasmPluginSpec(StrictModel):
 
     @property
     def is_local(self) -> bool:
-        return self.url.startswith("file://")
-
-    @property
-    def file_path(self) -> str:
-        return self.url.partition("://")[2]
+        return is_local(self.url)
 
 
 class WasmPlugin(StrictObject):

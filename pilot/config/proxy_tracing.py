@@ -30,30 +30,41 @@ class ZipkinTracer(StrictModel):
         return self
 
 
-class TracingLiteral(StrictModel):
+# The custom tag shapes are the Telemetry API's too (pilot/config/telemetry.py adds `formatter`).
+class TagLiteral(StrictModel):
     value: str = ""
 
 
-class TracingEnvironment(StrictModel):
+class TagEnvironment(StrictModel):
     name: str = Field(min_length=1)
     default_value: str = ""
 
 
-class TracingHeader(StrictModel):
+class TagHeader(StrictModel):
     name: str = Field(min_length=1)
     default_value: str = ""
 
 
 class TracingCustomTag(StrictModel):
-    literal: TracingLiteral | None = None
-    environment: TracingEnvironment | None = None
-    header: TracingHeader | None = None
+    literal: TagLiteral | None = None
+    environment: TagEnvironment | None = None
+    header: TagHeader | None = None
 
     @model_validator(mode="after")
     def _one(self) -> TracingCustomTag:
-        if sum(v is not None for v in (self.literal, self.environment, self.header)) != 1:
-            raise ValueError("custom tag must set exactly one of literal, environment, header")
+        kinds = type(self).model_fields
+        if sum(getattr(self, k) is not None for k in kinds) != 1:
+            raise ValueError(f"custom tag must set exactly one of {', '.join(kinds)}")
         return self
+
+    def spec(self) -> tuple[str, str, str]:
+        """(literal|environment|header, value or name, default)."""
+        if self.literal is not None:
+            return "literal", self.literal.value, ""
+        if self.environment is not None:
+            return "environment", self.environment.name, self.environment.default_value
+        assert self.header is not None
+        return "header", self.header.name, self.header.default_value
 
 
 class ProxyTracing(StrictModel):
@@ -71,15 +82,7 @@ class ProxyTracing(StrictModel):
 
     def tags(self) -> tuple[tuple[str, str, str, str], ...]:
         """(tag, literal|environment|header, value or name, default), sorted by tag."""
-        out = []
-        for name, t in sorted(self.custom_tags.items()):
-            if t.literal is not None:
-                out.append((name, "literal", t.literal.value, ""))
-            elif t.environment is not None:
-                out.append((name, "environment", t.environment.name, t.environment.default_value))
-            elif t.header is not None:
-                out.append((name, "header", t.header.name, t.header.default_value))
-        return tuple(out)
+        return tuple((name, *t.spec()) for name, t in sorted(self.custom_tags.items()))
 
 
 def parse_proxy_tracing(raw: Any, where: str) -> tuple[ProxyTracing | None, list[str]]:

@@ -17,6 +17,7 @@ from pydantic import Field, field_validator, model_validator
 from pilot.config import cel
 from pilot.config.base import StrictModel, StrictObject, Unsupported
 from pilot.config.networking.validation import _raise_if
+from pilot.config.proxy_tracing import TracingCustomTag
 from pilot.config.security.common import PolicyTargetReference, Selector, selector_problems
 
 GROUP = "telemetry.istio.io"
@@ -33,35 +34,18 @@ class WorkloadModeSelector(StrictModel):
     mode: WorkloadMode = "CLIENT_AND_SERVER"
 
 
-class TagLiteral(StrictModel):
-    value: str = ""
-
-
-class TagEnvironment(StrictModel):
-    name: str = Field(min_length=1)
-    default_value: str = ""
-
-
-class TagHeader(StrictModel):
-    name: str = Field(min_length=1)
-    default_value: str = ""
-
-
 class TagFormatter(StrictModel):
     value: str = Field(min_length=1)
 
 
-class CustomTag(StrictModel):
-    literal: TagLiteral | None = None
-    environment: TagEnvironment | None = None
-    header: TagHeader | None = None
+class CustomTag(TracingCustomTag):
+    """ProxyConfig's custom tag (one validator: exactly one kind set), plus `formatter`."""
     formatter: TagFormatter | None = None
 
-    @model_validator(mode="after")
-    def _one(self) -> CustomTag:
-        if sum(v is not None for v in (self.literal, self.environment, self.header, self.formatter)) != 1:
-            raise ValueError("custom tag must set exactly one of literal, environment, header, formatter")
-        return self
+    def spec(self) -> tuple[str, str, str]:
+        if self.formatter is not None:
+            return "formatter", self.formatter.value, ""
+        return super().spec()
 
 
 class Tracing(StrictModel):

@@ -32,7 +32,7 @@ from pilot.gateway_deploy.render import (
     name_problem,
     render,
 )
-from pilot.model.gateway_api.listener_sets import allows, parent_of
+from pilot.model.gateway_api.listener_sets import by_gateway, parent_of
 from pilot.model.revisions import TagState
 from pilot.model.store import ConfigKey, Entry, Event, Store
 from pilot.sources.kube.backoff import Backoff
@@ -170,10 +170,11 @@ class DeploymentController(LeaderWorker):
             log.warning("cannot deploy the gateway", gateway=f"{key.namespace}/{key.name}", reason=problem)
             return
         labels = {e.key.name: e.obj.metadata.labels for e in self.store.list("Namespace")}
-        merged = tuple(listener for s in sorted(self.store.list(ListenerSet), key=lambda e: e.key)
-                       if parent_of(s) == (key.namespace, key.name)
-                       and allows(cast(Entry[KubernetesGateway], entry), s.key.namespace, labels)
-                       for listener in s.obj.spec.listeners)
+        # The ListenerSets translation merges, in its precedence order (their statuses are the
+        # status writer's business, not the deployment's).
+        sets = by_gateway(self.store.list(ListenerSet), {(key.namespace, key.name): cast(Entry[KubernetesGateway], entry)},
+                          labels, {})
+        merged = tuple(listener for s in sets.get((key.namespace, key.name), ()) for listener in s.obj.spec.listeners)
         proxy_configs = [e.obj for e in self.store.list("ProxyConfig")]
         for obj in render(gw, class_name, self.inputs(), merged, proxy_configs):
             await self._apply(obj)

@@ -16,6 +16,7 @@ import base64
 import binascii
 import hashlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cryptography import x509
@@ -141,3 +142,13 @@ def ca_bundle(data: dict[str, str]) -> bytes:
         if k in data:
             return check_certificates(_decode(data, k), f"data[{k!r}]")
     raise CredentialError("no CA certificate: want data key ca.crt (or cacert)")
+
+
+def config_map_ca_bundle(data: Mapping[str, str]) -> bytes:
+    """A ConfigMap's CA bundle (its data is plain text, a Secret's base64), checked PEM: the first
+    non-empty CA key, as istiod's ExtractRootFromString. Gateway spec.tls.frontend and
+    BackendTLSPolicy read ConfigMaps through this one."""
+    for k in CA_KEYS:
+        if data.get(k):
+            return check_certificates(data[k].encode(), f"data[{k!r}]")
+    raise CredentialError("no CA certificate: want a non-empty data key ca.crt (or cacert)")

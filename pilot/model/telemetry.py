@@ -400,15 +400,7 @@ def _tracing(mesh: MeshConfig, entries: list[Tracing], mode: str, proxy: ProxyIn
     custom: list[tuple[str, str, str, str]] = []
     if not tags and proxy.tracing is not None:  # istiod: ProxyConfig's tags when the Telemetry has none
         custom = list(proxy.tracing.tags())
-    for name, tag in sorted(tags.items()):
-        if tag.literal is not None:
-            custom.append((name, "literal", tag.literal.value, ""))
-        elif tag.environment is not None:
-            custom.append((name, "environment", tag.environment.name, tag.environment.default_value))
-        elif tag.header is not None:
-            custom.append((name, "header", tag.header.name, tag.header.default_value))
-        elif tag.formatter is not None:
-            custom.append((name, "formatter", tag.formatter.value, ""))
+    custom.extend((name, *tag.spec()) for name, tag in sorted(tags.items()))
     return TracingSpec(
         provider=provider.name, kind=kind, config=settings.model_dump_json(by_alias=True),
         cluster=found[1], authority=found[0],

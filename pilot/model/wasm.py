@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pilot.config.extensions import WasmPlugin
+from pilot.config.extensions import WasmPlugin, is_local
 from pilot.model.labels import selects
 from pilot.model.store import Entry
 
@@ -30,6 +30,9 @@ class WasmFilter:
     url: str  # file:///path, read by Envoy; http(s)://, fetched by the agent
     sha256: str  # "" for file:// (refused there) or an unverified http(s) module
     pull_policy: str  # imagePullPolicy, for the agent ("UNSPECIFIED_POLICY" for file://)
+    # For Always: the plugin's revision, which the agent re-fetches on (istiod's
+    # WASM_PLUGIN_RESOURCE_VERSION); "" otherwise, so other plugins' resources stay the same bytes.
+    resource_version: str
     root_id: str
     config: str  # pluginConfig as JSON ("" when absent)
     fail_open: bool
@@ -43,7 +46,7 @@ class WasmFilter:
 
     @property
     def is_local(self) -> bool:
-        return self.url.startswith("file://")
+        return is_local(self.url)
 
     @property
     def path(self) -> str:
@@ -83,6 +86,7 @@ def _filter(e: Entry[WasmPlugin], ports: frozenset[int]) -> WasmFilter:
     return WasmFilter(
         name=f"{e.key.namespace}.{e.key.name}", phase=spec.phase, url=spec.url, sha256=spec.sha256,
         pull_policy=spec.image_pull_policy, root_id=spec.plugin_name,
+        resource_version=str(e.revision) if spec.image_pull_policy == "Always" else "",
         config=json.dumps(spec.plugin_config, sort_keys=True, separators=(",", ":"))
         if spec.plugin_config is not None else "",
         fail_open=spec.fail_strategy == "FAIL_OPEN",

@@ -28,7 +28,8 @@ WASM_HTTP_TYPE = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
 # istio-agent replaces a module it cannot fetch by an RBAC filter of the same name: istiod lists
 # that type too, and so does this (the same config works behind either agent).
 RBAC_HTTP_TYPE = "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC"
-PULL_POLICY_ENV = "ISTIO_META_WASM_IMAGE_PULL_POLICY"  # istiod's name; read by pilot/agent/wasm.py
+PULL_POLICY_ENV = "ISTIO_META_WASM_IMAGE_PULL_POLICY"  # istiod's names; read by pilot/agent/wasm.py
+RESOURCE_VERSION_ENV = "ISTIO_META_WASM_PLUGIN_RESOURCE_VERSION"
 REMOTE_FETCH_TIMEOUT_S = 30  # istiod's
 
 
@@ -59,6 +60,8 @@ def extension_config(f: WasmFilter) -> extension_pb2.TypedExtensionConfig:
         vm.code.remote.sha256 = f.sha256
         if f.pull_policy != "UNSPECIFIED_POLICY":
             env_inline[PULL_POLICY_ENV] = f.pull_policy
+        if f.resource_version:
+            env_inline[RESOURCE_VERSION_ENV] = f.resource_version
     if f.env_host or env_inline:
         vm.environment_variables.host_env_keys.extend(f.env_host)
         vm.environment_variables.key_values.update(env_inline)

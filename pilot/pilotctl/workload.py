@@ -24,32 +24,19 @@ from typing import Any
 import yaml
 
 from pilot.config.validation import InvalidObject, parse_object
+from pilot.inject.pod import PROXY_CONFIG_ANNOTATION
+from pilot.model.ambient.workloads import canonical
+from pilot.model.proxy_configs import merge
 from pilot.pilotctl.client import CtlError
 from pilot.sources.kube.client import ApiError, Kube, load_api_client
 
 CANONICAL_NAME = "service.istio.io/canonical-name"
 CANONICAL_REVISION = "service.istio.io/canonical-revision"
-PROXY_CONFIG_ANNOTATION = "proxy.istio.io/config"
 EXCLUDED_PORTS = "15090,15021,15020"
-
-
-def _canonical(labels: dict[str, str], name: str) -> tuple[str, str]:
-    """istio's labels.CanonicalService: the canonical labels, else app.kubernetes.io/name and app."""
-    service = (labels.get(CANONICAL_NAME) or labels.get("app.kubernetes.io/name") or labels.get("app") or name)
-    revision = (labels.get(CANONICAL_REVISION) or labels.get("app.kubernetes.io/version") or labels.get("version")
-                or "latest")
-    return service, revision
 
 
 def _env_lines(values: dict[str, str]) -> str:
     return "".join(f"{k}={values[k]}\n" for k in sorted(values))
-
-
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
 
 
 def read_group(path: str) -> Any:
@@ -85,12 +72,12 @@ def files_for(wg: Any, mesh_text: str, root_cert: str, token: str, *, cluster_id
         over = yaml.safe_load(annotation)
         if not isinstance(over, dict):
             raise CtlError(f"annotation {PROXY_CONFIG_ANNOTATION}: must be a ProxyConfig object")
-        proxy = _merge(proxy, over)
+        proxy = merge(proxy, over)
     if wg.spec.probe is not None:  # istioctl: the group's probe is the agent's readinessProbe
         proxy["readinessProbe"] = wg.spec.probe.model_dump(mode="json", by_alias=True, exclude_defaults=True)
     metadata.update(proxy.get("proxyMetadata") or {})
     labels = {**wg.spec.metadata.labels, **we.labels}  # istioctl: template labels override metadata's
-    service, rev = _canonical(labels, name)
+    service, rev = canonical(labels, name)  # istio's labels.CanonicalService
     metadata.update({
         "CANONICAL_SERVICE": service, "CANONICAL_REVISION": rev, "POD_NAMESPACE": ns,
         "SERVICE_ACCOUNT": we.service_account or "default", "TRUST_DOMAIN": mesh.get("trustDomain") or "cluster.local",

@@ -9,9 +9,11 @@ the Service `web-istio` in `infra` is the one that deployment would get (the Gat
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import ssl
+import tempfile
 import textwrap
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -22,6 +24,7 @@ import aiohttp
 from tests.e2e.mesh_config import endpoint_slice_yaml, service_yaml
 from tests.support.agent import PilotAgent
 from tests.support.backends import HttpBackend
+from tests.support.certs import Issued, serial_of_der
 from tests.support.control_plane import ControlPlane
 from tests.support.envoy import Envoy
 from tests.support.verified_router import start_verified_router
@@ -62,9 +65,33 @@ def route_yaml(kind: str, name: str, spec: str, namespace: str = "default", vers
             + textwrap.indent(textwrap.dedent(spec), "  "))
 
 
-def gateway_service_yaml(port: int, name: str = f"{GW_NAME}-istio", namespace: str = GW_NS) -> str:
-    """The Service istiod's automated deployment creates for Gateway `web` of class `istio`."""
-    return service_yaml(name, port, namespace=namespace)
+def gateway_service_yaml(port: int, *more_ports: int, name: str = f"{GW_NAME}-istio", namespace: str = GW_NS) -> str:
+    """The Service istiod's automated deployment creates for Gateway `web` of class `istio`,
+    exposing every listener port (`more_ports`: those beyond the first, a ListenerSet's too)."""
+    return service_yaml(name, port, namespace=namespace) + "".join(
+        f"  - {{name: p{p}, port: {p}}}\n" for p in more_ports)
+
+
+def client_tls(server_ca: Issued, client: Issued | None = None) -> ssl.SSLContext:
+    """A client verifying the gateway's certificate against `server_ca`, presenting `client`'s."""
+    ctx = ssl.create_default_context(cadata=server_ca.cert_pem.decode())
+    if client is not None:
+        with tempfile.TemporaryDirectory() as d:
+            cert, key = Path(d, "c.pem"), Path(d, "k.pem")
+            cert.write_bytes(client.cert_pem)
+            key.write_bytes(client.key_pem)
+            ctx.load_cert_chain(cert, key)
+    return ctx
+
+
+async def presented_serial(port: int, sni: str, ca: Issued) -> int:
+    """Handshake only, verifying the server for `sni`; the serial of the certificate it showed."""
+    _, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port, ssl=client_tls(ca),
+                                                              server_hostname=sni), 5)
+    try:
+        return serial_of_der(writer.get_extra_info("ssl_object").getpeercert(binary_form=True))
+    finally:
+        writer.close()
 
 
 def namespace_yaml(name: str, labels: dict[str, str] | None = None) -> str:

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from tests.e2e.mesh_config import endpoint_slice_yaml, service_yaml
 from tests.e2e.test_pilot_agent import NAMESPACE, agent, plane
-from tests.support.backends import HttpBackend
+from tests.support.backends import HttpBackend, serve
 from tests.support.ports import free_port
 from tests.support.wait import wait_for
 from tests.support.wasm_module import add_response_header_module
@@ -46,11 +46,7 @@ class ModuleServer:
     async def __aenter__(self) -> Self:
         app = web.Application()
         app.router.add_get("/plugin.wasm", self._get)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._runner, self.port = await serve(app)
         return self
 
     async def __aexit__(self, *_: object) -> None:
@@ -122,7 +118,7 @@ async def test_a_module_served_over_http_is_fetched_verified_and_its_fail_strate
             assert (await answer(200, "fetched")) is not None
             assert server.downloads == 1
 
-            # 3. Always: fetched again for each push of the resource.
+            # 3. Always: fetched again, the plugin having changed (its resource version).
             cp.write("plugin.yaml", plugin(server.url, good, "imagePullPolicy: Always\n"))
             await wait_for(lambda: server.downloads >= 2, timeout=30, message=f"refetched\n{a.log_tail()}")
             await wait_for(lambda: answer(200, "fetched"), timeout=30, message="still applied")

@@ -5,6 +5,9 @@ selects it in /debug/endpointz; after the stream closes it is removed once the g
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 import grpc
 import pytest
 import yaml
@@ -12,6 +15,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import struct_pb2
 
+from tests.fakes.apiserver import FakeApiServer
 from tests.support.control_plane import ControlPlane
 from tests.support.wait import wait_for
 
@@ -96,15 +100,20 @@ async def gone(cp: ControlPlane) -> bool:
     return await registered(cp) is None
 
 
-async def test_kubernetes_mode_writes_the_entry_to_the_apiserver(tmp_path):
-    from tests.fakes.apiserver import FakeApiServer
-
+@contextlib.asynccontextmanager
+async def apiserver_with_group() -> AsyncIterator[FakeApiServer]:
+    """An apiserver serving the WorkloadGroup/WorkloadEntry CRDs, holding GROUP."""
     async with FakeApiServer() as fake:
         for plural, kind in (("workloadgroups", "WorkloadGroup"), ("workloadentries", "WorkloadEntry")):
             fake.register_crd("networking.istio.io", "v1", plural, kind)
         for ns in ("istio-system", "vms"):
             fake.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
         fake.create(GROUP)
+        yield fake
+
+
+async def test_kubernetes_mode_writes_the_entry_to_the_apiserver(tmp_path):
+    async with apiserver_with_group() as fake:
         kubeconfig = fake.write_kubeconfig(tmp_path / "kubeconfig")
         async with ControlPlane(tmp_path, kubeconfig=kubeconfig, env={"PILOT_WORKLOAD_ENTRY_GRACE_PERIOD": "1s"}) as cp:
             name = f"billing-vm-{VM_IP}"
@@ -134,14 +143,7 @@ async def test_kubernetes_mode_writes_the_healthy_condition_through_the_status_s
     the annotation and its status the Healthy condition, False with the probe's message."""
     from google.rpc import status_pb2  # type: ignore[import-untyped]
 
-    from tests.fakes.apiserver import FakeApiServer
-
-    async with FakeApiServer() as fake:
-        for plural, kind in (("workloadgroups", "WorkloadGroup"), ("workloadentries", "WorkloadEntry")):
-            fake.register_crd("networking.istio.io", "v1", plural, kind)
-        for ns in ("istio-system", "vms"):
-            fake.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-        fake.create(GROUP)
+    async with apiserver_with_group() as fake:
         kubeconfig = fake.write_kubeconfig(tmp_path / "kubeconfig")
         async with ControlPlane(tmp_path, kubeconfig=kubeconfig) as cp:
             node = vm_node()

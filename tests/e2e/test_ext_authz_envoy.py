@@ -28,7 +28,7 @@ from pilot.config.mesh import parse_mesh_config
 from pilot.model.push_context import PushContext
 from pilot.networking.policy_filters import inbound_http_filters, inbound_network_filters
 from tests.e2e.test_tcp_tls_routes import TcpBackend, exchange
-from tests.support.backends import HttpBackend
+from tests.support.backends import HttpBackend, serve
 from tests.support.control_plane import ControlPlane
 from tests.support.envoy import Envoy, envoy_validate
 from tests.support.node import sidecar_node_id
@@ -65,11 +65,7 @@ class HttpAuthz:
     async def start(self) -> HttpAuthz:
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._check)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._runner, self.port = await serve(app)
         return self
 
     async def stop(self) -> None:

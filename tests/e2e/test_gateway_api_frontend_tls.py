@@ -7,9 +7,7 @@ reaching Envoy."""
 from __future__ import annotations
 
 import ssl
-import tempfile
 import textwrap
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -19,6 +17,7 @@ from tests.e2e.gateway_api_env import (
     GW_NS,
     SERVICE_PORT,
     GatewayApiEnv,
+    client_tls,
     conditions,
     gateway_service_yaml,
     listener_status,
@@ -26,7 +25,7 @@ from tests.e2e.gateway_api_env import (
     route_yaml,
     running_env,
 )
-from tests.support.certs import Issued, b64, issue, make_ca, tls_secret_yaml
+from tests.support.certs import b64, issue, make_ca, tls_secret_yaml
 from tests.support.ports import free_ports
 
 pytestmark = pytest.mark.timeout(120)
@@ -36,17 +35,6 @@ pytestmark = pytest.mark.timeout(120)
 async def env(tmp_path):
     async with running_env(tmp_path, ("alpha",)) as e:
         yield e
-
-
-def client_tls(server_ca: Issued, client: Issued | None = None) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cadata=server_ca.cert_pem.decode())
-    if client is not None:
-        with tempfile.TemporaryDirectory() as d:
-            cert, key = Path(d, "c.pem"), Path(d, "k.pem")
-            cert.write_bytes(client.cert_pem)
-            key.write_bytes(client.key_pem)
-            ctx.load_cert_chain(cert, key)
-    return ctx
 
 
 def ca_object(kind: str, name: str, pem: str) -> str:
@@ -109,7 +97,7 @@ async def test_client_certificates_checked_against_the_referenced_ca(env: Gatewa
     env.cp.write("secrets.yaml", tls_secret_yaml("server-cert", GW_NS, server))
     env.cp.write("ca.yaml", ca_object(kind, "client-ca", client_ca.cert_pem.decode()))
     env.cp.write("gateway.yaml", gateway_with_frontend(strict, fallback, kind) + "---\n"
-                 + gateway_service_yaml(strict) + f"  - {{name: https-2, port: {fallback}}}\n")
+                 + gateway_service_yaml(strict, fallback))
     env.cp.write("route.yaml", route_yaml("HTTPRoute", "r", f"""\
         parentRefs: [{{name: {GW_NAME}, namespace: {GW_NS}}}]
         rules:

@@ -489,20 +489,30 @@ async def test_session_persistence_sticks_to_the_backend_of_the_first_response(e
     env.cp.write("svc-pair.yaml", service_yaml("pair", SERVICE_PORT) + "---\n"
                  + endpoint_slice_yaml("pair", alpha.port, name="pair-a") + "---\n"
                  + endpoint_slice_yaml("pair", beta.port, name="pair-b"))
-    env.cp.write("route.yaml", route_yaml("HTTPRoute", "sticky", f"""\
-        parentRefs: [{{name: {GW_NAME}, namespace: {GW_NS}}}]
-        hostnames: [app.example.com]
-        rules:
-        - sessionPersistence: {{sessionName: my-session}}
-          backendRefs: [{{name: pair, port: {SERVICE_PORT}}}]
-        """))
+
+    def sticky(session: str) -> str:
+        return route_yaml("HTTPRoute", "sticky", f"""\
+            parentRefs: [{{name: {GW_NAME}, namespace: {GW_NS}}}]
+            hostnames: [app.example.com]
+            rules:
+            - {session}backendRefs: [{{name: pair, port: {SERVICE_PORT}}}]
+            """)
+
+    # First without a session: the running router must take the session filter on when one comes.
+    env.cp.write("route.yaml", sticky(""))
     await env.start()
 
     async def both_serve():
         seen = {(await request(port, "app.example.com", "/")).backend for _ in range(6)}
         return seen == {"alpha", "beta"} or None
     await env.until(both_serve, "both endpoints of the Service answer")
-    first = await request(port, "app.example.com", "/")
+    assert "set-cookie" not in (await request(port, "app.example.com", "/")).headers
+    env.cp.write("route.yaml", sticky("sessionPersistence: {sessionName: my-session}\n              "))
+
+    async def session_set():
+        r = await request(port, "app.example.com", "/")
+        return r if "set-cookie" in r.headers else None
+    first = await env.until(session_set, "the route's sessionPersistence reaches the running router")
     assert first.backend in ("alpha", "beta"), first
     cookie = first.headers["set-cookie"]
     assert cookie.startswith("my-session=") and "Max-Age" not in cookie, cookie  # a Session cookie

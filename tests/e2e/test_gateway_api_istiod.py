@@ -20,16 +20,17 @@ from tests.e2e.gateway_api_env import (
     GW_NS,
     SERVICE_PORT,
     GatewayApiEnv,
+    client_tls,
     conditions,
     gateway_service_yaml,
     gateway_yaml,
     listener_status,
     parent_status,
+    presented_serial,
     request,
     route_yaml,
     running_env,
 )
-from tests.e2e.test_gateway_api_tls import client_tls, presented_serial
 from tests.e2e.test_tcp_tls_routes import TcpBackend, client_hello, exchange, service
 from tests.support.certs import issue, make_ca, tls_secret_yaml
 from tests.support.control_plane import ControlPlane

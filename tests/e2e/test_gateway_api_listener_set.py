@@ -17,6 +17,7 @@ from tests.e2e.gateway_api_env import (
     SERVICE_PORT,
     GatewayApiEnv,
     conditions,
+    gateway_service_yaml,
     gateway_yaml,
     namespace_yaml,
     parent_status,
@@ -35,12 +36,6 @@ TEAM = "team"
 async def env(tmp_path):
     async with running_env(tmp_path, ("alpha", "beta")) as e:
         yield e
-
-
-def service_with_ports(*ports: int) -> str:
-    """The Gateway's deployment Service, exposing every listener port (merged ones too)."""
-    return (f"apiVersion: v1\nkind: Service\nmetadata: {{name: {GW_NAME}-istio, namespace: {GW_NS}}}\n"
-            "spec:\n  ports:\n" + "".join(f"  - {{name: p{p}, port: {p}}}\n" for p in ports))
 
 
 def gateway(port: int, allowed: str) -> str:
@@ -74,13 +69,22 @@ def listener_set(http_port: int, https_port: int) -> str:
         """)
 
 
+async def closed(port: int) -> bool:
+    """Nothing listens on `port` (any more)."""
+    try:
+        await request(port, "team.example.com", "/", timeout=2)
+    except (OSError, TimeoutError):
+        return True
+    return False
+
+
 async def test_a_listener_set_adds_served_listeners_to_its_gateway(env: GatewayApiEnv):
     ca = make_ca()
     gw_port, http_port, https_port = free_ports(3)
     selector = "{from: Selector, selector: {matchLabels: {gateway-access: granted}}}"
     env.cp.write("ns.yaml", namespace_yaml(TEAM, {"gateway-access": "granted"}))
     env.cp.write("gateway.yaml", gateway(gw_port, selector) + "---\n"
-                 + service_with_ports(gw_port, http_port, https_port))
+                 + gateway_service_yaml(gw_port, http_port, https_port))
     env.cp.write("cert.yaml", tls_secret_yaml("team-cert", TEAM, issue(ca, ["team.example.com"])))
     env.cp.write("listenerset.yaml", listener_set(http_port, https_port))
     env.cp.write("routes.yaml", route_yaml("HTTPRoute", "team-route", f"""\
@@ -115,20 +119,29 @@ async def test_a_listener_set_adds_served_listeners_to_its_gateway(env: GatewayA
     assert conditions(parent_status(route, "team-listeners")) == {"Accepted": ("True", "Accepted"),
                                                                   "ResolvedRefs": ("True", "ResolvedRefs")}
 
-    # The Gateway stops allowing the namespace: the ListenerSet is NotAllowed and its port closes.
-    env.cp.write("gateway.yaml", gateway(gw_port, "{from: Same}") + "---\n"
-                 + service_with_ports(gw_port, http_port, https_port))
-
-    async def refused():
+    async def refused(port: int):
         s = await env.status("ListenerSet", "team-listeners", TEAM)
         if s is None or conditions(s)["Accepted"] != ("False", "NotAllowed"):
             return None
-        try:
-            await request(http_port, "team.example.com", "/", timeout=2)
-        except (OSError, TimeoutError):
-            return s  # nothing listens there any more
-        return None
+        return s if await closed(port) else None
 
-    await env.until(refused, "the ListenerSet refused and its listener gone")
+    # The ListenerSet itself changes (its HTTP listener moves port): the router follows it.
+    (moved,) = free_ports(1)
+    env.cp.write("gateway.yaml", gateway(gw_port, selector) + "---\n"
+                 + gateway_service_yaml(gw_port, moved, https_port))
+    env.cp.write("listenerset.yaml", listener_set(moved, https_port))
+    await env.served(moved, "team.example.com", "/", "beta")
+    await env.until(lambda: closed(http_port), "the ListenerSet's old port closed")
+
+    # Its namespace loses the label the Gateway selects: NotAllowed, its port closes; back again.
+    env.cp.write("ns.yaml", namespace_yaml(TEAM, {"gateway-access": "revoked"}))
+    await env.until(lambda: refused(moved), "the ListenerSet refused once its namespace is not selected")
+    env.cp.write("ns.yaml", namespace_yaml(TEAM, {"gateway-access": "granted"}))
+    await env.served(moved, "team.example.com", "/", "beta")
+
+    # The Gateway stops allowing the namespace: the ListenerSet is NotAllowed and its port closes.
+    env.cp.write("gateway.yaml", gateway(gw_port, "{from: Same}") + "---\n"
+                 + gateway_service_yaml(gw_port, moved, https_port))
+    await env.until(lambda: refused(moved), "the ListenerSet refused and its listener gone")
     assert (await request(gw_port, "team.example.com", "/")).backend == "alpha"
     assert "attachedListenerSets" not in (await env.status("Gateway", GW_NAME, GW_NS))

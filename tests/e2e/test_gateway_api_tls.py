@@ -17,18 +17,20 @@ from tests.e2e.gateway_api_env import (
     GW_NS,
     SERVICE_PORT,
     GatewayApiEnv,
+    client_tls,
     conditions,
     gateway_service_yaml,
     gateway_yaml,
     listener_status,
     parent_status,
+    presented_serial,
     request,
     route_yaml,
     running_env,
 )
 from tests.e2e.mesh_config import endpoint_slice_yaml, service_yaml
 from tests.support.backends import HttpBackend
-from tests.support.certs import Issued, issue, make_ca, serial_of_der, tls_secret_yaml
+from tests.support.certs import issue, make_ca, tls_secret_yaml
 from tests.support.grpc_echo import METHOD, GrpcEchoBackend
 from tests.support.ports import free_ports
 
@@ -40,20 +42,6 @@ OK = ("True", "Accepted")
 async def env(tmp_path):
     async with running_env(tmp_path, ("alpha", "beta")) as e:
         yield e
-
-
-def client_tls(ca: Issued) -> ssl.SSLContext:
-    return ssl.create_default_context(cadata=ca.cert_pem.decode())
-
-
-async def presented_serial(port: int, sni: str, ca: Issued) -> int:
-    """Handshake only, verifying the server for `sni`; the serial of the certificate it showed."""
-    _, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port, ssl=client_tls(ca),
-                                                              server_hostname=sni), 5)
-    try:
-        return serial_of_der(writer.get_extra_info("ssl_object").getpeercert(binary_form=True))
-    finally:
-        writer.close()
 
 
 async def test_https_listeners_with_certificates_here_and_across_namespaces(env: GatewayApiEnv):

@@ -19,6 +19,7 @@ from pilot.inject.review import InjectionContext
 from tests.e2e.mesh_config import endpoint_slice_yaml, service_yaml
 from tests.support.admission import apply, container, deployment_pod, env, review_request
 from tests.support.agent import PilotAgent
+from tests.support.backends import serve
 from tests.support.control_plane import ControlPlane
 from tests.support.injector import InjectorServer
 from tests.support.kubelet import run_container
@@ -113,11 +114,7 @@ class _App:
 
         app = web.Application()
         app.add_routes([web.get("/ready", ready), web.get("/metrics", metrics)])
-        self.runner = web.AppRunner(app, access_log=None)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]
+        self.runner, self.port = await serve(app)
 
 
 async def test_the_injected_istio_proxy_runs_as_the_kubelet_would_run_it(tmp_path, issuer):

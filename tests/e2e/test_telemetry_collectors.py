@@ -211,6 +211,23 @@ async def test_http_and_tcp_access_logs_reach_an_access_log_service(tmp_path):
 
         [(name, entry), *_] = await wait_for(tcp_entry, timeout=30, message="a TCP entry at the ALS server")
         assert name == "tcp_envoy_accesslog" and entry.connection_properties.received_bytes > 0
+
+        # A change of the MeshConfig provider reaches the running Envoy: a new log name.
+        cp.write("mesh.yaml", mesh_configmap(f"""\
+            extensionProviders:
+            - name: http-als
+              envoyHttpAls: {{service: {service}, port: {als_port}, logName: http-log-2}}
+            - name: tcp-als
+              envoyTcpAls: {{service: {service}, port: {als_port}}}
+            """))
+
+        async def renamed():
+            await http_get(f"http://127.0.0.1:{http_port}/als", {"Host": fqdn("alpha"), "x-request-id": "als-2",
+                                                                 "x-caller": "checkout"})
+            return [e for n, e in als.http if n == "http-log-2" and e.request.request_id == "als-2"]
+
+        [entry, *_] = await wait_for(renamed, timeout=30, message=f"the provider's new logName\n{cp.log_tail()}")
+        assert "x-caller" not in entry.request.request_headers  # no longer asked for
     finally:
         await envoy.stop()
         await cp.stop()

@@ -14,7 +14,7 @@ from aiohttp import web
 from pilot.config.validation import InvalidObject, parse_object
 from pilot.pilotctl.workload import files_for
 from tests.e2e.test_pilot_agent import NAMESPACE, SA, agent, plane
-from tests.support.ports import free_port
+from tests.support.backends import serve
 from tests.support.wait import wait_for
 from tests.unit.test_authn import Issuer
 
@@ -33,7 +33,7 @@ class App:
 
     def __init__(self) -> None:
         self.healthy = True
-        self.port = free_port()
+        self.port = 0
         self._runner: web.AppRunner | None = None
 
     async def _health(self, _: web.Request) -> web.Response:
@@ -42,9 +42,7 @@ class App:
     async def __aenter__(self) -> Self:
         app = web.Application()
         app.router.add_get("/healthz", self._health)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        self._runner, self.port = await serve(app)
         return self
 
     async def __aexit__(self, *_: object) -> None:
@@ -83,6 +81,13 @@ async def endpoints(cp) -> list[tuple[str, int]]:
             if row["service"] == HOST for e in row["endpoints"]]
 
 
+async def envoy_endpoints(a) -> list[tuple[str, int]]:
+    """What a consumer's Envoy (here the VM's own, a client of the service too) holds over EDS."""
+    clusters = (await a.admin_json("/clusters?format=json"))["cluster_statuses"]
+    return [(h["address"]["socket_address"]["address"], h["address"]["socket_address"]["port_value"])
+            for c in clusters if c["name"] == f"outbound|80||{HOST}" for h in c.get("host_statuses") or []]
+
+
 async def test_the_entry_and_its_endpoint_follow_the_vm_probe(tmp_path, issuer):
     async with App() as app, plane(tmp_path, issuer) as cp:
         wg = group(app.port)
@@ -99,11 +104,15 @@ async def test_the_entry_and_its_endpoint_follow_the_vm_probe(tmp_path, issuer):
                            message=f"the entry is registered healthy\n{a.log_tail()}\n{cp.log_tail()}")
             await wait_for(lambda: is_(endpoints(cp), [("127.0.0.1", app.port)]), timeout=20,
                            message="the healthy VM is an endpoint")
+            await wait_for(lambda: is_(envoy_endpoints(a), [("127.0.0.1", app.port)]), timeout=20,
+                           message="the healthy VM is an endpoint in Envoy")
 
             app.healthy = False
             await wait_for(lambda: is_(condition(cp), "False"), timeout=20,
                            message=f"the failing probe is reported\n{a.log_tail()}")
             await wait_for(lambda: is_(endpoints(cp), []), timeout=20, message="the unhealthy VM is no endpoint")
+            await wait_for(lambda: is_(envoy_endpoints(a), []), timeout=20,
+                           message="the unhealthy VM left the consumer's EDS")
             entry = next(c for c in (await cp.debug("/debug/configz"))["configs"] if c["name"] == ENTRY)
             (cond,) = entry["object"]["status"]["conditions"]
             assert "503" in cond["message"], cond
@@ -112,6 +121,8 @@ async def test_the_entry_and_its_endpoint_follow_the_vm_probe(tmp_path, issuer):
             await wait_for(lambda: is_(condition(cp), "True"), timeout=20, message="recovery is reported")
             await wait_for(lambda: is_(endpoints(cp), [("127.0.0.1", app.port)]), timeout=20,
                            message="the recovered VM is an endpoint again")
+            await wait_for(lambda: is_(envoy_endpoints(a), [("127.0.0.1", app.port)]), timeout=20,
+                           message="the recovered VM is back in the consumer's EDS")
 
 
 async def is_(value, want) -> bool:

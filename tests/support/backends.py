@@ -117,3 +117,13 @@ async def answered_by(url: str, host: str, timeout: float = 5) -> tuple[int, str
         return status, json.loads(body).get("name")
     except ValueError:
         return status, None
+
+
+async def serve(app: web.Application, host: str = "127.0.0.1", *,
+                ssl_context: ssl.SSLContext | None = None) -> tuple[web.AppRunner, int]:
+    """Start `app` on a port the kernel picks (no free-port race): (its runner, to clean up; the port)."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, 0, ssl_context=ssl_context)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]

@@ -3,6 +3,9 @@ and the ECDS rewrite of a module that cannot be fetched (a real, refused loopbac
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 from envoy.config.core.v3 import extension_pb2
 from envoy.extensions.filters.http.rbac.v3 import rbac_pb2
 from envoy.extensions.filters.http.wasm.v3 import wasm_pb2 as http_wasm_pb2
@@ -11,6 +14,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from pilot.agent.wasm import ModuleCache, rewrite_response
 from pilot.agent.xds_proxy import ECDS_TYPE, type_url
+from tests.support.backends import serve
 from tests.support.ports import free_port
 
 
@@ -63,3 +67,47 @@ async def test_a_response_without_remote_modules_is_forwarded_byte_for_byte(tmp_
     response.resources[0].Pack(tec)
     data = response.SerializeToString()
     assert await rewrite_response(data, False, ModuleCache(str(tmp_path))) is data
+
+
+async def test_always_fetches_again_when_the_plugins_resource_version_changes_only(tmp_path):
+    from aiohttp import web
+    module = b"\x00asm\x01\x00\x00\x00"
+    app = web.Application()
+
+    async def module_file(_: web.Request) -> web.Response:
+        return web.Response(body=module)
+
+    app.router.add_get("/m.wasm", module_file)
+    runner, port = await serve(app)
+    cache = ModuleCache(str(tmp_path))
+
+    async def push(version: str | None) -> str:
+        response = ecds(f"http://127.0.0.1:{port}/m.wasm", False)
+        tec = extension_pb2.TypedExtensionConfig()
+        response.resources[0].Unpack(tec)
+        filt = http_wasm_pb2.Wasm()
+        tec.typed_config.Unpack(filt)
+        filt.config.vm_config.code.remote.sha256 = hashlib.sha256(module).hexdigest()
+        env = filt.config.vm_config.environment_variables.key_values
+        if version is not None:
+            env["ISTIO_META_WASM_PLUGIN_RESOURCE_VERSION"] = version
+        tec.typed_config.Pack(filt)
+        response.resources[0].Pack(tec)
+        got = discovery_pb2.DiscoveryResponse.FromString(
+            await rewrite_response(response.SerializeToString(), False, cache))
+        got.resources[0].Unpack(tec)
+        tec.typed_config.Unpack(filt)
+        assert not filt.config.vm_config.environment_variables.key_values  # both stripped
+        return filt.config.vm_config.code.local.filename
+
+    try:
+        path = await push("5")
+        assert Path(path).read_bytes() == module and cache.fetches == 1
+        assert await push("5") == path and cache.fetches == 1  # another push of the same plugin
+        await push("6")
+        assert cache.fetches == 2  # the plugin changed
+        await push(None)
+        await push(None)
+        assert cache.fetches == 4  # no version to compare (another control plane): every time
+    finally:
+        await runner.cleanup()

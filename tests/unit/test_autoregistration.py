@@ -88,3 +88,8 @@ def test_the_agent_refuses_an_exec_probe_and_fills_in_the_kubelet_defaults():
     assert p is not None and (p.period, p.failure_threshold, p.success_threshold, p.prober.timeout) == (10, 3, 1, 1)
     assert p.prober.action["host"] == "localhost"
     assert health.parse(None) is None
+    # The action is parsed as the injector's app probers are (one parser), naming the field.
+    with pytest.raises(health.ProbeConfigError, match=r"readinessProbe\.timeoutSeconds"):
+        health.parse({"tcpSocket": {"port": 5432}, "timeoutSeconds": "5s"})
+    with pytest.raises(health.ProbeConfigError, match=r"readinessProbe\.httpGet\.port"):
+        health.parse({"httpGet": {"port": "http"}})

@@ -163,6 +163,23 @@ def test_extension_config_patches_are_add_only_and_need_a_name_and_a_typed_confi
     assert ok.spec.config_patches[0].message.name == "a"
 
 
+def test_an_extension_config_reaches_the_proxies_of_its_context(world):
+    from pilot.xds.cache import XdsCache
+    from pilot.xds.generators import ecds
+    lua = "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua"
+    world.apply(envoy_filter("ec", [
+        {"applyTo": "EXTENSION_CONFIG", "match": {"context": c},
+         "patch": {"operation": "ADD", "value": {"name": n, "typed_config": {"@type": lua, "inlineCode": n}}}}
+        for n, c in (("any", "ANY"), ("gw", "GATEWAY"), ("in", "SIDECAR_INBOUND"))]))
+    names = frozenset({"any", "gw", "in"})
+
+    def served(p) -> set[str]:
+        return {r.name for r in ecds.generate(world.ctx(), p, names, XdsCache(100))}
+
+    assert served(proxy()) == {"any", "in"}
+    assert served(proxy(ptype="router", pod_name="gw-1")) == {"any", "gw"}
+
+
 def test_the_value_is_converted_once_per_revision():
     obj = parse_object(envoy_filter("ef", [lua_before_router()]))
     p = obj.spec.config_patches[0]

@@ -190,3 +190,13 @@ def test_upstream_invalid_client_certificate_validation_touches_only_the_affecte
         assert conds(ls[name])["ResolvedRefs"] == ("False", reason), name
         assert conds(ls[name])["Accepted"] == ("False", "NoValidCACertificate"), name
         assert conds(ls[name])["Programmed"][0] == "False", name
+
+
+def test_a_configmap_ca_under_cacert_is_read_as_backend_tls_policy_reads_it():
+    # istiod's ExtractRootFromString: `ca.crt`, else `cacert` (one reader for both kinds' ConfigMaps).
+    cm = configmap("ca", "  cacert: |\n" + textwrap.indent(CA.cert_pem.decode(), "    "))
+    store = store_of(CLASS, service("web-istio", "infra", 443), SERVER, cm,
+                     frontend_gateway('[{group: "", kind: ConfigMap, name: ca}]'))
+    result = translate(store, "cluster.local")
+    assert conds(listeners(result)["a"])["ResolvedRefs"] == ("True", "ResolvedRefs")
+    assert result.client_cas == {("infra", "configmap://infra/ca-cacert"): CA.cert_pem}

@@ -3,28 +3,19 @@ configureTracingFromTelemetry reads them; and the envoyHttpAls / envoyTcpAls acc
 
 from __future__ import annotations
 
-import pytest
 from envoy.extensions.access_loggers.grpc.v3 import als_pb2
 
 from pilot.model.proxy import Proxy, parse_node_id
 
-from .helpers import DOMAIN, SYSTEM_NS, World, endpoint_slice, mesh_configmap, service
+from . import test_telemetry
+from .helpers import DOMAIN, SYSTEM_NS, World, mesh_configmap, service
 from .test_telemetry import PROVIDERS, hcm, labelled, telemetry
+
+world = test_telemetry.world  # the same mesh (reviews, a zipkin Service, the providers)
 
 TRACING = {"sampling": 42.5, "max_path_tag_length": 64,
            "custom_tags": {"team": {"literal": {"value": "payments"}}, "who": {"header": {"name": "x-who"}}},
            "zipkin": {"address": "127.0.0.1:9411"}}
-
-
-@pytest.fixture
-def world() -> World:
-    w = World()
-    w.apply(service("reviews", ports=[{"name": "http", "port": 9080, "targetPort": 9080}]),
-            endpoint_slice("reviews-1", "reviews", addresses=("10.1.0.1",), port=9080),
-            service("zipkin", SYSTEM_NS, cluster_ip="10.96.0.99",
-                    ports=[{"name": "http", "port": 9411, "targetPort": 9411}]),
-            mesh_configmap({"accessLogFile": "/dev/stdout", **PROVIDERS}))
-    return w
 
 
 def with_proxy_config(pc: dict, namespace: str = "default") -> Proxy:

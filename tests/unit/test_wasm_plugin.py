@@ -48,7 +48,9 @@ def test_an_http_module_is_handed_to_the_agent_as_istiod_does():
     assert tec.typed_config.Unpack(wasm)
     vm = wasm.config.vm_config
     assert vm.code.remote.http_uri.uri == "https://example.com/p.wasm" and vm.code.remote.sha256 == sha
-    assert dict(vm.environment_variables.key_values) == {"ISTIO_META_WASM_IMAGE_PULL_POLICY": "Always"}
+    # The pull policy, and for Always the plugin's revision, which the agent re-fetches on.
+    assert dict(vm.environment_variables.key_values) == {"ISTIO_META_WASM_IMAGE_PULL_POLICY": "Always",
+                                                         "ISTIO_META_WASM_PLUGIN_RESOURCE_VERSION": "1"}
     assert wasm.config.failure_policy == wasm_pb2.FAIL_OPEN
 
 

@@ -4,6 +4,7 @@ lists listeners (port, protocol, hostname, TLS, which routes may attach)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -47,15 +48,22 @@ class RouteGroupKind(StrictModel):
         return (self.group, self.kind)
 
 
-class RouteNamespaces(StrictModel):
-    from_: Literal["All", "Same", "Selector"] = Field(default="Same", alias="from")
+class FromNamespaces(StrictModel):
+    """Which namespaces a Gateway admits (routes to a listener, ListenerSets to the Gateway):
+    `from`, with the label `selector` that `Selector` needs. Each use narrows `from`."""
+
+    from_: Literal["All", "Same", "Selector", "None"] = Field(default="Same", alias="from")
     selector: LabelSelector | None = None
 
     @model_validator(mode="after")
-    def _selector(self) -> RouteNamespaces:
+    def _selector(self) -> FromNamespaces:
         if self.from_ == "Selector" and self.selector is None:
             _fail("selector must be specified when from is Selector")
         return self
+
+
+class RouteNamespaces(FromNamespaces):
+    from_: Literal["All", "Same", "Selector"] = Field(default="Same", alias="from")
 
 
 class AllowedRoutes(StrictModel):
@@ -130,7 +138,7 @@ class Listener(StrictModel):
         return self
 
 
-def unique_listeners(listeners: list[Listener]) -> list[Listener]:
+def unique_listeners(listeners: Sequence[Listener]) -> None:
     """The CRDs' CEL rules over a list of listeners (a Gateway's or a ListenerSet's)."""
     names = [ln.name for ln in listeners]
     if len(set(names)) != len(names):
@@ -138,18 +146,10 @@ def unique_listeners(listeners: list[Listener]) -> list[Listener]:
     combos = [(ln.port, ln.protocol, ln.hostname or "") for ln in listeners]
     if len(set(combos)) != len(combos):
         _fail("Combination of port, protocol and hostname must be unique for each listener")
-    return listeners
 
 
-class ListenerNamespaces(StrictModel):
+class ListenerNamespaces(FromNamespaces):
     from_: Literal["All", "Same", "Selector", "None"] = Field(default="None", alias="from")
-    selector: LabelSelector | None = None
-
-    @model_validator(mode="after")
-    def _selector(self) -> ListenerNamespaces:
-        if self.from_ == "Selector" and self.selector is None:
-            _fail("selector must be specified when from is Selector")
-        return self
 
 
 class AllowedListeners(StrictModel):
@@ -278,7 +278,8 @@ class GatewaySpec(StrictModel):
     @field_validator("listeners")
     @classmethod
     def _unique(cls, listeners: list[Listener]) -> list[Listener]:
-        return unique_listeners(listeners)
+        unique_listeners(listeners)
+        return listeners
 
 
 class KubernetesGateway(GatewayApiObject):

@@ -38,7 +38,7 @@ class ListenerSetSpec(StrictModel):
     @field_validator("listeners")
     @classmethod
     def _unique(cls, listeners: list[ListenerEntry]) -> list[ListenerEntry]:
-        unique_listeners(listeners)  # type: ignore[arg-type]
+        unique_listeners(listeners)
         return listeners
 
 

@@ -65,6 +65,25 @@ def _ident(item: dict, keys: tuple[str, ...]) -> str:
     return repr([sorted(v.items()) if isinstance(v := item.get(key), dict) else str(v) for key in keys])
 
 
+def _merge(current: list | None, ours: list[dict], ref_key: str, answered: Callable[[dict], bool]) -> list[dict]:
+    """Entries as written: those `answered` does not claim kept where they are; each of ours
+    replacing the claimed entry for the same `ref_key` in place, claimed ones we no longer report
+    dropped, new ones appended."""
+    desired = {_ident(p, (ref_key,)): p for p in ours}
+    out = []
+    for p in current or ():
+        if not isinstance(p, dict):
+            continue
+        if not answered(p):
+            out.append(p)
+            continue
+        mine = desired.pop(_ident(p, (ref_key,)), None)
+        if mine is not None:
+            out.append(mine)
+    out.extend(desired.values())
+    return out
+
+
 def merge_parents(current: list | None, ours: list[dict], controller: str,
                   keep: Callable[[dict], bool] = lambda _p: False) -> list[dict]:
     """A route's `parents` as written: other controllers' entries untouched and where they are
@@ -72,38 +91,13 @@ def merge_parents(current: list | None, ours: list[dict], controller: str,
     each of ours replacing our entry for the same parentRef in place (its conditions merged by
     `stamp`), our entries for parents we no longer report dropped, new ones appended (istiod's
     createRouteStatus)."""
-    desired = {_ident(p, ("parentRef",)): p for p in ours}
-    out = []
-    for p in current or ():
-        if not isinstance(p, dict):
-            continue
-        if p.get("controllerName") != controller or keep(p):
-            out.append(p)
-            continue
-        mine = desired.pop(_ident(p, ("parentRef",)), None)
-        if mine is not None:
-            out.append(mine)
-    out.extend(desired.values())
-    return out
+    return _merge(current, ours, "parentRef", lambda p: p.get("controllerName") == controller and not keep(p))
 
 
 def merge_ancestors(current: list | None, ours: list[dict], controllers: frozenset[str]) -> list[dict]:
-    """A policy's `ancestors` as written (istiod's mergeAncestors): other controllers' entries
-    kept where they are, ours replacing our entry for the same ancestorRef in place, our stale
-    ones dropped, new ones appended; at most 16 (the CRD's limit)."""
-    desired = {_ident(a, ("ancestorRef",)): a for a in ours}
-    out = []
-    for a in current or ():
-        if not isinstance(a, dict):
-            continue
-        if a.get("controllerName") not in controllers:
-            out.append(a)
-            continue
-        mine = desired.pop(_ident(a, ("ancestorRef",)), None)
-        if mine is not None:
-            out.append(mine)
-    out.extend(desired.values())
-    return out[:16]
+    """A policy's `ancestors` as written (istiod's mergeAncestors): the same, over the entries
+    of any of `controllers`, by ancestorRef; at most 16 (the CRD's limit)."""
+    return _merge(current, ours, "ancestorRef", lambda a: a.get("controllerName") in controllers)[:16]
 
 
 def stamp(previous: Status | None, desired: Status, now: str) -> Status:

@@ -44,7 +44,7 @@ from pilot.model.credentials import (
     SECRET_CA_PREFIX,
     CredentialError,
     ca_bundle,
-    check_certificates,
+    config_map_ca_bundle,
     key_pair_problem,
 )
 from pilot.model.gateway_api.conditions import condition, sorted_conditions
@@ -326,11 +326,10 @@ def _frontend_ca(gateway: Entry[KubernetesGateway], listener,
         cm = configmaps.get((ns, ref.name))
         if cm is None:
             return bad(f"configmap {ns}/{ref.name} not found")
-        text = cm.obj.data.get("ca.crt")
-        if text is None:
+        if not any(cm.obj.data.get(k) for k in CA_KEYS):
             return bad("found no ca.crt")
         try:
-            pem = check_certificates(text.encode(), "ca.crt")
+            pem = config_map_ca_bundle(cm.obj.data)
         except CredentialError:
             return bad("the bundle is malformed")
         prefix = CONFIGMAP_PREFIX

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 
 from pilot.config.core import Service
 from pilot.config.networking import ServiceEntry
+from pilot.config.networking.common import GROUP as ISTIO_GROUP  # networking.istio.io
 from pilot.model.gateway_api.http import Candidate
 from pilot.model.gateway_api.internal import INTERNAL_SUFFIX
 from pilot.model.gateway_api.listeners import Verdict
@@ -33,7 +34,6 @@ from pilot.model.store import Entry
 
 MESH = "mesh"
 MESH_ROUTE_KINDS = ("HTTPRoute", "GRPCRoute", "TCPRoute", "TLSRoute")
-SERVICE_ENTRY_GROUP = "networking.istio.io"
 
 
 def is_service_parent(ref) -> bool:
@@ -41,7 +41,7 @@ def is_service_parent(ref) -> bool:
 
 
 def is_service_entry_parent(ref) -> bool:
-    return ref.group == SERVICE_ENTRY_GROUP and ref.kind == "ServiceEntry"
+    return ref.group == ISTIO_GROUP and ref.kind == "ServiceEntry"
 
 
 def is_mesh_parent(ref) -> bool:

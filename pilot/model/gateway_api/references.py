@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from pilot.config.core import Service
 from pilot.config.gateway_api import ReferenceGrant
+from pilot.config.networking.common import GROUP as ISTIO_GROUP  # networking.istio.io
 from pilot.model.store import Entry
 
 INVALID_BACKEND_HOST = "gateway-api-invalid-backend.invalid"  # never a service: its cluster never exists
@@ -82,9 +83,6 @@ MCS_GROUP = "multicluster.x-k8s.io"
 INFERENCE_GROUP = "inference.networking.k8s.io"
 INFERENCE_POOL_DISABLED = ("InferencePool is not enabled. To enable, set ENABLE_GATEWAY_API_INFERENCE_EXTENSION "
                            "to true in istiod")
-
-
-ISTIO_GROUP = "networking.istio.io"
 
 
 def hostname_visible(hostnames: Mapping[str, tuple[tuple[str, tuple[str, ...]], ...]], host: str,

@@ -422,7 +422,8 @@ def translate(store: Store, domain: str, previous: GatewayApiResult | None = Non
                                                   kind=route.key.kind))
     mesh = _mesh_virtual_services(p)
     # (the ancestors index walks every route: only built when some policy will read it)
-    btls = (backend_tls.evaluate(store, domain, _gateways_by_backend(gateways, virtual_services))
+    btls = (backend_tls.evaluate(store, domain, _gateways_by_backend(gateways, virtual_services), services,
+                                 p.service_entries)
             if store.list(BackendTLSPolicy) else backend_tls.EMPTY)
     statuses.update(btls.statuses)
     return GatewayApiResult(tuple(gateways), tuple(virtual_services), mesh, MappingProxyType(statuses),

@@ -11,12 +11,9 @@ the same ones share bytes.
 
 from __future__ import annotations
 
-from google.protobuf.message import Message
-
 from pilot.model.envoy_filters import PatchRef
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
-from pilot.model.wasm import WasmFilter
 from pilot.networking import wasm
 from pilot.xds.cache import CachedResource, XdsCache
 from pilot.xds.generators import envoy_filter
@@ -28,32 +25,28 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
     if not requested or proxy.is_grpc:
         return []  # only ever asked by name; proxyless gRPC has no HTTP filters of ours
     patches = envoy_filter.patches_for(ctx, proxy, EXTENSION_CONFIG)
-    added: dict[str, PatchRef] = {}
-    for ref in patches:
-        if ref.patch.patch.operation == "ADD":
-            added.setdefault(ref.patch.message.name, ref)
+    router = proxy.type == "router"
+    added: dict[str, PatchRef] | None = patches.memo.get(("ecds_adds", router))
+    if added is None:  # once per patch set, as envoy_filter's own ADDs
+        # istiod ignores `match.context` here; it is honoured as far as an extension config can
+        # tell (gateway or sidecar: one resource serves a sidecar's inbound and outbound filters),
+        # so a GATEWAY-only config does not reach sidecars.
+        contexts = ("ANY", "GATEWAY") if router else ("ANY", "SIDECAR_INBOUND", "SIDECAR_OUTBOUND")
+        added = {}
+        for ref in patches:
+            if ref.patch.patch.operation == "ADD" and ref.patch.match.context in contexts:
+                added.setdefault(ref.patch.message.name, ref)
+        patches.memo[("ecds_adds", router)] = added
     plan = ctx.wasm_plan(proxy)
     out: list[CachedResource] = []
     for name in sorted(requested):
         ref = added.get(name)
         if ref is not None:
-            out.append(cache.resource(EXTENSION_CONFIG, name, _added, ref, origins=(ref.origin,)))
+            out.append(cache.resource(EXTENSION_CONFIG, name, envoy_filter.added, ref, origins=(ref.origin,)))
             if cache.on_patch is not None:
                 cache.on_patch((ref,))
             continue
         plugin = plan.by_name(name)
         if plugin is not None:
-            out.append(cache.resource(EXTENSION_CONFIG, name, _plugin, plugin, origins=(plugin.origin,)))
+            out.append(cache.resource(EXTENSION_CONFIG, name, wasm.extension_config, plugin, origins=(plugin.origin,)))
     return out
-
-
-def _added(ref: PatchRef) -> Message:
-    value = ref.patch.message
-    assert value is not None
-    out = type(value)()
-    out.CopyFrom(value)
-    return out
-
-
-def _plugin(plugin: WasmFilter) -> Message:
-    return wasm.extension_config(plugin)

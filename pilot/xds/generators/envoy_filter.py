@@ -161,7 +161,7 @@ def _adds(type_url: str, router: bool, patches: PatchSet, requested: frozenset[s
     for ref in refs:
         name = ref.patch.message.name
         if requested is None or name in requested:
-            out.append(cache.resource(type_url, name, _added, ref, origins=(ref.origin,)))
+            out.append(cache.resource(type_url, name, added, ref, origins=(ref.origin,)))
     return out
 
 
@@ -175,7 +175,9 @@ def _patch(type_url: str, any_bytes: bytes, refs: PatchSet) -> Message:
     return patching.patch_cluster(msg, refs)
 
 
-def _added(ref: PatchRef) -> Message:
+def added(ref: PatchRef) -> Message:
+    """The resource an ADD patch brings (LISTENER, CLUSTER, EXTENSION_CONFIG), as a copy: the
+    patch's own message stays as parsed."""
     value = ref.patch.message
     assert value is not None
     out = type(value)()

@@ -1,6 +1,7 @@
 """python -m benchmarks SCENARIO [--services N] [--proxies M] [--out FILE] [--full]
 
-SCENARIO is push, eds, churn, connect, memory, recording, gateway_api or all. Reduced sizes by default (200 services,
+SCENARIO is push, eds, churn, connect, memory, recording, gateway_api, envoyfilter, delta_bytes,
+scaleout, beyond or all. Reduced sizes by default (200 services,
 200 proxies, 10 s churn; `make bench` runs all of them in a few minutes); --full uses 1,000
 services and 1,000 proxies (memory goes to 2,000) and a 60 s churn. Each scenario writes one
 JSON (default benchmarks/results/SCENARIO.json; with `all`, --out is a directory) and a summary

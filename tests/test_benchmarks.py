@@ -24,13 +24,18 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 PROXIES = 5
 
 
-def test_push_scenario_writes_complete_result(tmp_path):
-    out = tmp_path / "push.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "push", "--services", "5", "--proxies", str(PROXIES),
-         "--out", str(out)],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=90, check=False)
+def _run(tmp_path: Path, scenario: str, *args: str, timeout: float = 90) -> tuple[subprocess.CompletedProcess, Path]:
+    """`python -m benchmarks SCENARIO ARGS --out FILE` as `make bench` runs it, in a subprocess;
+    it must succeed. The finished process and the result file it was told to write."""
+    out = tmp_path / f"{scenario}.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", scenario, *args, "--out", str(out)],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout, check=False)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
+    return proc, out
+
+
+def test_push_scenario_writes_complete_result(tmp_path):
+    proc, out = _run(tmp_path, "push", "--services", "5", "--proxies", str(PROXIES))
     assert str(out) in proc.stdout  # the summary names the file it wrote
 
     result = json.loads(out.read_text())
@@ -85,12 +90,7 @@ def test_push_scenario_writes_complete_result(tmp_path):
 
 
 def test_eds_scenario_reaches_every_watcher_with_one_resource_and_has_a_floor(tmp_path):
-    out = tmp_path / "eds.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "eds", "--services", "5", "--proxies", str(PROXIES),
-         "--rounds", "2", "--out", str(out)],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=90, check=False)
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
+    _, out = _run(tmp_path, "eds", "--services", "5", "--proxies", str(PROXIES), "--rounds", "2")
     result = json.loads(out.read_text())
     assert result["proxies_received_eds"] == result["proxies_watching"] == PROXIES
     assert result["resources_per_response"] == {"min": 1, "max": 1}  # only the changed assignment
@@ -101,12 +101,7 @@ def test_eds_scenario_reaches_every_watcher_with_one_resource_and_has_a_floor(tm
 
 
 def test_delta_bytes_scenario_sends_only_what_changed_and_sizes_a_split(tmp_path):
-    out = tmp_path / "delta_bytes.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "delta_bytes", "--services", "20", "--proxies", str(PROXIES),
-         "--out", str(out)],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=90, check=False)
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
+    _, out = _run(tmp_path, "delta_bytes", "--services", "20", "--proxies", str(PROXIES))
     result = json.loads(out.read_text())
     assert result["params"]["protocol"] == "delta" and result["proxies_acked"] == PROXIES
     steps = {s["kind"]: s for s in result["steps"]}
@@ -182,12 +177,7 @@ def test_gateway_api_scenario_translates_every_route_on_every_listener(monkeypat
 
 @pytest.mark.slow  # three rounds of replicas behind Envoy: ~25 s, run by `make bench`
 def test_scaleout_spreads_proxies_over_replicas_and_a_stopped_replica_s_proxies_reconverge(tmp_path):
-    out = tmp_path / "scaleout.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "scaleout", "--services", "10", "--proxies", "12",
-         "--rounds", "1", "--out", str(out)],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, check=False)
-    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
+    _, out = _run(tmp_path, "scaleout", "--services", "10", "--proxies", "12", "--rounds", "1", timeout=300)
     result = json.loads(out.read_text())
     for n, run in result["by_replicas"].items():
         assert len(run["proxies_per_replica"]) == int(n) and sum(run["proxies_per_replica"]) == 12

@@ -2,15 +2,15 @@
 
 from benchmarks.scenarios import (
     beyond,
-             churn,
-             connect,
-             delta_bytes,
-             eds,
-             envoyfilter,
-             gateway_api,
-             memory,
-             push,
-             recording,
+    churn,
+    connect,
+    delta_bytes,
+    eds,
+    envoyfilter,
+    gateway_api,
+    memory,
+    push,
+    recording,
     scaleout,
 )
 

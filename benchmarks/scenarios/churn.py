@@ -16,8 +16,8 @@ import time
 
 from benchmarks import stats
 from benchmarks.options import Options
-from benchmarks.scenarios.eds import debounce_ms
-from benchmarks.scenarios.harness import CpuWindow, Harness, floor_rounds, pooled
+from benchmarks.scenarios.eds import capture_setup, debounce_ms, eds_floor
+from benchmarks.scenarios.harness import CpuWindow, Harness, pooled
 
 MAX_OVER_P99_TARGET = 2.0  # issue 17 target 5: no proxy starved, the worst under twice the p99
 
@@ -26,9 +26,7 @@ async def run(opts: Options) -> dict:
     async with Harness(opts, "churn") as h:
         lg = await h.loadgen(h.server.grpc_port)
         await h.connect_all(lg, opts.proxies)
-        captured = {t: h.workdir / f"{t}-setup.bin" for t in ("cds", "eds")}
-        for t, path in captured.items():
-            await lg.capture(t, path)  # for the floor: what each proxy holds before the churn
+        captured = await capture_setup(h, lg)  # before the churn
         before = {p["version"] for p in await h.server.pushes()}
         bytes_before = (await lg.stats())["bytes"]
         count = max(1, round(opts.churn_rate * opts.churn_seconds))
@@ -52,13 +50,7 @@ async def run(opts: Options) -> dict:
         per_change_p99 = [stats.summary(c["ack_ms"])["p99"] for c in conv]
         lg_stats = await lg.stats()
         server_rss = h.server.rss_mb()
-        pushed = h.workdir / "eds-change.bin"
-        await lg.capture("eds", pushed)  # the last change, as proxy 0 received it
-        await lg.stop()
-        await h.server_figures()
-        await h.server.stop()  # free the CPU for the floor
-        # The floor: the same EDS response bytes to the same clients, one change at a time.
-        floor = await floor_rounds(h, opts, captured, "floor", measure=("eds",), pushed=(pushed,))
+        floor = await eds_floor(h, opts, lg, captured)  # the last change's bytes, one change at a time
         floor_p99 = floor["convergence_ms"]["p99"]
         max_over_p99 = round(summary["max"] / summary["p99"], 3) if summary["p99"] else None
         return h.result(

@@ -17,10 +17,11 @@ what it costs the load generator to write those ACKs is in both numbers. `target
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from benchmarks import stats
 from benchmarks.options import Options
-from benchmarks.scenarios.harness import CpuWindow, Harness, floor_rounds, pooled
+from benchmarks.scenarios.harness import CpuWindow, Harness, Loadgen, floor_rounds, pooled
 from pilot.durations import parse_duration
 
 
@@ -33,13 +34,31 @@ def debounce_ms(opts: Options) -> float:
     return parse_duration(env.get("PILOT_DEBOUNCE_AFTER", "100ms")) * 1000
 
 
+async def capture_setup(h: Harness, lg: Loadgen) -> dict[str, Path]:
+    """For the floor: what each proxy holds before the change (every cluster and assignment)."""
+    captured = {t: h.workdir / f"{t}-setup.bin" for t in ("cds", "eds")}
+    for t, path in captured.items():
+        await lg.capture(t, path)
+    return captured
+
+
+async def eds_floor(h: Harness, opts: Options, lg: Loadgen, captured: dict[str, Path]) -> dict:
+    """The floor: the EDS response that carried the last change (as proxy 0 received it), pushed
+    to as many clients set up with `captured`, one change at a time. Our server's figures are read
+    and it is stopped first (the floor gets the CPU): read everything else of it before."""
+    pushed = h.workdir / "eds-change.bin"
+    await lg.capture("eds", pushed)
+    await lg.stop()
+    await h.server_figures()
+    await h.server.stop()
+    return await floor_rounds(h, opts, captured, "floor", measure=("eds",), pushed=(pushed,))
+
+
 async def run(opts: Options) -> dict:
     async with Harness(opts, "eds") as h:
         lg = await h.loadgen(h.server.grpc_port)
         await h.connect_all(lg, opts.proxies)
-        captured = {t: h.workdir / f"{t}-setup.bin" for t in ("cds", "eds")}
-        for t, path in captured.items():
-            await lg.capture(t, path)  # what each proxy holds before the change: every cluster
+        captured = await capture_setup(h, lg)
         rounds = []
         services = h.mesh.services
         for r in range(opts.rounds):
@@ -59,12 +78,7 @@ async def run(opts: Options) -> dict:
         watching = min(r["watching"] for r in rounds)
         lg_stats = await lg.stats()
         server_rss = h.server.rss_mb()
-        pushed = h.workdir / "eds-change.bin"
-        await lg.capture("eds", pushed)  # the last change, as proxy 0 received it
-        await lg.stop()
-        await h.server_figures()
-        await h.server.stop()  # free the CPU for the floor
-        floor = await floor_rounds(h, opts, captured, "floor", measure=("eds",), pushed=(pushed,))
+        floor = await eds_floor(h, opts, lg, captured)
         conv = stats.summary(pooled(changes))
         floor_p99 = floor["convergence_ms"]["p99"]
         after_first = stats.summary([v - r["first_receipt_ms"] for r in rounds for v in r["change"]["ack_ms"]])

@@ -160,7 +160,7 @@ class EndpointQueries(RecordingMixin):
         """The SPIFFE identities a service's workloads run as (what mTLS clients verify): the
         service accounts of its Pods or WorkloadEntries, and a ServiceEntry's subjectAltNames."""
         if svc.kind == "ServiceEntry":
-            return self._memoized(("sans", svc.hostname), lambda: self._service_accounts(svc))
+            return self.memoized(("sans", svc.hostname), lambda: self._service_accounts(svc))
         # A Kubernetes service's identities come from its endpoints' Pods, which change often;
         # what the result depends on is the set itself: an endpoint push compares it before and
         # after (dependencies.change_of) and only a new set meets this, so an endpoint change

@@ -104,7 +104,7 @@ class ProxyPlans(EndpointQueries):
                                 self.settings.listeners.sniff_inbound)
             return self._memo.setdefault(("plan", made), made)  # equal plans: one object
 
-        return self._memoized(key, plan)
+        return self.memoized(key, plan)
 
     def telemetry_plan(self, proxy: Proxy) -> TelemetryPlan:
         """What the proxy logs and traces, per listener class (pilot/model/telemetry.py); shared by
@@ -134,7 +134,7 @@ class ProxyPlans(EndpointQueries):
             return plan_for(self.telemetry, self.mesh, info, self._provider_cluster, [], self.settings.listeners.telemetry,
                             self.settings.knobs.trace_sampling)
 
-        return self._memoized(key, plan)
+        return self.memoized(key, plan)
 
     def _proxy_tracing_raw(self, proxy: Proxy) -> Any:
         """istiod's ProxyConfigOrDefault(mesh.defaultConfig).tracing: the proxy's PROXY_CONFIG
@@ -168,7 +168,7 @@ class ProxyPlans(EndpointQueries):
             return NO_WASM
         labels = proxy.labels
         key = ("wasm", proxy.namespace, frozenset(labels.items()))
-        return self._memoized(key, lambda: wasm_plan_for(self.wasm_plugins, root, proxy.namespace, labels))
+        return self.memoized(key, lambda: wasm_plan_for(self.wasm_plugins, root, proxy.namespace, labels))
 
     def _provider_cluster(self, service: str, port: int) -> tuple[str, str] | None:
         """istiod's LookupCluster: `host` or `namespace/host` -> (hostname, outbound cluster)."""

@@ -79,13 +79,10 @@ class RecordingMixin:
             rec[-1].add_child(child)
 
     def memoized(self, key, compute):
-        """`_memoized` for generators: a part of a result that proxies with different memo keys
-        share within one push (CDS: one service's clusters, for every namespace)."""
-        return self._memoized(key, compute)
-
-    def _memoized(self, key, compute):
         """A per-push derived value with the Deps of computing it: a later caller that gets the
-        memoized value still depends on everything the first computation read."""
+        memoized value still depends on everything the first computation read. For the
+        accessors, and for generators: a part of a result that proxies with different memo keys
+        share within one push (CDS: one service's clusters, for every namespace)."""
         hit = self._memo.get(key)
         if hit is None:
             with self.recording() as deps:

@@ -26,12 +26,12 @@ log = plog.get("ads")
 
 MAX_NACK_MESSAGE = 4096  # Envoy embeds text dumps; keep enough to read, not a hostile client's megabytes
 
+
 def _printable(text: str) -> str:
     """A client's text for a log line: control characters escaped (newlines kept readable)."""
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() or c == "\n" else repr(c)[1:-1] for c in text)
-
 
 
 class AckNack:

@@ -63,11 +63,9 @@ class _Slot:
     def __init__(self, sem: Slots) -> None:
         self._sem, self._held = sem, False
 
-    async def acquire(self) -> bool:
-        """Whether it waited for the slot."""
-        waited = await self._sem.acquire()
+    async def acquire(self) -> None:
+        await self._sem.acquire()
         self._held = True
-        return waited
 
     def release(self) -> None:
         if self._held:

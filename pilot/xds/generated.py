@@ -106,8 +106,11 @@ class GenerationMemo:
         telemetry = ctx.telemetry_plan(proxy) if not proxy.is_grpc else None
         # And the WasmPlugins that select it (also by labels).
         wasm = ctx.wasm_plan(proxy) if not proxy.is_grpc else None
+        # ISTIO_DUAL_STACK: a proxy with both IP families gets [::] listeners and DNS clusters
+        # resolving both (cds, lds, gateway); single-family ones of its namespace must not share.
+        dual = ctx.settings.knobs.dual_stack and proxy.dual_stack
         key = (proxy.traits, scope, traffic.source_signature(labels), traffic.rule_signature(labels), own, telemetry,
-               wasm)
+               wasm, dual)
         self._proxy_keys[id(proxy)] = (proxy, proxy.metadata, key)
         return key
 

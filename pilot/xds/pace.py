@@ -118,11 +118,10 @@ class Slots:
         self._free = n
         self._waiters: deque[asyncio.Future] = deque()
 
-    async def acquire(self) -> bool:
-        """Whether it had to wait (then the caller runs in a later loop iteration)."""
+    async def acquire(self) -> None:
         if self._free > 0 and not self._waiters:
             self._free -= 1
-            return False
+            return
         fut = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)
         try:
@@ -131,7 +130,6 @@ class Slots:
             if fut.done() and not fut.cancelled():
                 self.release()  # handed a slot, then cancelled before using it: pass it on
             raise
-        return True
 
     def release(self) -> None:
         waiters = self._waiters

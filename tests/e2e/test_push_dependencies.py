@@ -7,6 +7,9 @@
 2. A sidecar with a mesh identity (pilot-agent on 15012) under a Sidecar whose egress names only
    ratings: when its own Service's targetPort moves, its inbound listener moves with it. (The
    Sidecar hides that Service from its *outbound* view; the inbound side still reads it.)
+3. Sidecars of two namespaces share one CDS walk per service within a push: a WorkloadEntry that
+   only the walk reads (a DNS ServiceEntry's endpoint) reaches the Envoy that got the walk from
+   the memo too (it failed with the memo's Deps not handed to later callers).
 """
 
 from __future__ import annotations
@@ -209,4 +212,70 @@ async def test_own_service_target_port_moves_the_inbound_listener_of_a_scoped_mt
         assert (PRODUCTPAGE_IP, new_port) in addrs and (PRODUCTPAGE_IP, old_port) not in addrs
     finally:
         await agent.stop()
+        await cp.stop()
+
+
+def dns_entry_yaml(*addresses: str) -> str:
+    """A DNS ServiceEntry whose endpoints are the WorkloadEntries it selects (one per address)."""
+    entries = "".join(textwrap.dedent(f"""\
+        ---
+        apiVersion: networking.istio.io/v1
+        kind: WorkloadEntry
+        metadata: {{name: api-{i}, namespace: default}}
+        spec: {{address: {a}, labels: {{app: api}}}}
+        """) for i, a in enumerate(addresses))
+    return textwrap.dedent("""\
+        apiVersion: networking.istio.io/v1
+        kind: ServiceEntry
+        metadata: {name: api, namespace: default}
+        spec:
+          hosts: [api.internal.example]
+          location: MESH_INTERNAL
+          resolution: DNS
+          ports: [{number: 8080, name: http, protocol: HTTP}]
+          workloadSelector: {labels: {app: api}}
+        """) + entries
+
+
+async def dns_cluster_addresses(envoy: Envoy, name: str) -> list[str] | None:
+    """Envoy's /config_dump: the addresses a STRICT_DNS cluster resolves, None without it."""
+    dump = await envoy.config_dump(resource="dynamic_active_clusters")
+    for c in dump.get("configs", []):
+        cluster = c.get("cluster", {})
+        if cluster.get("name") == name:
+            return sorted(lb["endpoint"]["address"]["socket_address"]["address"]
+                          for group in cluster.get("load_assignment", {}).get("endpoints", [])
+                          for lb in group.get("lb_endpoints", []))
+    return None
+
+
+async def test_a_workload_entry_change_reaches_every_namespace_sharing_the_cds_walk(tmp_path):
+    """Two sidecars of different namespaces share, within a push, one CDS walk per service
+    (ctx.memoized): the second one generated gets the first one's clusters and its recorded
+    reads. A WorkloadEntry only that walk reads (the endpoints of a DNS ServiceEntry) must
+    still reach both Envoys: the one that connected second depends on it through the memo."""
+    cluster = "outbound|8080||api.internal.example"
+    nodes = (sidecar_node_id("client-1", "default"), sidecar_node_id("client-2", "shop"))
+    cp = ControlPlane(tmp_path)
+    cp.write("api.yaml", dns_entry_yaml("127.0.0.1"))
+    envoys = [Envoy(), Envoy()]
+    try:
+        await cp.start()
+        for envoy, node in zip(envoys, nodes, strict=True):  # one after the other: the second is a memo hit
+            await envoy.start(Envoy.bootstrap(node, cp.xds_port), tmp_path)
+            await cp.wait_synced(node, types=("cluster", "listener"), timeout=20)
+        for envoy in envoys:
+            assert await dns_cluster_addresses(envoy, cluster) == ["127.0.0.1"]
+
+        cp.write("api.yaml", dns_entry_yaml("127.0.0.1", "127.0.0.2"))
+        for envoy, node in zip(envoys, nodes, strict=True):
+            async def both(envoy=envoy):
+                got = await dns_cluster_addresses(envoy, cluster)
+                return got if got == ["127.0.0.1", "127.0.0.2"] else None
+
+            await wait_for(both, timeout=20, message=f"{node}: {cluster} resolves the new WorkloadEntry\n"
+                                                     f"{cp.log_tail()}")
+    finally:
+        for envoy in envoys:
+            await envoy.stop()
         await cp.stop()

@@ -16,6 +16,8 @@ from envoy.config.route.v3 import route_pb2
 from pilot.features import Features
 from pilot.model.mesh_settings import GenerationKnobs
 from pilot.model.push_context import PushContext
+from pilot.xds import typeurls as T
+from pilot.xds.discovery import DiscoveryServer
 from tests.support.envoy import envoy_validate
 from tests.support.static_config import static_bootstrap
 
@@ -119,6 +121,42 @@ def test_clusters_resolve_both_families_and_passthrough_binds_v6_source():
     single = w.cds(proxy(interception="REDIRECT"), ctx(w, True))
     assert single[DNS_CLUSTER].message(cluster_pb2.Cluster).dns_lookup_family == cluster_pb2.Cluster.V4_PREFERRED
 
+
+
+def test_one_push_keeps_dual_stack_and_single_family_clusters_apart():
+    """A dual-stack and a single-family proxy of one namespace and identity, in one push: the
+    outbound walk they share within a push (ctx.memoized in CDS) is keyed on the family, so the
+    second one generated, in either order, gets its own dns_lookup_family."""
+    want = {True: cluster_pb2.Cluster.ALL, False: cluster_pb2.Cluster.V4_PREFERRED}
+    for order in ((True, False), (False, True)):
+        w = world()
+        push = ctx(w, True)
+        for dual in order:
+            p = dual_proxy()
+            if not dual:
+                p = proxy(interception="REDIRECT")
+                p.identity = dual_proxy().identity
+            got = w.cds(p, push)[DNS_CLUSTER].message(cluster_pb2.Cluster).dns_lookup_family
+            assert got == want[dual], (order, dual)
+
+
+def test_the_servers_generation_memo_keeps_dual_stack_and_single_family_proxies_apart():
+    """Through the server's GenerationMemo: two plaintext sidecars of one namespace (equal traits,
+    the one empty inbound plan), one of them dual-stack, in one push. In either order each gets
+    its own families in CDS and LDS (they shared one output before the memo key had the family)."""
+    want = {True: (cluster_pb2.Cluster.ALL, [("::", 15001)]), False: (cluster_pb2.Cluster.V4_PREFERRED, [])}
+    for order in ((True, False), (False, True)):
+        w = world()
+        push = ctx(w, True)
+        memo = DiscoveryServer(w.store, w.mesh, Features.from_env({"ISTIO_DUAL_STACK": "true"})).generated
+        for dual in order:
+            p = proxy(interception="REDIRECT", ip="10.0.0.2,fd00::2" if dual else "10.0.0.1",
+                      pod_name=f"app-{int(dual)}")
+            clusters = {r.name: r for r in memo.generate(push, T.CLUSTER, p, None).resources}
+            listeners = {r.name: r for r in memo.generate(push, T.LISTENER, p, None).resources}
+            got = (clusters[DNS_CLUSTER].message(cluster_pb2.Cluster).dns_lookup_family,
+                   _extra(listeners["virtualOutbound"].message(listener_pb2.Listener)))
+            assert got == want[dual], (order, dual)
 
 def _endpoints(w: World, on: bool) -> list[tuple[str, list[str]]]:
     cla = w.eds(dual_proxy(), {OUTBOUND}, ctx(w, on))[OUTBOUND].message(endpoint_pb2.ClusterLoadAssignment)

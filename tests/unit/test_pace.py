@@ -137,8 +137,13 @@ def test_a_waiter_cancelled_after_being_handed_a_slot_passes_it_on():
         await asyncio.sleep(0)  # both wait
         slots.release()  # handed to `first`, which is cancelled before it runs
         first.cancel()
-        waited = await asyncio.wait_for(second, 5)
-        return first.cancelled(), waited
+        await asyncio.wait_for(second, 5)  # the slot `first` was handed reached it
+        third = asyncio.create_task(slots.acquire())
+        await asyncio.sleep(0)
+        held_by_second = not third.done()  # one slot, held: the next waits
+        slots.release()
+        await asyncio.wait_for(third, 5)
+        return first.cancelled(), second.done() and not second.cancelled() and held_by_second
 
-    cancelled, waited = asyncio.run(main())
-    assert cancelled and waited is True
+    cancelled, second_holds = asyncio.run(main())
+    assert cancelled and second_holds is True

@@ -67,6 +67,8 @@ def resources(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
             # What follows reads nothing of the proxy but these: proxies of every namespace
             # (ten memo keys of a push) share one walk per service and rule. The memo keeps
             # the Deps of the first walk, so each later caller depends on what it read.
+            # id(svc) is safe: the memo lives as long as this context, and so does every service
+            # a view iterates (ctx.services, or a DNS-capturing view's copies kept in ctx._views).
             key = ("cds-outbound", id(svc), dr, has_identity, sniffing_sidecar, settings.dual_stack)
             yield from ctx.memoized(key,
                                     lambda svc=svc, dr=dr, dns=dns: tuple(_outbound(

@@ -150,12 +150,11 @@ class LeaderElection:
         free and take it straight back, and the other replicas would wait out the lease
         duration after all. The lease is then read again, so a renewal cut short after
         the apiserver applied it cannot leave a stale resourceVersion to conflict with."""
-        was_leader = self.is_leader
         if self._task is not None and self._task is not asyncio.current_task():
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        if not was_leader:
-            return
+        # What the apiserver says, not is_leader: a lease won while the loop was being
+        # stopped is released too.
         try:
             lease = await self.kube.request("GET", f"{self._path}/{self.name}", timeout=5)
             if (lease.get("spec") or {}).get("holderIdentity") == self.identity:
@@ -163,6 +162,9 @@ class LeaderElection:
                                            "leaseDurationSeconds": 1, "renewTime": _fmt(_now())}}
                 await self.kube.request("PUT", f"{self._path}/{self.name}", body=lease, timeout=5)
                 log.info("released leadership", lease=self.name)
+        except ApiError as e:
+            if e.status != 404:  # no lease: nothing to give up
+                log.warning("could not release the lease", error=str(e))
         except Exception as e:  # noqa: BLE001 - any failure here is retried or reported, never fatal
             log.warning("could not release the lease", error=str(e))
         if self.is_leader:

@@ -415,8 +415,7 @@ class ControlPlane:
         source.informers["Service"].on_object.append(
             lambda svc: ingress.poke() if self._is_ingress_service(svc) else None)
         self.discovery.context_listeners.append(lambda ctx: ingress.offer(ctx.ingress.statuses))
-        if getattr(self.discovery, "push_context", None) is not None:
-            ingress.offer(self.discovery.push_context.ingress.statuses)
+        ingress.offer(self.discovery.push_context.ingress.statuses)
         if self.tag_watcher is not None:  # a tag moved: which Gateways are ours may have changed
             self.tag_watcher.listeners.append(lambda _state: status.offer(self.gateway_status.desired))
         f = self.features

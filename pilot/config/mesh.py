@@ -72,9 +72,11 @@ class LabelSelector(StrictModel):
 
 class ProxyConfig(Model):
     """`defaultConfig` is pilot-agent's (pilot/agent/config.py applies it and warns about what it
-    does not know); the control plane reads none of it, so it is kept lenient here. Every field is
-    kept as written (extra="allow"): the injector and the gateway deployments pass it on to the
-    proxies in PROXY_CONFIG, as istiod does."""
+    does not know), so it is kept lenient here. Every field is kept as written (extra="allow"):
+    the injector and the gateway deployments pass it on to the proxies in PROXY_CONFIG, as istiod
+    does. The control plane itself reads only what istiod reads from it for proxies that send no
+    PROXY_CONFIG: `tracing` (pilot/model/telemetry.py) and `gatewayTopology.numTrustedProxies`
+    (gateway listeners), each from `model_extra`."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow", frozen=True)
 
@@ -94,9 +96,9 @@ class MeshConfig(StrictModel):
     # object of name -> format string (istiod's JSON fields when empty).
     access_log_format: str = ""
     access_log_encoding: Literal["TEXT", "JSON"] = "TEXT"
-    # Tracing without a Telemetry or defaultProviders.tracing: istiod then relies on the tracer
-    # pilot-agent writes into the bootstrap from defaultConfig.tracing, which this pilot-agent does
-    # not write: true is accepted (istio's default) and generates nothing; use a provider.
+    # Tracing without a Telemetry or defaultProviders.tracing: istiod's legacy path, where the HCM
+    # traces with the proxy's ProxyConfig tracing and pilot-agent writes the tracer (Zipkin) into
+    # the bootstrap from it (pilot/model/telemetry.py _legacy_tracing).
     enable_tracing: bool = True
     extension_providers: tuple[ExtensionProvider, ...] = ()
     default_providers: DefaultProviders = Field(default_factory=DefaultProviders)

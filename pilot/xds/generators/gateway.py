@@ -103,8 +103,8 @@ def num_trusted_proxies(ctx: PushContext, proxy: Proxy) -> int:
     ProxyConfig (PROXY_CONFIG node metadata, which pilot-agent fills with the mesh's
     defaultConfig and the pod's overrides), else the mesh's defaultConfig; 0 when unset."""
     config = proxy.metadata.get("PROXY_CONFIG")
-    if not isinstance(config, dict):
-        config = ctx.mesh.default_config.model_dump(by_alias=True)
+    if not isinstance(config, dict):  # the lenient model keeps the field as written, in model_extra
+        config = ctx.mesh.default_config.model_extra or {}
     topology = config.get("gatewayTopology")
     value = topology.get("numTrustedProxies", 0) if isinstance(topology, dict) else 0
     try:

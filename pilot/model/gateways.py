@@ -36,6 +36,7 @@ from pilot.config.networking import Gateway, VirtualService
 from pilot.config.networking.common import MESH_GATEWAY
 from pilot.config.networking.validation import host_matches  # istio host.Name.Matches
 from pilot.model.credentials import CertificateAndKey, CredentialError, ca_bundle, certificate_and_key
+from pilot.model.export_to import exported_to
 from pilot.model.gateway_api.internal import PARENTS, SCOPE
 from pilot.model.labels import selects
 from pilot.model.store import Entry, Store
@@ -269,8 +270,7 @@ def resolve_gateway_name(name: str, namespace: str) -> tuple[str, str] | None:
 
 
 def _exported_to(e: Entry[VirtualService], namespace: str) -> bool:
-    export = e.obj.spec.export_to
-    return not export or "*" in export or namespace in export or ("." in export and e.key.namespace == namespace)
+    return exported_to(e.obj.spec.export_to, e.key.namespace, namespace)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from types import MappingProxyType
 from pilot.config.networking import DestinationRule, VirtualService
 from pilot.config.networking.virtual_service import HTTPRoute, TCPRoute, TLSRoute
 from pilot.model.dr_merge import consolidate
+from pilot.model.export_to import exported_to
 from pilot.model.gateway_api.backend_tls import merged_under
 from pilot.model.labels import selects
 from pilot.model.store import Entry, Store
@@ -206,8 +207,7 @@ def _rules(vs: VirtualService) -> tuple[HTTPRoute | TCPRoute | TLSRoute, ...]:
 
 
 def _exported_to(e: Entry[VirtualService | DestinationRule], namespace: str) -> bool:
-    export = e.obj.spec.export_to
-    return not export or "*" in export or namespace in export or ("." in export and e.key.namespace == namespace)
+    return exported_to(e.obj.spec.export_to, e.key.namespace, namespace)
 
 
 def destination_problems(index: TrafficIndex, known_hosts: set[str], domain: str) -> tuple[str, ...]:

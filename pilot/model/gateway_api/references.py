@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pilot.config.core import Service
 from pilot.config.gateway_api import ReferenceGrant
 from pilot.config.networking.common import GROUP as ISTIO_GROUP  # networking.istio.io
+from pilot.model.export_to import exported_to
 from pilot.model.store import Entry
 
 INVALID_BACKEND_HOST = "gateway-api-invalid-backend.invalid"  # never a service: its cluster never exists
@@ -89,10 +90,7 @@ def hostname_visible(hostnames: Mapping[str, tuple[tuple[str, tuple[str, ...]], 
                      namespace: str) -> bool:
     """istiod's LookupHostname: a ServiceEntry host (exact) exported to `namespace` (ServiceEntries
     are exported to every namespace here, exportTo `*` or unset: a narrower one is refused at parsing)."""
-    for se_namespace, export in hostnames.get(host, ()):
-        if not export or "*" in export or namespace in export or ("." in export and se_namespace == namespace):
-            return True
-    return False
+    return any(exported_to(export, se_namespace, namespace) for se_namespace, export in hostnames.get(host, ()))
 
 
 def resolve_backend(ref, route_kind: str, route_namespace: str, services: Mapping[tuple[str, str], Entry[Service]],

@@ -138,6 +138,25 @@ def blackhole_cluster(settings: ClusterSettings) -> cluster_pb2.Cluster:
     )
 
 
+def sni_dnat_cluster(svc: MeshService, port: ServicePort, settings: ClusterSettings,
+                     destination_rule: Entry[DestinationRule] | None = None, subset: str = "",
+                     dns_targets: tuple[EndpointAddress, ...] = ()) -> cluster_pb2.Cluster:
+    """A router's `outbound_.PORT_.SUBSET_.HOST` cluster (istiod's sni-dnat cluster): the
+    outbound cluster's discovery and traffic policy, with no TLS of its own, because an
+    AUTO_PASSTHROUGH server forwards the client's mTLS to it untouched."""
+    c = outbound_cluster(svc, port, settings, destination_rule, subset, dns_targets)
+    name = names.sni_dnat_cluster_name(port.port, svc.hostname, subset)
+    c.name = name
+    if c.type == cluster_pb2.Cluster.EDS:
+        c.eds_cluster_config.service_name = name
+    elif c.HasField("load_assignment"):
+        c.load_assignment.cluster_name = name
+    c.ClearField("transport_socket")
+    c.ClearField("transport_socket_matches")
+    c.typed_extension_protocol_options.pop(_HTTP_OPTIONS_KEY, None)  # raw TCP: no HTTP upstream
+    return c
+
+
 def passthrough_cluster(settings: ClusterSettings) -> cluster_pb2.Cluster:
     c = cluster_pb2.Cluster(
         name=names.PASSTHROUGH_CLUSTER,

@@ -77,6 +77,14 @@ def resources(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         else:
             yield from _outbound(ctx, proxy, svc, dr, dns, settings, has_identity, sniffing_sidecar, dns and dns_local,
                                  want, cache)
+    if proxy.type == "router":
+        for svc, port, subset in gateway.sni_dnat_targets(ctx, proxy):
+            name = names.sni_dnat_cluster_name(port.port, svc.hostname, subset)
+            if want(name):
+                dr = ctx.destination_rule(svc.hostname, proxy.namespace, svc.namespace, proxy.labels)
+                targets = ctx.endpoints(svc, port.port) if svc.resolution in ("DNS", "DNS_ROUND_ROBIN") else ()
+                yield cache.resource(CLUSTER, name, clusters.sni_dnat_cluster, svc, port, settings, dr, subset,
+                                     targets, origins=(svc.origin,) + ((ref(dr),) if dr else ()))
     if proxy.type == "sidecar":
         plan = ctx.inbound_plan(proxy)
         for port in plan.ports:

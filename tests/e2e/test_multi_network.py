@@ -175,6 +175,12 @@ async def test_a_workload_on_another_network_is_reached_through_the_east_west_ga
         async def client_sees_the_gateway():
             return await mesh.hosts(mesh.client, cluster) == [gateway]
         await wait_for(client_sees_the_gateway, timeout=30, message=f"the client's endpoint is the gateway\n{mesh.logs()}")
+        # What the control plane found: the gateway of net-b (istiod's /debug/networkz), the entry's network.
+        assert await mesh.cp.debug("/debug/networkz") == [
+            {"Network": "net-b", "Cluster": "Kubernetes", "Addr": GATEWAY_IP, "Port": mesh.gw_port}]
+        rows = [e for row in await mesh.cp.debug("/debug/endpointz") if row["service"] == REVIEWS
+                for e in row["endpoints"]]
+        assert [(e["address"], e["network"]) for e in rows] == [(SERVER_IP, "net-b")]
         # The gateway (on net-b) reaches the entry directly, through its sni-dnat cluster.
         assert await mesh.hosts(mesh.gateway, sni_dnat) == [f"{SERVER_IP}:{mesh.app_port}"]
 

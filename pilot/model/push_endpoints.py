@@ -142,6 +142,22 @@ class EndpointQueries(RecordingMixin):
                 for p in svc.ports[:1] for e in self.endpoints(svc, p.port))
         return hit
 
+    def dns_networks_in_use(self) -> bool:
+        """Does split-horizon reach some DNS cluster's own endpoints (the mesh has gateways and a
+        DNS ServiceEntry has endpoints on a network)? Only then is CDS per client network."""
+        if not self.networks.multi_network:
+            self._note(dep.NETWORKS)
+            return False
+        self._note(dep.NETWORKS, dep.ALL_SERVICES)
+        hit = self._memo.get("dns-networks")
+        if hit is None:
+            index = self.networks
+            hit = self._memo["dns-networks"] = any(
+                index.network_of(e.address, e.network)
+                for svc in self.services if svc.kind == "ServiceEntry" and svc.resolution in ("DNS", "DNS_ROUND_ROBIN")
+                for p in svc.ports for e in self.endpoints(svc, p.port))
+        return hit
+
     def locality_reads_labels(self) -> bool:
         """Does any setting in force rank endpoints by the client's labels (failoverPriority)?"""
         return self._locality_use()[1]

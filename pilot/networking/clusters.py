@@ -11,6 +11,7 @@ from pilot.config.networking import DestinationRule
 from pilot.model.locality import LocalityLb, in_force
 from pilot.model.mesh_settings import ClusterSettings
 from pilot.model.mtls import MeshTls
+from pilot.model.networks import NetworkView
 from pilot.model.services import EndpointAddress, Locality, MeshService, ServicePort
 from pilot.model.store import Entry
 from pilot.networking import metadata, names, tls
@@ -33,12 +34,13 @@ def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSetti
                      destination_rule: Entry[DestinationRule] | None = None, subset: str = "",
                      dns_targets: tuple[EndpointAddress, ...] = (),
                      mesh_tls: MeshTls | None = None, locality_lb: LocalityLb | None = None,
-                     downstream_protocol: bool = False) -> cluster_pb2.Cluster:
+                     downstream_protocol: bool = False, network: NetworkView | None = None) -> cluster_pb2.Cluster:
     """`destination_rule` is the DestinationRule in force for this client (its traffic policy and,
     for a subset cluster, the subset's). ServiceEntries with DNS resolution resolve
     `dns_targets` in Envoy; with resolution NONE traffic goes where the client sent it.
     `mesh_tls`: Istio mTLS toward this cluster (see pilot.model.mtls), None for none.
     `locality_lb`: the client's locality load balancing of a DNS cluster's own endpoints.
+    `network`: the client's network, for a DNS cluster's own endpoints (split horizon).
     `downstream_protocol`: a sniffed port seen by a sidecar: requests go upstream in the HTTP
     version they arrived in (h2c stays HTTP/2), as istiod's setUseDownstreamProtocol.
     (Proxyless gRPC clients get pilot.networking.grpc.cluster instead.)"""
@@ -55,7 +57,7 @@ def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSetti
         targets = dns_targets or (EndpointAddress(svc.external_name or svc.hostname, port.port, Locality(), True),)
         if svc.resolution == "DNS_ROUND_ROBIN":
             targets = targets[:1]  # LOGICAL_DNS takes exactly one host
-        c.load_assignment.CopyFrom(cluster_load_assignment(name, targets, locality_lb))
+        c.load_assignment.CopyFrom(cluster_load_assignment(name, targets, locality_lb, network))
     elif svc.resolution == "NONE":
         c.type = cluster_pb2.Cluster.ORIGINAL_DST
         c.lb_policy = cluster_pb2.Cluster.CLUSTER_PROVIDED

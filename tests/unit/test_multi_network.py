@@ -67,6 +67,7 @@ def gateways(**by_network: list[str]) -> dict:
 
 def client(network: str | None, namespace: str = "default", name: str = "client-1") -> Proxy:
     p = proxy(namespace, pod_name=name)
+    p.identity = f"spiffe://cluster.local/ns/{namespace}/sa/client"  # has certificates: sends mesh mTLS
     if network:
         p.metadata["NETWORK"] = network
     return p
@@ -249,3 +250,36 @@ async def test_a_gateway_change_pushes_the_clients_eds() -> None:
     ev = world.store.apply(parse_object(gw), source="test")
     server.push(push_request_for([ev], world.mesh.configmap_key))
     assert T.ENDPOINT in pushed(server, conn), "the gateway moved: the client's EDS must follow"
+
+
+def test_a_client_without_a_mesh_identity_cannot_cross(world: World) -> None:
+    """A proxy on plaintext 15010 has no certificates: its clusters send no mTLS, so nothing it
+    sends could be routed by a gateway."""
+    world.apply(gateways(**{"net-b": [GW_B]}))
+    plain = proxy(pod_name="plain-1")
+    plain.metadata["NETWORK"] = "net-a"
+    assert endpoints(world, plain) == [("10.1.0.1", 9080, 1, "istio")]
+
+
+def test_dns_service_entry_endpoints_are_split_in_cds(world: World) -> None:
+    """istiod filters a DNS cluster's own endpoints by network too: the CDS load assignment."""
+    world.apply({"apiVersion": "networking.istio.io/v1", "kind": "ServiceEntry",
+                 "metadata": {"name": "db", "namespace": "default"},
+                 "spec": {"hosts": ["db.example.internal"], "location": "MESH_INTERNAL", "resolution": "DNS",
+                          "ports": [{"number": 5432, "name": "tcp", "protocol": "TCP"}],
+                          "endpoints": [{"address": "db-a.example.internal"},
+                                        {"address": "db-b.example.internal", "network": "net-b"}]}},
+                {"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule",
+                 "metadata": {"name": "db", "namespace": "default"},
+                 "spec": {"host": "db.example.internal", "trafficPolicy": {"tls": {"mode": "ISTIO_MUTUAL"}}}})
+    name = "outbound|5432||db.example.internal"
+
+    def hosts(p: Proxy) -> list[tuple[str, int]]:
+        c = world.cds(p)[name].message(cluster_pb2.Cluster)
+        return [(e.endpoint.address.socket_address.address, e.endpoint.address.socket_address.port_value)
+                for g in c.load_assignment.endpoints for e in g.lb_endpoints]
+
+    assert hosts(client("net-a")) == [("db-a.example.internal", 5432), ("db-b.example.internal", 5432)]
+    world.apply(gateways(**{"net-b": [GW_B]}))
+    assert hosts(client("net-a")) == [("db-a.example.internal", 5432), (GW_B, 15443)]
+    assert hosts(client("net-b")) == [("db-a.example.internal", 5432), ("db-b.example.internal", 5432)]

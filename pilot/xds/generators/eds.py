@@ -11,6 +11,7 @@ from envoy.config.endpoint.v3 import endpoint_pb2
 from pilot.config.core import EndpointSlice, Node, Pod
 from pilot.config.networking import DestinationRule, ServiceEntry, WorkloadEntry
 from pilot.model.locality import LocalityLb, in_force
+from pilot.model.mtls import MeshTls, client_mesh_tls
 from pilot.model.networks import NetworkView
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
@@ -65,8 +66,13 @@ def proxy_inputs(ctx: PushContext, proxy: Proxy) -> Hashable | None:
 
 
 def cds_proxy_inputs(ctx: PushContext, proxy: Proxy) -> Hashable | None:
-    """CDS reads the client's locality only for DNS clusters whose endpoints have localities."""
-    return ctx.proxy_locality_source(proxy) if ctx.dns_locality_in_use() else None
+    """CDS reads the client's locality only for DNS clusters whose endpoints have localities,
+    and its network only for DNS clusters with endpoints on a network (split horizon)."""
+    local = ctx.proxy_locality_source(proxy) if ctx.dns_locality_in_use() else None
+    network = proxy.network if ctx.dns_networks_in_use() else None
+    if network is None:
+        return local
+    return (local, ("network", network))
 
 
 def locality_lb(ctx: PushContext, proxy: Proxy, dr: Entry[DestinationRule] | None, subset: str,
@@ -151,7 +157,7 @@ def _load_assignment(ctx: PushContext, proxy: Proxy, name: str, cache: XdsCache,
     view = ctx.network_view(proxy)
     if subset or local or view is not None or sni_dnat:
         dr = ctx.destination_rule(host, proxy.namespace, svc.namespace, proxy.labels)
-    mtls = _mtls_mode(ctx, svc, port_number, dr, subset) if view is not None or sni_dnat else ""
+    mtls = _mtls_mode(ctx, proxy, svc, port_number, dr, subset, sni_dnat) if view is not None or sni_dnat else ""
     if view is not None:
         view = replace(view, mtls=mtls)
     if subset:
@@ -188,15 +194,25 @@ def _load_assignment(ctx: PushContext, proxy: Proxy, name: str, cache: XdsCache,
                           origins=origins)
 
 
-def _mtls_mode(ctx: PushContext, svc: MeshService, port: int, dr: Entry[DestinationRule] | None,
-               subset: str) -> str:
-    """How this cluster sends to its endpoints, as istiod's mtlsChecker: the DestinationRule's
-    tls mode for the subset and port decides when set ("always" for ISTIO_MUTUAL, else
-    "never"); otherwise auto mTLS ("auto": endpoints whose tlsMode is istio), unless it is off
-    or PeerAuthentication disables mTLS for the destination ("never")."""
-    tls = effective_policy(dr.obj.spec, subset, port)["tls"] if dr is not None else None
-    if tls is not None:
-        return "always" if tls.mode == "ISTIO_MUTUAL" else "never"
-    if not ctx.mesh.enable_auto_mtls or ctx.destination_mtls_disabled(svc, port):
+def _mtls_mode(ctx: PushContext, proxy: Proxy, svc: MeshService, port: int, dr: Entry[DestinationRule] | None,
+               subset: str, sni_dnat: bool = False) -> str:
+    """How the client's cluster sends to these endpoints (what cds builds; istiod's mtlsChecker
+    asks the same of the DestinationRule and PeerAuthentication): "always" (ISTIO_MUTUAL),
+    "auto" (auto mTLS: endpoints whose tlsMode is istio), "never" (plaintext or other TLS, or a
+    client without a mesh identity; for a router's sni-dnat cluster, what the mesh's clients send)."""
+    if (not sni_dnat and not proxy.traits.mesh_tls) or svc.external_name:
         return "never"
-    return "auto"
+    tls = effective_policy(dr.obj.spec, subset, port)["tls"] if dr is not None else None
+    if svc.kind == "ServiceEntry":
+        entry = ctx.service_entry(svc)
+        eds = svc.resolution == "STATIC" and entry is not None and entry.obj.spec.location == "MESH_INTERNAL"
+    else:
+        eds = True
+    return mode_of(client_mesh_tls(dr_tls_mode=tls.mode if tls is not None else None,
+                                   auto_mtls=ctx.mesh.enable_auto_mtls, eds_cluster=eds,
+                                   destination_mtls_disabled=ctx.destination_mtls_disabled(svc, port), sans=()))
+
+
+def mode_of(mesh_tls: MeshTls | None) -> str:
+    """A cluster's mesh TLS as NetworkView.mtls."""
+    return "never" if mesh_tls is None else "auto" if mesh_tls.auto else "always"

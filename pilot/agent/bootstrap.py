@@ -121,7 +121,7 @@ def node_metadata(cfg: AgentConfig, labels_text: str = "", annotations_text: str
         "NAME": cfg.pod_name,
         "SERVICE_ACCOUNT": cfg.service_account,
         "LABELS": labels,
-        "INSTANCE_IPS": cfg.instance_ip,
+        "INSTANCE_IPS": ",".join(cfg.instance_ips),
         "PILOT_SAN": [cfg.istiod_san],
         "PROXY_CONFIG": {**cfg.proxy.raw, "discoveryAddress": cfg.discovery_address},
     })

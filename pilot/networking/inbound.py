@@ -90,14 +90,19 @@ def inbound_cluster(port: InboundPort, settings: ClusterSettings) -> cluster_pb2
     return c
 
 
-def inbound_passthrough_cluster(settings: ClusterSettings) -> cluster_pb2.Cluster:
-    """Connections to ports no service declares go to the app unchanged (original destination)."""
+def inbound_passthrough_cluster(settings: ClusterSettings, families: tuple[bool, bool] = (True, False)
+                                ) -> cluster_pb2.Cluster:
+    """Connections to ports no service declares go to the app unchanged (original destination),
+    from 127.0.0.6, the source iptables lets through; from ::6 for a proxy of (IPv4, IPv6)
+    `families` without IPv4, and from both for one with both (as istiod, with or without
+    ISTIO_DUAL_STACK)."""
     c = cluster_pb2.Cluster(name=INBOUND_PASSTHROUGH_CLUSTER, type=cluster_pb2.Cluster.ORIGINAL_DST,
                             lb_policy=cluster_pb2.Cluster.CLUSTER_PROVIDED,
                             connect_timeout=duration(settings.connect_timeout_s))
-    c.upstream_bind_config.source_address.address = INBOUND_PASSTHROUGH_BIND
+    c.upstream_bind_config.source_address.address = INBOUND_PASSTHROUGH_BIND if families[0] \
+        else INBOUND_PASSTHROUGH_BIND_V6
     c.upstream_bind_config.source_address.port_value = 0
-    if settings.dual_stack:
+    if families == (True, True):
         # Envoy picks the source of the upstream connection's family: IPv6 apps are reached from ::6.
         extra = c.upstream_bind_config.extra_source_addresses.add()
         extra.address.address = INBOUND_PASSTHROUGH_BIND_V6

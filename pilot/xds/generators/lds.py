@@ -75,7 +75,7 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
     if proxy.is_grpc:
         return grpc.listeners(ctx, proxy, requested, cache)
     sidecar = ctx.sidecar_for(proxy.namespace, proxy.labels)
-    view = ctx.view(sidecar, proxy.dns_capture)
+    view = ctx.view(sidecar, proxy.dns_capture, proxy.ip_families)
     plans = view.port_plans
     settings = ctx.settings.listeners
     if view.registry_only is not None and view.registry_only != settings.registry_only:

@@ -30,7 +30,7 @@ from pilot.networking import metadata, sniffing, telemetry, tls, wasm
 from pilot.networking.clusters import use_downstream_protocol
 from pilot.networking.endpoints import cluster_load_assignment
 from pilot.networking.filters import access_logs, hcm_network_filter, router_filter, tcp_proxy_filter
-from pilot.networking.listeners import add_ipv6_wildcard
+from pilot.networking.listeners import add_ipv6_wildcard, wildcard
 from pilot.networking.policy_filters import TrustDomains, inbound_http_filters, inbound_network_filters
 from pilot.networking.protos import duration, pack
 from pilot.networking.tcp_routes import tls_inspector
@@ -231,7 +231,7 @@ def virtual_inbound_listener(ports: tuple[InboundPort, ...], mesh_tls: bool, set
     listener = listener_pb2.Listener(
         name=VIRTUAL_INBOUND_LISTENER,
         address=address_pb2.Address(socket_address=address_pb2.SocketAddress(
-            address="0.0.0.0", port_value=VIRTUAL_INBOUND_PORT)),
+            address=wildcard(settings), port_value=VIRTUAL_INBOUND_PORT)),
         traffic_direction=base_pb2.INBOUND,
         use_original_dst=wrappers_pb2.BoolValue(value=True),
     )

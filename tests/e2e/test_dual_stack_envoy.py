@@ -14,7 +14,7 @@ from tests.support.envoy import Envoy
 from tests.support.static_config import static_bootstrap
 from tests.support.wait import wait_for
 from tests.unit.helpers import mesh_configmap
-from tests.unit.test_dual_stack import ctx, dual_proxy, world
+from tests.unit.test_dual_stack import ctx, dual_proxy, v6_proxy, world
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -64,6 +64,36 @@ async def test_virtual_outbound_accepts_ipv4_and_ipv6(tmp_path):
             return (await envoy.stats()).get("cluster.BlackHoleCluster.upstream_cx_none_healthy", 0) >= 2
 
         await wait_for(blackholed, 5, message="both connections reached the listener's chain")
+
+
+@pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopback (::1) on this machine")
+async def test_an_ipv6_only_proxys_virtual_outbound_listens_on_ipv6(tmp_path):
+    """An IPv6-only proxy (istiod's IPMode IPv6): Envoy binds its virtualOutbound on `::`, and an
+    IPv6 connection takes the listener's chain."""
+    w = world()
+    w.apply(mesh_configmap({"outboundTrafficPolicy": {"mode": "REGISTRY_ONLY"}}))
+    config = static_bootstrap(ctx(w, False), v6_proxy())
+    static = config["static_resources"]
+    (listener,) = [ld for ld in static["listeners"] if ld["name"] == "virtualOutbound"]
+    static["listeners"] = [listener]
+    static["clusters"] = [c for c in static["clusters"] if c["name"] == "BlackHoleCluster"]
+    listener["address"]["socket_address"]["port_value"] = 0
+    async with Envoy() as envoy:
+        await envoy.start(config, tmp_path)
+        await envoy.wait_ready()
+        code, text = await envoy.admin_get("/listeners?format=json")
+        assert code == 200, text
+        (mine,) = json.loads(text)["listener_statuses"]
+        local = mine["local_address"]["socket_address"]
+        assert local["address"] == "::" and not mine.get("additional_local_addresses")
+        reader, writer = await asyncio.wait_for(asyncio.open_connection("::1", local["port_value"]), 5)
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+
+        async def blackholed() -> bool:
+            return (await envoy.stats()).get("cluster.BlackHoleCluster.upstream_cx_none_healthy", 0) >= 1
+
+        await wait_for(blackholed, 5, message="the IPv6 connection reached the listener's chain")
 
 
 def _host_is_dual_stack() -> bool:

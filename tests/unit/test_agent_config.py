@@ -244,3 +244,17 @@ def test_a_dual_stack_pods_metadata_makes_a_dual_stack_proxy():
     assert md["INSTANCE_IPS"] == "10.1.2.3,fd00:1::3"
     p = Proxy(cfg.node_id, "sidecar", ("10.1.2.3",), cfg.pod_name, cfg.pod_namespace, "cluster.local", metadata=md)
     assert p.ip_families == (True, True)
+
+
+@pytest.mark.parametrize(("ips", "dual_stack", "want"), [
+    (["10.1.2.3"], "true", "V4_ONLY"), (["10.1.2.3", "fd00:1::3"], "false", "V4_ONLY"),
+    (["10.1.2.3", "fd00:1::3"], "true", "ALL"), (["fd00:1::3"], "false", "V6_ONLY")])
+def test_the_bootstraps_dns_cluster_resolves_the_pods_families(ips, dual_stack, want):
+    """istio-agent's bootstrap DNSLookupFamily for the tracer's STRICT_DNS cluster."""
+    env = {**BASE_ENV, "INSTANCE_IP": ips[0], "ISTIO_DUAL_STACK": dual_stack,
+           "PROXY_CONFIG": json.dumps({"tracing": {"zipkin": {"address": "zipkin.istio-system:9411"}}})}
+    cfg, _ = config.load(proxy_type="sidecar", env=env, overrides={}, find_envoy=config.find_envoy,
+                         read_file=lambda p: "", host_ips=lambda _skip: ips)
+    md, _ = node_metadata(cfg)
+    (zipkin,) = [c for c in envoy_bootstrap(cfg, md)["static_resources"]["clusters"] if c["name"] == "zipkin"]
+    assert zipkin["type"] == "STRICT_DNS" and zipkin["dns_lookup_family"] == want

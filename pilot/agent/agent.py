@@ -36,7 +36,7 @@ from pilot.agent.sds import SdsServer
 from pilot.agent.secrets import SecretManager
 from pilot.agent.status import StatusServer
 from pilot.agent.supervisor import EnvoySupervisor
-from pilot.agent.wasm import ModuleCache, rewrite_response
+from pilot.agent.wasm import ModuleCache, insecure_registries, rewrite_response
 from pilot.agent.xds_proxy import XdsProxy
 
 log = plog.get("agent")
@@ -130,7 +130,7 @@ async def run(cfg: AgentConfig, warnings: list[str]) -> int:
 
     sds = SdsServer(secrets, SDS_SOCKET_PATH)
     await sds.start()
-    modules = ModuleCache(WASM_CACHE_PATH)
+    modules = ModuleCache(WASM_CACHE_PATH, insecure_registries(cfg.wasm_insecure_registries))
     xds = XdsProxy(upstream=cfg.discovery_address, server_name=cfg.istiod_san, root_cert_path=ROOT_CERT_PATH,
                    secrets=secrets, socket_path=XDS_SOCKET_PATH,
                    rewrite_ecds=lambda data, delta: rewrite_response(data, delta, modules))
@@ -146,7 +146,8 @@ async def run(cfg: AgentConfig, warnings: list[str]) -> int:
         health.run_forever(readiness, cfg.instance_ip, xds.report_health), name="readiness-probe")
     status = StatusServer(secrets, supervisor, port=cfg.proxy.status_port,
                           on_port=lambda p: ports.set("status", p), app_probers=cfg.app_probers,
-                          app_host=cfg.instance_ip, app_metrics=cfg.app_metrics, node_id=cfg.node_id)
+                          app_host=cfg.instance_ip, app_metrics=cfg.app_metrics, node_id=cfg.node_id,
+                          agent_metrics=modules.metrics.render)
     rotation = asyncio.create_task(secrets.rotate_forever(), name="certificate-rotation")
     try:
         try:

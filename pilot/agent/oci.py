@@ -164,11 +164,11 @@ class Registry:
     session: aiohttp.ClientSession
     ref: Reference
     insecure: bool  # skip TLS verification (WASM_INSECURE_REGISTRIES)
-    credentials: tuple[str, str] | None
+    credentials: tuple[str, str] | None = field(repr=False)  # never shown
     max_bytes: int
     scheme: str = "https"
-    _auth: str | None = None  # the Authorization header value once one is known
-    _checked: bool = field(default=False)
+    _auth: str | None = field(default=None, repr=False)  # the Authorization header value once one is known
+    _checked: bool = False
 
     @property
     def _ssl(self) -> bool:
@@ -248,8 +248,8 @@ class Registry:
 
 def _spoke_http(e: aiohttp.ClientSSLError) -> bool:
     text = str(e)
-    return any(s in text for s in ("WRONG_VERSION_NUMBER", "wrong version number", "record layer failure",
-                                   "HTTP_REQUEST", "packet length too long"))
+    # What OpenSSL says when the answer to a ClientHello is not TLS (Go: "server gave HTTP response").
+    return any(s in text for s in ("WRONG_VERSION_NUMBER", "wrong version number", "record layer failure"))
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import hashlib
 import io
 import json
 import secrets
+import ssl
 import tarfile
 from collections import Counter
 from dataclasses import dataclass
@@ -101,8 +102,9 @@ def docker_config(registry: str, user: str, password: str) -> str:
 class Registry:
     """`users` empty: anyone gets a token; otherwise only those users (Basic on /token)."""
 
-    def __init__(self, users: dict[str, str] | None = None) -> None:
+    def __init__(self, users: dict[str, str] | None = None, ssl_context: ssl.SSLContext | None = None) -> None:
         self.users = dict(users or {})
+        self.ssl_context = ssl_context  # serve HTTPS (its token service too)
         self.repos: dict[str, dict[str, Image]] = {}  # repository -> tag or digest -> image
         self.served: Counter[str] = Counter()  # "manifest", "blob", "token", "token_refused", "unauthorized"
         self._tokens: set[str] = set()
@@ -125,7 +127,7 @@ class Registry:
 
     def _challenge(self, repository: str) -> web.Response:
         self.served["unauthorized"] += 1
-        realm = f"http://{self.host}/token"
+        realm = f"{'https' if self.ssl_context else 'http'}://{self.host}/token"
         return web.Response(status=401, headers={"WWW-Authenticate": (
             f'Bearer realm="{realm}",service="test-registry",scope="repository:{repository}:pull"')},
             content_type="application/json", text='{"errors":[{"code":"UNAUTHORIZED"}]}')
@@ -177,7 +179,7 @@ class Registry:
         app.router.add_get("/token", self._token)
         app.router.add_get("/v2/{repo:.+}/manifests/{ref}", self._manifest)
         app.router.add_get("/v2/{repo:.+}/blobs/{digest}", self._blob)
-        self._runner, self.port = await serve(app)
+        self._runner, self.port = await serve(app, ssl_context=self.ssl_context)
         return self
 
     async def __aexit__(self, *_: object) -> None:

@@ -82,6 +82,29 @@ async def test_a_registry_that_wants_credentials_gets_the_pull_secrets_and_refus
         assert reg.served["token_refused"] == 2 and reg.served["token"] == 1
 
 
+async def test_https_registries_are_verified_unless_listed_as_insecure(tmp_path):
+    import ssl
+
+    from tests.support.certs import issue, make_ca
+
+    leaf = issue(make_ca("registry test CA"), ["127.0.0.1"])
+    (tmp_path / "tls.crt").write_bytes(leaf.cert_pem)
+    (tmp_path / "tls.key").write_bytes(leaf.key_pem)
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(tmp_path / "tls.crt", tmp_path / "tls.key")
+    async with Registry(ssl_context=server) as reg:
+        reg.push("wasm/header", "v1", artifact_image(MODULE))
+        url = f"oci://{reg.host}/wasm/header:v1"
+        # A certificate the agent cannot verify is a failure, never a reason to try plain HTTP.
+        with pytest.raises(FetchError, match="TLS verification"):
+            await ModuleCache(str(tmp_path / "a")).get(url, "", always=False, timeout=10)
+        assert reg.served["manifest"] == 0
+        for insecure in ([reg.host], ["*"]):  # WASM_INSECURE_REGISTRIES
+            path = await ModuleCache(str(tmp_path / insecure[0][:1]), insecure).get(url, "", always=False,
+                                                                                    timeout=10)
+            assert Path(path).read_bytes() == MODULE
+
+
 @pytest.mark.parametrize(("realm", "problem"), [
     ("http://169.254.169.254/latest/meta-data/", "private, loopback or link-local"),
     ("http://10.0.0.1/token", "private"),

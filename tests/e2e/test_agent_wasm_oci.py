@@ -14,7 +14,7 @@ import pytest
 
 from tests.e2e.mesh_config import endpoint_slice_yaml, service_yaml
 from tests.e2e.test_agent_wasm_remote import get
-from tests.e2e.test_pilot_agent import NAMESPACE, agent, plane
+from tests.e2e.test_pilot_agent import NAMESPACE, POD, agent, plane
 from tests.support.backends import HttpBackend
 from tests.support.oci_registry import Registry, artifact_image, docker_config, docker_image, oci_image
 from tests.support.ports import free_port
@@ -109,8 +109,11 @@ async def test_oci_images_are_pulled_verified_and_their_pull_secret_used(tmp_pat
             await seen(200, "private", "pulled with the pull secret's credentials")
             assert locked.served["token"] >= 1
             ecds = json.dumps(await a.admin_json("/config_dump?resource=ecds_filters"))
+            # The control plane's dump of what it sends shows the secret as istiod does: redacted.
+            sent = json.dumps(await cp.debug(f"/debug/config_dump?proxyID={POD}.{NAMESPACE}"))
+            assert "ISTIO_META_WASM_IMAGE_PULL_SECRET" in sent and "<Redacted>" in sent
             encoded = base64.b64encode(f"puller:{PASSWORD}".encode()).decode()  # as in the docker config
-            for text in (ecds, a.log_text(), cp.log_tail(100_000)):
+            for text in (ecds, sent, a.log_text(), cp.log_tail(100_000)):
                 assert PASSWORD not in text and encoded not in text
             assert "ISTIO_META" not in ecds
 

@@ -103,9 +103,13 @@ async def test_oci_images_are_pulled_verified_and_their_pull_secret_used(tmp_pat
             await wait_for(lambda: locked.served["unauthorized"] >= 1, timeout=40, message="asked the registry")
             await seen(403, None, "no credentials: fail closed")
 
-            # 5. The plugin's imagePullSecret (a Secret of its namespace): pulled.
-            cp.write("secret.yaml", pull_secret(locked.host))
+            # 5. The plugin's imagePullSecret (a Secret of its namespace), named before it exists:
+            # the agent is told it has none; the Secret alone then reaches the proxy, and it pulls.
             cp.write("plugin.yaml", plugin(f"oci://{locked.host}/private/header:v1", "imagePullSecret: regcred\n"))
+            await wait_for(lambda: "missing image pulling secret" in a.log_text(), timeout=40,
+                           message=f"no such Secret yet\n{a.log_tail()}")
+            await seen(403, None, "still failing closed")
+            cp.write("secret.yaml", pull_secret(locked.host))
             await seen(200, "private", "pulled with the pull secret's credentials")
             assert locked.served["token"] >= 1
             ecds = json.dumps(await a.admin_json("/config_dump?resource=ecds_filters"))
@@ -120,12 +124,13 @@ async def test_oci_images_are_pulled_verified_and_their_pull_secret_used(tmp_pat
             # 6. A root-namespace plugin reaches every proxy, its Secret only its own namespace's
             # (stricter than istiod): this proxy's agent gets none and fails closed.
             tokens = locked.served["token"]
+            missing = a.log_text().count("missing image pulling secret")
             cp.write("secret.yaml", pull_secret(locked.host, "istio-system"))
             cp.write("plugin.yaml", plugin(f"oci://{locked.host}/private/header:v1",
                                            "imagePullSecret: regcred\nimagePullPolicy: Always\n",
                                            namespace="istio-system"))
             await seen(403, None, "root namespace secret withheld: fail closed")
-            assert "missing image pulling secret" in a.log_text()
+            assert a.log_text().count("missing image pulling secret") > missing
             assert locked.served["token"] == tokens
 
             # The agent's Wasm metrics, under istio-agent's names, on the merged metrics endpoint.

@@ -128,3 +128,11 @@ def test_token_realms_inside_the_node_are_refused_as_istio_agent_does(realm, pro
 def test_image_references_are_read_as_docker_reads_them(text, want):
     r = oci.parse_reference(text)
     assert (r.registry, r.repository, r.tag, r.digest) == want
+
+
+@pytest.mark.parametrize("url", ["http://169.254.169.254/latest/plugin.wasm", "oci://169.254.169.254/wasm/x:1",
+                                 "http://[fe80::1]/plugin.wasm", "oci://100.100.100.200/wasm/x:1"])
+async def test_link_local_and_cloud_metadata_addresses_are_never_dialled(tmp_path, url):
+    cache = ModuleCache(str(tmp_path))
+    with pytest.raises(FetchError, match="link-local or a cloud metadata address"):
+        await cache.get(url, "", always=False, timeout=5)

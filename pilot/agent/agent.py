@@ -99,6 +99,9 @@ async def _fetch_bootstrap(cfg: AgentConfig, base: dict, xds: XdsProxy, stop: as
         Path(BOOTSTRAP_PATH).write_text(json.dumps(outcome.bootstrap, indent=1))
         log.info("bootstrap from the control plane", path=BOOTSTRAP_PATH,
                  took_s=round(time.monotonic() - started, 3))
+    elif not outcome.reason:
+        log.info("no BOOTSTRAP patches for this proxy: starting Envoy with the agent's own bootstrap",
+                 took_s=round(time.monotonic() - started, 3))
     else:
         log.warning("starting Envoy with the agent's own bootstrap", reason=outcome.reason,
                     took_s=round(time.monotonic() - started, 3))

@@ -34,7 +34,7 @@ from google.protobuf.message import DecodeError, Message
 from google.rpc import status_pb2  # type: ignore[import-untyped]
 
 from pilot import logging as plog
-from pilot.config.networking.envoy_filter import ensure_type
+from pilot.config.networking.envoy_filter import ensure_type, load_types
 from pilot.xds.typeurls import AGENT_BOOTSTRAP_METADATA, BOOTSTRAP
 
 log = plog.get("bootstrap")
@@ -49,7 +49,7 @@ BACKOFF_FIRST, BACKOFF_MAX = 0.5, 30.0
 class Outcome:
     bootstrap: dict  # what Envoy starts with
     patched: bool  # the control plane's (else the agent's own)
-    reason: str  # why the agent's own, when it is
+    reason: str  # why the agent's own when something went wrong ("": there were no patches)
 
 
 def request_node(base: Mapping[str, Any]) -> base_pb2.Node:
@@ -112,6 +112,11 @@ async def validate(envoy: str, bootstrap: dict, workdir: str) -> str | None:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
+
+
+def _parse(base: dict) -> bootstrap_pb2.Bootstrap:
+    load_types(base)
+    return json_format.ParseDict(base, bootstrap_pb2.Bootstrap())
 
 
 class _Stream:
@@ -186,6 +191,9 @@ async def _use(stream: _Stream, response: discovery_pb2.DiscoveryResponse, base:
         bs = bootstrap_pb2.Bootstrap()
         if not response.resources[0].Unpack(bs):
             raise TypeError(f"a resource of type {response.resources[0].type_url}")
+        if bs == _parse(base):
+            await stream.answer(response, None)  # no patch for this proxy: nothing to check
+            return Outcome(base, False, "")
         patched = to_json_dict(bs)
         error = await validate(envoy, patched, workdir)
     except (DecodeError, TypeError, json_format.Error) as e:

@@ -2,7 +2,8 @@
 the agent fetches its bootstrap over xDS before starting Envoy, and the patches (a static runtime
 layer, a stats tag) are in Envoy's own /runtime and /config_dump; without it (the default) they
 are not. A patch Envoy refuses (a stats tag regex that does not compile) leaves Envoy started with
-the agent's own bootstrap, and the control plane reports the EnvoyFilter with Envoy's reason."""
+the agent's own bootstrap, and the control plane reports the EnvoyFilter with Envoy's reason;
+/debug/push_status lists the Envoys whose bootstrap lacks their BOOTSTRAP patches."""
 
 from __future__ import annotations
 
@@ -57,6 +58,22 @@ async def in_force(cp: ControlPlane, name: str, before: str) -> None:
     await wait_for(loaded, 20, message=f"{name} loaded\n{cp.log_tail(10)}")
 
 
+async def not_in_effect(cp: ControlPlane) -> list[dict]:
+    """/debug/push_status rows of this test's connected Envoy whose bootstrap lacks its patches."""
+    return [r for r in (await cp.debug("/debug/push_status"))["bootstrapPatchesNotInEffect"] if r["proxy"] == NODE_ID]
+
+
+async def only_this_envoy(cp: ControlPlane) -> None:
+    """The previous agent's Envoy (same node id) is gone and this one synced: what the control
+    plane then says of NODE_ID is about this Envoy."""
+
+    async def one() -> bool:
+        return [r["proxy"] for r in await cp.debug("/debug/syncz")].count(NODE_ID) == 1
+
+    await wait_for(one, 20, message="one connection of the node")
+    await cp.wait_synced(NODE_ID, types=("cluster", "listener"), timeout=30)
+
+
 async def runtime_entries(a) -> dict:
     return (await a.admin_json("/runtime"))["entries"]
 
@@ -86,12 +103,17 @@ async def test_bootstrap_patches_reach_envoy_through_the_agent_and_bad_ones_are_
             assert "bootstrap from the control plane" in a.log_text()
             metrics = await cp.metrics()
             assert f'pilot_envoy_filter_status{{name="{NAMESPACE}/bds",type="bootstrap"}} 1.0' in metrics
+            await only_this_envoy(cp)
+            assert await not_in_effect(cp) == []  # Envoy's node says its bootstrap holds them
 
         # 2. The default (istiod's too): the agent writes its own bootstrap, no patch in Envoy.
         async with agent(tmp_path, cp, issuer, name="plain") as a:
             await a.wait_ready()
             assert "bds.e2e" not in await runtime_entries(a)
             assert "bootstrap from the control plane" not in a.log_text()
+            # The control plane tells this Envoy apart: its patches are not in its bootstrap.
+            rows = await wait_for(lambda: not_in_effect(cp), 20, message="reported not in effect")
+            assert rows[0]["envoyFilters"] == [f"EnvoyFilter/{NAMESPACE}/bds"] and rows[0]["inEnvoysBootstrap"] == []
 
         # 3. A patch Envoy refuses: Envoy starts with the agent's own bootstrap, the control plane
         #    is told (a NACK with Envoy's reason) and reports the EnvoyFilter.
@@ -113,11 +135,15 @@ async def test_bootstrap_patches_reach_envoy_through_the_agent_and_bad_ones_are_
 
             rows = await wait_for(reported, 20, message=f"rejection reported\n{cp.log_tail(20)}")
             assert rows[0]["type"] == "bds" and "(unclosed" in rows[0]["error"], rows
-            # Its config over ADS is unaffected.
-            await cp.wait_synced(NODE_ID, types=("cluster", "listener"), timeout=30)
+            # Its config over ADS is unaffected; the good patch is reported as not in its bootstrap.
+            await only_this_envoy(cp)
+            rows = await wait_for(lambda: not_in_effect(cp), 20, message="reported not in effect")
+            assert rows[0]["envoyFilters"] == [f"EnvoyFilter/{NAMESPACE}/bds"], rows
 
         # 4. The next start goes without the rejected EnvoyFilter, with the good one.
         async with agent(tmp_path, cp, issuer, env={"BOOTSTRAP_XDS_AGENT": "true"}, name="again") as a:
             await a.wait_ready()
             entries = await runtime_entries(a)
             assert entries.get("bds.e2e", {}).get("final_value") == "enabled" and "broken.e2e" not in entries
+            await only_this_envoy(cp)
+            assert await not_in_effect(cp) == []

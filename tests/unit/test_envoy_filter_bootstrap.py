@@ -21,6 +21,7 @@ from pilot.agent.bootstrap import envoy_bootstrap, node_metadata
 from pilot.agent.config import find_envoy
 from pilot.config.validation import parse_object
 from pilot.model.proxy import Proxy, proxy_from_node
+from pilot.model.store import ConfigKey
 from pilot.xds.cache import XdsCache
 from pilot.xds.generators import bootstrap as bds
 from pilot.xds.typeurls import AGENT_BOOTSTRAP_METADATA, BOOTSTRAP
@@ -257,10 +258,19 @@ async def test_fetch_without_a_bootstrap_in_the_answer_keeps_the_agents_own(tmp_
     assert not outcome.patched and outcome.bootstrap == base and "no bootstrap" in outcome.reason
 
 
+async def test_an_unpatched_answer_is_acked_and_the_agents_own_bootstrap_kept(tmp_path):
+    base = agent_base()
+    async with BootstrapServer(lambda r: patched_any(r, {})) as srv:
+        outcome = await asyncio.wait_for(bootstrap_xds.fetch(srv.channel, base, ENVOY, str(tmp_path)), 60)
+        assert (outcome.patched, outcome.bootstrap, outcome.reason) == (False, base, "")
+        (ack,) = srv.answers()
+        assert not ack.HasField("error_detail")
+
+
 async def test_fetch_retries_until_the_control_plane_answers(tmp_path, monkeypatch):
     monkeypatch.setattr(bootstrap_xds, "BACKOFF_FIRST", 0.05)
     base = agent_base()
-    srv = BootstrapServer(lambda r: patched_any(r, {}))
+    srv = BootstrapServer(lambda r: patched_any(r, {"stats_flush_interval": "3s"}))
     srv.port = free_port()  # where it will listen
     attempts: list[int] = []
 
@@ -274,3 +284,25 @@ async def test_fetch_retries_until_the_control_plane_answers(tmp_path, monkeypat
     async with srv:
         outcome = await asyncio.wait_for(fetch, 60)
     assert outcome.patched
+
+
+def test_an_envoy_whose_bootstrap_lacks_its_patches_is_told_apart():
+    world = World()
+    base = agent_base()
+    plain = proxy_from_node(bootstrap_xds.request_node(base))  # Envoy started from the agent's own
+    assert bds.not_in_effect(world.ctx(), plain) is None  # no patches, none held: nothing to say
+    world.apply(envoy_filter("tags", [stats_tag()]))
+    row = bds.not_in_effect(world.ctx(), plain)
+    assert row is not None and row["envoyFilters"] == ["EnvoyFilter/default/tags"] and row["inEnvoysBootstrap"] == []
+    # Envoy started from the patched bootstrap: its node says which patches it holds.
+    got = served(world, bootstrap_proxy(base))
+    assert got is not None
+    envoy = proxy_from_node(got.node)
+    assert bds.not_in_effect(world.ctx(), envoy) is None
+    # The EnvoyFilter changes: the running bootstrap holds the old patch until the agent restarts.
+    world.apply(envoy_filter("tags", [stats_tag("y_tag")]))
+    row = bds.not_in_effect(world.ctx(), envoy)
+    assert row is not None and row["inEnvoysBootstrap"] == ["EnvoyFilter/default/tags"]
+    world.store.delete(ConfigKey("EnvoyFilter", "default", "tags"))
+    row = bds.not_in_effect(world.ctx(), envoy)
+    assert row is not None and row["envoyFilters"] == []

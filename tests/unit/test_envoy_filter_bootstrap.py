@@ -306,3 +306,14 @@ def test_an_envoy_whose_bootstrap_lacks_its_patches_is_told_apart():
     world.store.delete(ConfigKey("EnvoyFilter", "default", "tags"))
     row = bds.not_in_effect(world.ctx(), envoy)
     assert row is not None and row["envoyFilters"] == []
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({}, False),  # istio-agent's default
+    ({"BOOTSTRAP_XDS_AGENT": "true"}, True),
+    ({"PROXY_CONFIG": json.dumps({"proxyMetadata": {"BOOTSTRAP_XDS_AGENT": "true"}})}, True),
+])
+def test_the_setting_is_off_by_default_and_read_from_the_environment_or_proxy_metadata(env, expected):
+    cfg, _ = agent_config.load(proxy_type="sidecar", env={"INSTANCE_IP": "10.0.0.1", **env}, overrides={},
+                               find_envoy=lambda _: ENVOY, read_file=lambda _: "")
+    assert cfg.bootstrap_xds is expected

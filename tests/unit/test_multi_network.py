@@ -283,3 +283,22 @@ def test_dns_service_entry_endpoints_are_split_in_cds(world: World) -> None:
     world.apply(gateways(**{"net-b": [GW_B]}))
     assert hosts(client("net-a")) == [("db-a.example.internal", 5432), (GW_B, 15443)]
     assert hosts(client("net-b")) == [("db-a.example.internal", 5432), ("db-b.example.internal", 5432)]
+
+
+async def test_the_system_namespace_network_reaches_the_clients_eds() -> None:
+    """Only the networks index changes (the system namespace's label gives unlabelled endpoints a
+    network that has a gateway): the push still reaches the client's EDS."""
+    world = World()
+    world.apply(modified_service(), reviews_pod("reviews-a", "10.1.0.1", None), reviews_slice(("reviews-a", "10.1.0.1")),
+                mesh_networks({"net-a": {"gateways": [{"address": GW_A, "port": 15443}]}}))
+    server = DiscoveryServer(world.store, world.mesh, Features.from_env({}))
+    server.rebuild()
+    conn = Connection(client("net-b"), "test", False)
+    server.register(conn)
+    await subscribe(server, conn, {T.CLUSTER: None, T.ENDPOINT: frozenset({REVIEWS}), T.LISTENER: None})
+    assert endpoints(world, client("net-b")) == [("10.1.0.1", 9080, 1, "istio")]
+    ev = world.store.apply(parse_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {
+        "name": SYSTEM_NS, "labels": {"topology.istio.io/network": "net-a"}}}), source="test")
+    server.push(push_request_for([ev], world.mesh.configmap_key))
+    assert T.ENDPOINT in pushed(server, conn)
+    assert endpoints(world, client("net-b")) == [(GW_A, 15443, 1, "istio")]

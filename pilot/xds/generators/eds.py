@@ -153,7 +153,7 @@ def _load_assignment(ctx: PushContext, proxy: Proxy, name: str, cache: XdsCache,
     dr = None
     labels: tuple[tuple[str, str], ...] = ()
     # Split-horizon EDS (the mesh has network gateways): the client's network, and whether the
-    # cluster sends mTLS (the DestinationRule's tls, else auto mTLS), which only can cross a gateway.
+    # cluster sends mTLS (the DestinationRule's tls, else auto mTLS): only mTLS crosses a gateway.
     view = ctx.network_view(proxy)
     if subset or local or view is not None or sni_dnat:
         dr = ctx.destination_rule(host, proxy.namespace, svc.namespace, proxy.labels)

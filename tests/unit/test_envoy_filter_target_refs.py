@@ -12,6 +12,7 @@ from envoy.config.route.v3 import route_pb2
 from pilot.config.validation import parse_object
 from pilot.features import Features
 from pilot.model import dependencies as dep
+from pilot.model import envoy_filters as ef
 from pilot.model.store import ConfigKey
 from pilot.xds.connection import Connection
 from pilot.xds.discovery import DiscoveryServer
@@ -229,3 +230,46 @@ async def test_a_target_refs_filter_change_is_pushed_to_exactly_the_gateways_it_
     # Back to a Gateway target (leaving the selector: the namespace), then deleted: its proxies.
     await step(targeting("gw", [timeout("3s")], [gateway_ref("web")]))
     assert await step(remove=ConfigKey("EnvoyFilter", "default", "gw")) == ({"web-1"}, {"web-1"})
+
+
+# --- waypoints ----------------------------------------------------------------------------------
+def test_a_gateway_target_naming_a_waypoint_is_reported_and_patches_no_waypoint(world):
+    """istiod would patch the waypoint; here waypoints take no EnvoyFilter patches, so the filter
+    is listed under envoyFilterProblems in /debug/push_status instead of being silently inert."""
+    hbone = [{"name": "mesh", "port": 15008, "protocol": "HBONE"}]
+    world.apply({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+                 "metadata": {"name": "waypoint", "namespace": "default"},
+                 "spec": {"gatewayClassName": "istio-waypoint", "listeners": hbone,
+                          "addresses": [{"type": "IPAddress", "value": "10.96.9.9"}]}},
+                targeting("wp", [timeout("3s")], [gateway_ref("waypoint"), gateway_ref("web")]))
+    ctx = world.ctx()
+    waypoints = [(e.key.namespace, e.key.name) for e in ctx.waypoint_gateways()
+                 if e.obj.spec.gateway_class_name == "istio-waypoint"]
+    problems = ef.waypoint_target_problems(ctx.envoy_filters, waypoints)
+    assert [(p["envoyFilter"], p["gateway"]) for p in problems] == [("EnvoyFilter/default/wp", "default/waypoint")]
+    assert "not applied to waypoints" in problems[0]["reason"]
+    # The Gateway that is not a waypoint still gets the patch.
+    assert seconds(world, gateway_proxy("web"), ctx) == 3
+
+
+async def test_proxies_of_two_gateways_never_share_what_they_read(world):
+    """istiod reads the gateway-name label on any proxy (a sidecar carrying it is a Gateway API
+    proxy to its policy attachment). Proxies that differ only in that label must not share one
+    generated result: its recorded reads name one Gateway, and a filter targeting the other must
+    still reach that other's proxy."""
+    world.mesh.refresh(world.store)
+    server = DiscoveryServer(world.store, world.mesh, Features.from_env({}))
+    requests: list = []
+    server.debouncer.enqueue = lambda req: requests.append(req)
+    server.rebuild()
+    a = labelled({GW_LABEL: "a"}, pod_name="a1")
+    b = labelled({GW_LABEL: "b"}, pod_name="b1")
+    conns = [Connection(p, "test", delta=False) for p in (a, b)]
+    for conn in conns:
+        server.register(conn)
+        await subscribe(server, conn, {CLUSTER: None})
+    requests.clear()
+    world.apply(targeting("gw", [timeout("3s")], [gateway_ref("b")]))
+    server.push(requests[0])
+    assert {c.proxy.pod_name for c in conns if pushed(server, c) != {}} == {"b1"}
+    assert seconds(world, b) == 3 and seconds(world, a) != 3

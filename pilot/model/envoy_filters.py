@@ -3,7 +3,7 @@
 An EnvoyFilter in the root namespace applies to every proxy its workloadSelector selects, one in
 another namespace to that namespace's proxies; no selector selects all of them. One with
 `targetRefs` applies only to the proxies of the Gateway API Gateways it names in its own namespace
-(their `gateway.networking.k8s.io/gateway-name` label), never to a sidecar, as istiod's
+(their `gateway.networking.k8s.io/gateway-name` label), never to a proxy without it, as istiod's
 WorkloadPolicyMatcher decides (a root-namespace one is no exception). Patches apply in
 istiod's order: `priority`, then the root namespace's before the proxy namespace's, then age
 (creationTimestamp), then `name.namespace`, so the order is the same on every replica. Proxy-level conditions (`match.proxy`: version regex and

@@ -272,7 +272,7 @@ def target_ref_problems(refs: list[PolicyTargetReference]) -> list[str]:
 class EnvoyFilterSpec(StrictModel):
     workload_selector: NetworkingWorkloadSelector | None = None
     # A Gateway API Gateway of this namespace: its proxies (gateway-name label), and nothing else
-    # (istiod's ShouldAttachPolicy: targetRefs never select a sidecar).
+    # (istiod's ShouldAttachPolicy: targetRefs never select a proxy without its gateway-name label).
     target_refs: list[PolicyTargetReference] = Field(
         default_factory=list, max_length=16,
         description="kind Gateway (gateway.networking.k8s.io) of the filter's namespace: that Gateway's proxies; "

@@ -209,6 +209,11 @@ class PushContext(ProxyPlans):
         self._note(dep.secret(namespace, name))
         return self.gateways.secret(namespace, name)
 
+    def wasm_pull_secret(self, namespace: str, name: str) -> Entry[Secret] | None:
+        """The Secret a WasmPlugin names as imagePullSecret (read, so its change reaches the proxy)."""
+        self._note(dep.secret(namespace, name))
+        return self.gateways.secret(namespace, name)
+
     def gateway_client_ca(self, proxy_namespace: str, kind: str, namespace: str, name: str,
                           sds_name: str) -> bytes | None:
         """The CA a Gateway of `proxy_namespace` verifies clients with (a ConfigMap's or Secret's

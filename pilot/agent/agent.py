@@ -46,7 +46,8 @@ log = plog.get("agent")
 def envoy_args(cfg: AgentConfig) -> list[str]:
     args = [cfg.envoy_binary, "-c", BOOTSTRAP_PATH,
             "--drain-time-s", str(int(cfg.proxy.drain_duration)), "--drain-strategy", "immediate",
-            "--local-address-ip-version", "v6" if ":" in cfg.instance_ip else "v4",
+            # IPv6 only when every pod address is (istio-agent's IsIPv6): a dual-stack pod stays v4.
+            "--local-address-ip-version", "v6" if all(":" in a for a in cfg.instance_ips) else "v4",
             "--file-flush-interval-msec", "1000",
             # Several Envoys on one host (tests, VMs) each need their own hot-restart base id.
             "--use-dynamic-base-id",

@@ -39,6 +39,7 @@ from pilot.model.push_proxy_plans import ProxyPlans
 from pilot.model.security_policies import JwksSnapshot, SecurityIndex, jwks_uri_host_port
 from pilot.model.services import (
     MeshService,
+    for_families,
     mesh_service,
     service_entry_services,
 )
@@ -120,7 +121,7 @@ class PushContext(ProxyPlans):
         def service(e: Entry[Service]) -> MeshService:
             prev = old.get(f"{e.key.name}.{e.key.namespace}.svc.{domain}")
             return prev if prev is not None and prev.revision == e.revision \
-                else mesh_service(e, domain, knobs.dual_stack)
+                else mesh_service(e, domain)
 
         kube = [service(e) for e in store.list(Service)]
         # A ServiceEntry host that is also a Kubernetes Service is that Service (istiod merges
@@ -264,28 +265,46 @@ class PushContext(ProxyPlans):
             return None
         return select_sidecar(self.sidecars, namespace, labels, self.mesh.root_namespace)
 
-    def view(self, sidecar: Entry[Sidecar] | None, dns: tuple[bool, bool] | None = None) -> ServiceView:
+    def view(self, sidecar: Entry[Sidecar] | None, dns: tuple[bool, bool] | None = None,
+             families: tuple[bool, bool] = (True, False)) -> ServiceView:
         """What proxies under this Sidecar (None: no Sidecar) see; built once per push. `dns`:
         the proxy captures DNS, with (IPv4, IPv6) addresses: ServiceEntries without addresses
-        carry their auto-allocated ones (of those families), as istiod's GetAddressForProxy."""
+        carry their auto-allocated ones (of those families), as istiod's GetAddressForProxy.
+        `families`: the proxy's (IPv4, IPv6) address families; dual-stack Services show it the
+        cluster IPs of those (services.for_families), the same view for every family set
+        where no Service has an address to leave out."""
         if dns is not None and not (self.auto_addresses and any(dns)):
             dns = None
-        hit = self._views.get((sidecar, dns))
+        family_key = families if self._filters_addresses(families) else None
+        hit = self._views.get((sidecar, dns, family_key))
         if hit is None:
             deps = dep.Deps()
             services = self.services
             if dns is not None:
                 services = tuple(auto_allocate.with_addresses(s, self.auto_addresses, *dns) for s in services)
+            if family_key is not None:
+                every = self.settings.knobs.dual_stack and families == (True, True)
+                services = tuple(for_families(s, *families, every) for s in services)
             sniff = self.settings.listeners.sniff_outbound
             if sidecar is None:
                 deps.facets.add(dep.ALL_SERVICES)
-                view = self.full_view if dns is None else ServiceView.of(services, sniff=sniff)
+                view = self.full_view if dns is None and family_key is None else ServiceView.of(services, sniff=sniff)
             else:  # every service its egress hosts name, before or after a change
                 deps.scopes = [sidecar]
                 view = scoped_view(sidecar, services, sniff)
-            hit = self._views[(sidecar, dns)] = (view, deps)
+            hit = self._views[(sidecar, dns, family_key)] = (view, deps)
         self._note_child(hit[1])
         return hit[0]
+
+    def _filters_addresses(self, families: tuple[bool, bool]) -> bool:
+        """Whether a proxy of these families sees some Service with fewer addresses (once per push
+        and family set: a single-stack mesh never copies its services)."""
+        key = ("filters-addresses", families)
+        found = self._memo.get(key)
+        if found is None:
+            every = self.settings.knobs.dual_stack and families == (True, True)
+            found = self._memo[key] = any(for_families(s, *families, every) is not s for s in self.services)
+        return bool(found)
 
     def with_endpoints(self, store: Store, version: str) -> PushContext:
         return replace(self, version=version, slices=_index_slices(store), pods=_index_pods(store), _views={},

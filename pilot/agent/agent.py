@@ -13,10 +13,11 @@ import contextlib
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 from pilot import logging as plog
-from pilot.agent import health
+from pilot.agent import bootstrap_xds, health
 from pilot.agent.bootstrap import envoy_bootstrap, node_metadata
 from pilot.agent.ca_client import CAClient, CertificateError
 from pilot.agent.config import (
@@ -79,6 +80,34 @@ class PortsFile:
             os.replace(tmp, self.path)
 
 
+async def _fetch_bootstrap(cfg: AgentConfig, base: dict, xds: XdsProxy, stop: asyncio.Event) -> bool:
+    """BOOTSTRAP_XDS_AGENT: write the control plane's bootstrap (EnvoyFilter BOOTSTRAP patches
+    merged) over the agent's own, once Envoy would accept it. False: stopped while waiting."""
+    started = time.monotonic()
+    fetch = asyncio.ensure_future(bootstrap_xds.fetch(xds.channel, base, cfg.envoy_binary,
+                                                      str(Path(BOOTSTRAP_PATH).parent)))
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({fetch, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if not fetch.done():
+        fetch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await fetch
+        return False
+    outcome = fetch.result()
+    if outcome.patched:
+        Path(BOOTSTRAP_PATH).write_text(json.dumps(outcome.bootstrap, indent=1))
+        log.info("bootstrap from the control plane", path=BOOTSTRAP_PATH,
+                 took_s=round(time.monotonic() - started, 3))
+    elif not outcome.reason:
+        log.info("no BOOTSTRAP patches for this proxy: starting Envoy with the agent's own bootstrap",
+                 took_s=round(time.monotonic() - started, 3))
+    else:
+        log.warning("starting Envoy with the agent's own bootstrap", reason=outcome.reason,
+                    took_s=round(time.monotonic() - started, 3))
+    return True
+
+
 async def run(cfg: AgentConfig, warnings: list[str]) -> int:
     for w in warnings:
         log.warning(w)
@@ -126,7 +155,8 @@ async def run(cfg: AgentConfig, warnings: list[str]) -> int:
     for w in md_warnings:
         log.warning(w)
     Path(BOOTSTRAP_PATH).parent.mkdir(parents=True, exist_ok=True)
-    Path(BOOTSTRAP_PATH).write_text(json.dumps(envoy_bootstrap(cfg, metadata), indent=1))
+    base = envoy_bootstrap(cfg, metadata)
+    Path(BOOTSTRAP_PATH).write_text(json.dumps(base, indent=1))
 
     sds = SdsServer(secrets, SDS_SOCKET_PATH)
     await sds.start()
@@ -149,6 +179,9 @@ async def run(cfg: AgentConfig, warnings: list[str]) -> int:
                           app_host=cfg.instance_ip, app_metrics=cfg.app_metrics, node_id=cfg.node_id)
     rotation = asyncio.create_task(secrets.rotate_forever(), name="certificate-rotation")
     try:
+        if cfg.bootstrap_xds and not await _fetch_bootstrap(cfg, base, xds, stop):
+            log.info("stopped before the bootstrap arrived")
+            return 0
         try:
             await status.start()
         except OSError as e:

@@ -90,6 +90,10 @@ SECRET_GRACE_PERIOD_RATIO_JITTER = _knob(
     "Random +/- added to SECRET_GRACE_PERIOD_RATIO so proxies started together do not renew together.")
 PROXY_CONFIG = _knob("PROXY_CONFIG", "", str, "ProxyConfig (YAML or JSON), over the mesh's defaultConfig.")
 DELTA_XDS = _knob("ISTIO_DELTA_XDS", "false", _bool, "Envoy uses delta ADS (DELTA_GRPC) instead of SotW.")
+BOOTSTRAP_XDS_AGENT = _knob(
+    "BOOTSTRAP_XDS_AGENT", "false", _bool,
+    "Fetch the Envoy bootstrap from the control plane before starting Envoy, with EnvoyFilter BOOTSTRAP "
+    "patches merged (checked with envoy --mode validate; refused: the agent's own bootstrap).")
 # Not istio-agent knobs: istio-agent leaves restarts to the kubelet. Here the agent restarts Envoy.
 TERMINATION_DRAIN_DURATION_SECONDS = _knob(
     "TERMINATION_DRAIN_DURATION_SECONDS", "5", int,
@@ -270,6 +274,7 @@ class AgentConfig:
     ports_file: str | None = None
     app_probers: Mapping[str, Prober] = field(default_factory=dict)  # ISTIO_KUBE_APP_PROBERS, parsed
     app_metrics: Mapping[str, str] | None = None  # ISTIO_PROMETHEUS_ANNOTATIONS: the app's metrics port/path
+    bootstrap_xds: bool = False  # BOOTSTRAP_XDS_AGENT
 
     @property
     def spiffe_id(self) -> str:
@@ -358,6 +363,7 @@ def load(*, proxy_type: str, env: Mapping[str, str], overrides: Mapping[str, Any
         ports_file=overrides.get("portsFile"),
         app_probers=probers,
         app_metrics=app_metrics,
+        bootstrap_xds=_get(BOOTSTRAP_XDS_AGENT, env),
     )
     return cfg, warnings
 

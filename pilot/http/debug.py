@@ -24,6 +24,7 @@ from pilot.status.view import GatewayStatusView
 from pilot.xds import typeurls
 from pilot.xds.connection import Connection, WatchedResource
 from pilot.xds.discovery import GENERATORS, DiscoveryServer
+from pilot.xds.generators import bootstrap
 
 _SYNC_FIELDS = {typeurls.CLUSTER: "cluster", typeurls.LISTENER: "listener", typeurls.ROUTE: "route",
                 typeurls.ENDPOINT: "endpoint"}
@@ -279,7 +280,20 @@ class DebugHandlers:
                       # EnvoyFilter revisions left out because a proxy rejected what they made.
                       "envoyFilterRejections": sorted(s.rejected_envoy_filters.values(),
                                                       key=lambda r: r["envoyFilter"]),
+                      # Connected Envoys whose bootstrap lacks their BOOTSTRAP patches (or holds
+                      # old ones): fetched once, at pilot-agent's start (BOOTSTRAP_XDS_AGENT).
+                      "bootstrapPatchesNotInEffect": self._bootstrap_not_in_effect(),
                       "pushes": [p.as_dict() for p in s.history.recent()]})
+
+    def _bootstrap_not_in_effect(self) -> list[dict]:
+        ctx, out = self.server.push_context, []
+        for conn in list(self.server.connections.values()):
+            if typeurls.BOOTSTRAP in conn.watched:
+                continue  # the agent's own bootstrap request, not Envoy
+            row = bootstrap.not_in_effect(ctx, conn.proxy)
+            if row is not None:
+                out.append(row)
+        return sorted(out, key=lambda r: r["proxy"])
 
     def _inbound_problems(self) -> list[str]:
         """Workload ports connected sidecars cannot serve inbound, and CUSTOM policies failing

@@ -507,3 +507,15 @@ def patch_cluster(c: cluster_pb2.Cluster, refs: Iterable[PatchRef]) -> cluster_p
 def _merge_socket(dst: Any, src: Any) -> None:
     if dst.HasField("typed_config") and src.HasField("typed_config"):
         dst.typed_config.CopyFrom(merge_any(dst.typed_config, src.typed_config))
+
+
+# --- bootstrap ----------------------------------------------------------------------------------
+def patch_bootstrap(bs: Any, refs: Iterable[PatchRef]) -> Any:
+    """istiod's BootstrapGenerator.applyPatches: each BOOTSTRAP MERGE in order (validation refuses
+    the other operations). istiod used plain proto.Merge here, which merges a Duration field by
+    field ("5s" over "0.5s" gives 5.5 s); the merge of the other patches replaces it, so a patch
+    gets what it wrote."""
+    for ref in refs:
+        if ref.patch.apply_to == "BOOTSTRAP" and ref.patch.patch.operation == "MERGE":
+            merge(bs, ref.patch.message)
+    return bs

@@ -21,6 +21,7 @@ import pkgutil
 import re
 from typing import Any, Literal
 
+from envoy.config.bootstrap.v3 import bootstrap_pb2
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import extension_pb2
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
@@ -51,6 +52,7 @@ VALUE_TYPES: dict[str, type[Message]] = {
     "CLUSTER": cluster_pb2.Cluster,
     "LISTENER_FILTER": listener_components_pb2.ListenerFilter,
     "EXTENSION_CONFIG": extension_pb2.TypedExtensionConfig,
+    "BOOTSTRAP": bootstrap_pb2.Bootstrap,
 }
 HCM = "envoy.filters.network.http_connection_manager"
 # The insert operations exist only for ordered lists, REPLACE only where istiod implements it;
@@ -142,7 +144,8 @@ class Patch(StrictModel):
 
 
 class EnvoyConfigObjectPatch(StrictModel):
-    apply_to: ApplyTo
+    apply_to: ApplyTo = Field(description="BOOTSTRAP (MERGE only, not `node`) reaches Envoy when pilot-agent "
+                                          "runs with BOOTSTRAP_XDS_AGENT=true, at its next start")
     match: EnvoyConfigObjectMatch = Field(default_factory=EnvoyConfigObjectMatch)
     patch: Patch
 
@@ -167,10 +170,16 @@ class EnvoyConfigObjectPatch(StrictModel):
         if to == "EXTENSION_CONFIG" and op != "ADD":
             _fail(f"Envoy filter: applyTo EXTENSION_CONFIG supports ADD only, not {op}")
         if to == "BOOTSTRAP":
-            # istiod applies these to the bootstrap istio-agent fetches over xDS
-            # (envoy.config.bootstrap.v3.Bootstrap); pilot-agent writes its bootstrap locally.
-            _fail("Envoy filter: applyTo BOOTSTRAP is not supported: pilot-agent writes the Envoy bootstrap "
-                  "itself and does not fetch it from the control plane, so the patch could not reach Envoy")
+            # Merged into the bootstrap pilot-agent fetches over xDS (BOOTSTRAP_XDS_AGENT; see
+            # pilot/networking/envoy_filters.py patch_bootstrap): istiod accepted the other
+            # operations and counted them as errors, never applying them.
+            if op != "MERGE":
+                _fail(f"Envoy filter: applyTo BOOTSTRAP supports MERGE only, not {op}")
+            if isinstance(self.patch.value, dict) and "node" in self.patch.value:
+                # The node is the agent's identity (its certificate, its metadata): a merged id
+                # or namespace would make Envoy speak for another workload.
+                _fail("Envoy filter: a BOOTSTRAP patch cannot change `node`: it is the proxy's identity, "
+                      "written by pilot-agent")
         fm = m.listener.filter_chain.filter if m.listener is not None and m.listener.filter_chain else None
         if fm is not None:  # istiod's rules for filter and sub-filter matches
             if not fm.name:
@@ -213,7 +222,7 @@ class EnvoyConfigObjectPatch(StrictModel):
         # names must be known to this process's pool too (config dumps render them as JSON).
         super().__setstate__(state)
         if self.patch.value is not None:
-            _load_types(self.patch.value)
+            load_types(self.patch.value)
 
     @property
     def message(self) -> Message | None:
@@ -247,7 +256,7 @@ def to_message(apply_to: str, value: dict[str, Any]) -> Message:
     """The patch value as the message `apply_to` names, as istiod's JSON-to-proto does: every
     `@type` is resolved in the protobuf descriptor pool (the xds-protos modules of its package are
     imported on first use); an unknown type or field is a refusal with the parser's reason."""
-    _load_types(value)
+    load_types(value)
     msg = VALUE_TYPES[apply_to]()
     try:
         json_format.ParseDict(value, msg)
@@ -259,16 +268,16 @@ def to_message(apply_to: str, value: dict[str, Any]) -> Message:
     return msg
 
 
-def _load_types(value: Any) -> None:
+def load_types(value: Any) -> None:
     if isinstance(value, dict):
         t = value.get("@type")
         if isinstance(t, str):
             ensure_type(t)
         for v in value.values():
-            _load_types(v)
+            load_types(v)
     elif isinstance(value, list):
         for v in value:
-            _load_types(v)
+            load_types(v)
 
 
 _loaded: set[str] = set()

@@ -157,7 +157,8 @@ def config_dump(
     ctx = server.push_context
     version_ = ctx.version
     held: dict[str, list[tuple[str, bytes]]] = {}
-    for type_url in (typeurls.CLUSTER, typeurls.LISTENER, typeurls.ROUTE, typeurls.SECRET, typeurls.ENDPOINT):
+    for type_url in (typeurls.CLUSTER, typeurls.LISTENER, typeurls.ROUTE, typeurls.SECRET, typeurls.ENDPOINT,
+                     typeurls.EXTENSION_CONFIG):
         w = conn.watched.get(type_url)
         if w is None or (type_url == typeurls.ENDPOINT and not include_eds):
             continue
@@ -219,7 +220,12 @@ def config_dump(
         _pack(s.ScopedRoutesConfigDump()),
         _pack(routes),
         _pack(secrets),
-        _pack(s.EcdsConfigDump()),
+        # The filter configurations the proxy subscribed to over ECDS (WasmPlugins, EnvoyFilter
+        # EXTENSION_CONFIG), as Envoy's own dump lists them under `ecds_filters`.
+        _pack(s.EcdsConfigDump(ecds_filters=[
+            s.EcdsConfigDump.EcdsFilterConfig(version_info=version_, ecds_filter=any_pb2.Any.FromString(b))
+            for _, b in held.get(typeurls.EXTENSION_CONFIG, ())
+        ])),
     ]
     return config_dump_pb2.ConfigDump(configs=configs)
 

@@ -28,13 +28,14 @@ from pilot.networking import envoy_filters as patching
 from pilot.networking.inbound import INBOUND_PASSTHROUGH_CLUSTER, VIRTUAL_INBOUND_LISTENER
 from pilot.xds.cache import CachedResource, XdsCache
 from pilot.xds.generators import waypoint
-from pilot.xds.typeurls import CLUSTER, EXTENSION_CONFIG, LISTENER, ROUTE
+from pilot.xds.typeurls import BOOTSTRAP, CLUSTER, EXTENSION_CONFIG, LISTENER, ROUTE
 
 _MESSAGES: dict[str, type[Message]] = {LISTENER: listener_pb2.Listener, ROUTE: route_pb2.RouteConfiguration,
                                        CLUSTER: cluster_pb2.Cluster}
 # Listeners take route patches too: an inbound HTTP listener's route configuration is inline.
 _KINDS = {LISTENER: patching.LISTENER_KINDS | patching.ROUTE_KINDS, ROUTE: patching.ROUTE_KINDS,
-          CLUSTER: patching.CLUSTER_KINDS, EXTENSION_CONFIG: frozenset({"EXTENSION_CONFIG"})}
+          CLUSTER: patching.CLUSTER_KINDS, EXTENSION_CONFIG: frozenset({"EXTENSION_CONFIG"}),
+          BOOTSTRAP: frozenset({"BOOTSTRAP"})}
 
 Generate = Callable[[PushContext, Proxy, frozenset[str] | None, XdsCache], list[CachedResource]]
 

@@ -14,7 +14,8 @@ from pilot.config.gateway_api import GATEWAY_API_KINDS
 from pilot.http import config_dump
 from pilot.http.ambient_debug import AmbientDebug
 from pilot.http.controlz import ControlzHandlers
-from pilot.model import dependencies
+from pilot.model import dependencies, envoy_filters
+from pilot.model.ambient.waypoints import WAYPOINT_CLASS
 from pilot.model.dependencies import Deps
 from pilot.model.events import SERVICE_ENDPOINTS
 from pilot.model.gateways import config_origins
@@ -288,6 +289,10 @@ class DebugHandlers:
                       # EnvoyFilter revisions left out because a proxy rejected what they made.
                       "envoyFilterRejections": sorted(s.rejected_envoy_filters.values(),
                                                       key=lambda r: r["envoyFilter"]),
+                      # Accepted EnvoyFilters that target what gets no patches (a waypoint).
+                      "envoyFilterProblems": envoy_filters.waypoint_target_problems(
+                          ctx.envoy_filters, ((e.key.namespace, e.key.name) for e in ctx.waypoint_gateways()
+                                              if e.obj.spec.gateway_class_name == WAYPOINT_CLASS)),
                       # Connected Envoys whose bootstrap lacks their BOOTSTRAP patches (or holds
                       # old ones): fetched once, at pilot-agent's start (BOOTSTRAP_XDS_AGENT).
                       "bootstrapPatchesNotInEffect": self._bootstrap_not_in_effect(),

@@ -35,7 +35,9 @@ class ProxyTraits:
     interception_mode: str
     generator: str  # "" for Envoy, "grpc" for proxyless gRPC clients
     mesh_tls: bool = False  # has a workload identity, hence certificates: gets mTLS config
-    # A router's Gateway API gateway (its gateway-name label): a waypoint's config is its own.
+    # The Gateway API Gateway it belongs to (its gateway-name label): a waypoint's config is its
+    # own, and istiod's policy attachment reads the label on any proxy (targetRefs select by it),
+    # so proxies of two Gateways never share a generated result, nor the reads recorded with it.
     gateway_name: str = ""
 
 
@@ -125,7 +127,7 @@ class Proxy:
     def traits(self) -> ProxyTraits:
         return ProxyTraits(self.type, self.namespace, self.interception_mode, self.generator,
                            bool(self.identity) and not self.is_grpc,
-                           self.labels.get(GATEWAY_NAME_LABEL, "") if self.type == "router" else "")
+                           self.labels.get(GATEWAY_NAME_LABEL, ""))
 
     def mark_grpc(self) -> None:
         """grpcio clients rarely send GENERATOR metadata; a named host:port LDS request gives them away."""

@@ -384,7 +384,9 @@ def _vhost_matches(ref: PatchRef, vh: route_components_pb2.VirtualHost) -> bool:
     rm = ref.patch.match.route_configuration
     if rm is None or rm.vhost is None:
         return True
-    return not rm.vhost.name or rm.vhost.name == vh.name
+    m = rm.vhost
+    # istiod's virtualHostMatch: the name, and a domain the virtual host lists (exactly).
+    return (not m.name or m.name == vh.name) and (not m.domain_name or m.domain_name in vh.domains)
 
 
 def _has_route_match(ref: PatchRef) -> bool:

@@ -11,7 +11,8 @@ generation never parses a Struct per proxy, and its identity is stable while the
 Where this is stricter than istiod, on purpose: an unknown field in a value is refused (istiod
 only warns, its strict pass being a warning); operations istiod accepts but never performs (an
 insert into clusters, ADD of a route configuration, REPLACE outside filters and virtual hosts)
-are refused; `targetRefs` is refused (see EnvoyFilterSpec).
+are refused; of `targetRefs`, only the kind istiod ever attaches to a proxy we patch (a Gateway
+API Gateway of the filter's namespace) is accepted (see EnvoyFilterSpec).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from envoy.config.bootstrap.v3 import bootstrap_pb2
 from envoy.config.cluster.v3 import cluster_pb2
@@ -29,11 +30,12 @@ from envoy.config.route.v3 import route_components_pb2, route_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from google.protobuf import descriptor_pool, json_format
 from google.protobuf.message import Message
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from pilot.config.base import K8sObject, StrictModel, Unsupported
+from pilot.config.base import UNSUPPORTED_MARK, K8sObject, StrictModel, refused_because
 from pilot.config.networking.common import NetworkingWorkloadSelector
 from pilot.config.networking.validation import _fail, validate_regex
+from pilot.config.security.common import PolicyTargetReference
 
 ApplyTo = Literal["LISTENER", "FILTER_CHAIN", "NETWORK_FILTER", "HTTP_FILTER", "ROUTE_CONFIGURATION",
                   "VIRTUAL_HOST", "HTTP_ROUTE", "CLUSTER", "LISTENER_FILTER", "EXTENSION_CONFIG", "BOOTSTRAP"]
@@ -61,6 +63,19 @@ _INSERTS = {"INSERT_BEFORE", "INSERT_AFTER", "INSERT_FIRST"}
 _ORDERED = {"LISTENER_FILTER", "NETWORK_FILTER", "HTTP_FILTER", "HTTP_ROUTE"}
 _LISTENER_KINDS = {"LISTENER", "FILTER_CHAIN", "NETWORK_FILTER", "HTTP_FILTER", "LISTENER_FILTER"}
 _ROUTE_KINDS = {"ROUTE_CONFIGURATION", "VIRTUAL_HOST", "HTTP_ROUTE"}
+GATEWAY_API_GROUP = "gateway.networking.k8s.io"
+
+# Fields istiod's API documents and its generation never reads (pilot/pkg/networking/core/envoyfilter
+# has no reference to them): accepted there and without effect, refused here saying so.
+_PORT_NAME = ("istiod does not implement it (the API marks listener portName \"Not implemented\"); "
+              "match the listener by portNumber or name")
+_FILTER_CLASS = ("istiod never reads filterClass (an added filter is not placed relative to the authn, "
+                 "authz or stats filters); place it with INSERT_BEFORE, INSERT_AFTER or INSERT_FIRST and a "
+                 "filter match")
+ListenerPortName = Annotated[Any, refused_because(_PORT_NAME),
+                             Field(json_schema_extra={UNSUPPORTED_MARK: True}, description=_PORT_NAME)]
+FilterClass = Annotated[Any, refused_because(_FILTER_CLASS),
+                        Field(json_schema_extra={UNSUPPORTED_MARK: True}, description=_FILTER_CLASS)]
 
 
 class SubFilterMatch(StrictModel):
@@ -83,7 +98,7 @@ class FilterChainMatch(StrictModel):
 
 class ListenerMatch(StrictModel):
     port_number: int = Field(default=0, ge=0, le=65535)
-    port_name: Unsupported = None  # istiod documents it as not implemented
+    port_name: ListenerPortName = None
     filter_chain: FilterChainMatch | None = None
     listener_filter: str = ""
     name: str = ""
@@ -97,7 +112,8 @@ class RouteMatch(StrictModel):
 class VirtualHostMatch(StrictModel):
     name: str = ""
     route: RouteMatch | None = None
-    domain_name: Unsupported = None
+    # istiod: the virtual host's `domains` list holds it (exactly; no wildcard matching).
+    domain_name: str = ""
 
 
 class RouteConfigurationMatch(StrictModel):
@@ -140,7 +156,7 @@ class EnvoyConfigObjectMatch(StrictModel):
 class Patch(StrictModel):
     operation: Operation
     value: dict[str, Any] | None = None
-    filter_class: Unsupported = None  # ordering relative to Istio's authn/authz/stats filters
+    filter_class: FilterClass = None
 
 
 class EnvoyConfigObjectPatch(StrictModel):
@@ -233,13 +249,58 @@ class EnvoyConfigObjectPatch(StrictModel):
         return self._version
 
 
+def target_ref_problems(refs: list[PolicyTargetReference]) -> list[str]:
+    """What istiod's EnvoyFilter selection (WorkloadPolicyMatcher.ShouldAttachPolicy, given a
+    proxy and no services) can attach, and the CRD's rules (kind and name required, no namespace).
+    istiod accepts any kind and matches only some; a kind it never attaches, or attaches only to
+    proxies that get no patches here, would be accepted and never applied: refused, saying why."""
+    errs = []
+    for i, r in enumerate(refs):
+        at = f"targetRefs[{i}]"
+        group = "" if r.group in ("", "core") else r.group
+        if not r.kind:
+            errs.append(f"{at}.kind: required")
+        if not r.name:
+            errs.append(f"{at}.name: required")
+        if r.namespace:
+            errs.append(f"{at}.namespace: cross namespace referencing is not currently supported")
+        if (group, r.kind) == (GATEWAY_API_GROUP, "Gateway") or not r.kind:
+            continue
+        if (group, r.kind) == (GATEWAY_API_GROUP, "GatewayClass"):
+            errs.append(f"{at}: kind GatewayClass is not supported: istiod attaches it only to waypoints "
+                        "(istio-waypoint, from the root namespace), and waypoints get no EnvoyFilter patches here")
+        elif (group, r.kind) in (("", "Service"), ("networking.istio.io", "ServiceEntry")):
+            errs.append(f"{at}: kind {r.kind} is not supported: istiod selects EnvoyFilters per proxy without "
+                        "its services, so a Service or ServiceEntry target never attaches (it would do nothing)")
+        else:
+            errs.append(f"{at}: kind {r.group or 'core'}/{r.kind} is not supported: an EnvoyFilter attaches to "
+                        f"a {GATEWAY_API_GROUP} Gateway of its namespace")
+    return errs
+
+
 class EnvoyFilterSpec(StrictModel):
     workload_selector: NetworkingWorkloadSelector | None = None
-    # istiod 1.30 accepts targetRefs but never matches such a filter (its getMatchedEnvoyFilters
-    # skips them): accepted and never applied would be a silent drop, so it is refused.
-    target_refs: Unsupported = None
+    # A Gateway API Gateway of this namespace: its proxies (gateway-name label), and nothing else
+    # (istiod's ShouldAttachPolicy: targetRefs never select a proxy without its gateway-name label).
+    target_refs: list[PolicyTargetReference] = Field(
+        default_factory=list, max_length=16,
+        description="kind Gateway (gateway.networking.k8s.io) of the filter's namespace: that Gateway's proxies; "
+                    "GatewayClass, Service, ServiceEntry and other kinds are refused with the reason")
     config_patches: list[EnvoyConfigObjectPatch] = Field(default_factory=list)  # empty: valid, no effect
     priority: int = 0
+
+    @field_validator("target_refs")
+    @classmethod
+    def _refs(cls, refs: list[PolicyTargetReference]) -> list[PolicyTargetReference]:
+        if errs := target_ref_problems(refs):
+            _fail(errs)
+        return refs
+
+    @model_validator(mode="after")
+    def _one_of(self) -> EnvoyFilterSpec:
+        if self.workload_selector is not None and self.target_refs:
+            _fail("only one of targetRefs or workloadSelector can be set")  # the CRD's oneof rule
+        return self
 
 
 class EnvoyFilter(K8sObject):

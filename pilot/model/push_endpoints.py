@@ -13,6 +13,7 @@ from pilot.config.mesh import MeshConfig
 from pilot.config.networking import ServiceEntry, WorkloadEntry
 from pilot.model import dependencies as dep
 from pilot.model.ambient.index import AmbientInputs
+from pilot.model.label_index import LabelIndex
 from pilot.model.labels import selects
 from pilot.model.mesh_settings import MeshSettings
 from pilot.model.mtls import spiffe_id
@@ -218,8 +219,8 @@ class EndpointQueries(RecordingMixin):
         selector = entry.obj.spec.workload_selector
         if selector is None:
             return []
-        return [we for we in self.workload_entries(svc)
-                if selects(selector.match_labels, we.obj.spec.labels)]
+        self._note(dep.workload_entries(svc.namespace))
+        return list(self.workload_entry_index(svc.namespace).select(selector.match_labels))
 
     def service_slices(self, svc: MeshService) -> tuple[Entry[EndpointSlice], ...]:
         if self._rec:
@@ -247,16 +248,24 @@ class EndpointQueries(RecordingMixin):
         PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES; an entry without labels is never selected)."""
         if svc.kind != "Service" or not svc.selector or not self.k8s_select_workload_entries:
             return ()
-        entries = self.workload_entries(svc)
-        if not entries:
+        if not self.workload_entries(svc):
             return ()
         key = ("svc-wes", svc.namespace, svc.selector)
         hit = self._memo.get(key)
-        if hit is None:
-            selector = dict(svc.selector)
-            hit = self._memo[key] = tuple(e for e in entries if e.obj.spec.labels
-                                          and selects(selector, e.obj.spec.labels))
+        if hit is None:  # a non-empty selector never picks an entry without labels
+            hit = self._memo[key] = self.workload_entry_index(svc.namespace).select(dict(svc.selector))
         return hit
+
+    def workload_entry_index(self, namespace: str) -> LabelIndex[Entry[WorkloadEntry]]:
+        """The namespace's WorkloadEntries by label, built once per push context (on first use):
+        every selector of the namespace is answered from it. Callers note the namespace's
+        WorkloadEntries facet themselves (the index is the same input)."""
+        key = ("we-index", namespace)
+        index = self._memo.get(key)
+        if index is None:
+            index = self._memo[key] = LabelIndex(self.workload_entries_by_ns.get(namespace, ()),
+                                                 lambda e: e.obj.spec.labels)
+        return index
 
     def selected_pods(self, namespace: str, selector: Mapping[str, str]) -> tuple[Entry[Pod], ...]:
         """The ready Pods with an IP in `namespace` that `selector` picks (a ServiceEntry's

@@ -201,7 +201,7 @@ class EndpointQueries(RecordingMixin):
             if entry is not None:
                 spec = entry.obj.spec
                 out.update(spec.subject_alt_names)
-                for w in spec.endpoints + [we.obj.spec for we in self._selected_workload_entries(svc, entry)]:
+                for w in spec.endpoints + [we.obj.spec for we in self.selected_workload_entries(svc, entry)]:
                     if w.service_account:
                         out.add(spiffe_id(td, svc.namespace, w.service_account))
                 for p in self.service_entry_pods(svc, entry):
@@ -215,12 +215,14 @@ class EndpointQueries(RecordingMixin):
         return tuple(sorted(out))
 
 
-    def _selected_workload_entries(self, svc: MeshService, entry: Entry[ServiceEntry]) -> list[Entry[WorkloadEntry]]:
-        selector = entry.obj.spec.workload_selector
+    def selected_workload_entries(self, svc: MeshService, entry: Entry[ServiceEntry] | None) -> tuple[Entry[WorkloadEntry], ...]:
+        """The WorkloadEntries a ServiceEntry's workloadSelector picks in its namespace (healthy
+        or not: endpoint building drops the unhealthy), none without a selector."""
+        selector = entry.obj.spec.workload_selector if entry is not None else None
         if selector is None:
-            return []
+            return ()
         self._note(dep.workload_entries(svc.namespace))
-        return list(self.workload_entry_index(svc.namespace).select(selector.match_labels))
+        return self.workload_entry_index(svc.namespace).select(selector.match_labels)
 
     def service_slices(self, svc: MeshService) -> tuple[Entry[EndpointSlice], ...]:
         if self._rec:
@@ -236,7 +238,7 @@ class EndpointQueries(RecordingMixin):
             if entry is None:
                 return ()
             pods = self.service_entry_pods(svc, entry)
-            eps = service_entry_endpoints(entry, sp, self.workload_entries(svc), (), pods, self.nodes_of(pods))
+            eps = service_entry_endpoints(entry, sp, self.selected_workload_entries(svc, entry), (), pods, self.nodes_of(pods))
         else:
             wes = self.service_workload_entries(svc)
             eps = merge_endpoints(endpoints_for_port(self.service_slices(svc), sp), workload_entry_endpoints(sp, wes))

@@ -171,7 +171,7 @@ def _load_assignment(ctx: PushContext, proxy: Proxy, name: str, cache: XdsCache,
         if svc.resolution != "STATIC":
             return None  # DNS and NONE clusters carry no EDS
         se = ctx.service_entry(svc)
-        wes = ctx.workload_entries(svc)
+        wes = ctx.selected_workload_entries(svc, se)  # from the namespace's label index
         se_pods = ctx.service_entry_pods(svc, se)
         origins = (svc.origin, *(f"WorkloadEntry/{w.key.namespace}/{w.key.name}" for w in wes),
                    *(f"Pod/{p.key.namespace}/{p.key.name}" for p in se_pods), *dr_origin)

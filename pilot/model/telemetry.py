@@ -33,6 +33,7 @@ from pilot.config.proxy_tracing import ProxyTracing, parse_proxy_tracing
 from pilot.config.telemetry import AccessLogging, Telemetry, Tracing
 from pilot.model.labels import selects, targets_gateway_of
 from pilot.model.store import Entry, Store
+
 # istiod's PILOT_TRACE_SAMPLING default: the sampling when neither Telemetry nor ProxyConfig sets one.
 DEFAULT_TRACE_SAMPLING = 1.0
 

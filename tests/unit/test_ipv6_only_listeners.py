@@ -1,6 +1,7 @@
 """Listener addresses by the proxy's IP families, as istiod picks them (listener_address.go):
 an IPv6-only router's gateway listeners on `::` (`::_PORT`), a NONE-mode sidecar's outbound
-listeners on `::1` (IPv6-only) or 127.0.0.1 plus `::1` (dual-stack), and
+listeners on `::1` (IPv6-only) or 127.0.0.1 plus `::1` (dual-stack), an IPv6-only proxy's inbound
+clusters to the app at [::1], and
 ISTIO_ENABLE_IPV4_OUTBOUND_LISTENER_FOR_IPV6_CLUSTERS (an IPv6-only proxy's virtualOutbound also on
 0.0.0.0, its DNS clusters resolving both families). IPv4 proxies keep their addresses and bytes."""
 
@@ -21,7 +22,7 @@ from tests.support.envoy import envoy_validate
 from tests.support.static_config import static_bootstrap
 
 from .helpers import DOMAIN, World, proxy
-from .test_dual_stack import DNS_CLUSTER, _extra, v4_proxy, v6_proxy, world
+from .test_dual_stack import DNS_CLUSTER, _extra, dual_proxy, v4_proxy, v6_proxy, world
 from .test_gateway_config import gateway, http_server, router
 
 pytestmark = pytest.mark.timeout(60)
@@ -173,3 +174,33 @@ def test_ipv4_outbound_for_ipv6_config_passes_envoy_validate(tmp_path: Path):
     assert listeners["virtualOutbound"]["additional_addresses"][0]["address"]["socket_address"]["address"] == "0.0.0.0"
     ok, output = envoy_validate(config, tmp_path)
     assert ok, f"envoy rejected the generated config:\n{output}"
+
+
+def _inbound_endpoint(w: World, p, c: PushContext) -> tuple[str, int]:
+    res = {r.name: r for r in cds.generate(c, p, None, w.cache)}
+    cluster = res["inbound|19080||"].message(cluster_pb2.Cluster)
+    sa = cluster.load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address
+    return sa.address, sa.port_value
+
+
+def test_an_ipv6_only_proxys_inbound_cluster_reaches_the_app_on_ipv6_loopback():
+    """istiod's inbound clusters reach the app on the proxy's first loopback: [::1] for an
+    IPv6-only proxy, 127.0.0.1 for IPv4 and dual-stack ones (which keep sharing the bytes)."""
+    w = world()
+    c = ctx(w, True)
+    assert _inbound_endpoint(w, v6_proxy(), c) == ("::1", 19080)
+    assert _inbound_endpoint(w, v4_proxy(), c) == ("127.0.0.1", 19080)
+    assert _inbound_endpoint(w, dual_proxy(), c) == ("127.0.0.1", 19080)
+    v4 = {r.name: r for r in cds.generate(c, v4_proxy(), None, w.cache)}["inbound|19080||"]
+    assert {r.name: r for r in cds.generate(c, dual_proxy(), None, w.cache)}["inbound|19080||"] is v4
+
+
+def test_one_push_keeps_the_inbound_plans_of_two_families_apart():
+    """Two replicas with one node-id IP whose INSTANCE_IPS differ in family: each gets its own
+    inbound endpoint in one push (the plan's memo key has the family)."""
+    w = world()
+    c = ctx(w)
+    v4, v6 = v4_proxy(), v4_proxy()
+    v6.metadata["INSTANCE_IPS"] = "fd00:1::9"
+    assert _inbound_endpoint(w, v4, c) == ("127.0.0.1", 19080)
+    assert _inbound_endpoint(w, v6, c) == ("::1", 19080)

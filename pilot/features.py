@@ -341,6 +341,11 @@ DUAL_STACK = _knob(
     "wildcard listeners bound on :: too and DNS clusters resolving both families (dns_lookup_family "
     "ALL; without, V4_ONLY); endpoints of one Pod in both families' EndpointSlices become one "
     "endpoint with an additional address.")
+IPV4_OUTBOUND_FOR_IPV6 = _knob(
+    "ISTIO_ENABLE_IPV4_OUTBOUND_LISTENER_FOR_IPV6_CLUSTERS", "false", _bool,
+    "For IPv6-only clusters whose pods still reach IPv4 destinations (AWS EKS IPv6 clusters give "
+    "pods an IPv4 egress address): an IPv6-only proxy's virtualOutbound also binds 0.0.0.0:15001 "
+    "and its DNS clusters resolve both families (dns_lookup_family ALL, not V6_ONLY), as istiod's.")
 HTTP10 = _knob(
     "PILOT_HTTP10", "false", _bool,
     "Sidecar HTTP listeners accept HTTP/1.0 (and sniffing recognises it as HTTP); off, HTTP/1.0 "
@@ -402,6 +407,7 @@ class Features:
     jwks_fetch_mode: str = "istiod"
     enhanced_dr_merge: bool = True
     dual_stack: bool = False
+    ipv4_outbound_for_ipv6: bool = False
 
     def generation_knobs(self) -> GenerationKnobs:
         return GenerationKnobs(self.sniff_outbound, self.sniff_inbound, self.http10,
@@ -409,7 +415,8 @@ class Features:
                                self.cluster_id, self.scope_gateway_to_namespace, self.filter_gateway_clusters,
                                self.ip_autoallocate_prefixes if self.ip_autoallocate else None,
                                self.trace_sampling, self.jwks_fetch_mode, self.enhanced_dr_merge,
-                               dual_stack=self.dual_stack, ingress_namespace=self.ingress_namespace)
+                               dual_stack=self.dual_stack, ingress_namespace=self.ingress_namespace,
+                               ipv4_outbound_for_ipv6=self.ipv4_outbound_for_ipv6)
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Features:
@@ -461,6 +468,7 @@ class Features:
             jwks_fetch_mode=JWT_ENABLE_REMOTE_JWKS.get(environ),
             enhanced_dr_merge=ENHANCED_DESTINATIONRULE_MERGE.get(environ),
             dual_stack=DUAL_STACK.get(environ),
+            ipv4_outbound_for_ipv6=IPV4_OUTBOUND_FOR_IPV6.get(environ),
             ip_autoallocate_prefixes=(IP_AUTOALLOCATE_IPV4_PREFIX.get(environ),
                                       IP_AUTOALLOCATE_IPV6_PREFIX.get(environ)),
         )

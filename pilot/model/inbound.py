@@ -107,6 +107,9 @@ def plan_inbound(proxy: Proxy, services: tuple[MeshService, ...], slices_of, sid
 
     ip = proxy.ip_addresses[0] if proxy.ip_addresses else LOCALHOST
     none_mode = proxy.interception_mode == "NONE"
+    # The app behind a Service port, as istiod's inbound clusters reach it: its loopback,
+    # [::1] for an IPv6-only proxy (actualLocalHosts[0]), else 127.0.0.1.
+    loopback = "[::1]" if proxy.ip_families == (False, True) else LOCALHOST
     ports: dict[int, InboundPort] = {}
     problems: list[str] = []
     ingress = sidecar.obj.spec.ingress if sidecar is not None else []
@@ -152,7 +155,7 @@ def plan_inbound(proxy: Proxy, services: tuple[MeshService, ...], slices_of, sid
                 problems.append(f"{svc.origin} port {sp.port}: the workload address is {LOCALHOST}, where the app "
                                 f"itself listens on {target}; give the proxy its own IP to serve it inbound")
                 continue
-            ports[target] = InboundPort(target, proto(sp.protocol), f"{LOCALHOST}:{target}",
+            ports[target] = InboundPort(target, proto(sp.protocol), f"{loopback}:{target}",
                                         ip if none_mode else "", mtls_mode(target), svc.origin,
                                         shared_pool or rule_pool(svc, sp.port), (here,))
     return InboundPlan(tuple(ports[k] for k in sorted(ports)), mesh_tls, policies, tuple(problems))

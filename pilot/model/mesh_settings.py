@@ -54,6 +54,7 @@ class GenerationKnobs:
     enhanced_dr_merge: bool = True  # ENABLE_ENHANCED_DESTINATIONRULE_MERGE
     dual_stack: bool = False  # ISTIO_DUAL_STACK
     ingress_namespace: str = "istio-system"  # K8S_INGRESS_NS: where Ingress Gateways live
+    ipv4_outbound_for_ipv6: bool = False  # ISTIO_ENABLE_IPV4_OUTBOUND_LISTENER_FOR_IPV6_CLUSTERS
 
 
 DEFAULT_KNOBS = GenerationKnobs()

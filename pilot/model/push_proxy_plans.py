@@ -97,7 +97,8 @@ class ProxyPlans(EndpointQueries):
         sidecar = self.sidecar_for(proxy.namespace, labels)
         if not mesh_tls and (sidecar is None or not sidecar.obj.spec.ingress):
             return NO_INBOUND
-        key = ("inbound", proxy.namespace, frozenset(labels.items()), proxy.ip_addresses,
+        # The families too (INSTANCE_IPS, not only the node id's IPs): an IPv6-only proxy's app is at [::1].
+        key = ("inbound", proxy.namespace, frozenset(labels.items()), proxy.ip_addresses, proxy.ip_families,
                proxy.interception_mode, mesh_tls)
 
         def plan() -> InboundPlan:

@@ -73,7 +73,8 @@ class ServiceView:
     registry_only: bool | None  # the Sidecar's outboundTrafficPolicy, None = the mesh's
     conflicts: tuple[str, ...] = ()  # services that lost their port to another protocol
     # Ports whose outbound listener binds a real address (a Sidecar egress listener with `bind`
-    # or `captureMode: NONE`): port -> address.
+    # or `captureMode: NONE`): port -> address, "" for the proxy's loopback (127.0.0.1, ::1 or
+    # both by its IP families, istiod's actualLocalHosts: the LDS generator knows the proxy).
     binds: Mapping[int, str] = field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod
@@ -100,7 +101,8 @@ class ServiceView:
 
 
 
-LOCALHOST = "127.0.0.1"
+# An egress listener without `bind` binds the proxy's loopback, of its families (see binds).
+PROXY_LOOPBACK = ""
 
 
 def scoped_view(sidecar: Entry[Sidecar], services: tuple[MeshService, ...], sniff: bool = True) -> ServiceView:
@@ -121,7 +123,7 @@ def scoped_view(sidecar: Entry[Sidecar], services: tuple[MeshService, ...], snif
         return any(_listener_names(c, own, svc.namespace, svc.hostname) for c in chosen)
 
     visible = tuple(s for s in services if any(port_visible(s, p.port) for p in s.ports))
-    binds = {port: listener.bind or LOCALHOST for port, listener in by_port.items()
+    binds = {port: listener.bind or PROXY_LOOPBACK for port, listener in by_port.items()
              if listener.bind or listener.capture_mode == "NONE"}
     # The listener without a port binds the same way every port it serves (istiod's listenerBinding
     # is per egress listener), the ports a port-specific listener owns excepted.
@@ -130,7 +132,7 @@ def scoped_view(sidecar: Entry[Sidecar], services: tuple[MeshService, ...], snif
             for svc in visible:
                 for p in svc.ports:
                     if p.port not in by_port:
-                        binds.setdefault(p.port, listener.bind or LOCALHOST)
+                        binds.setdefault(p.port, listener.bind or PROXY_LOOPBACK)
     # istiod builds a port-specific egress listener with the protocol it declares, whatever the
     # services' own ports say (their clusters keep the services' protocols).
     protocols = {port: select_protocol(p.name, p.protocol.lower())

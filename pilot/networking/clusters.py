@@ -30,12 +30,13 @@ from pilot.networking.traffic_policy import (
 _HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
 
-def dns_lookup_family(families: tuple[bool, bool], dual_stack: bool) -> str:
+def dns_lookup_family(families: tuple[bool, bool], dual_stack: bool, ipv4_for_ipv6: bool = False) -> str:
     """istiod's SelectDNSLookupFamily for a proxy with these (IPv4, IPv6) address families:
-    IPv6 only resolves AAAA (V6_ONLY); both, with ISTIO_DUAL_STACK, both (ALL: Envoy's Happy
-    Eyeballs picks); else A records only (V4_ONLY: IPv4, or both without the knob)."""
+    IPv6 only resolves AAAA (V6_ONLY; ALL with ISTIO_ENABLE_IPV4_OUTBOUND_LISTENER_FOR_IPV6_CLUSTERS,
+    `ipv4_for_ipv6`, for IPv4-only destinations); both, with ISTIO_DUAL_STACK, both (ALL: Envoy's
+    Happy Eyeballs picks); else A records only (V4_ONLY: IPv4, or both without the knob)."""
     if families == (False, True):
-        return "V6_ONLY"
+        return "ALL" if ipv4_for_ipv6 else "V6_ONLY"
     return "ALL" if dual_stack and families == (True, True) else "V4_ONLY"
 
 

@@ -34,8 +34,19 @@ from pilot.networking.tcp_routes import (
 )
 
 LOCALHOST = "127.0.0.1"
+LOCALHOST_V6 = "::1"
 WILDCARD = "0.0.0.0"
 WILDCARD_V6 = "::"
+
+
+def localhosts(families: tuple[bool, bool]) -> tuple[str, ...]:
+    """istiod's localHosts by IP mode: what a NONE-mode (or `captureMode: NONE` egress) listener
+    without a `bind` binds for a proxy of these (IPv4, IPv6) families: 127.0.0.1, `::1` for an
+    IPv6-only proxy, both for a dual-stack one (the second as `additional_addresses`; istiod's
+    sidecar outbound listeners add it without ISTIO_DUAL_STACK, unlike its gateway and inbound ones)."""
+    if families == (False, True):
+        return (LOCALHOST_V6,)
+    return (LOCALHOST, LOCALHOST_V6) if families == (True, True) else (LOCALHOST,)
 
 
 def add_ipv6_wildcard(listener: listener_pb2.Listener) -> None:
@@ -106,14 +117,18 @@ def bound_outbound_listener(plan: PortPlan, settings: ListenerSettings,
                             virtual_services: tuple[Entry[VirtualService] | None, ...] = (),
                             domain: str = "cluster.local", bind: str = LOCALHOST,
                             tcp_limits: tuple[TcpLimits, ...] = (),
-                            client: Client = NO_CLIENT) -> listener_pb2.Listener:
-    """NONE mode (or a Sidecar egress listener's `bind`): listen on BIND:PORT. A TCP port shared
+                            client: Client = NO_CLIENT,
+                            extra_binds: tuple[str, ...] = ()) -> listener_pb2.Listener:
+    """NONE mode (or a Sidecar egress listener's `bind`): listen on BIND:PORT (and on each of
+    `extra_binds` at PORT, as `additional_addresses`: a dual-stack proxy's ::1). A TCP port shared
     by several services cannot tell them apart without the original destination, so the first
     (by hostname) gets it. `virtual_services` hold the VirtualService (or None) of each of
     `plan.tcp_services`, `tcp_limits` the DestinationRule limits of each (empty: none)."""
     name = names.listener_name(bind, plan.port)
     listener = listener_pb2.Listener(name=name, address=_address(bind, plan.port),
                                      traffic_direction=base_pb2.OUTBOUND)
+    for ip in extra_binds:
+        listener.additional_addresses.add().address.CopyFrom(_address(ip, plan.port))
     if plan.sniff:
         # HTTP to the port's routes; anything else to the first service that names no protocol.
         http = sniffing.match_http(_hcm_chain(f"outbound_{bind}_{plan.port}", plan.port, settings),
@@ -204,7 +219,9 @@ def unbound_outbound_listener(plan: PortPlan, settings: ListenerSettings,
     return listener
 
 
-def virtual_outbound_listener(settings: ListenerSettings) -> listener_pb2.Listener:
+def virtual_outbound_listener(settings: ListenerSettings, ipv4_too: bool = False) -> listener_pb2.Listener:
+    """`ipv4_too`: ISTIO_ENABLE_IPV4_OUTBOUND_LISTENER_FOR_IPV6_CLUSTERS for an IPv6-only proxy:
+    0.0.0.0:15001 as an additional address, so IPv4 connections redirected there are taken too."""
     fallback = (names.BLACKHOLE_CLUSTER if settings.registry_only
                 else names.PASSTHROUGH_CLUSTER)
     listener = listener_pb2.Listener(
@@ -215,6 +232,8 @@ def virtual_outbound_listener(settings: ListenerSettings) -> listener_pb2.Listen
     )
     if settings.dual_stack:
         add_ipv6_wildcard(listener)
+    elif ipv4_too and settings.ipv6_only:
+        listener.additional_addresses.add().address.CopyFrom(_address(WILDCARD, names.VIRTUAL_OUTBOUND_PORT))
     listener.default_filter_chain.CopyFrom(listener_components_pb2.FilterChain(
         name=fallback, filters=[tcp_proxy_filter(fallback, fallback, settings)]))
     return listener

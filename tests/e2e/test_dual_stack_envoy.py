@@ -167,3 +167,70 @@ async def test_an_agent_run_sidecar_on_a_dual_stack_host_gets_dual_stack_config(
             assert family == ("ALL" if on else "V4_ONLY")
             assert "10.96.0.40" in domains
             assert ("[fd00:10::40]" in domains) is on
+
+
+@pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopback (::1) on this machine")
+async def test_an_ipv6_only_routers_gateway_listener_serves_http_over_ipv6(tmp_path):
+    """An IPv6-only router (istiod's IPMode IPv6): Envoy binds its gateway listener `::_PORT` on
+    `::`, and an HTTP request over IPv6 gets the gateway's answer (404: no VirtualService binds
+    to the server, istiod's blackhole virtual host)."""
+    from tests.unit.helpers import World
+    from tests.unit.test_gateway_config import gateway, http_server
+    from tests.unit.test_ipv6_only_listeners import _router
+    from tests.unit.test_ipv6_only_listeners import ctx as v6_ctx
+
+    w = World()
+    w.apply(gateway(servers=[http_server(8080)]))
+    config = static_bootstrap(v6_ctx(w), _router("fd00::9"))
+    (listener,) = config["static_resources"]["listeners"]
+    assert listener["name"] == "::_8080"
+    listener["address"]["socket_address"]["port_value"] = 0  # concurrent tests never collide
+    async with Envoy() as envoy:
+        await envoy.start(config, tmp_path)
+        await envoy.wait_ready()
+        code, text = await envoy.admin_get("/listeners?format=json")
+        assert code == 200, text
+        (mine,) = json.loads(text)["listener_statuses"]
+        local = mine["local_address"]["socket_address"]
+        assert (mine["name"], local["address"]) == ("::_8080", "::")
+        reader, writer = await asyncio.wait_for(asyncio.open_connection("::1", local["port_value"]), 5)
+        writer.write(b"GET / HTTP/1.1\r\nHost: shop.example.com\r\nConnection: close\r\n\r\n")
+        response = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+        assert response.startswith(b"HTTP/1.1 404"), response[:200]
+
+
+@pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopback (::1) on this machine")
+async def test_a_dual_stack_none_mode_sidecars_listener_binds_both_loopbacks(tmp_path):
+    """A NONE-mode dual-stack sidecar: Envoy binds the outbound listener on 127.0.0.1 and ::1
+    (istiod's localHosts for IPMode Dual), and takes a connection on each."""
+    from tests.unit.test_ipv6_only_listeners import _none_proxy
+    from tests.unit.test_ipv6_only_listeners import ctx as v6_ctx
+
+    config = static_bootstrap(v6_ctx(world()), _none_proxy("10.1.0.9,fd00:1::9"))
+    static = config["static_resources"]
+    (listener,) = [ld for ld in static["listeners"] if ld["name"] == "127.0.0.1_9080"]
+    static["listeners"] = [listener]
+    static["clusters"] = [c for c in static["clusters"] if c["name"] == OUTBOUND_REVIEWS]
+    for address in (listener["address"], listener["additional_addresses"][0]["address"]):
+        address["socket_address"]["port_value"] = 0  # concurrent tests never collide on 9080
+    async with Envoy() as envoy:
+        await envoy.start(config, tmp_path)
+        await envoy.wait_ready()
+        code, text = await envoy.admin_get("/listeners?format=json")
+        assert code == 200, text
+        (mine,) = json.loads(text)["listener_statuses"]
+        v4 = mine["local_address"]["socket_address"]
+        (v6,) = [a["socket_address"] for a in mine["additional_local_addresses"]]
+        assert (v4["address"], v6["address"]) == ("127.0.0.1", "::1")
+        for host, port in (("127.0.0.1", v4["port_value"]), ("::1", v6["port_value"])):
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 5)
+            writer.close()
+
+        async def accepted() -> bool:
+            return (await envoy.stats()).get("listener.127.0.0.1_0.downstream_cx_total", 0) >= 2
+
+        await wait_for(accepted, 5, message="the listener took both connections")
+
+
+OUTBOUND_REVIEWS = "outbound|9080||reviews.default.svc.cluster.local"

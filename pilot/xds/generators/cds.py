@@ -57,7 +57,8 @@ def resources(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
     # The proxy's IP families decide how DNS clusters resolve (V4_ONLY, V6_ONLY, or ALL with
     # ISTIO_DUAL_STACK): in the settings of those clusters only, so the others keep one key.
     families = proxy.ip_families
-    family = clusters.dns_lookup_family(families, ctx.settings.knobs.dual_stack)
+    family = clusters.dns_lookup_family(families, ctx.settings.knobs.dual_stack,
+                                        ctx.settings.knobs.ipv4_outbound_for_ipv6)
     dns_settings = settings if family == settings.dns_lookup_family else replace(settings, dns_lookup_family=family)
     dns_local = ctx.dns_locality_in_use()
     # Split horizon over DNS clusters' own endpoints (istiod filters them as EDS ones).

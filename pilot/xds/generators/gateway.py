@@ -21,6 +21,7 @@ from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
 from pilot.model.services import MeshService, ServicePort
 from pilot.networking import gateway, names, routes
+from pilot.networking.listeners import WILDCARD_V6
 from pilot.networking.tls import outbound_sni
 from pilot.xds.cache import CachedResource, XdsCache
 from pilot.xds.typeurls import LISTENER, ROUTE
@@ -70,7 +71,12 @@ def listeners(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
     policies = ctx.workload_policies(proxy.namespace, proxy.labels)
     hops = num_trusted_proxies(ctx, proxy)
 
+    ipv6_only = proxy.ip_families == (False, True)
     for pv in view.ports:
+        if ipv6_only and not pv.explicit_bind:
+            # istiod's wildcard for an IPv6-only router: `::_PORT` on [::]:PORT. The view is shared
+            # by every router of the Gateway set; the bind reaches the cache key through the plan.
+            pv = replace(pv, bind=WILDCARD_V6)
         if requested is not None and pv.listener_name not in requested:
             continue
         vss = tuple(dict.fromkeys(b.virtual_service for ref in pv.servers for b in bindings(ref)))

@@ -107,15 +107,19 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
     if mode != "NONE":
         out.append(cache.resource(LISTENER, names.VIRTUAL_OUTBOUND_LISTENER,
                                   listeners.virtual_outbound_listener, settings,
+                                  settings.ipv6_only and ctx.settings.knobs.ipv4_outbound_for_ipv6,
                                   origins=("MeshConfig", *telemetry_origins)))
     for plan in plans:
-        bind = view.binds.get(plan.port) or (listeners.LOCALHOST if mode == "NONE" else None)
+        bind = view.binds.get(plan.port, "" if mode == "NONE" else None)
         vss = _tcp_virtual_services(ctx, plan, proxy.namespace)
         limits, dr_origins = _tcp_limits(ctx, plan, proxy) if plan.tcp_services else ((), ())
         client = _client(proxy, vss)
         if bind is not None:
-            out.append(cache.resource(LISTENER, names.listener_name(bind, plan.port), listeners.bound_outbound_listener,
-                                      plan, settings, vss, ctx.domain, bind, limits, client,
+            # No `bind` of its own: the proxy's loopback, of its families (the first; a dual-stack
+            # proxy's ::1 as an extra address). In the cache key as addresses, not as the family.
+            first, *extra = (bind,) if bind else listeners.localhosts(proxy.ip_families)
+            out.append(cache.resource(LISTENER, names.listener_name(first, plan.port), listeners.bound_outbound_listener,
+                                      plan, settings, vss, ctx.domain, first, limits, client, tuple(extra),
                                       origins=_origins(plan, view.by_port) + _sidecar_origin(sidecar)
                                       + _vs_origins(vss) + dr_origins + telemetry_origins))
         elif plan.port != names.VIRTUAL_OUTBOUND_PORT:

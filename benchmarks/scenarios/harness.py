@@ -219,6 +219,32 @@ async def floor_connect(h: Harness, opts: Options, responses: dict[str, Path], l
     return result
 
 
+async def floor_memory(h: Harness, opts: Options, responses: dict[str, Path], label: str = "floor-memory") -> dict:
+    """The floor's RSS with 0, P and 2P proxies, set up as the `memory` scenario sets up ours
+    (each step until every proxy holds CDS, EDS, LDS and RDS). The floor keeps nothing per stream
+    but a queue and two tasks, so its growth per proxy is gRPC's own per-connection cost (HTTP/2
+    stream, call, buffers) plus that, the part of ours no Python change can remove."""
+    args = [a for path in responses.values() for a in ("--response", str(path))]
+    floor, hello = await h.child("benchmarks.floor", [*args, *(["--delta"] if opts.delta else [])], label)
+    ps = psutil.Process(floor.pid)
+    lg = await h.loadgen(hello["port"], label=f"loadgen-{label}")
+    steps = [{"proxies": 0, "rss_mb": ps.memory_info().rss / (1 << 20)}]
+    for total in (opts.proxies, 2 * opts.proxies):
+        connected = steps[-1]["proxies"]
+        await lg.connect(connected, total - connected)
+        sync = await lg.synced(opts.timeout())
+        if sync["synced"] != sync["proxies"]:
+            raise RuntimeError(f"{label}: only {sync['synced']}/{sync['proxies']} proxies got full config")
+        steps.append({"proxies": total, "rss_mb": ps.memory_info().rss / (1 << 20)})
+    p = max(1, opts.proxies)
+    result = {"rss_mb_by_proxies": {str(s["proxies"]): round(s["rss_mb"], 1) for s in steps},
+              "per_proxy_kb": round((steps[2]["rss_mb"] - steps[1]["rss_mb"]) * 1024 / p, 1),
+              "peak_rss_mb": peak_rss_mb(floor.pid)}
+    await lg.stop()
+    await floor.stop()
+    return result
+
+
 async def floor_rounds(h: Harness, opts: Options, responses: dict[str, Path], label: str, *,
                        measure: tuple[str, ...], pushed: tuple[Path, ...] = ()) -> dict:
     """The floor (benchmarks/floor.py) measured with a load generator of its own: proxies set up

@@ -1,12 +1,14 @@
 """`memory`: the server's RSS with S services and 0, P and 2P connected proxies (each step
 waits until every proxy holds its full config). The growth per proxy is what a proxy costs the
-server: its connection state, not its config, if bytes are shared."""
+server: its connection state, not its config, if bytes are shared. The floor (a bare grpc.aio
+server streaming the bytes proxy 0 was sent) is then measured the same way: its growth per proxy
+is gRPC's own per-stream share, and `per_proxy_kb_beyond_floor` what our server adds to it."""
 
 from __future__ import annotations
 
 from benchmarks import stats
 from benchmarks.options import Options
-from benchmarks.scenarios.harness import CpuWindow, Harness
+from benchmarks.scenarios.harness import CpuWindow, Harness, floor_memory
 
 
 async def run(opts: Options) -> dict:
@@ -24,10 +26,21 @@ async def run(opts: Options) -> dict:
         lg_stats = await lg.stats()
         p = max(1, opts.proxies)
         per_proxy_kb = (steps[2]["rss_mb"] - steps[1]["rss_mb"]) * 1024 / p
+        captured = {t: h.workdir / f"{t}-response.bin" for t in ("cds", "eds", "lds", "rds")}
+        for t, path in captured.items():
+            await lg.capture(t, path)
+        await lg.stop()
+        await h.server_figures()
+        await h.server.stop()  # free the CPU and memory for the floor
+        floor = await floor_memory(h, opts, captured)
         return h.result(
             proxies=2 * opts.proxies,
             rss_mb_by_proxies={str(s["proxies"]): round(s["rss_mb"], 1) for s in steps},
             per_proxy_kb=round(per_proxy_kb, 1),
+            floor=floor,
+            floor_per_proxy_kb=floor["per_proxy_kb"],
+            per_proxy_kb_beyond_floor=round(per_proxy_kb - floor["per_proxy_kb"], 1),
+            floor_peak_rss_mb=floor["peak_rss_mb"],
             steps=steps,
             convergence_ms=stats.summary(last["synced_ms"]) if last else stats.summary([]),
             proxies_acked=last["synced"] if last else 0,
@@ -36,5 +49,6 @@ async def run(opts: Options) -> dict:
             bytes_received={"total_by_type": lg_stats["bytes"]},
             loadgen=lg_stats,
             note=f"RSS {steps[0]['rss_mb']:.0f}/{steps[1]['rss_mb']:.0f}/{steps[2]['rss_mb']:.0f} MB "
-                 f"at 0/{opts.proxies}/{2 * opts.proxies} proxies",
+                 f"at 0/{opts.proxies}/{2 * opts.proxies} proxies; {per_proxy_kb:.0f} KB per proxy, "
+                 f"floor {floor['per_proxy_kb']:.0f}",
         )

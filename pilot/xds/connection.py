@@ -164,9 +164,6 @@ class Inbox:
                 self._waiter = None
         return self._items.pop(0)
 
-    def qsize(self) -> int:
-        return len(self._items)
-
 
 # Requests read from a stream but not yet handled. Past either bound the stream is simply not
 # read until the worker catches up (HTTP/2 flow control then holds the client back), as istiod's

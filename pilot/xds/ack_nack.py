@@ -48,6 +48,10 @@ class AckNack:
     def record_ack(self, conn: Connection, w: WatchedResource, nonce: str, version: str) -> None:
         w.nonce_acked, w.version_acked, w.last_acked_at = nonce, version or w.version_sent, time.time()
         _, started = w.answered(nonce)
+        if not conn.delta:
+            # A SotW ACK is for the latest response only (older nonces are stale, never
+            # answered): nothing sent before it can be ACKed or NACKed any more.
+            w.awaiting = None
         if started is not None:
             start, push_version = started
             converged = time.monotonic() - start

@@ -37,10 +37,14 @@ class ServerError(RuntimeError):
     pass
 
 
-def probe_env(path: Path) -> dict[str, str]:
-    """The env that loads benchmarks/heapprobe into a Python process, writing to `path`."""
-    return {"PYTHONPATH": f"{REPO_ROOT / 'benchmarks' / 'heapprobe'}{os.pathsep}{REPO_ROOT}",
-            "BENCH_HEAP_PROBE": str(path)}
+def probe_env(path: Path, env: dict[str, str] | None = None) -> dict[str, str]:
+    """`env` plus what loads benchmarks/heapprobe into a Python process, writing to `path`; a
+    PYTHONPATH already in `env` (benchmarks/diagnose, say) follows the probe's directory."""
+    env = dict(env or {})
+    rest = env.get("PYTHONPATH", str(REPO_ROOT))
+    env["PYTHONPATH"] = f"{REPO_ROOT / 'benchmarks' / 'heapprobe'}{os.pathsep}{rest}"
+    env["BENCH_HEAP_PROBE"] = str(path)
+    return env
 
 
 async def read_heap(pid: int, path: Path, timeout: float = 30.0) -> dict:

@@ -67,10 +67,10 @@ class Harness:
         self.opts = opts
         self.scenario = scenario
         self.workdir = Path(tempfile.mkdtemp(prefix=f"pilot-bench-{scenario}-"))
-        self.mesh = MeshFiles(self.workdir / "config", opts.services, opts.namespaces)
+        self.mesh = MeshFiles(self.workdir / "config", opts.services, opts.namespaces, opts.port_name)
         self.server = ServerProcess(self.workdir, self.mesh.root, dict(opts.server_env))
         if probe:  # the heap probe (benchmarks/heapprobe), for ServerProcess.heap()
-            self.server.env = {**probe_env(self.server.heap_probe), **self.server.env}
+            self.server.env = probe_env(self.server.heap_probe, self.server.env)
         self._children: list[Child] = []
         self._failed = False
         self._results: list[dict] = []

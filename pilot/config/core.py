@@ -251,10 +251,15 @@ class Node(K8sObject):
 
 
 TLS_SECRET_KEYS = ("tls.crt", "tls.key", "ca.crt", "cert", "key", "cacert")
+# A registry credential (WasmPlugin imagePullSecret), kept only in Secrets of its type.
+DOCKER_CONFIG_TYPE = "kubernetes.io/dockerconfigjson"
+DOCKER_CONFIG_KEY = ".dockerconfigjson"
 
 
 class Secret(K8sObject):
-    """Gateway credentials. Secrets that cannot be one (no certificate keys) keep no data at all.
+    """Gateway credentials and registry credentials (the `.dockerconfigjson` of a
+    kubernetes.io/dockerconfigjson Secret, for WasmPlugin pull secrets). Secrets that cannot be
+    either keep no data at all.
 
     Nothing of a Secret's content can reach a log, a debug view or an error: the values are
     SecretStr (shown as "**********" by repr and by every model_dump), and annotations are not
@@ -271,7 +276,8 @@ class Secret(K8sObject):
     def _only_tls_material(cls, data: object) -> object:
         if isinstance(data, dict):
             payload = data.get("data") or {}
-            keep = {k: v for k, v in payload.items() if k in TLS_SECRET_KEYS} if isinstance(payload, dict) else {}
+            wanted = TLS_SECRET_KEYS + ((DOCKER_CONFIG_KEY,) if data.get("type") == DOCKER_CONFIG_TYPE else ())
+            keep = {k: v for k, v in payload.items() if k in wanted} if isinstance(payload, dict) else {}
             data = {**data, "data": keep}
             data.pop("stringData", None)
             meta = data.get("metadata")

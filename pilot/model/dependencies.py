@@ -19,7 +19,9 @@ A facet is a small tuple naming one thing a lookup depended on, present or absen
   with a wildcard host, ("dr*",) / ("vs*",), meets every such lookup), ("dr-all",) every
   DestinationRule;
 - ("sidecars", NS) the Sidecars of a namespace (selection runs over all of them);
-- ("envoyfilters", NS) the EnvoyFilters of a namespace (the root namespace's select everywhere);
+- ("envoyfilters", NS) the EnvoyFilters of a namespace without targetRefs (the root namespace's
+  select everywhere); ("envoyfilters-gateway", NS, NAME) those with targetRefs naming Gateway NAME
+  of NS (they select only that Gateway's proxies, so only those record it);
 - ("security", NS) PeerAuthentications, AuthorizationPolicies, RequestAuthentications of NS;
   ("jwks",) keys fetched for RequestAuthentication;
 - ("workload-entries", NS), ("service-entry", NS, NAME), ("secret", NS, NAME);
@@ -96,6 +98,31 @@ def sidecars(namespace: str) -> tuple:
 
 def envoy_filters(namespace: str) -> tuple:
     return ("envoyfilters", namespace)
+
+
+def envoy_filters_for_gateway(namespace: str, gateway: str) -> tuple:
+    return ("envoyfilters-gateway", namespace, gateway)
+
+
+def envoy_filter_change(key: ConfigKey, old, new) -> set[tuple]:
+    """What a changed EnvoyFilter can reach, from what it was and what it is: with targetRefs,
+    the proxies of the Gateways named; otherwise every proxy of its namespace (of the mesh, from
+    the root namespace). Neither version indexed (never valid): the namespace, to be safe."""
+    out: set[tuple] = set()
+    found = False
+    for ctx in (old, new):
+        for e in ctx.envoy_filters.get(key.namespace, ()):
+            if e.key != key:
+                continue
+            found = True
+            refs = e.obj.spec.target_refs
+            if refs:
+                out.update(envoy_filters_for_gateway(key.namespace, r.name) for r in refs)
+            else:
+                out.add(envoy_filters(key.namespace))
+    if not found:
+        out.add(envoy_filters(key.namespace))
+    return out
 
 
 def security(namespace: str) -> tuple:
@@ -203,7 +230,8 @@ def describe(f: tuple) -> str:
         "vs": "VirtualServices for host {}",
         "vs*": "VirtualServices with a wildcard host",
         "sidecars": "Sidecars in namespace {}",
-        "envoyfilters": "EnvoyFilters in namespace {}",
+        "envoyfilters": "EnvoyFilters in namespace {} (without targetRefs)",
+        "envoyfilters-gateway": "EnvoyFilters in namespace {} with targetRefs to Gateway {}",
         "sidecar-egress": "every Service the egress hosts of Sidecar/{}/{} may name",
         "security": "PeerAuthentication, AuthorizationPolicy, RequestAuthentication in namespace {}",
         "jwks": "keys fetched for RequestAuthentication jwksUri",
@@ -265,7 +293,7 @@ def change_of(keys: Iterable[ConfigKey], old, new, *, mesh_changed: bool, servic
         elif k.kind == "Sidecar":
             facets.add(sidecars(k.namespace))
         elif k.kind == "EnvoyFilter":
-            facets.add(envoy_filters(k.namespace))
+            facets.update(envoy_filter_change(k, old, new))
         elif k.kind in ("PeerAuthentication", "AuthorizationPolicy", "RequestAuthentication"):
             facets.add(security(k.namespace))
         elif k.kind == "WorkloadEntry":

@@ -126,14 +126,14 @@ def pod_locality(labels: dict[str, str] | None, node: Entry[Node] | None, zone: 
     return Locality.of_node(node) or Locality(zone=zone or "")
 
 
-def mesh_service(entry: Entry[Service], domain: str, dual_stack: bool = False) -> MeshService:
-    """`dual_stack` (ISTIO_DUAL_STACK): every `clusterIPs` address is the service's, as istiod
-    takes them; without, `clusterIP` alone."""
+def mesh_service(entry: Entry[Service], domain: str) -> MeshService:
+    """Every `clusterIPs` address is the service's (clusterIP first), as istiod takes them with
+    or without ISTIO_DUAL_STACK; each proxy sees those of its IP families (`for_families`)."""
     svc = entry.obj
     ns, name = svc.metadata.namespace, svc.metadata.name
     cluster_ip = svc.spec.cluster_ip if svc.spec.cluster_ip not in (None, "", "None") else None
     extra: tuple[str, ...] = ()
-    if dual_stack and cluster_ip is not None:
+    if cluster_ip is not None:
         extra = tuple(dict.fromkeys(a for a in svc.spec.cluster_ips if a not in ("", "None", cluster_ip)))
     ports = tuple(
         ServicePort(p.name, p.port, select_protocol(p.name, p.app_protocol, p.protocol), p.target_port)
@@ -145,6 +145,24 @@ def mesh_service(entry: Entry[Service], domain: str, dual_stack: bool = False) -
                            external_name=svc.spec.external_name.rstrip("."), mesh_external=True)
     return MeshService(f"{name}.{ns}.svc.{domain}", name, ns, cluster_ip, ports, entry.revision, selector=selector,
                        extra_addresses=extra)
+
+
+def for_families(svc: MeshService, ipv4: bool, ipv6: bool, every_family: bool) -> MeshService:
+    """A Kubernetes Service's cluster IPs as a proxy of those IP families sees them, istiod's
+    GetAllAddressesForProxy: all of them with `every_family` (ISTIO_DUAL_STACK and a dual-stack
+    proxy); else those of the proxy's family, and for a dual-stack proxy without the knob those
+    of the first address's family. With none of its family left a service keeps its first
+    address, the listener address istiod's GetAddressForProxy falls back to. ServiceEntries keep
+    theirs (istiod filters only Kubernetes cluster IPs). Unchanged services are returned as
+    they are: proxies of every family share them, and their cache keys."""
+    if svc.kind != "Service" or not svc.extra_addresses or every_family:
+        return svc
+    addresses = svc.addresses
+    v6 = (":" in addresses[0]) if ipv4 and ipv6 else ipv6
+    kept = tuple(a for a in addresses if (":" in a) == v6) or addresses[:1]
+    if kept == addresses:
+        return svc
+    return replace(svc, cluster_ip=kept[0], extra_addresses=kept[1:])
 
 
 def _slice_port(slice_: EndpointSlice, svc_port: ServicePort) -> int | None:

@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pilot.config.extensions import WasmPlugin, is_local
+from pilot.config.extensions import WasmPlugin, fetch_url, is_local
 from pilot.model.labels import selects
 from pilot.model.store import Entry
 
@@ -27,12 +27,14 @@ class WasmFilter:
 
     name: str  # "NS.NAME", the HTTP filter's and its ECDS resource's name, as istiod's
     phase: str
-    url: str  # file:///path, read by Envoy; http(s)://, fetched by the agent
-    sha256: str  # "" for file:// (refused there) or an unverified http(s) module
+    url: str  # file:///path, read by Envoy; http(s):// or oci:// (also for a URL without scheme), by the agent
+    sha256: str  # "" for file:// (refused there) or an unpinned module; for an image, its manifest digest
     pull_policy: str  # imagePullPolicy, for the agent ("UNSPECIFIED_POLICY" for file://)
-    # For Always: the plugin's revision, which the agent re-fetches on (istiod's
-    # WASM_PLUGIN_RESOURCE_VERSION); "" otherwise, so other plugins' resources stay the same bytes.
+    # When the agent may pull again (Always, or no policy and an image tagged :latest): the
+    # plugin's revision, which it re-fetches on (istiod's WASM_PLUGIN_RESOURCE_VERSION); ""
+    # otherwise, so a revision without a spec change leaves the resource's bytes alone.
     resource_version: str
+    pull_secret: str  # imagePullSecret: a Secret of the plugin's namespace ("" none)
     root_id: str
     config: str  # pluginConfig as JSON ("" when absent)
     fail_open: bool
@@ -51,6 +53,10 @@ class WasmFilter:
     @property
     def path(self) -> str:
         return self.url.partition("://")[2]
+
+    @property
+    def namespace(self) -> str:
+        return self.name.partition(".")[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,10 +89,13 @@ def _attaches(e: Entry[WasmPlugin], labels: Mapping[str, str]) -> bool:
 def _filter(e: Entry[WasmPlugin], ports: frozenset[int]) -> WasmFilter:
     spec = e.obj.spec
     env = spec.vm_config.env if spec.vm_config else []
+    url = fetch_url(spec.url)
+    refetches = spec.image_pull_policy == "Always" or (
+        spec.image_pull_policy == "UNSPECIFIED_POLICY" and url.startswith("oci://") and url.endswith(":latest"))
     return WasmFilter(
-        name=f"{e.key.namespace}.{e.key.name}", phase=spec.phase, url=spec.url, sha256=spec.sha256,
+        name=f"{e.key.namespace}.{e.key.name}", phase=spec.phase, url=url, sha256=spec.sha256,
         pull_policy=spec.image_pull_policy, root_id=spec.plugin_name,
-        resource_version=str(e.revision) if spec.image_pull_policy == "Always" else "",
+        resource_version=str(e.revision) if refetches else "", pull_secret=spec.image_pull_secret,
         config=json.dumps(spec.plugin_config, sort_keys=True, separators=(",", ":"))
         if spec.plugin_config is not None else "",
         fail_open=spec.fail_strategy == "FAIL_OPEN",

@@ -29,6 +29,15 @@ from pilot.networking.traffic_policy import (
 _HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
 
+def dns_lookup_family(families: tuple[bool, bool], dual_stack: bool) -> str:
+    """istiod's SelectDNSLookupFamily for a proxy with these (IPv4, IPv6) address families:
+    IPv6 only resolves AAAA (V6_ONLY); both, with ISTIO_DUAL_STACK, both (ALL: Envoy's Happy
+    Eyeballs picks); else A records only (V4_ONLY: IPv4, or both without the knob)."""
+    if families == (False, True):
+        return "V6_ONLY"
+    return "ALL" if dual_stack and families == (True, True) else "V4_ONLY"
+
+
 def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSettings,
                      destination_rule: Entry[DestinationRule] | None = None, subset: str = "",
                      dns_targets: tuple[EndpointAddress, ...] = (),
@@ -50,8 +59,7 @@ def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSetti
     )
     if svc.resolution in ("DNS", "DNS_ROUND_ROBIN"):
         c.type = cluster_pb2.Cluster.STRICT_DNS if svc.resolution == "DNS" else cluster_pb2.Cluster.LOGICAL_DNS
-        # ISTIO_DUAL_STACK for a dual-stack proxy: both families, Envoy's Happy Eyeballs picks (istiod's ALL).
-        c.dns_lookup_family = cluster_pb2.Cluster.ALL if settings.dual_stack else cluster_pb2.Cluster.V4_PREFERRED
+        c.dns_lookup_family = cluster_pb2.Cluster.DnsLookupFamily.Value(settings.dns_lookup_family)
         targets = dns_targets or (EndpointAddress(svc.external_name or svc.hostname, port.port, Locality(), True),)
         if svc.resolution == "DNS_ROUND_ROBIN":
             targets = targets[:1]  # LOGICAL_DNS takes exactly one host

@@ -172,10 +172,13 @@ def node(name: str, zone: str) -> dict:
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
 
 
-def envoy_filter(name: str, ns: str, patches: list[dict], selector: dict | None = None, priority: int = 0) -> dict:
+def envoy_filter(name: str, ns: str, patches: list[dict], selector: dict | None = None, priority: int = 0,
+                 gateways: tuple[str, ...] = ()) -> dict:
     spec: dict = {"configPatches": patches, "priority": priority}
     if selector is not None:
         spec["workloadSelector"] = {"labels": selector}
+    if gateways:  # targetRefs to Gateway API Gateways of the namespace
+        spec["targetRefs"] = [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": g} for g in gateways]
     return {"apiVersion": "networking.istio.io/v1alpha3", "kind": "EnvoyFilter", "metadata": _meta(name, ns),
             "spec": spec}
 
@@ -550,6 +553,13 @@ def slots() -> dict[str, list[dict | None]]:
             None,
             envoy_filter("mesh", SYSTEM_NS, [_timeout("6s", context="SIDECAR_OUTBOUND"), _ROUTE_HEADER], priority=5),
             envoy_filter("mesh", SYSTEM_NS, [_LUA], selector={"istio": "ingressgateway"}),
+        ],
+        # targetRefs: the Gateway API Gateway's router only (then another Gateway, then a selector)
+        "ef/gateway-api": [
+            None,
+            envoy_filter("web", SYSTEM_NS, [_LUA, _ROUTE_HEADER, _timeout("7s", context="GATEWAY")], gateways=("web",)),
+            envoy_filter("web", SYSTEM_NS, [_LUA], gateways=("other", "waypoint")),
+            envoy_filter("web", SYSTEM_NS, [_timeout("8s")], selector={"gateway.networking.k8s.io/gateway-name": "web"}),
         ],
         "ra/reviews": [
             None,

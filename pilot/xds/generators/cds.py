@@ -53,8 +53,11 @@ def resources(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
     view = ctx.view(None if proxy.type == "router" else ctx.sidecar_for(proxy.namespace, proxy.labels))
     has_identity = proxy.traits.mesh_tls
     settings = ctx.settings.clusters
-    if ctx.settings.knobs.dual_stack and proxy.dual_stack:
-        settings = replace(settings, dual_stack=True)  # ISTIO_DUAL_STACK: part of these clusters' keys
+    # The proxy's IP families decide how DNS clusters resolve (V4_ONLY, V6_ONLY, or ALL with
+    # ISTIO_DUAL_STACK): in the settings of those clusters only, so the others keep one key.
+    families = proxy.ip_families
+    family = clusters.dns_lookup_family(families, ctx.settings.knobs.dual_stack)
+    dns_settings = settings if family == settings.dns_lookup_family else replace(settings, dns_lookup_family=family)
     dns_local = ctx.dns_locality_in_use()
     sniffing_sidecar = proxy.type == "sidecar" and ctx.settings.listeners.sniff_outbound
     only = gateway.cluster_hosts(ctx, proxy) if proxy.type == "router" else None
@@ -63,20 +66,21 @@ def resources(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
             continue  # PILOT_FILTER_GATEWAY_CLUSTER_CONFIG: no route of this gateway reaches it
         dr = ctx.destination_rule(svc.hostname, proxy.namespace, svc.namespace, proxy.labels)
         dns = svc.resolution in ("DNS", "DNS_ROUND_ROBIN")
+        svc_settings = dns_settings if dns else settings
         if requested is None and not (dns and dns_local):
             # What follows reads nothing of the proxy but these: proxies of every namespace
             # (ten memo keys of a push) share one walk per service and rule. The memo keeps
             # the Deps of the first walk, so each later caller depends on what it read.
             # id(svc) is safe: the memo lives as long as this context, and so does every service
             # a view iterates (ctx.services, or a DNS-capturing view's copies kept in ctx._views).
-            key = ("cds-outbound", id(svc), dr, has_identity, sniffing_sidecar, settings.dual_stack)
+            key = ("cds-outbound", id(svc), dr, has_identity, sniffing_sidecar, svc_settings.dns_lookup_family)
             yield from ctx.memoized(key,
-                                    lambda svc=svc, dr=dr, dns=dns: tuple(_outbound(
-                                        ctx, proxy, svc, dr, dns, settings, has_identity, sniffing_sidecar, False, want,
+                                    lambda svc=svc, dr=dr, dns=dns, s=svc_settings: tuple(_outbound(
+                                        ctx, proxy, svc, dr, dns, s, has_identity, sniffing_sidecar, False, want,
                                         cache)))
         else:
-            yield from _outbound(ctx, proxy, svc, dr, dns, settings, has_identity, sniffing_sidecar, dns and dns_local,
-                                 want, cache)
+            yield from _outbound(ctx, proxy, svc, dr, dns, svc_settings, has_identity, sniffing_sidecar,
+                                 dns and dns_local, want, cache)
     if proxy.type == "sidecar":
         plan = ctx.inbound_plan(proxy)
         for port in plan.ports:
@@ -86,9 +90,10 @@ def resources(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
                                      origins=(port.origin,))
         if proxy.interception_mode != "NONE" and (plan.mesh_tls or any(not p.bind for p in plan.ports)) \
                 and want(inbound.INBOUND_PASSTHROUGH_CLUSTER):
+            # (IPv4-only proxies leave the families out: their key, and bytes, stay the shared ones.)
             yield cache.resource(CLUSTER, inbound.INBOUND_PASSTHROUGH_CLUSTER,
                                  inbound.inbound_passthrough_cluster, settings,
-                                 origins=("MeshConfig",))
+                                 *(() if families == (True, False) else (families,)), origins=("MeshConfig",))
     for name, build in ((names.BLACKHOLE_CLUSTER, clusters.blackhole_cluster),
                         (names.PASSTHROUGH_CLUSTER, clusters.passthrough_cluster)):
         if want(name):

@@ -28,9 +28,6 @@ from pilot.model.labels import selects
 from pilot.model.store import Entry, Store
 
 MESH_GATEWAY = "mesh"
-# The signature of a mesh without selectors: one object, not a new empty frozenset per proxy
-# (each proxy's generation key holds two).
-_NO_SIGNATURE: frozenset[int] = frozenset()
 
 
 def resolve_host(host: str, namespace: str, domain: str) -> str:
@@ -71,7 +68,7 @@ class TrafficIndex:
     def source_signature(self, labels: Mapping[str, str]) -> frozenset[int]:
         """Which `source_selectors` these labels satisfy (part of the route generation key)."""
         if not self.source_selectors:
-            return _NO_SIGNATURE
+            return frozenset()
         return frozenset(i for i, sel in enumerate(self.source_selectors)
                          if selects(sel, labels))
 
@@ -79,7 +76,7 @@ class TrafficIndex:
         """Which DestinationRule `rule_selectors` these labels satisfy: with the proxy's
         namespace, all that its DestinationRules depend on (part of the generation key)."""
         if not self.rule_selectors:
-            return _NO_SIGNATURE
+            return frozenset()
         return frozenset(i for i, sel in enumerate(self.rule_selectors) if selects(sel, labels))
 
     @classmethod

@@ -161,7 +161,10 @@ async def run(cfg: AgentConfig, warnings: list[str]) -> int:
 
     sds = SdsServer(secrets, SDS_SOCKET_PATH)
     await sds.start()
-    modules = ModuleCache(WASM_CACHE_PATH, insecure_registries(cfg.wasm_insecure_registries))
+    modules = ModuleCache(WASM_CACHE_PATH, insecure_registries(cfg.wasm_insecure_registries),
+                          blocked=cfg.wasm_blocked_cidrs,
+                          http_request_timeout=cfg.wasm_http_request_timeout,
+                          http_attempts=cfg.wasm_http_attempts, module_expiry=cfg.wasm_module_expiry)
     xds = XdsProxy(upstream=cfg.discovery_address, server_name=cfg.istiod_san, root_cert_path=ROOT_CERT_PATH,
                    secrets=secrets, socket_path=XDS_SOCKET_PATH,
                    rewrite_ecds=lambda data, delta: rewrite_response(data, delta, modules))
@@ -180,6 +183,7 @@ async def run(cfg: AgentConfig, warnings: list[str]) -> int:
                           app_host=cfg.instance_ip, app_metrics=cfg.app_metrics, node_id=cfg.node_id,
                           agent_metrics=modules.metrics.render)
     rotation = asyncio.create_task(secrets.rotate_forever(), name="certificate-rotation")
+    purge = asyncio.create_task(modules.purge_forever(cfg.wasm_purge_interval), name="wasm-module-purge")
     try:
         if cfg.bootstrap_xds and not await _fetch_bootstrap(cfg, base, xds, stop):
             log.info("stopped before the bootstrap arrived")
@@ -193,9 +197,10 @@ async def run(cfg: AgentConfig, warnings: list[str]) -> int:
         code = await supervisor.run()
     finally:
         await graceful.close()
-        rotation.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await rotation
+        for task in (rotation, purge):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         if prober is not None:
             prober.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -95,6 +95,38 @@ WASM_INSECURE_REGISTRIES = _knob(
     "WASM_INSECURE_REGISTRIES", "", str,
     "Comma-separated registries (host[:port]) whose TLS certificate the Wasm module fetcher does not verify; "
     "'*' for all.")
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def blocked_cidrs(text: str) -> tuple[Network, ...]:
+    """BLOCKED_CIDRS_IN_WASM_FETCH: comma-separated CIDRs. istio-agent skips one it cannot parse
+    with a warning; here it is refused (ValueError): a typo would leave that range fetchable."""
+    out = []
+    for part in (p.strip() for p in text.split(",")):
+        if part:
+            try:
+                out.append(ipaddress.ip_network(part, strict=False))
+            except ValueError as e:
+                raise ValueError(f"not a CIDR: {part!r} ({e})") from None
+    return tuple(out)
+
+
+# istio-agent's Wasm fetch knobs (pkg/wasm/options.go defaults; BLOCKED_CIDRS_IN_WASM_FETCH is
+# pilot/pkg/features'). Parsed here, used by pilot/agent/wasm.py.
+BLOCKED_CIDRS_IN_WASM_FETCH = _knob(
+    "BLOCKED_CIDRS_IN_WASM_FETCH", "", blocked_cidrs,
+    "Comma-separated CIDRs the Wasm module fetcher never connects to, besides link-local and cloud metadata "
+    "addresses (always blocked); an unparsable entry is refused.")
+WASM_MODULE_EXPIRY = _knob("WASM_MODULE_EXPIRY", "24h", _positive_duration,
+                           "A cached Wasm module unused for this long is deleted.")
+WASM_PURGE_INTERVAL = _knob("WASM_PURGE_INTERVAL", "1h", _positive_duration,
+                            "How often cached Wasm modules are checked against WASM_MODULE_EXPIRY.")
+WASM_HTTP_REQUEST_TIMEOUT = _knob("WASM_HTTP_REQUEST_TIMEOUT", "15s", _positive_duration,
+                                  "Timeout of each HTTP(S) request fetching a Wasm module.")
+WASM_HTTP_REQUEST_MAX_RETRIES = _knob(
+    "WASM_HTTP_REQUEST_MAX_RETRIES", "5", int,
+    "Attempts (the first included, as istio-agent counts) of an HTTP(S) Wasm module download that fails to "
+    "connect or gets a retryable 5xx.")
 BOOTSTRAP_XDS_AGENT = _knob(
     "BOOTSTRAP_XDS_AGENT", "false", _bool,
     "Fetch the Envoy bootstrap from the control plane before starting Envoy, with EnvoyFilter BOOTSTRAP "
@@ -304,6 +336,11 @@ class AgentConfig:
     app_probers: Mapping[str, Prober] = field(default_factory=dict)  # ISTIO_KUBE_APP_PROBERS, parsed
     app_metrics: Mapping[str, str] | None = None  # ISTIO_PROMETHEUS_ANNOTATIONS: the app's metrics port/path
     wasm_insecure_registries: str = ""  # WASM_INSECURE_REGISTRIES
+    wasm_blocked_cidrs: tuple[Network, ...] = ()  # BLOCKED_CIDRS_IN_WASM_FETCH
+    wasm_module_expiry: float = 24 * 3600.0  # WASM_MODULE_EXPIRY
+    wasm_purge_interval: float = 3600.0  # WASM_PURGE_INTERVAL
+    wasm_http_request_timeout: float = 15.0  # WASM_HTTP_REQUEST_TIMEOUT
+    wasm_http_attempts: int = 5  # WASM_HTTP_REQUEST_MAX_RETRIES
     bootstrap_xds: bool = False  # BOOTSTRAP_XDS_AGENT
 
     @property
@@ -320,6 +357,13 @@ def _get(knob: Knob, env: Mapping[str, str]):
         return knob.get(dict(env))
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+def _wasm_attempts(env: Mapping[str, str]) -> int:
+    n = _get(WASM_HTTP_REQUEST_MAX_RETRIES, env)
+    if n < 1:  # istio-agent would then never try: every remote module would fail
+        raise ConfigError("WASM_HTTP_REQUEST_MAX_RETRIES: must be at least 1")
+    return int(n)
 
 
 def load(*, proxy_type: str, env: Mapping[str, str], overrides: Mapping[str, Any],
@@ -398,6 +442,11 @@ def load(*, proxy_type: str, env: Mapping[str, str], overrides: Mapping[str, Any
         app_probers=probers,
         app_metrics=app_metrics,
         wasm_insecure_registries=_get(WASM_INSECURE_REGISTRIES, env),
+        wasm_blocked_cidrs=_get(BLOCKED_CIDRS_IN_WASM_FETCH, env),
+        wasm_module_expiry=_get(WASM_MODULE_EXPIRY, env),
+        wasm_purge_interval=_get(WASM_PURGE_INTERVAL, env),
+        wasm_http_request_timeout=_get(WASM_HTTP_REQUEST_TIMEOUT, env),
+        wasm_http_attempts=_wasm_attempts(env),
         bootstrap_xds=_get(BOOTSTRAP_XDS_AGENT, env),
     )
     return cfg, warnings

@@ -17,16 +17,25 @@ tagged `:latest`) when the plugin's resource version changed since (as istio-age
 ECDS response, which would stall the proxied stream on each push and reconnect). A module that
 cannot be fetched or does not match turns the filter, as istio-agent does, into an RBAC filter of
 the same name: allow-all for failStrategy FAIL_OPEN, deny-all (403) otherwise.
+
+Fetching as istio-agent's: no connection (redirects and token services included) to a link-local
+or cloud metadata address, nor to BLOCKED_CIDRS_IN_WASM_FETCH; an http(s) GET that fails to connect
+or answers a retryable 5xx is tried again, with exponential backoff, up to
+WASM_HTTP_REQUEST_MAX_RETRIES attempts, each bounded by WASM_HTTP_REQUEST_TIMEOUT and all by the
+remote's timeout. A module not used for WASM_MODULE_EXPIRY is deleted, with the tag/URL checksums
+pointing at it, by a purge every WASM_PURGE_INTERVAL.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import ipaddress
 import os
+import random
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +51,7 @@ from google.protobuf.any_pb2 import Any as AnyProto
 
 from pilot import logging as plog
 from pilot.agent import oci
+from pilot.agent.config import Network
 from pilot.networking.wasm import (  # what the control plane writes
     PULL_POLICY_ENV,
     PULL_SECRET_ENV,
@@ -53,6 +63,16 @@ log = plog.get("wasm")
 
 MAX_MODULE_BYTES = 256 << 20  # istio-agent's limit
 DEFAULT_TIMEOUT_S = 30.0
+# istio-agent's defaults (pkg/wasm/options.go) and its HTTP fetcher's backoff (cenkalti/backoff's
+# exponential defaults with a 500ms first interval).
+DEFAULT_HTTP_REQUEST_TIMEOUT_S = 15.0
+DEFAULT_HTTP_ATTEMPTS = 5  # WASM_HTTP_REQUEST_MAX_RETRIES: the count of attempts, the first included
+DEFAULT_MODULE_EXPIRY_S = 24 * 3600.0
+DEFAULT_PURGE_INTERVAL_S = 3600.0
+INITIAL_BACKOFF_S = 0.5
+BACKOFF_MULTIPLIER = 1.5
+BACKOFF_RANDOMIZATION = 0.5
+MAX_BACKOFF_S = 60.0
 OCI_PREFIX = "oci://"
 META_PREFIX = "ISTIO_META_"  # istio-agent strips every such key from the VM environment
 WASM_MAGIC = b"\x00asm"
@@ -65,24 +85,32 @@ class FetchError(Exception):
     pass
 
 
-def _blocked(address: str) -> bool:
+def _blocked(address: str, extra: tuple[Network, ...] = ()) -> str | None:
+    """Why the module fetcher must not connect to `address` (None: it may)."""
     try:
         ip = ipaddress.ip_address(address.split("%", 1)[0])
     except ValueError:
-        return False
-    return ip.is_link_local or ip in _METADATA
+        return None
+    if ip.is_link_local or ip in _METADATA:
+        return "is link-local or a cloud metadata address"
+    cidr = next((c for c in extra if ip.version == c.version and ip in c), None)
+    return None if cidr is None else f"is in the blocked CIDR range {cidr} (BLOCKED_CIDRS_IN_WASM_FETCH)"
 
 
 class _GuardedConnector(aiohttp.TCPConnector):
-    """Refuses link-local and cloud metadata addresses for every connection (redirects, token
-    services), whether named by IP or by a host name that resolves to one."""
+    """Refuses blocked addresses for every connection (redirects, token services), whether named
+    by IP or by a host name that resolves to one."""
+
+    def __init__(self, blocked: tuple[Network, ...] = ()) -> None:
+        super().__init__()
+        self._blocked_cidrs = blocked
 
     async def _resolve_host(self, host: str, port: int, traces: Any = None) -> list[ResolveResult]:
         found = await super()._resolve_host(host, port, traces)
-        bad = [r["host"] for r in found if _blocked(r["host"])]
-        if bad:
-            raise aiohttp.ClientConnectionError(f"connection to {host} blocked: {bad[0]} is link-local "
-                                                "or a cloud metadata address")
+        for r in found:
+            why = _blocked(r["host"], self._blocked_cidrs)
+            if why:
+                raise aiohttp.ClientConnectionError(f"connection to {host} blocked: {r['host']} {why}")
         return found
 
 
@@ -126,14 +154,30 @@ def insecure_registries(text: str) -> frozenset[str]:
     return frozenset(h.strip() for h in text.split(",") if h.strip())
 
 
+def _retryable(status: int) -> bool:
+    """istio-agent retries a 5xx, except those a second try cannot change."""
+    return status >= 500 and status not in (501, 505, 511)
+
+
 class ModuleCache:
-    def __init__(self, directory: str, insecure: Iterable[str] = ()) -> None:
+    def __init__(self, directory: str, insecure: Iterable[str] = (), *, blocked: tuple[Network, ...] = (),
+                 http_request_timeout: float = DEFAULT_HTTP_REQUEST_TIMEOUT_S,
+                 http_attempts: int = DEFAULT_HTTP_ATTEMPTS, initial_backoff: float = INITIAL_BACKOFF_S,
+                 module_expiry: float = DEFAULT_MODULE_EXPIRY_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.directory = Path(os.path.abspath(directory))
         self.insecure = frozenset(insecure)
+        self.blocked = blocked
+        self.http_request_timeout = http_request_timeout
+        self.http_attempts = max(1, http_attempts)
+        self.initial_backoff = initial_backoff
+        self.module_expiry = module_expiry
+        self.clock = clock
         self.metrics = WasmMetrics()
         self._checksums: dict[str, str] = {}  # URL -> checksum last fetched for it (not for pinned ones)
         self._versions: dict[tuple[str, str], str] = {}  # (URL, resource) -> resource version last seen
-        self._entries: set[Path] = set()
+        self._entries: dict[Path, float] = {}  # module file -> when last handed out (clock)
+        self._urls: dict[Path, set[str]] = {}  # module file -> the URLs whose checksum names it
 
     @property
     def fetches(self) -> int:
@@ -174,9 +218,9 @@ class ModuleCache:
         else:
             self.metrics.lookups["false"] += 1
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout),
-                                         connector=_GuardedConnector()) as session:
+                                         connector=_GuardedConnector(self.blocked)) as session:
             if ref is None:
-                data: bytes | None = await self._download(session, url)
+                data: bytes | None = await self._download(session, url, timeout)
                 got = hashlib.sha256(data or b"").hexdigest()
                 image = None
             else:
@@ -215,23 +259,70 @@ class ModuleCache:
     def _remember(self, url: str, resource_name: str, resource_version: str, path: Path, pinned: bool) -> None:
         if not pinned:  # istio-agent: a digest URL needs no URL -> checksum entry
             self._checksums[url] = path.stem
+            self._urls.setdefault(path, set()).add(url)
         self._versions[(url, resource_name)] = resource_version
-        self._entries.add(path)
+        self._entries[path] = self.clock()
         self.metrics.cache_entries = len(self._entries)
 
-    async def _download(self, session: aiohttp.ClientSession, url: str) -> bytes:
+    def purge(self) -> list[Path]:
+        """Delete the modules not handed out for longer than the expiry (istio-agent's purge), and
+        the URL checksums naming them, so the next use fetches again; the deleted files."""
+        now = self.clock()
+        gone = []
+        for path, last in list(self._entries.items()):
+            if now - last <= self.module_expiry:
+                continue
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as e:
+                log.error("cannot purge a stale Wasm module", path=str(path), error=str(e))
+                continue
+            del self._entries[path]
+            for url in self._urls.pop(path, ()):
+                if self._checksums.get(url) == path.stem:
+                    del self._checksums[url]
+            gone.append(path)
+        self.metrics.cache_entries = len(self._entries)
+        return gone
+
+    async def purge_forever(self, interval: float) -> None:
+        """WASM_PURGE_INTERVAL: the agent's background purge (cancelled at shutdown)."""
+        while True:
+            await asyncio.sleep(interval)
+            for path in self.purge():
+                log.info("removed a Wasm module unused for WASM_MODULE_EXPIRY", path=str(path))
+
+    async def _download(self, session: aiohttp.ClientSession, url: str, timeout: float) -> bytes:
+        """istio-agent's HTTP fetcher: up to `http_attempts` GETs, each within the per-request
+        timeout, all within `timeout`; a connection failure or retryable 5xx waits (exponential
+        backoff with jitter) and tries again, anything else fails at once."""
         host = url.split("://", 1)[-1].split("/", 1)[0]
-        try:
-            async with session.get(url, ssl=not self._allow_insecure(host)) as resp:
-                if resp.status != 200:
-                    raise FetchError(f"GET {url}: HTTP {resp.status}")
-                data = await resp.content.read(MAX_MODULE_BYTES + 1)
-        except (aiohttp.ClientError, TimeoutError) as e:
-            self.metrics.fetches["download_failure"] += 1
-            raise FetchError(f"GET {url}: {_reason(e)}") from None
-        except FetchError:
-            self.metrics.fetches["download_failure"] += 1
-            raise
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        interval = self.initial_backoff
+        attempts = 0
+        while True:
+            attempts += 1
+            retry = False
+            per_request = aiohttp.ClientTimeout(total=max(0.001, min(self.http_request_timeout,
+                                                                     deadline - loop.time())))
+            try:
+                async with session.get(url, ssl=not self._allow_insecure(host), timeout=per_request) as resp:
+                    if resp.status == 200:
+                        data = await resp.content.read(MAX_MODULE_BYTES + 1)
+                        break
+                    reason = f"HTTP {resp.status}"
+                    retry = _retryable(resp.status)
+            except (aiohttp.ClientError, TimeoutError) as e:
+                reason = _reason(e)
+                retry = not (isinstance(e, aiohttp.ClientConnectionError) and "blocked:" in str(e))
+            wait = min(MAX_BACKOFF_S, interval) * random.uniform(1 - BACKOFF_RANDOMIZATION, 1 + BACKOFF_RANDOMIZATION)
+            interval *= BACKOFF_MULTIPLIER
+            if not retry or attempts >= self.http_attempts or loop.time() + wait >= deadline:
+                self.metrics.fetches["download_failure"] += 1
+                raise FetchError(f"GET {url}: failed after {attempts} attempt(s), last error: {reason}")
+            log.debug("Wasm module download failed; trying again", url=url, error=reason, wait_s=round(wait, 3))
+            await asyncio.sleep(wait)
         if len(data) > MAX_MODULE_BYTES:
             self.metrics.fetches["download_failure"] += 1
             raise FetchError(f"GET {url}: module larger than {MAX_MODULE_BYTES} bytes")

@@ -75,16 +75,10 @@ class ServiceStatus(Model):
 class Service(K8sObject):
     kind: Literal["Service"] = "Service"
     spec: ServiceSpec = Field(default_factory=ServiceSpec)
-    # Kept for Ingress status (the ingress Service's load balancer addresses).
+    # Its load balancer addresses: Ingress status (the ingress Service's), and a network
+    # gateway's addresses (pilot/model/networks.py), so a status update is a change (a push).
     status: ServiceStatus = Field(default_factory=ServiceStatus,
-                                  description="the ingress Service's addresses, for Ingress status")
-
-    def spec_equal(self, other: K8sObject) -> bool:
-        # A status-only update (a load balancer address) changes no proxy config: no Store event,
-        # no push. The Ingress status writer reads the informer's latest copy instead.
-        if not isinstance(other, Service):
-            return False
-        return super().spec_equal(other.model_copy(update={"status": self.status}))
+                                  description="load balancer addresses: Ingress status, network gateways")
 
 
 class EndpointConditions(Model):

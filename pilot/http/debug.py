@@ -84,6 +84,7 @@ DESCRIPTIONS = {
     "/debug/configz": "config in the store, rejected documents with the reason, policies applied differently",
     "/debug/registryz": "the service registry: services with their ports",
     "/debug/endpointz": "endpoints per service port",
+    "/debug/networkz": "cross-network gateways (meshNetworks, Services labelled topology.istio.io/network)",
     "/debug/config_dump": "Envoy's ConfigDump of what this server would send ?proxyID=",
     "/debug/push_status": "the push context version, conflicts and the last pushes",
     "/debug/mesh": "the MeshConfig in force, fields not applied, unknown PILOT_* variables",
@@ -113,6 +114,7 @@ class DebugHandlers:
             web.get("/debug/configz", self.configz),
             web.get("/debug/registryz", self.registryz),
             web.get("/debug/endpointz", self.endpointz),
+            web.get("/debug/networkz", self.networkz),
             web.get("/debug/config_dump", self.config_dump),
             web.get("/debug/push_status", self.push_status),
             web.get("/debug/mesh", self.mesh),
@@ -254,9 +256,15 @@ class DebugHandlers:
         for s in ctx.services:
             for p in s.ports:
                 out.append({"service": s.hostname, "port": p.port, "endpoints": [
-                    {"address": e.address, "port": e.port, "locality": e.locality.label(), "ready": e.ready}
+                    {"address": e.address, "port": e.port, "locality": e.locality.label(), "ready": e.ready,
+                     "network": ctx.networks.network_of(e.address, e.network)}
                     for e in ctx.endpoints(s, p.port)]})
         return _json(out)
+
+    async def networkz(self, _req: web.Request) -> web.Response:
+        """istiod's /debug/networkz: every network gateway, with its Go field names."""
+        return _json([{"Network": g.network, "Cluster": g.cluster, "Addr": g.address, "Port": g.port}
+                      for g in self.server.push_context.networks.gateways])
 
     def _find(self, proxy_id: str) -> Connection | None:
         for c in self.server.connections.values():

@@ -30,7 +30,8 @@ A facet is a small tuple naming one thing a lookup depended on, present or absen
 - ("sessions",) whether some mesh (GAMMA) route sets a session;
 - ("telemetry", NS) the Telemetries of a namespace (the root namespace's reach every proxy);
 - ("wasm", NS) the WasmPlugins of a namespace (the root namespace's reach every proxy);
-- ("kind", K) every object of kind K (indexes read whole, such as ztunnel's).
+- ("kind", K) every object of kind K (indexes read whole, such as ztunnel's);
+- ("networks",) the mesh's network gateways and endpoint network defaults (split-horizon EDS).
 
 Besides facets, a result may have evaluated a Sidecar's egress hosts over every service (a
 scoped view): a changed service meets it when the Sidecar's egress names it, before or after.
@@ -58,6 +59,7 @@ GRANTS = ("grants",)
 SESSIONS = ("sessions",)  # whether any mesh route sets a session (sidecars' stateful session filter)
 JWKS = ("jwks",)
 AMBIENT = ("ambient",)  # ztunnel's index, read whole (AMBIENT_INPUT_KINDS)
+NETWORKS = ("networks",)  # the network gateways and endpoint network defaults (pilot/model/networks.py)
 
 
 def host(h: str) -> tuple:
@@ -245,6 +247,8 @@ def describe(f: tuple) -> str:
         "wasm": "WasmPlugins in namespace {}",
         "kind": "every {}",
         "ambient": "every object ztunnel's workload index reads (Pods, Namespaces, Nodes, Services, ...)",
+        "networks": "the network gateways (meshNetworks, Services labelled topology.istio.io/network) and "
+                    "the system namespace's network",
     }
     text = labels.get(what)
     return text.format(*args) if text is not None else repr(f)
@@ -348,6 +352,8 @@ def change_of(keys: Iterable[ConfigKey], old, new, *, mesh_changed: bool, servic
             facets.add(GRANTS)
         if old.gateway_api.mesh_sessions != new.gateway_api.mesh_sessions:
             facets.add(SESSIONS)
+        if old.networks != new.networks:
+            facets.add(NETWORKS)
     return Change(frozenset(facets), tuple(services), False, keys)
 
 

@@ -76,6 +76,11 @@ class Proxy:
         return str(self.metadata.get("INTERCEPTION_MODE") or "REDIRECT").upper()
 
     @property
+    def network(self) -> str:
+        """The network it is on: its NETWORK metadata (ISTIO_META_NETWORK), "" for none."""
+        return str(self.metadata.get("NETWORK") or "")
+
+    @property
     def generator(self) -> str:
         return str(self.metadata.get("GENERATOR") or "")
 

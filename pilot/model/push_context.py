@@ -12,10 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from pilot.config.core import EndpointSlice, Pod, Secret, Service
+from pilot.config.core import EndpointSlice, Namespace, Pod, Secret, Service
 from pilot.config.extensions import WasmPlugin
 from pilot.config.gateway_api import KubernetesGateway
 from pilot.config.mesh import MeshConfig
+from pilot.config.mesh_networks import NO_MESH_NETWORKS, MeshNetworks
 from pilot.config.networking import (
     DestinationRule,
     EnvoyFilter,
@@ -36,6 +37,7 @@ from pilot.model.gateways import GatewayIndex
 from pilot.model.ingress import NO_INGRESS, IngressResult
 from pilot.model.ingress import translate as translate_ingress
 from pilot.model.mesh_settings import DEFAULT_KNOBS, GenerationKnobs, MeshSettings
+from pilot.model.networks import NO_NETWORKS, NetworkIndex, build_index
 from pilot.model.push_proxy_plans import ProxyPlans
 from pilot.model.security_policies import JwksSnapshot, SecurityIndex, jwks_uri_host_port
 from pilot.model.services import (
@@ -45,7 +47,7 @@ from pilot.model.services import (
     service_entry_services,
 )
 from pilot.model.sidecar_scope import ServiceView, scoped_view, select_sidecar
-from pilot.model.store import Entry, ObjT, Store
+from pilot.model.store import ConfigKey, Entry, ObjT, Store
 from pilot.model.telemetry import TelemetryIndex
 from pilot.model.traffic import TrafficIndex
 
@@ -102,6 +104,8 @@ class PushContext(ProxyPlans):
     # PILOT_ENABLE_IP_AUTOALLOCATE: (namespace, host) -> (IPv4, IPv6) of ServiceEntries without
     # addresses (pilot/model/auto_allocate.py), for proxies that capture DNS.
     auto_addresses: Mapping[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
+    # The mesh's networks: gateways and endpoint network defaults (pilot/model/networks.py).
+    networks: NetworkIndex = NO_NETWORKS
     # EnvoyFilters by namespace (their patches apply last, in pilot/xds/generators/envoy_filter.py).
     envoy_filters: Mapping[str, tuple[Entry[EnvoyFilter], ...]] = field(default_factory=dict)
     # The Deps being recorded (innermost last) while a result is generated: see `recording`.
@@ -112,7 +116,8 @@ class PushContext(ProxyPlans):
               previous: PushContext | None = None, jwks: JwksSnapshot | None = None,
               disabled_envoy_filters: frozenset = frozenset(),
               knobs: GenerationKnobs = DEFAULT_KNOBS, *,
-              k8s_select_workload_entries: bool = True) -> PushContext:
+              k8s_select_workload_entries: bool = True, mesh_networks: MeshNetworks = NO_MESH_NETWORKS,
+              system_namespace: str = "istio-system") -> PushContext:
         """Services whose Service object did not change are carried over from `previous` as the
         same objects, so cache keys built from them compare by identity, not field by field.
         `disabled_envoy_filters`: (key, revision) of EnvoyFilters left out because a proxy
@@ -153,6 +158,11 @@ class PushContext(ProxyPlans):
         gateway_api = translate(store, domain, previous.gateway_api if previous is not None else None)
         ingress = translate_ingress(store, domain, mesh, knobs.ingress_namespace)
         service_entries = MappingProxyType({(e.key.namespace, e.key.name): e for e in store.list(ServiceEntry)})
+        networks = build_index(store.list(Service), mesh_networks,
+                               store.get(ConfigKey("Namespace", "", system_namespace), Namespace),
+                               knobs.cluster_id, domain)
+        if previous is not None and previous.networks == networks:
+            networks = previous.networks
         return cls(
             version=version,
             mesh=mesh,
@@ -183,6 +193,7 @@ class PushContext(ProxyPlans):
             k8s_select_workload_entries=k8s_select_workload_entries,
             auto_addresses=_auto_addresses(service_entries, knobs, previous),
             envoy_filters=MappingProxyType(ef.index(store.list(EnvoyFilter), disabled_envoy_filters)),
+            networks=networks,
         )
 
     def service(self, hostname: str) -> MeshService | None:

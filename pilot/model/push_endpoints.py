@@ -13,9 +13,11 @@ from pilot.config.mesh import MeshConfig
 from pilot.config.networking import ServiceEntry, WorkloadEntry
 from pilot.model import dependencies as dep
 from pilot.model.ambient.index import AmbientInputs
+from pilot.model.label_index import LabelIndex
 from pilot.model.labels import selects
 from pilot.model.mesh_settings import MeshSettings
 from pilot.model.mtls import spiffe_id
+from pilot.model.networks import NetworkIndex, NetworkView
 from pilot.model.proxy import Proxy
 from pilot.model.push_recording import RecordingMixin
 from pilot.model.services import (
@@ -46,6 +48,7 @@ class EndpointQueries(RecordingMixin):
     workload_entries_by_ns: Mapping[str, tuple[Entry[WorkloadEntry], ...]]
     ambient: AmbientInputs
     k8s_select_workload_entries: bool
+    networks: NetworkIndex
 
     def pods_of(self, slices: tuple[Entry[EndpointSlice], ...]) -> tuple[Entry[Pod], ...]:
         """The Pods behind these slices' endpoints (their labels decide subset membership)."""
@@ -140,6 +143,22 @@ class EndpointQueries(RecordingMixin):
                 for p in svc.ports[:1] for e in self.endpoints(svc, p.port))
         return hit
 
+    def dns_networks_in_use(self) -> bool:
+        """Does split-horizon reach some DNS cluster's own endpoints (the mesh has gateways and a
+        DNS ServiceEntry has endpoints on a network)? Only then is CDS per client network."""
+        if not self.networks.multi_network:
+            self._note(dep.NETWORKS)
+            return False
+        self._note(dep.NETWORKS, dep.ALL_SERVICES)
+        hit = self._memo.get("dns-networks")
+        if hit is None:
+            index = self.networks
+            hit = self._memo["dns-networks"] = any(
+                index.network_of(e.address, e.network)
+                for svc in self.services if svc.kind == "ServiceEntry" and svc.resolution in ("DNS", "DNS_ROUND_ROBIN")
+                for p in svc.ports for e in self.endpoints(svc, p.port))
+        return hit
+
     def locality_reads_labels(self) -> bool:
         """Does any setting in force rank endpoints by the client's labels (failoverPriority)?"""
         return self._locality_use()[1]
@@ -182,7 +201,7 @@ class EndpointQueries(RecordingMixin):
             if entry is not None:
                 spec = entry.obj.spec
                 out.update(spec.subject_alt_names)
-                for w in spec.endpoints + [we.obj.spec for we in self._selected_workload_entries(svc, entry)]:
+                for w in spec.endpoints + [we.obj.spec for we in self.selected_workload_entries(svc, entry)]:
                     if w.service_account:
                         out.add(spiffe_id(td, svc.namespace, w.service_account))
                 for p in self.service_entry_pods(svc, entry):
@@ -196,12 +215,14 @@ class EndpointQueries(RecordingMixin):
         return tuple(sorted(out))
 
 
-    def _selected_workload_entries(self, svc: MeshService, entry: Entry[ServiceEntry]) -> list[Entry[WorkloadEntry]]:
-        selector = entry.obj.spec.workload_selector
+    def selected_workload_entries(self, svc: MeshService, entry: Entry[ServiceEntry] | None) -> tuple[Entry[WorkloadEntry], ...]:
+        """The WorkloadEntries a ServiceEntry's workloadSelector picks in its namespace (healthy
+        or not: endpoint building drops the unhealthy), none without a selector."""
+        selector = entry.obj.spec.workload_selector if entry is not None else None
         if selector is None:
-            return []
-        return [we for we in self.workload_entries(svc)
-                if selects(selector.match_labels, we.obj.spec.labels)]
+            return ()
+        self._note(dep.workload_entries(svc.namespace))
+        return self.workload_entry_index(svc.namespace).select(selector.match_labels)
 
     def service_slices(self, svc: MeshService) -> tuple[Entry[EndpointSlice], ...]:
         if self._rec:
@@ -217,25 +238,36 @@ class EndpointQueries(RecordingMixin):
             if entry is None:
                 return ()
             pods = self.service_entry_pods(svc, entry)
-            return service_entry_endpoints(entry, sp, self.workload_entries(svc), (), pods, self.nodes_of(pods))
-        wes = self.service_workload_entries(svc)
-        return merge_endpoints(endpoints_for_port(self.service_slices(svc), sp), workload_entry_endpoints(sp, wes))
+            eps = service_entry_endpoints(entry, sp, self.selected_workload_entries(svc, entry), (), pods, self.nodes_of(pods))
+        else:
+            wes = self.service_workload_entries(svc)
+            eps = merge_endpoints(endpoints_for_port(self.service_slices(svc), sp), workload_entry_endpoints(sp, wes))
+        # Endpoints known only by their network (no address) exist for split-horizon EDS alone.
+        return eps if all(e.address for e in eps) else tuple(e for e in eps if e.address)
 
     def service_workload_entries(self, svc: MeshService) -> tuple[Entry[WorkloadEntry], ...]:
         """The WorkloadEntries a Kubernetes Service's selector picks in its namespace (istiod's
         PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES; an entry without labels is never selected)."""
         if svc.kind != "Service" or not svc.selector or not self.k8s_select_workload_entries:
             return ()
-        entries = self.workload_entries(svc)
-        if not entries:
+        if not self.workload_entries(svc):
             return ()
         key = ("svc-wes", svc.namespace, svc.selector)
         hit = self._memo.get(key)
-        if hit is None:
-            selector = dict(svc.selector)
-            hit = self._memo[key] = tuple(e for e in entries if e.obj.spec.labels
-                                          and selects(selector, e.obj.spec.labels))
+        if hit is None:  # a non-empty selector never picks an entry without labels
+            hit = self._memo[key] = self.workload_entry_index(svc.namespace).select(dict(svc.selector))
         return hit
+
+    def workload_entry_index(self, namespace: str) -> LabelIndex[Entry[WorkloadEntry]]:
+        """The namespace's WorkloadEntries by label, built once per push context (on first use):
+        every selector of the namespace is answered from it. Callers note the namespace's
+        WorkloadEntries facet themselves (the index is the same input)."""
+        key = ("we-index", namespace)
+        index = self._memo.get(key)
+        if index is None:
+            index = self._memo[key] = LabelIndex(self.workload_entries_by_ns.get(namespace, ()),
+                                                 lambda e: e.obj.spec.labels)
+        return index
 
     def selected_pods(self, namespace: str, selector: Mapping[str, str]) -> tuple[Entry[Pod], ...]:
         """The ready Pods with an IP in `namespace` that `selector` picks (a ServiceEntry's
@@ -275,6 +307,16 @@ class EndpointQueries(RecordingMixin):
         """WorkloadEntries in the ServiceEntry's namespace (its workloadSelector picks among them)."""
         self._note(dep.workload_entries(svc.namespace))
         return self.workload_entries_by_ns.get(svc.namespace, ())
+
+    def network_view(self, proxy: Proxy, mtls: str = "auto") -> NetworkView | None:
+        """The client's view of the mesh's networks for one cluster (see pilot/model/networks.py),
+        None while no network gateway is known: then EDS reads nothing of the client's network
+        and every client shares bytes. Reads the gateways, the system namespace's network label and
+        MeshNetworks (one facet: their index), and the client's NETWORK metadata."""
+        self._note(dep.NETWORKS)
+        if not self.networks.multi_network:
+            return None
+        return NetworkView(self.networks, proxy.network, mtls)
 
     def endpoints_version(self, svc: MeshService) -> tuple[int, ...]:
         """Revisions of the slices behind a service: the EDS cache-key input."""

@@ -3,7 +3,9 @@ pilot/pkg/model/extensions.go and PushContext.WasmPluginsByListenerInfo), pure.
 
 Selection as istiod: the root namespace's plugins without selector reach every proxy; a
 namespace's plugins reach its proxies when their selector (or, for a gateway, a Gateway
-targetRef) selects the proxy. Order as istiod: by phase where the filter chain has a slot for it,
+targetRef) selects the proxy. A targetRef names a Gateway of the plugin's own namespace, so a root
+namespace plugin with targetRefs reaches only the root namespace's gateways (istiod's
+ShouldAttachPolicy; its one root-namespace exception, GatewayClass istio-waypoint, is for waypoints). Order as istiod: by phase where the filter chain has a slot for it,
 within a phase by priority (higher first), then oldest first, then namespace/name.
 """
 
@@ -14,11 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pilot.config.extensions import WasmPlugin, fetch_url, is_local
-from pilot.model.labels import selects
+from pilot.model.labels import selects, targets_gateway_of
 from pilot.model.store import Entry
-
-GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name"
-GATEWAY_API_GROUP = "gateway.networking.k8s.io"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,14 +75,12 @@ class WasmPlan:
 NO_WASM = WasmPlan()
 
 
-def _attaches(e: Entry[WasmPlugin], labels: Mapping[str, str]) -> bool:
+def _attaches(e: Entry[WasmPlugin], namespace: str, labels: Mapping[str, str]) -> bool:
     spec = e.obj.spec
     refs = spec.target_references
     if not refs:
         return selects(spec.selector.match_labels if spec.selector else {}, labels)
-    gateway = labels.get(GATEWAY_NAME_LABEL)
-    return gateway is not None and any(r.kind == "Gateway" and r.group == GATEWAY_API_GROUP and r.name == gateway
-                                       for r in refs)
+    return targets_gateway_of(refs, e.key.namespace, namespace, labels)
 
 
 def _filter(e: Entry[WasmPlugin], ports: frozenset[int]) -> WasmFilter:
@@ -127,9 +124,9 @@ def _modes(e: Entry[WasmPlugin]) -> tuple[frozenset[int] | None, frozenset[int] 
 
 def plan_for(by_namespace: Mapping[str, tuple[Entry[WasmPlugin], ...]], root_namespace: str, namespace: str,
              labels: Mapping[str, str]) -> WasmPlan:
-    chosen = [e for e in by_namespace.get(root_namespace, ()) if _attaches(e, labels)]
+    chosen = [e for e in by_namespace.get(root_namespace, ()) if _attaches(e, namespace, labels)]
     if namespace != root_namespace:
-        chosen += [e for e in by_namespace.get(namespace, ()) if _attaches(e, labels)]
+        chosen += [e for e in by_namespace.get(namespace, ()) if _attaches(e, namespace, labels)]
     if not chosen:
         return NO_WASM
     chosen.sort(key=lambda e: (-(e.obj.spec.priority or 0), e.obj.metadata.creation_timestamp,

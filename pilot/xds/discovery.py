@@ -185,7 +185,8 @@ class DiscoveryServer(AckNack):
         ctx = PushContext.build(self.store, self.mesh.current, self.mesh.version, self.domain, version, previous,
                                 self.jwks(), disabled_envoy_filters=frozenset(rejected),
                                 knobs=self.features.generation_knobs(),
-                                k8s_select_workload_entries=self.features.k8s_select_workload_entries)
+                                k8s_select_workload_entries=self.features.k8s_select_workload_entries,
+                                mesh_networks=self.mesh.networks, system_namespace=self.mesh.system_namespace)
         self._log_policy_problems(ctx, previous)
         for listener in self.context_listeners:
             listener(ctx)

@@ -46,7 +46,7 @@ def ecds(url: str, fail_open: bool) -> discovery_pb2.DiscoveryResponse:
 
 async def test_an_unreachable_module_becomes_deny_all_or_allow_all_rbac(tmp_path):
     url = f"http://127.0.0.1:{free_port()}/p.wasm"  # nothing listens there
-    cache = ModuleCache(str(tmp_path))
+    cache = ModuleCache(str(tmp_path), http_attempts=1)  # retries: tests/unit/test_agent_wasm_fetch.py
     for fail_open in (False, True):
         data = await rewrite_response(ecds(url, fail_open).SerializeToString(), False, cache)
         got = discovery_pb2.DiscoveryResponse.FromString(data)

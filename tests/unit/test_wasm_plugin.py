@@ -137,3 +137,18 @@ def test_a_pull_secret_reaches_only_proven_proxies_of_the_plugins_namespace():
     # Only a docker config Secret is one (another type keeps no such key at all).
     w.apply(secret("shop", "Opaque"))
     assert env(proven, "shop.p")["ISTIO_META_WASM_IMAGE_PULL_SECRET"] == ""
+
+
+def test_a_gateway_targetref_names_a_gateway_of_the_plugins_own_namespace_only():
+    """istiod's ShouldAttachPolicy: a targetRef has no namespace of its own, so a root namespace
+    plugin naming Gateway `ingress` is for the root namespace's `ingress`, not every namespace's."""
+    gw = {"kind": "Gateway", "group": "gateway.networking.k8s.io", "name": "ingress"}
+    root = entry({"url": "file:///r.wasm", "targetRefs": [gw]}, "r", "istio-system", "2026-01-01T00:00:00Z", 1)
+    local = entry({"url": "file:///l.wasm", "targetRefs": [gw]}, "l", "shop", "2026-01-02T00:00:00Z", 2)
+    index = {"istio-system": (root,), "shop": (local,)}
+    ingress = {"gateway.networking.k8s.io/gateway-name": "ingress"}
+    assert [f.name for f in plan_for(index, "istio-system", "shop", ingress).client] == ["shop.l"]
+    assert [f.name for f in plan_for(index, "istio-system", "istio-system", ingress).client] == ["istio-system.r"]
+    assert plan_for(index, "istio-system", "other", ingress).client == ()
+    # Nor does a targetRef ever select a sidecar that merely shares the namespace.
+    assert plan_for(index, "istio-system", "shop", {"app": "ingress"}).client == ()

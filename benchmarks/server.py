@@ -37,6 +37,33 @@ class ServerError(RuntimeError):
     pass
 
 
+def probe_env(path: Path, env: dict[str, str] | None = None) -> dict[str, str]:
+    """`env` plus what loads benchmarks/heapprobe into a Python process, writing to `path`; a
+    PYTHONPATH already in `env` (benchmarks/diagnose, say) follows the probe's directory."""
+    env = dict(env or {})
+    rest = env.get("PYTHONPATH", str(REPO_ROOT))
+    env["PYTHONPATH"] = f"{REPO_ROOT / 'benchmarks' / 'heapprobe'}{os.pathsep}{rest}"
+    env["BENCH_HEAP_PROBE"] = str(path)
+    return env
+
+
+async def read_heap(pid: int, path: Path, timeout: float = 30.0) -> dict:
+    """Ask the probe in process `pid` (started with probe_env(path)) for its figures, taken now."""
+    before = json.loads(path.read_text())["seq"] if path.exists() else -1
+    os.kill(pid, signal.SIGUSR2)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            found = json.loads(path.read_text())
+            if found["seq"] > before:
+                return found
+        except (FileNotFoundError, json.JSONDecodeError):
+            pass
+        if time.monotonic() > deadline:
+            raise ServerError(f"no heap figures from {pid} within {timeout}s")
+        await asyncio.sleep(0.05)
+
+
 def _read_ports(path: Path) -> dict[str, int] | None:
     try:
         ports = json.loads(path.read_text())
@@ -122,6 +149,15 @@ class ServerProcess:
 
     def peak_rss_mb(self) -> float | None:
         return peak_rss_mb(self._ps.pid)
+
+    @property
+    def heap_probe(self) -> Path:
+        return self.workdir / "heap.json"
+
+    async def heap(self) -> dict:
+        """RSS and glibc's heap figures now, from the probe (a server started with probe_env())."""
+        assert self._ps is not None
+        return await read_heap(self._ps.pid, self.heap_probe)
 
     async def loop_lag(self, since: float = 0.0) -> dict:
         """The server's event-loop lag (pilot/loop_lag.py) since wall time `since`: samples, p50, p99, max ms."""

@@ -23,7 +23,7 @@ from benchmarks.ipc import REPO_ROOT, Child
 from benchmarks.mesh import MeshFiles
 from benchmarks.options import Options
 from benchmarks.report import environment
-from benchmarks.server import ServerProcess, peak_rss_mb
+from benchmarks.server import ServerProcess, peak_rss_mb, probe_env, read_heap
 
 
 class Loadgen:
@@ -63,12 +63,14 @@ class Loadgen:
 
 
 class Harness:
-    def __init__(self, opts: Options, scenario: str) -> None:
+    def __init__(self, opts: Options, scenario: str, probe: bool = False) -> None:
         self.opts = opts
         self.scenario = scenario
         self.workdir = Path(tempfile.mkdtemp(prefix=f"pilot-bench-{scenario}-"))
         self.mesh = MeshFiles(self.workdir / "config", opts.services, opts.namespaces, opts.port_name)
         self.server = ServerProcess(self.workdir, self.mesh.root, dict(opts.server_env))
+        if probe:  # the heap probe (benchmarks/heapprobe), for ServerProcess.heap()
+            self.server.env = probe_env(self.server.heap_probe, self.server.env)
         self._children: list[Child] = []
         self._failed = False
         self._results: list[dict] = []
@@ -111,8 +113,9 @@ class Harness:
         else:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
-    async def child(self, module: str, args: list[str], label: str) -> tuple[Child, dict]:
-        child = Child(module, args, self.workdir / f"{label}.log")
+    async def child(self, module: str, args: list[str], label: str,
+                    env: dict[str, str] | None = None) -> tuple[Child, dict]:
+        child = Child(module, args, self.workdir / f"{label}.log", env)
         self._children.append(child)
         hello = await child.start()
         return child, hello
@@ -214,6 +217,37 @@ async def floor_connect(h: Harness, opts: Options, responses: dict[str, Path], l
     result = {"convergence_ms": stats.summary(ms), "all_synced_ms": max(ms, default=None),
               "proxies_acked": sync["synced"], "cpu_s": window.cpu,
               "rss_mb": ps.memory_info().rss / (1 << 20), "peak_rss_mb": peak_rss_mb(floor.pid)}
+    await lg.stop()
+    await floor.stop()
+    return result
+
+
+async def floor_memory(h: Harness, opts: Options, responses: dict[str, Path], label: str = "floor-memory") -> dict:
+    """The floor's RSS with 0, P and 2P proxies, set up as the `memory` scenario sets up ours
+    (each step until every proxy holds CDS, EDS, LDS and RDS). The floor keeps nothing per stream
+    but a queue and two tasks, so its growth per proxy is gRPC's own per-connection cost (HTTP/2
+    stream, call, buffers) plus that, the part of ours no Python change can remove."""
+    args = [a for path in responses.values() for a in ("--response", str(path))]
+    probe = h.workdir / f"{label}-heap.json"
+    floor, hello = await h.child("benchmarks.floor", [*args, *(["--delta"] if opts.delta else [])], label,
+                                 env=probe_env(probe))
+    ps = psutil.Process(floor.pid)
+    lg = await h.loadgen(hello["port"], label=f"loadgen-{label}")
+    steps = [{"proxies": 0, "rss_mb": ps.memory_info().rss / (1 << 20), "heap": await read_heap(floor.pid, probe)}]
+    for total in (opts.proxies, 2 * opts.proxies):
+        connected = steps[-1]["proxies"]
+        await lg.connect(connected, total - connected)
+        sync = await lg.synced(opts.timeout())
+        if sync["synced"] != sync["proxies"]:
+            raise RuntimeError(f"{label}: only {sync['synced']}/{sync['proxies']} proxies got full config")
+        steps.append({"proxies": total, "rss_mb": ps.memory_info().rss / (1 << 20),
+                      "heap": await read_heap(floor.pid, probe)})
+    p = max(1, opts.proxies)
+    result = {"rss_mb_by_proxies": {str(s["proxies"]): round(s["rss_mb"], 1) for s in steps},
+              "per_proxy_kb": round((steps[2]["rss_mb"] - steps[1]["rss_mb"]) * 1024 / p, 1),
+              "in_use_mb_by_proxies": {str(s["proxies"]): round(s["heap"]["in_use_kb"] / 1024, 1) for s in steps},
+              "in_use_per_proxy_kb": round((steps[2]["heap"]["in_use_kb"] - steps[1]["heap"]["in_use_kb"]) / p, 1),
+              "peak_rss_mb": peak_rss_mb(floor.pid)}
     await lg.stop()
     await floor.stop()
     return result

@@ -47,8 +47,11 @@ class AckNack:
 
     def record_ack(self, conn: Connection, w: WatchedResource, nonce: str, version: str) -> None:
         w.nonce_acked, w.version_acked, w.last_acked_at = nonce, version or w.version_sent, time.time()
-        w.pending.pop(nonce, None)
-        started = w.push_started.pop(nonce, None)
+        _, started = w.answered(nonce)
+        if not conn.delta:
+            # A SotW ACK is for the latest response only (older nonces are stale, never
+            # answered): nothing sent before it can be ACKed or NACKed any more.
+            w.awaiting = None
         if started is not None:
             start, push_version = started
             converged = time.monotonic() - start
@@ -65,8 +68,7 @@ class AckNack:
         if w.last_nack is not None and w.last_nack.nonce == nonce:
             return  # the same rejection repeated: counted and logged once
         message = message[:MAX_NACK_MESSAGE]
-        sent = w.pending.pop(nonce, ())
-        started = w.push_started.pop(nonce, None)
+        sent, started = w.answered(nonce)
         record = self.history.get(started[1]) if started else None
         if record is not None:
             record.nacks += 1

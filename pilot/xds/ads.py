@@ -140,6 +140,7 @@ class AdsService:
         log.info("connected", proxy=proxy.id, peer=conn.peer, delta=delta, conn=conn.id)
         conn.requests_queued, conn.request_bytes_queued = 1, 0
         conn.inbox.put_nowait((first, 0))
+        first = None  # the inbox has it; this frame lives as long as the stream
         reader = asyncio.get_running_loop().create_task(self._read(requests, conn))
         send = self._writer(conn, context)
         pace = self.server.pace
@@ -162,6 +163,9 @@ class AdsService:
                         await self._on_sotw(conn, req, send)
                 finally:
                     conn.request_done(size)
+                # Not kept while the stream idles: a parsed request holds its names (a delta
+                # one, its whole protobuf arena).
+                item = req = None
         except asyncio.CancelledError:
             raise
         except WriteTimeout as e:
@@ -269,6 +273,7 @@ class AdsService:
                 size = len(req.raw) if isinstance(req, SotwRequest) else (
                     0 if isinstance(req, delta_request.TooMany) else req.ByteSize())
                 await conn.queue_request(req, size)  # waits while the worker is behind
+                req = None  # the worker has it; not held here until the next one arrives
         except asyncio.CancelledError:
             return
         except Exception as e:  # noqa: BLE001 - any failure here is retried or reported, never fatal
@@ -401,7 +406,7 @@ class AdsService:
             # Resume: the proxy already holds these versions; send only what differs.
             w.sent = self._held_map(req.initial_resource_versions)
             conn.watched[type_url] = w
-        if req.response_nonce and (req.response_nonce in w.pending or req.response_nonce == w.nonce_sent):
+        if req.response_nonce and (w.awaits(req.response_nonce) or req.response_nonce == w.nonce_sent):
             # Only nonces this stream was sent: anything else is stale or made up.
             if req.HasField("error_detail"):
                 self.server.record_nack(conn, w, req.response_nonce, "", req.error_detail.code,

@@ -59,8 +59,11 @@ def names_by_host(names: frozenset[str]) -> dict[str, tuple[str, ...]]:
     return index
 
 
-@dataclass
+@dataclass(slots=True)
 class WatchedResource:
+    """One watched type of one stream. Slotted and with nothing allocated until it is needed:
+    a thousand proxies each hold four or more of these."""
+
     type_url: str
     wildcard: bool = False
     _names: frozenset[str] = frozenset()
@@ -75,10 +78,10 @@ class WatchedResource:
     last_acked_at: float = 0.0
     last_nack: Nack | None = None
     nacks: int = 0
-    # Each response still awaiting an ACK, for tying a NACK to its resources and their config.
-    pending: dict[str, tuple[CachedResource, ...]] = field(default_factory=dict)
-    # nonce -> (PushRequest.start, push version): convergence is measured from the first event
-    push_started: dict[str, tuple[float, str]] = field(default_factory=dict)
+    # nonce -> (resources, (PushRequest.start, push version) or None) of each response still
+    # awaiting an ACK: a NACK is tied to its resources and their config, and a push's convergence
+    # is measured from its first event. None while nothing awaits one (most of a stream's life).
+    awaiting: dict[str, tuple[tuple[CachedResource, ...], tuple[float, str] | None]] | None = None
 
     # Digest of the names of the last SotW request (ads.names_digest): an ACK that repeats them
     # is recognised without reading a thousand strings.
@@ -93,6 +96,29 @@ class WatchedResource:
     def names(self, value: Iterable[str]) -> None:
         self._names = shared_names(value)
 
+    # --- responses awaiting an answer ---------------------------------------------------------
+    def sent_response(self, nonce: str, resources: tuple[CachedResource, ...],
+                      started: tuple[float, str] | None) -> None:
+        awaiting = self.awaiting
+        if awaiting is None:
+            awaiting = self.awaiting = {}
+        awaiting[nonce] = (resources, started)
+        if len(awaiting) > MAX_AWAITING:  # a proxy that never answers must not grow memory
+            awaiting.pop(next(iter(awaiting)))
+
+    def answered(self, nonce: str) -> tuple[tuple[CachedResource, ...], tuple[float, str] | None]:
+        """What was sent with this nonce, no longer awaited: ((), None) if unknown."""
+        awaiting = self.awaiting
+        if awaiting is None:
+            return (), None
+        found = awaiting.pop(nonce, None)
+        if not awaiting:
+            self.awaiting = None  # an empty dict keeps its table; None costs nothing
+        return found if found is not None else ((), None)
+
+    def awaits(self, nonce: str) -> bool:
+        return self.awaiting is not None and nonce in self.awaiting
+
     def requested(self) -> frozenset[str] | None:
         """None means "everything" (wildcard); otherwise the names asked for: the one frozenset
         shared by every stream asking for the same names, so memo keys compare by identity."""
@@ -104,6 +130,41 @@ class WatchedResource:
         return frozenset(n for h in hosts for n in by_host.get(h, ()))
 
 
+MAX_AWAITING = 16  # responses remembered per watched type while unanswered
+
+
+class Inbox:
+    """What a stream's worker waits on: requests read from the stream, push markers, the end.
+    One consumer (the worker), so it needs a list and, while the worker waits, one future:
+    asyncio.Queue would cost three deques and an Event per stream (~3 KB, per proxy)."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: list = []  # a few items at most (MAX_QUEUED_REQUESTS + markers)
+        self._waiter: asyncio.Future | None = None
+
+    def put_nowait(self, item) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def get_nowait(self):
+        if not self._items:
+            raise asyncio.QueueEmpty
+        return self._items.pop(0)
+
+    async def get(self):
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._items.pop(0)
+
+
 # Requests read from a stream but not yet handled. Past either bound the stream is simply not
 # read until the worker catches up (HTTP/2 flow control then holds the client back), as istiod's
 # one-slot request channel does: a client that writes without reading cannot grow the server.
@@ -112,6 +173,10 @@ MAX_QUEUED_REQUEST_BYTES = 4 << 20
 
 
 class Connection:
+    __slots__ = ("__weakref__", "_nonce", "_room", "bytes_queued", "bytes_sent", "close_reason", "closed", "connected_at",
+                 "credential_refusal", "credentials_refused", "delta", "id", "inbox", "last_write_at",
+                 "last_write_s", "number", "peer", "pending_push", "proxy", "pushing", "request_bytes_queued",
+                 "requests_queued", "responses_sent", "watched", "write_started")
     _seq = 0
 
     def __init__(self, proxy: Proxy, peer: str, delta: bool) -> None:
@@ -123,7 +188,7 @@ class Connection:
         self.delta = delta
         self.connected_at = time.time()
         self.watched: dict[str, WatchedResource] = {}
-        self.inbox: asyncio.Queue = asyncio.Queue()
+        self.inbox = Inbox()
         self.pending_push: PushRequest | None = None
         self.pushing = False  # inside DiscoveryServer.push_connection
         self.closed = False
@@ -134,8 +199,7 @@ class Connection:
         # Requests waiting for the worker (bounded: see MAX_QUEUED_REQUESTS).
         self.requests_queued = 0
         self.request_bytes_queued = 0
-        self._room = asyncio.Event()
-        self._room.set()
+        self._room: asyncio.Future | None = None  # the reader waits on it while the inbox is full
         # The response being written, if any: at most one per stream at a time, since pushes for
         # a stream that is still writing merge into `pending_push`.
         self.bytes_queued = 0
@@ -151,8 +215,11 @@ class Connection:
         """Called by the stream's reader: waits while the inbox is full."""
         while self.requests_queued and (self.requests_queued >= MAX_QUEUED_REQUESTS
                                         or self.request_bytes_queued + size > MAX_QUEUED_REQUEST_BYTES):
-            self._room.clear()
-            await self._room.wait()
+            room = self._room = asyncio.get_running_loop().create_future()
+            try:
+                await room
+            finally:
+                self._room = None
         self.requests_queued += 1
         self.request_bytes_queued += size
         self.inbox.put_nowait((req, size))
@@ -160,7 +227,9 @@ class Connection:
     def request_done(self, size: int) -> None:
         self.requests_queued -= 1
         self.request_bytes_queued -= size
-        self._room.set()
+        room = self._room
+        if room is not None and not room.done():
+            room.set_result(None)
 
     # --- writes -----------------------------------------------------------------------------
     def write_begun(self, size: int) -> None:

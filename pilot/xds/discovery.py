@@ -478,13 +478,8 @@ class DiscoveryServer(AckNack):
         nonce, body = self._response(conn, w, ctx, plan)
         w.sent = plan.held_after  # shared, never mutated in place
         w.nonce_sent, w.version_sent, w.last_sent_at = nonce, ctx.version, time.time()
-        w.pending[nonce] = plan.out
-        if len(w.pending) > 16:  # a proxy that never answers must not grow memory
-            w.pending.pop(next(iter(w.pending)))
+        w.sent_response(nonce, plan.out, None if push is None else (push.start, push.version))
         if push is not None:
-            w.push_started[nonce] = (push.start, push.version)
-            if len(w.push_started) > 16:
-                w.push_started.pop(next(iter(w.push_started)))
             record = self.history.get(push.version)
             if record is not None:
                 record.responses += 1

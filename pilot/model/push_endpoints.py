@@ -14,7 +14,6 @@ from pilot.config.networking import ServiceEntry, WorkloadEntry
 from pilot.model import dependencies as dep
 from pilot.model.ambient.index import AmbientInputs
 from pilot.model.label_index import LabelIndex
-from pilot.model.labels import selects
 from pilot.model.mesh_settings import MeshSettings
 from pilot.model.mtls import spiffe_id
 from pilot.model.networks import NetworkIndex, NetworkView
@@ -277,11 +276,26 @@ class EndpointQueries(RecordingMixin):
         key = ("selected-pods", namespace, tuple(sorted(selector.items())))
         hit = self._memo.get(key)
         if hit is None:
-            hit = self._memo[key] = tuple(
-                p for (ns, _), p in sorted(self.pods.items())
-                if ns == namespace and p.obj.status.pod_ip and p.obj.status.ready
-                and selects(selector, p.obj.metadata.labels))
+            hit = self._memo[key] = self.pod_index(namespace).select(selector)
         return hit
+
+    def pod_index(self, namespace: str) -> LabelIndex[Entry[Pod]]:
+        """The namespace's ready Pods with an IP, by label, in name order: built once per push
+        context on first use, so each selector costs the Pods holding its rarest label rather
+        than a sort and scan of every Pod of the mesh (issue 17). Callers note the namespace's
+        Pods facet themselves (the index is the same input)."""
+        key = ("pod-index", namespace)
+        index = self._memo.get(key)
+        if index is None:
+            by_ns = self._memo.get("pods-by-ns")
+            if by_ns is None:  # one pass over the mesh's Pods serves every namespace
+                grouped: dict[str, list[Entry[Pod]]] = {}
+                for (ns, _), p in sorted(self.pods.items()):
+                    if p.obj.status.pod_ip and p.obj.status.ready:
+                        grouped.setdefault(ns, []).append(p)
+                by_ns = self._memo["pods-by-ns"] = grouped
+            index = self._memo[key] = LabelIndex(by_ns.get(namespace, ()), lambda p: p.obj.metadata.labels)
+        return index
 
     def nodes_of(self, pods: tuple[Entry[Pod], ...]) -> tuple[Entry[Node], ...]:
         names = sorted({p.obj.spec.node_name for p in pods if p.obj.spec.node_name})

@@ -1,7 +1,7 @@
 """python -m benchmarks SCENARIO [--services N] [--proxies M] [--out FILE] [--full]
 
 SCENARIO is push, eds, churn, connect, memory, recording, gateway_api, envoyfilter, delta_bytes,
-scaleout, beyond or all. Reduced sizes by default (200 services,
+scaleout, beyond, sniffing (only when named) or all. Reduced sizes by default (200 services,
 200 proxies, 10 s churn; `make bench` runs all of them in a few minutes); --full uses 1,000
 services and 1,000 proxies (memory goes to 2,000) and a 60 s churn. Each scenario writes one
 JSON (default benchmarks/results/SCENARIO.json; with `all`, --out is a directory) and a summary
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from benchmarks.options import FULL, REDUCED, Options
 from benchmarks.report import summary_table, write_result
-from benchmarks.scenarios import SCENARIOS
+from benchmarks.scenarios import ON_DEMAND, SCENARIOS
 
 
 def parse(argv: list[str]) -> tuple[list[str], Options]:
@@ -36,6 +36,9 @@ def parse(argv: list[str]) -> tuple[list[str], Options]:
     parser.add_argument("--churn-rate", type=float, default=10.0, help="endpoint changes per second")
     parser.add_argument("--out", type=Path, help="result file (a directory with `all`)")
     parser.add_argument("--keep-workdir", action="store_true", help="keep config, logs and captures")
+    parser.add_argument("--port-name", default="http",
+                        help="the services' port name (`web`: no protocol prefix, sniffed)")
+    parser.add_argument("--repeats", type=int, default=3, help="sniffing: runs of each side, alternating")
     parser.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
                         help="environment for the server under test, e.g. PILOT_ENABLE_EDS_DEBOUNCE=false")
     a = parser.parse_args(argv)
@@ -45,11 +48,11 @@ def parse(argv: list[str]) -> tuple[list[str], Options]:
     opts = Options(services=a.services or sizes["services"], proxies=a.proxies or sizes["proxies"], full=a.full,
                    delta=a.delta, channels=a.channels, namespaces=a.namespaces, rounds=max(1, a.rounds),
                    churn_rate=a.churn_rate, churn_seconds=a.churn_seconds or sizes["churn_seconds"],
-                   out=a.out, keep_workdir=a.keep_workdir,
+                   out=a.out, keep_workdir=a.keep_workdir, port_name=a.port_name, repeats=max(1, a.repeats),
                    server_env=tuple(tuple(kv.split("=", 1)) for kv in a.server_env))
     if opts.services < 1 or opts.proxies < 1:
         parser.error("--services and --proxies must be at least 1")
-    return (list(SCENARIOS) if a.scenario == "all" else [a.scenario]), opts
+    return ([n for n in SCENARIOS if n not in ON_DEMAND] if a.scenario == "all" else [a.scenario]), opts
 
 
 async def run(names: list[str], opts: Options) -> int:

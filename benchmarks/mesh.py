@@ -38,7 +38,7 @@ def namespace(i: int) -> str:
     return f"ns{i}"
 
 
-def _service_yaml(svc: Service, ip_block: int = 96) -> str:
+def _service_yaml(svc: Service, ip_block: int = 96, port_name: str = "http") -> str:
     i = svc.index
     return f"""apiVersion: v1
 kind: Service
@@ -46,11 +46,11 @@ metadata: {{name: {svc.name}, namespace: {svc.namespace}}}
 spec:
   clusterIP: 10.{ip_block}.{i // 250}.{i % 250 + 1}
   selector: {{app: {svc.name}}}
-  ports: [{{name: http, port: {PORT}, targetPort: {TARGET_PORT}}}]
+  ports: [{{name: {port_name}, port: {PORT}, targetPort: {TARGET_PORT}}}]
 """
 
 
-def _slice_yaml(svc: Service, generation: int) -> str:
+def _slice_yaml(svc: Service, generation: int, port_name: str = "http") -> str:
     # The generation moves the first endpoint, so every change is a real change of the CLA bytes.
     i = svc.index
     addrs = [f"10.{(i // 250) % 250 + 1}.{i % 250}.{(generation + k) % 250 + 1}"
@@ -64,7 +64,7 @@ metadata:
   namespace: {svc.namespace}
   labels: {{kubernetes.io/service-name: {svc.name}}}
 addressType: IPv4
-ports: [{{name: http, port: {TARGET_PORT}}}]
+ports: [{{name: {port_name}, port: {TARGET_PORT}}}]
 endpoints:
 {endpoints}
 """
@@ -134,8 +134,11 @@ spec:
 class MeshFiles:
     """Writes and mutates the mesh; every write is atomic (rename), as kubectl-like tools do."""
 
-    def __init__(self, root: Path, services: int, namespaces: int) -> None:
+    def __init__(self, root: Path, services: int, namespaces: int, port_name: str = "http") -> None:
         self.root = root
+        # `http` (HTTP by its name) or a name without a protocol prefix (`web`: sniffed, istiod's
+        # ListenerProtocolAuto), on the Service port and its EndpointSlice port alike.
+        self.port_name = port_name
         self.namespaces = max(1, namespaces)
         self.services = [Service(i, f"svc-{i}", namespace(i % self.namespaces)) for i in range(services)]
         self._generation: dict[int, int] = {}
@@ -148,8 +151,8 @@ class MeshFiles:
         self._write("namespaces.yaml", "\n---\n".join(
             f"apiVersion: v1\nkind: Namespace\nmetadata: {{name: {ns}}}\n" for ns in namespaces))
         for svc in self.services:
-            self._write(f"services/{svc.name}.yaml", _service_yaml(svc))
-            self._write(f"endpoints/{svc.name}.yaml", _slice_yaml(svc, 0))
+            self._write(f"services/{svc.name}.yaml", _service_yaml(svc, port_name=self.port_name))
+            self._write(f"endpoints/{svc.name}.yaml", _slice_yaml(svc, 0, self.port_name))
 
     def write_envoy_filters(self, selective: int, mesh_wide: int) -> list[str]:
         """EnvoyFilters: `selective` ones each selecting one `bench-workload` label in its
@@ -177,20 +180,20 @@ class MeshFiles:
         """An endpoint-only change of one service: the EDS path, one ClusterLoadAssignment."""
         gen = self._generation.get(svc.index, 0) + 1
         self._generation[svc.index] = gen
-        self._write(f"endpoints/{svc.name}.yaml", _slice_yaml(svc, gen))
+        self._write(f"endpoints/{svc.name}.yaml", _slice_yaml(svc, gen, self.port_name))
 
     def add_service(self) -> Service:
         """A new Service with its EndpointSlice: a new cluster, endpoint set and virtual host."""
         svc = Service(len(self.services), f"svc-{len(self.services)}", namespace(len(self.services) % self.namespaces))
         self.services.append(svc)
-        self._write(f"services/{svc.name}.yaml", _service_yaml(svc))
-        self._write(f"endpoints/{svc.name}.yaml", _slice_yaml(svc, 0))
+        self._write(f"services/{svc.name}.yaml", _service_yaml(svc, port_name=self.port_name))
+        self._write(f"endpoints/{svc.name}.yaml", _slice_yaml(svc, 0, self.port_name))
         return svc
 
     def move_cluster_ip(self, svc: Service) -> None:
         """A change of one Service that only its virtual host reads (the cluster IP is one of
         its domains): the route configuration of its port changes, nothing else."""
-        self._write(f"services/{svc.name}.yaml", _service_yaml(svc, ip_block=97))
+        self._write(f"services/{svc.name}.yaml", _service_yaml(svc, ip_block=97, port_name=self.port_name))
 
     def remove_service(self, svc: Service) -> None:
         """The Service and its EndpointSlice deleted: a cluster, an endpoint set and a virtual host go."""

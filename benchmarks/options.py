@@ -26,6 +26,8 @@ class Options:
     out: Path | None = None  # a file for one scenario, a directory for `all`
     keep_workdir: bool = False
     server_env: tuple[tuple[str, str], ...] = ()  # extra PILOT_* knobs for the server under test
+    port_name: str = "http"  # the services' port name; one without a protocol prefix is sniffed
+    repeats: int = 3  # `sniffing`: runs of each side, alternating
 
     def out_path(self, scenario: str, several: bool) -> Path:
         if self.out is None:

@@ -132,9 +132,9 @@ class KubeWriter:
             self._task.cancel()
 
 
-def entry_name(group: str, ip: str) -> str:
-    # ':' (IPv6) is not allowed in object names.
-    return f"{group}-{ip}".replace(":", "-")
+def entry_name(group: str, ip: str, network: str = "") -> str:
+    # ':' (IPv6) is not allowed in object names. istiod appends the proxy's network when it has one.
+    return "-".join((group, ip, network) if network else (group, ip)).replace(":", "-")
 
 
 def _now() -> str:
@@ -154,13 +154,15 @@ def workload_entry(group: WorkloadGroup, proxy: Proxy, connected_at: str,
     labels.pop(LOCALITY_LABEL, None)
     spec["labels"] = labels
     spec["address"] = proxy.ip_addresses[0]
+    if proxy.network:  # istiod's: the proxy's NETWORK is where its entry is reached
+        spec["network"] = proxy.network
     annotations = {**group.spec.metadata.annotations, GROUP_ANNOTATION: group.metadata.name,
                    CONNECTED_AT: connected_at}
     if health_checks and health_checked(proxy):
         annotations[HEALTH_CHECK_ANNOTATION] = "true"
     return WorkloadEntry.model_validate({
         "apiVersion": "networking.istio.io/v1", "kind": "WorkloadEntry",
-        "metadata": {"name": entry_name(group.metadata.name, proxy.ip_addresses[0]),
+        "metadata": {"name": entry_name(group.metadata.name, proxy.ip_addresses[0], proxy.network),
                      "namespace": proxy.namespace, "labels": labels, "annotations": annotations},
         "spec": spec})
 
@@ -181,7 +183,8 @@ class AutoRegistration:
         group = str(proxy.metadata.get(GROUP_META) or "")
         if not group or not proxy.ip_addresses:
             return None
-        return group, ConfigKey("WorkloadEntry", proxy.namespace, entry_name(group, proxy.ip_addresses[0]))
+        return group, ConfigKey("WorkloadEntry", proxy.namespace,
+                                entry_name(group, proxy.ip_addresses[0], proxy.network))
 
     def connected(self, proxy: Proxy) -> None:
         found = self._key(proxy)

@@ -336,11 +336,11 @@ TRACE_SAMPLING = _knob(
     "randomSamplingPercentage.")
 DUAL_STACK = _knob(
     "ISTIO_DUAL_STACK", "false", _bool,
-    "Dual-stack support, as istiod's: Services keep every spec.clusterIPs address, endpoints of one "
-    "Pod in both families' EndpointSlices become one endpoint with an additional address, and "
-    "proxies with IPv4 and IPv6 addresses (INSTANCE_IPS) get wildcard listeners bound on :: too, "
-    "an inbound passthrough source ::6 beside 127.0.0.6 and DNS clusters resolving both families "
-    "(dns_lookup_family ALL).")
+    "Dual-stack support, as istiod's: proxies with IPv4 and IPv6 addresses (INSTANCE_IPS) see every "
+    "spec.clusterIPs address of a Service (without, those of the first address's family), get "
+    "wildcard listeners bound on :: too and DNS clusters resolving both families (dns_lookup_family "
+    "ALL; without, V4_ONLY); endpoints of one Pod in both families' EndpointSlices become one "
+    "endpoint with an additional address.")
 HTTP10 = _knob(
     "PILOT_HTTP10", "false", _bool,
     "Sidecar HTTP listeners accept HTTP/1.0 (and sniffing recognises it as HTTP); off, HTTP/1.0 "

@@ -67,7 +67,7 @@ class Harness:
         self.opts = opts
         self.scenario = scenario
         self.workdir = Path(tempfile.mkdtemp(prefix=f"pilot-bench-{scenario}-"))
-        self.mesh = MeshFiles(self.workdir / "config", opts.services, opts.namespaces)
+        self.mesh = MeshFiles(self.workdir / "config", opts.services, opts.namespaces, opts.port_name)
         self.server = ServerProcess(self.workdir, self.mesh.root, dict(opts.server_env))
         self._children: list[Child] = []
         self._failed = False

@@ -13,10 +13,11 @@ import contextlib
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 from pilot import logging as plog
-from pilot.agent import health
+from pilot.agent import bootstrap_xds, health
 from pilot.agent.bootstrap import envoy_bootstrap, node_metadata
 from pilot.agent.ca_client import CAClient, CertificateError
 from pilot.agent.config import (
@@ -36,7 +37,7 @@ from pilot.agent.sds import SdsServer
 from pilot.agent.secrets import SecretManager
 from pilot.agent.status import StatusServer
 from pilot.agent.supervisor import EnvoySupervisor
-from pilot.agent.wasm import ModuleCache, rewrite_response
+from pilot.agent.wasm import ModuleCache, insecure_registries, rewrite_response
 from pilot.agent.xds_proxy import XdsProxy
 
 log = plog.get("agent")
@@ -45,7 +46,8 @@ log = plog.get("agent")
 def envoy_args(cfg: AgentConfig) -> list[str]:
     args = [cfg.envoy_binary, "-c", BOOTSTRAP_PATH,
             "--drain-time-s", str(int(cfg.proxy.drain_duration)), "--drain-strategy", "immediate",
-            "--local-address-ip-version", "v6" if ":" in cfg.instance_ip else "v4",
+            # IPv6 only when every pod address is (istio-agent's IsIPv6): a dual-stack pod stays v4.
+            "--local-address-ip-version", "v6" if all(":" in a for a in cfg.instance_ips) else "v4",
             "--file-flush-interval-msec", "1000",
             # Several Envoys on one host (tests, VMs) each need their own hot-restart base id.
             "--use-dynamic-base-id",
@@ -77,6 +79,34 @@ class PortsFile:
             tmp = f"{self.path}.tmp"
             Path(tmp).write_text(json.dumps(self.ports))
             os.replace(tmp, self.path)
+
+
+async def _fetch_bootstrap(cfg: AgentConfig, base: dict, xds: XdsProxy, stop: asyncio.Event) -> bool:
+    """BOOTSTRAP_XDS_AGENT: write the control plane's bootstrap (EnvoyFilter BOOTSTRAP patches
+    merged) over the agent's own, once Envoy would accept it. False: stopped while waiting."""
+    started = time.monotonic()
+    fetch = asyncio.ensure_future(bootstrap_xds.fetch(xds.channel, base, cfg.envoy_binary,
+                                                      str(Path(BOOTSTRAP_PATH).parent)))
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({fetch, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if not fetch.done():
+        fetch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await fetch
+        return False
+    outcome = fetch.result()
+    if outcome.patched:
+        Path(BOOTSTRAP_PATH).write_text(json.dumps(outcome.bootstrap, indent=1))
+        log.info("bootstrap from the control plane", path=BOOTSTRAP_PATH,
+                 took_s=round(time.monotonic() - started, 3))
+    elif not outcome.reason:
+        log.info("no BOOTSTRAP patches for this proxy: starting Envoy with the agent's own bootstrap",
+                 took_s=round(time.monotonic() - started, 3))
+    else:
+        log.warning("starting Envoy with the agent's own bootstrap", reason=outcome.reason,
+                    took_s=round(time.monotonic() - started, 3))
+    return True
 
 
 async def run(cfg: AgentConfig, warnings: list[str]) -> int:
@@ -126,11 +156,15 @@ async def run(cfg: AgentConfig, warnings: list[str]) -> int:
     for w in md_warnings:
         log.warning(w)
     Path(BOOTSTRAP_PATH).parent.mkdir(parents=True, exist_ok=True)
-    Path(BOOTSTRAP_PATH).write_text(json.dumps(envoy_bootstrap(cfg, metadata), indent=1))
+    base = envoy_bootstrap(cfg, metadata)
+    Path(BOOTSTRAP_PATH).write_text(json.dumps(base, indent=1))
 
     sds = SdsServer(secrets, SDS_SOCKET_PATH)
     await sds.start()
-    modules = ModuleCache(WASM_CACHE_PATH)
+    modules = ModuleCache(WASM_CACHE_PATH, insecure_registries(cfg.wasm_insecure_registries),
+                          blocked=cfg.wasm_blocked_cidrs,
+                          http_request_timeout=cfg.wasm_http_request_timeout,
+                          http_attempts=cfg.wasm_http_attempts, module_expiry=cfg.wasm_module_expiry)
     xds = XdsProxy(upstream=cfg.discovery_address, server_name=cfg.istiod_san, root_cert_path=ROOT_CERT_PATH,
                    secrets=secrets, socket_path=XDS_SOCKET_PATH,
                    rewrite_ecds=lambda data, delta: rewrite_response(data, delta, modules))
@@ -146,9 +180,14 @@ async def run(cfg: AgentConfig, warnings: list[str]) -> int:
         health.run_forever(readiness, cfg.instance_ip, xds.report_health), name="readiness-probe")
     status = StatusServer(secrets, supervisor, port=cfg.proxy.status_port,
                           on_port=lambda p: ports.set("status", p), app_probers=cfg.app_probers,
-                          app_host=cfg.instance_ip, app_metrics=cfg.app_metrics, node_id=cfg.node_id)
+                          app_host=cfg.instance_ip, app_metrics=cfg.app_metrics, node_id=cfg.node_id,
+                          agent_metrics=modules.metrics.render)
     rotation = asyncio.create_task(secrets.rotate_forever(), name="certificate-rotation")
+    purge = asyncio.create_task(modules.purge_forever(cfg.wasm_purge_interval), name="wasm-module-purge")
     try:
+        if cfg.bootstrap_xds and not await _fetch_bootstrap(cfg, base, xds, stop):
+            log.info("stopped before the bootstrap arrived")
+            return 0
         try:
             await status.start()
         except OSError as e:
@@ -158,9 +197,10 @@ async def run(cfg: AgentConfig, warnings: list[str]) -> int:
         code = await supervisor.run()
     finally:
         await graceful.close()
-        rotation.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await rotation
+        for task in (rotation, purge):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         if prober is not None:
             prober.cancel()
             with contextlib.suppress(asyncio.CancelledError):

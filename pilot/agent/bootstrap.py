@@ -121,7 +121,7 @@ def node_metadata(cfg: AgentConfig, labels_text: str = "", annotations_text: str
         "NAME": cfg.pod_name,
         "SERVICE_ACCOUNT": cfg.service_account,
         "LABELS": labels,
-        "INSTANCE_IPS": cfg.instance_ip,
+        "INSTANCE_IPS": ",".join(cfg.instance_ips),
         "PILOT_SAN": [cfg.istiod_san],
         "PROXY_CONFIG": {**cfg.proxy.raw, "discoveryAddress": cfg.discovery_address},
     })
@@ -161,6 +161,17 @@ def _xds_cluster() -> dict:
 ZIPKIN_CLUSTER = "zipkin"
 
 
+def bootstrap_dns_lookup_family(cfg: AgentConfig) -> str:
+    """istio-agent's bootstrap DNSLookupFamily from INSTANCE_IPS: V6_ONLY when every address is
+    IPv6, ALL for both families with ISTIO_DUAL_STACK in the agent's environment, else V4_ONLY."""
+    v6 = [":" in a for a in cfg.instance_ips]
+    if v6 and all(v6):
+        return "V6_ONLY"
+    if any(v6) and str(cfg.env.get("ISTIO_DUAL_STACK", "")).lower() in ("1", "t", "true"):
+        return "ALL"  # (strconv.ParseBool's true spellings, as istio-agent reads the knob)
+    return "V4_ONLY"
+
+
 def _zipkin(cfg: AgentConfig) -> tuple[dict, dict] | None:
     """istio-agent's bootstrap tracer from ProxyConfig tracing.zipkin.address (its bootstrap
     template's `zipkin` cluster and `tracing.http`): the tracer of every HCM whose `tracing` names
@@ -173,7 +184,7 @@ def _zipkin(cfg: AgentConfig) -> tuple[dict, dict] | None:
         "name": ZIPKIN_CLUSTER,
         "type": "STATIC" if is_ip(host) else "STRICT_DNS",
         "respect_dns_ttl": True,
-        "dns_lookup_family": "V4_ONLY",
+        "dns_lookup_family": bootstrap_dns_lookup_family(cfg),
         "connect_timeout": "1s",
         "load_assignment": {"cluster_name": ZIPKIN_CLUSTER, "endpoints": [{"lb_endpoints": [{"endpoint": {
             "address": {"socket_address": {"address": host, "port_value": port}}}}]}]},

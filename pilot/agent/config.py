@@ -13,7 +13,7 @@ import json
 import os
 import re
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from pilot import __version__
+from pilot.agent.host_ips import private_ips
 from pilot.config.proxy_tracing import ProxyTracing, parse_proxy_tracing
 from pilot.durations import parse_duration
 from pilot.features import Knob, _bool
@@ -90,6 +91,46 @@ SECRET_GRACE_PERIOD_RATIO_JITTER = _knob(
     "Random +/- added to SECRET_GRACE_PERIOD_RATIO so proxies started together do not renew together.")
 PROXY_CONFIG = _knob("PROXY_CONFIG", "", str, "ProxyConfig (YAML or JSON), over the mesh's defaultConfig.")
 DELTA_XDS = _knob("ISTIO_DELTA_XDS", "false", _bool, "Envoy uses delta ADS (DELTA_GRPC) instead of SotW.")
+WASM_INSECURE_REGISTRIES = _knob(
+    "WASM_INSECURE_REGISTRIES", "", str,
+    "Comma-separated registries (host[:port]) whose TLS certificate the Wasm module fetcher does not verify; "
+    "'*' for all.")
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def blocked_cidrs(text: str) -> tuple[Network, ...]:
+    """BLOCKED_CIDRS_IN_WASM_FETCH: comma-separated CIDRs. istio-agent skips one it cannot parse
+    with a warning; here it is refused (ValueError): a typo would leave that range fetchable."""
+    out = []
+    for part in (p.strip() for p in text.split(",")):
+        if part:
+            try:
+                out.append(ipaddress.ip_network(part, strict=False))
+            except ValueError as e:
+                raise ValueError(f"not a CIDR: {part!r} ({e})") from None
+    return tuple(out)
+
+
+# istio-agent's Wasm fetch knobs (pkg/wasm/options.go defaults; BLOCKED_CIDRS_IN_WASM_FETCH is
+# pilot/pkg/features'). Parsed here, used by pilot/agent/wasm.py.
+BLOCKED_CIDRS_IN_WASM_FETCH = _knob(
+    "BLOCKED_CIDRS_IN_WASM_FETCH", "", blocked_cidrs,
+    "Comma-separated CIDRs the Wasm module fetcher never connects to, besides link-local and cloud metadata "
+    "addresses (always blocked); an unparsable entry is refused.")
+WASM_MODULE_EXPIRY = _knob("WASM_MODULE_EXPIRY", "24h", _positive_duration,
+                           "A cached Wasm module unused for this long is deleted.")
+WASM_PURGE_INTERVAL = _knob("WASM_PURGE_INTERVAL", "1h", _positive_duration,
+                            "How often cached Wasm modules are checked against WASM_MODULE_EXPIRY.")
+WASM_HTTP_REQUEST_TIMEOUT = _knob("WASM_HTTP_REQUEST_TIMEOUT", "15s", _positive_duration,
+                                  "Timeout of each HTTP(S) request fetching a Wasm module.")
+WASM_HTTP_REQUEST_MAX_RETRIES = _knob(
+    "WASM_HTTP_REQUEST_MAX_RETRIES", "5", int,
+    "Attempts (the first included, as istio-agent counts) of an HTTP(S) Wasm module download that fails to "
+    "connect or gets a retryable 5xx.")
+BOOTSTRAP_XDS_AGENT = _knob(
+    "BOOTSTRAP_XDS_AGENT", "false", _bool,
+    "Fetch the Envoy bootstrap from the control plane before starting Envoy, with EnvoyFilter BOOTSTRAP "
+    "patches merged (checked with envoy --mode validate; refused: the agent's own bootstrap).")
 # Not istio-agent knobs: istio-agent leaves restarts to the kubelet. Here the agent restarts Envoy.
 TERMINATION_DRAIN_DURATION_SECONDS = _knob(
     "TERMINATION_DRAIN_DURATION_SECONDS", "5", int,
@@ -232,6 +273,27 @@ def detect_instance_ip() -> str:
         return "127.0.0.1"
 
 
+EXCLUDE_INTERFACES_ANNOTATION = "traffic.sidecar.istio.io/excludeInterfaces"
+
+
+def _instance_ips(instance_ip: str, annotations_text: str,
+                  host_ips: Callable[[frozenset[str]], list[str]]) -> tuple[str, ...]:
+    """istio-agent's proxy IPAddresses: INSTANCE_IP (or the detected address) first, then the
+    host's other addresses (`host_ips`: pilot.agent.host_ips.private_ips) less those of the
+    interfaces the pod's excludeInterfaces annotation names; 127.0.0.1 and ::1 when it has none."""
+    exclude: frozenset[str] = frozenset()
+    if annotations_text:
+        from pilot.agent.bootstrap import parse_downward_api  # bootstrap imports this module
+
+        try:
+            value = parse_downward_api(annotations_text).get(EXCLUDE_INTERFACES_ANNOTATION, "")
+        except ValueError:
+            value = ""  # the bootstrap reports a bad annotations file
+        exclude = frozenset(n.strip() for n in value.split(",") if n.strip())
+    found = host_ips(exclude) or ["127.0.0.1", "::1"]
+    return tuple(dict.fromkeys([instance_ip, *found]))
+
+
 _REPLICASET_POD = re.compile(r"^(.+)-[a-z0-9]{6,10}-[a-z0-9]{5}$")
 
 
@@ -249,6 +311,9 @@ class AgentConfig:
     pod_namespace: str
     service_account: str
     instance_ip: str
+    # Every address of the pod, instance_ip first: INSTANCE_IPS, where istiod reads its IP
+    # families (a dual-stack pod's sidecar gets dual-stack config).
+    instance_ips: tuple[str, ...]
     trust_domain: str
     dns_domain: str
     discovery_address: str
@@ -270,6 +335,13 @@ class AgentConfig:
     ports_file: str | None = None
     app_probers: Mapping[str, Prober] = field(default_factory=dict)  # ISTIO_KUBE_APP_PROBERS, parsed
     app_metrics: Mapping[str, str] | None = None  # ISTIO_PROMETHEUS_ANNOTATIONS: the app's metrics port/path
+    wasm_insecure_registries: str = ""  # WASM_INSECURE_REGISTRIES
+    wasm_blocked_cidrs: tuple[Network, ...] = ()  # BLOCKED_CIDRS_IN_WASM_FETCH
+    wasm_module_expiry: float = 24 * 3600.0  # WASM_MODULE_EXPIRY
+    wasm_purge_interval: float = 3600.0  # WASM_PURGE_INTERVAL
+    wasm_http_request_timeout: float = 15.0  # WASM_HTTP_REQUEST_TIMEOUT
+    wasm_http_attempts: int = 5  # WASM_HTTP_REQUEST_MAX_RETRIES
+    bootstrap_xds: bool = False  # BOOTSTRAP_XDS_AGENT
 
     @property
     def spiffe_id(self) -> str:
@@ -287,11 +359,20 @@ def _get(knob: Knob, env: Mapping[str, str]):
         raise ConfigError(str(e)) from None
 
 
+def _wasm_attempts(env: Mapping[str, str]) -> int:
+    n = _get(WASM_HTTP_REQUEST_MAX_RETRIES, env)
+    if n < 1:  # istio-agent would then never try: every remote module would fail
+        raise ConfigError("WASM_HTTP_REQUEST_MAX_RETRIES: must be at least 1")
+    return int(n)
+
+
 def load(*, proxy_type: str, env: Mapping[str, str], overrides: Mapping[str, Any],
-         find_envoy, read_file=None) -> tuple[AgentConfig, list[str]]:
+         find_envoy, read_file=None, host_ips: Callable[[frozenset[str]], list[str]] | None = None
+         ) -> tuple[AgentConfig, list[str]]:
     """Build the configuration from the environment, the mesh file, PROXY_CONFIG and command-line
     `overrides` (flag name -> value, None when not given). `find_envoy(binary_path)` resolves the
-    Envoy binary or raises ConfigError. Returns the config and warnings to log."""
+    Envoy binary or raises ConfigError. `host_ips(excluded interfaces)` lists the host's
+    addresses (default: its interfaces'). Returns the config and warnings to log."""
     if proxy_type not in PROXY_TYPES:
         raise ConfigError(f"unknown proxy type {proxy_type!r} (want one of {', '.join(PROXY_TYPES)})")
     read = read_file or (lambda p: Path(p).read_text() if Path(p).is_file() else "")
@@ -323,6 +404,7 @@ def load(*, proxy_type: str, env: Mapping[str, str], overrides: Mapping[str, Any
     instance_ip = _get(INSTANCE_IP, env) or detect_instance_ip()
     if not is_ip(instance_ip):
         raise ConfigError(f"INSTANCE_IP {instance_ip!r} is not an IP address")
+    instance_ips = _instance_ips(instance_ip, read(POD_ANNOTATIONS_PATH), host_ips or private_ips)
     from pilot.agent import app_probes  # grpc and aiohttp: only once the config is otherwise good
 
     try:
@@ -336,6 +418,7 @@ def load(*, proxy_type: str, env: Mapping[str, str], overrides: Mapping[str, Any
         pod_namespace=namespace,
         service_account=_get(SERVICE_ACCOUNT, env) or "default",
         instance_ip=instance_ip,
+        instance_ips=instance_ips,
         trust_domain=_get(TRUST_DOMAIN, env) or "cluster.local",
         dns_domain=overrides.get("domain") or f"{namespace}.svc.cluster.local",
         discovery_address=discovery,
@@ -358,6 +441,13 @@ def load(*, proxy_type: str, env: Mapping[str, str], overrides: Mapping[str, Any
         ports_file=overrides.get("portsFile"),
         app_probers=probers,
         app_metrics=app_metrics,
+        wasm_insecure_registries=_get(WASM_INSECURE_REGISTRIES, env),
+        wasm_blocked_cidrs=_get(BLOCKED_CIDRS_IN_WASM_FETCH, env),
+        wasm_module_expiry=_get(WASM_MODULE_EXPIRY, env),
+        wasm_purge_interval=_get(WASM_PURGE_INTERVAL, env),
+        wasm_http_request_timeout=_get(WASM_HTTP_REQUEST_TIMEOUT, env),
+        wasm_http_attempts=_wasm_attempts(env),
+        bootstrap_xds=_get(BOOTSTRAP_XDS_AGENT, env),
     )
     return cfg, warnings
 

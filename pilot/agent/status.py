@@ -22,12 +22,14 @@ class StatusServer:
     def __init__(self, secrets: SecretManager, envoy: EnvoySupervisor, *, host: str = "0.0.0.0",
                  port: int = 15020, on_port: Callable[[int], None] | None = None,
                  app_probers: Mapping[str, app_probes.Prober] | None = None, app_host: str = "127.0.0.1",
-                 app_metrics: Mapping[str, str] | None = None, node_id: str = "") -> None:
+                 app_metrics: Mapping[str, str] | None = None, node_id: str = "",
+                 agent_metrics: Callable[[], str] | None = None) -> None:
         self.secrets = secrets
         self.node_id = node_id
         self.app_probers = app_probers or {}
         self.app_host = app_host  # the pod IP: apps often listen on it rather than on loopback
         self.app_metrics = app_metrics
+        self.agent_metrics = agent_metrics  # the agent's own (istio_agent_*), Prometheus text
         self.envoy = envoy
         self.host, self.port = host, port
         self.on_port = on_port
@@ -65,8 +67,9 @@ class StatusServer:
         return web.Response(status=status, text=text)
 
     async def stats_prometheus(self, _req: web.Request) -> web.Response:
-        """Merged metrics: Envoy's, then the app's (ISTIO_PROMETHEUS_ANNOTATIONS), as istio-agent."""
-        parts = []
+        """Merged metrics: the agent's own, Envoy's, then the app's (ISTIO_PROMETHEUS_ANNOTATIONS), as
+        istio-agent."""
+        parts = [self.agent_metrics()] if self.agent_metrics is not None else []
         if self.envoy.admin_address:
             try:
                 async with self.session.get(f"http://{self.envoy.admin_address}/stats/prometheus",

@@ -143,7 +143,8 @@ class XdsProxy:
             self._streams.discard(slot)
             task.cancel()
 
-    def _channel(self) -> grpc.aio.Channel:
+    def channel(self) -> grpc.aio.Channel:
+        """A channel to the control plane over mTLS with the certificate held now."""
         secret = self.secrets.current
         assert secret is not None  # the agent starts the proxy once it holds a certificate
         creds = grpc.ssl_channel_credentials(Path(self.root_cert_path).read_bytes(), secret.key_pem.encode(),
@@ -164,7 +165,7 @@ class XdsProxy:
 
     async def _forward(self, method: str, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext,
                        *, delta: bool) -> AsyncIterator[bytes]:
-        async with self._channel() as channel:
+        async with self.channel() as channel:
             rpc: grpc.aio.StreamStreamMultiCallable = channel.stream_stream(f"/{SERVICE}/{method}")
             call = rpc(self._merged(requests, delta))  # raw bytes both ways: no serializers
             try:

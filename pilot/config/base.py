@@ -42,6 +42,21 @@ def _refuse_unsupported(value: Any, info: ValidationInfo) -> Any:
 Unsupported = Annotated[Any, AfterValidator(_refuse_unsupported), Field(json_schema_extra={UNSUPPORTED_MARK: True})]
 
 
+def refused_because(reason: str) -> AfterValidator:
+    """The validator of an Unsupported field that says why: `FIELD is not supported: REASON`.
+    Use as `Annotated[Any, refused_because(R), Field(json_schema_extra={UNSUPPORTED_MARK: True},
+    description=R)]` (the description is the field's note in the table of supported fields)."""
+
+    def refuse(value: Any, info: ValidationInfo) -> Any:
+        if value is None:
+            return None
+        name = to_camel(info.field_name) if info.field_name else "field"
+        raise PydanticCustomError("unsupported", "{field} is not supported: {reason}",
+                                  {"field": name, "reason": reason})
+
+    return AfterValidator(refuse)
+
+
 def fails_closed(how: str, default: Any = None) -> Any:
     """A field that is accepted but never applied as written: where the API itself prescribes the
     refusal (Gateway API: a rule with a filter the implementation lacks answers 500 and the route's

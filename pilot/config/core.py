@@ -75,16 +75,10 @@ class ServiceStatus(Model):
 class Service(K8sObject):
     kind: Literal["Service"] = "Service"
     spec: ServiceSpec = Field(default_factory=ServiceSpec)
-    # Kept for Ingress status (the ingress Service's load balancer addresses).
+    # Its load balancer addresses: Ingress status (the ingress Service's), and a network
+    # gateway's addresses (pilot/model/networks.py), so a status update is a change (a push).
     status: ServiceStatus = Field(default_factory=ServiceStatus,
-                                  description="the ingress Service's addresses, for Ingress status")
-
-    def spec_equal(self, other: K8sObject) -> bool:
-        # A status-only update (a load balancer address) changes no proxy config: no Store event,
-        # no push. The Ingress status writer reads the informer's latest copy instead.
-        if not isinstance(other, Service):
-            return False
-        return super().spec_equal(other.model_copy(update={"status": self.status}))
+                                  description="load balancer addresses: Ingress status, network gateways")
 
 
 class EndpointConditions(Model):
@@ -251,10 +245,15 @@ class Node(K8sObject):
 
 
 TLS_SECRET_KEYS = ("tls.crt", "tls.key", "ca.crt", "cert", "key", "cacert")
+# A registry credential (WasmPlugin imagePullSecret), kept only in Secrets of its type.
+DOCKER_CONFIG_TYPE = "kubernetes.io/dockerconfigjson"
+DOCKER_CONFIG_KEY = ".dockerconfigjson"
 
 
 class Secret(K8sObject):
-    """Gateway credentials. Secrets that cannot be one (no certificate keys) keep no data at all.
+    """Gateway credentials and registry credentials (the `.dockerconfigjson` of a
+    kubernetes.io/dockerconfigjson Secret, for WasmPlugin pull secrets). Secrets that cannot be
+    either keep no data at all.
 
     Nothing of a Secret's content can reach a log, a debug view or an error: the values are
     SecretStr (shown as "**********" by repr and by every model_dump), and annotations are not
@@ -271,7 +270,8 @@ class Secret(K8sObject):
     def _only_tls_material(cls, data: object) -> object:
         if isinstance(data, dict):
             payload = data.get("data") or {}
-            keep = {k: v for k, v in payload.items() if k in TLS_SECRET_KEYS} if isinstance(payload, dict) else {}
+            wanted = TLS_SECRET_KEYS + ((DOCKER_CONFIG_KEY,) if data.get("type") == DOCKER_CONFIG_TYPE else ())
+            keep = {k: v for k, v in payload.items() if k in wanted} if isinstance(payload, dict) else {}
             data = {**data, "data": keep}
             data.pop("stringData", None)
             meta = data.get("metadata")

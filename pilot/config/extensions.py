@@ -2,10 +2,11 @@
 (pkg/config/validation validateWasmPlugin) and what this control plane can apply.
 
 The module is loaded by Envoy's V8 runtime (the PyPI Envoy build has it) from a local file
-(`file://`) or, for `http://`/`https://`, from the file pilot-agent fetched, verified against
-`sha256` and cached (pilot/agent/wasm.py, as istio-agent's fetcher): the HTTP Wasm filter is
-inserted into the proxy's HTTP filter chain (pilot/networking/wasm.py). OCI images (`oci://`, or
-a URL without scheme), their pull secret and signature key, and NETWORK filters are refused
+(`file://`) or, for `http://`/`https://` and OCI images (`oci://`, or a URL without scheme, as
+istiod reads it), from the file pilot-agent fetched, verified against `sha256` (for an image: its
+manifest digest) and cached (pilot/agent/wasm.py, pilot/agent/oci.py, as istio-agent's fetcher):
+the HTTP Wasm filter is inserted into the proxy's HTTP filter chain (pilot/networking/wasm.py).
+`verificationKey` (istio-agent verifies no signatures either) and NETWORK filters are refused
 naming the field.
 """
 
@@ -64,16 +65,29 @@ def is_local(url: str) -> bool:
     return url.startswith("file://")
 
 
+def is_image(url: str) -> bool:
+    """An OCI image: `oci://` or, as istiod reads it, a URL without scheme."""
+    return url.startswith("oci://") or "://" not in url
+
+
+def fetch_url(url: str) -> str:
+    """The URL the agent is given (istiod: no scheme means oci://)."""
+    return url if "://" in url else f"oci://{url}"
+
+
 class WasmPluginSpec(StrictModel):
     selector: Selector | None = None
     target_ref: PolicyTargetReference | None = None
     target_refs: list[PolicyTargetReference] = Field(default_factory=list)
     url: str = Field(min_length=1)
     sha256: str = ""
-    # Read by the agent's fetcher (http(s) modules); local files have nothing to pull.
+    # Read by the agent's fetcher (http(s) modules and images); local files have nothing to pull.
     image_pull_policy: Literal["UNSPECIFIED_POLICY", "IfNotPresent", "Always"] = "UNSPECIFIED_POLICY"
-    # Registry credentials and signature keys are for OCI images, which are refused.
-    image_pull_secret: Unsupported = None
+    # A kubernetes.io/dockerconfigjson Secret of the plugin's namespace (istiod forces that
+    # namespace), for OCI images.
+    image_pull_secret: str = Field(default="", max_length=253)
+    # istio-agent verifies no image signature (its fetcher has a TODO for it): accepting the key
+    # would promise a check nothing makes.
     verification_key: Unsupported = None
     plugin_config: dict[str, Any] | None = None
     plugin_name: str = ""
@@ -89,6 +103,10 @@ class WasmPluginSpec(StrictModel):
     def _network(cls, data: object) -> object:
         if isinstance(data, dict) and data.get("type") == "NETWORK":
             raise ValueError("type: NETWORK is not supported (only HTTP plugins are applied)")
+        if isinstance(data, dict) and (data.get("verificationKey") or data.get("verification_key")):
+            raise ValueError("verificationKey: not supported: istio-agent verifies no image signature (its "
+                             "image fetcher has none), so neither does this agent; pin the image by "
+                             "sha256 or digest instead")
         return data
 
     @field_validator("url")
@@ -96,7 +114,7 @@ class WasmPluginSpec(StrictModel):
     def _url(cls, v: str) -> str:
         scheme, sep, rest = v.partition("://")
         if not sep:  # istiod: a URL without scheme is an OCI image reference
-            scheme = "oci"
+            scheme, rest = "oci", v
         if scheme == "file":
             if not rest.startswith("/"):
                 raise ValueError("url: file:// needs an absolute path (file:///path/to/module.wasm)")
@@ -106,10 +124,10 @@ class WasmPluginSpec(StrictModel):
                 raise ValueError(f"url: {scheme}:// needs a host")
             return v
         if scheme == "oci":
-            raise ValueError("url: oci:// is not supported: pulling OCI images needs a registry client, which "
-                             "this control plane's agent does not have; serve the module over http(s):// "
-                             "(with sha256) or use file:// with the module on the proxy's filesystem")
-        raise ValueError(f"url: unsupported scheme {scheme!r} (file://, http:// and https:// are supported)")
+            if not rest or rest.startswith("/") or any(c.isspace() for c in rest):
+                raise ValueError("url: an OCI image needs a registry and repository (oci://REGISTRY/REPO:TAG)")
+            return v
+        raise ValueError(f"url: unsupported scheme {scheme!r} (file://, http://, https:// and oci:// are supported)")
 
     @field_validator("sha256")
     @classmethod
@@ -125,8 +143,11 @@ class WasmPluginSpec(StrictModel):
             problems.append("sha256: not supported for file:// modules (Envoy does not verify local files; "
                             "the agent checks sha256 only for modules it fetches)")
         if self.is_local and self.image_pull_policy != "UNSPECIFIED_POLICY":
-            problems.append("imagePullPolicy: only applies to modules the agent fetches (http(s)://), "
+            problems.append("imagePullPolicy: only applies to modules the agent fetches (http(s)://, oci://), "
                             "not to file://")
+        if self.image_pull_secret and not self.is_image:
+            problems.append("imagePullSecret: only used to pull OCI images (oci://); istio-agent sends no "
+                            "credentials for file:// or http(s):// modules")
         _raise_if(problems)
         return self
 
@@ -137,6 +158,10 @@ class WasmPluginSpec(StrictModel):
     @property
     def is_local(self) -> bool:
         return is_local(self.url)
+
+    @property
+    def is_image(self) -> bool:
+        return is_image(self.url)
 
 
 class WasmPlugin(StrictObject):

@@ -88,7 +88,7 @@ def _walk(model: type[BaseModel], prefix: str, status: str, note: str, rows: lis
         mark = _mark(info)
         st, nt = status, note or (info.description or "")
         if status == APPLIED and mark is True:
-            st, nt = UNSUPPORTED, ""
+            st, nt = UNSUPPORTED, info.description or ""  # the reason, when it has one
         elif status == APPLIED and isinstance(mark, str):
             st, nt = FAILS_CLOSED, mark
         rows.append(Row(path, st, nt))

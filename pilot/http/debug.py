@@ -14,7 +14,8 @@ from pilot.config.gateway_api import GATEWAY_API_KINDS
 from pilot.http import config_dump
 from pilot.http.ambient_debug import AmbientDebug
 from pilot.http.controlz import ControlzHandlers
-from pilot.model import dependencies
+from pilot.model import dependencies, envoy_filters
+from pilot.model.ambient.waypoints import WAYPOINT_CLASS
 from pilot.model.dependencies import Deps
 from pilot.model.events import SERVICE_ENDPOINTS
 from pilot.model.gateways import config_origins
@@ -24,6 +25,7 @@ from pilot.status.view import GatewayStatusView
 from pilot.xds import typeurls
 from pilot.xds.connection import Connection, WatchedResource
 from pilot.xds.discovery import GENERATORS, DiscoveryServer
+from pilot.xds.generators import bootstrap
 
 _SYNC_FIELDS = {typeurls.CLUSTER: "cluster", typeurls.LISTENER: "listener", typeurls.ROUTE: "route",
                 typeurls.ENDPOINT: "endpoint"}
@@ -82,6 +84,7 @@ DESCRIPTIONS = {
     "/debug/configz": "config in the store, rejected documents with the reason, policies applied differently",
     "/debug/registryz": "the service registry: services with their ports",
     "/debug/endpointz": "endpoints per service port",
+    "/debug/networkz": "cross-network gateways (meshNetworks, Services labelled topology.istio.io/network)",
     "/debug/config_dump": "Envoy's ConfigDump of what this server would send ?proxyID=",
     "/debug/push_status": "the push context version, conflicts and the last pushes",
     "/debug/mesh": "the MeshConfig in force, fields not applied, unknown PILOT_* variables",
@@ -111,6 +114,7 @@ class DebugHandlers:
             web.get("/debug/configz", self.configz),
             web.get("/debug/registryz", self.registryz),
             web.get("/debug/endpointz", self.endpointz),
+            web.get("/debug/networkz", self.networkz),
             web.get("/debug/config_dump", self.config_dump),
             web.get("/debug/push_status", self.push_status),
             web.get("/debug/mesh", self.mesh),
@@ -252,9 +256,15 @@ class DebugHandlers:
         for s in ctx.services:
             for p in s.ports:
                 out.append({"service": s.hostname, "port": p.port, "endpoints": [
-                    {"address": e.address, "port": e.port, "locality": e.locality.label(), "ready": e.ready}
+                    {"address": e.address, "port": e.port, "locality": e.locality.label(), "ready": e.ready,
+                     "network": ctx.networks.network_of(e.address, e.network)}
                     for e in ctx.endpoints(s, p.port)]})
         return _json(out)
+
+    async def networkz(self, _req: web.Request) -> web.Response:
+        """istiod's /debug/networkz: every network gateway, with its Go field names."""
+        return _json([{"Network": g.network, "Cluster": g.cluster, "Addr": g.address, "Port": g.port}
+                      for g in self.server.push_context.networks.gateways])
 
     def _find(self, proxy_id: str) -> Connection | None:
         for c in self.server.connections.values():
@@ -279,7 +289,24 @@ class DebugHandlers:
                       # EnvoyFilter revisions left out because a proxy rejected what they made.
                       "envoyFilterRejections": sorted(s.rejected_envoy_filters.values(),
                                                       key=lambda r: r["envoyFilter"]),
+                      # Accepted EnvoyFilters that target what gets no patches (a waypoint).
+                      "envoyFilterProblems": envoy_filters.waypoint_target_problems(
+                          ctx.envoy_filters, ((e.key.namespace, e.key.name) for e in ctx.waypoint_gateways()
+                                              if e.obj.spec.gateway_class_name == WAYPOINT_CLASS)),
+                      # Connected Envoys whose bootstrap lacks their BOOTSTRAP patches (or holds
+                      # old ones): fetched once, at pilot-agent's start (BOOTSTRAP_XDS_AGENT).
+                      "bootstrapPatchesNotInEffect": self._bootstrap_not_in_effect(),
                       "pushes": [p.as_dict() for p in s.history.recent()]})
+
+    def _bootstrap_not_in_effect(self) -> list[dict]:
+        ctx, out = self.server.push_context, []
+        for conn in list(self.server.connections.values()):
+            if typeurls.BOOTSTRAP in conn.watched:
+                continue  # the agent's own bootstrap request, not Envoy
+            row = bootstrap.not_in_effect(ctx, conn.proxy)
+            if row is not None:
+                out.append(row)
+        return sorted(out, key=lambda r: r["proxy"])
 
     def _inbound_problems(self) -> list[str]:
         """Workload ports connected sidecars cannot serve inbound, and CUSTOM policies failing

@@ -19,7 +19,9 @@ A facet is a small tuple naming one thing a lookup depended on, present or absen
   with a wildcard host, ("dr*",) / ("vs*",), meets every such lookup), ("dr-all",) every
   DestinationRule;
 - ("sidecars", NS) the Sidecars of a namespace (selection runs over all of them);
-- ("envoyfilters", NS) the EnvoyFilters of a namespace (the root namespace's select everywhere);
+- ("envoyfilters", NS) the EnvoyFilters of a namespace without targetRefs (the root namespace's
+  select everywhere); ("envoyfilters-gateway", NS, NAME) those with targetRefs naming Gateway NAME
+  of NS (they select only that Gateway's proxies, so only those record it);
 - ("security", NS) PeerAuthentications, AuthorizationPolicies, RequestAuthentications of NS;
   ("jwks",) keys fetched for RequestAuthentication;
 - ("workload-entries", NS), ("service-entry", NS, NAME), ("secret", NS, NAME);
@@ -28,7 +30,8 @@ A facet is a small tuple naming one thing a lookup depended on, present or absen
 - ("sessions",) whether some mesh (GAMMA) route sets a session;
 - ("telemetry", NS) the Telemetries of a namespace (the root namespace's reach every proxy);
 - ("wasm", NS) the WasmPlugins of a namespace (the root namespace's reach every proxy);
-- ("kind", K) every object of kind K (indexes read whole, such as ztunnel's).
+- ("kind", K) every object of kind K (indexes read whole, such as ztunnel's);
+- ("networks",) the mesh's network gateways and endpoint network defaults (split-horizon EDS).
 
 Besides facets, a result may have evaluated a Sidecar's egress hosts over every service (a
 scoped view): a changed service meets it when the Sidecar's egress names it, before or after.
@@ -56,6 +59,7 @@ GRANTS = ("grants",)
 SESSIONS = ("sessions",)  # whether any mesh route sets a session (sidecars' stateful session filter)
 JWKS = ("jwks",)
 AMBIENT = ("ambient",)  # ztunnel's index, read whole (AMBIENT_INPUT_KINDS)
+NETWORKS = ("networks",)  # the network gateways and endpoint network defaults (pilot/model/networks.py)
 
 
 def host(h: str) -> tuple:
@@ -96,6 +100,31 @@ def sidecars(namespace: str) -> tuple:
 
 def envoy_filters(namespace: str) -> tuple:
     return ("envoyfilters", namespace)
+
+
+def envoy_filters_for_gateway(namespace: str, gateway: str) -> tuple:
+    return ("envoyfilters-gateway", namespace, gateway)
+
+
+def envoy_filter_change(key: ConfigKey, old, new) -> set[tuple]:
+    """What a changed EnvoyFilter can reach, from what it was and what it is: with targetRefs,
+    the proxies of the Gateways named; otherwise every proxy of its namespace (of the mesh, from
+    the root namespace). Neither version indexed (never valid): the namespace, to be safe."""
+    out: set[tuple] = set()
+    found = False
+    for ctx in (old, new):
+        for e in ctx.envoy_filters.get(key.namespace, ()):
+            if e.key != key:
+                continue
+            found = True
+            refs = e.obj.spec.target_refs
+            if refs:
+                out.update(envoy_filters_for_gateway(key.namespace, r.name) for r in refs)
+            else:
+                out.add(envoy_filters(key.namespace))
+    if not found:
+        out.add(envoy_filters(key.namespace))
+    return out
 
 
 def security(namespace: str) -> tuple:
@@ -203,7 +232,8 @@ def describe(f: tuple) -> str:
         "vs": "VirtualServices for host {}",
         "vs*": "VirtualServices with a wildcard host",
         "sidecars": "Sidecars in namespace {}",
-        "envoyfilters": "EnvoyFilters in namespace {}",
+        "envoyfilters": "EnvoyFilters in namespace {} (without targetRefs)",
+        "envoyfilters-gateway": "EnvoyFilters in namespace {} with targetRefs to Gateway {}",
         "sidecar-egress": "every Service the egress hosts of Sidecar/{}/{} may name",
         "security": "PeerAuthentication, AuthorizationPolicy, RequestAuthentication in namespace {}",
         "jwks": "keys fetched for RequestAuthentication jwksUri",
@@ -217,6 +247,8 @@ def describe(f: tuple) -> str:
         "wasm": "WasmPlugins in namespace {}",
         "kind": "every {}",
         "ambient": "every object ztunnel's workload index reads (Pods, Namespaces, Nodes, Services, ...)",
+        "networks": "the network gateways (meshNetworks, Services labelled topology.istio.io/network) and "
+                    "the system namespace's network",
     }
     text = labels.get(what)
     return text.format(*args) if text is not None else repr(f)
@@ -265,7 +297,7 @@ def change_of(keys: Iterable[ConfigKey], old, new, *, mesh_changed: bool, servic
         elif k.kind == "Sidecar":
             facets.add(sidecars(k.namespace))
         elif k.kind == "EnvoyFilter":
-            facets.add(envoy_filters(k.namespace))
+            facets.update(envoy_filter_change(k, old, new))
         elif k.kind in ("PeerAuthentication", "AuthorizationPolicy", "RequestAuthentication"):
             facets.add(security(k.namespace))
         elif k.kind == "WorkloadEntry":
@@ -320,6 +352,8 @@ def change_of(keys: Iterable[ConfigKey], old, new, *, mesh_changed: bool, servic
             facets.add(GRANTS)
         if old.gateway_api.mesh_sessions != new.gateway_api.mesh_sessions:
             facets.add(SESSIONS)
+        if old.networks != new.networks:
+            facets.add(NETWORKS)
     return Change(frozenset(facets), tuple(services), False, keys)
 
 

@@ -1,7 +1,10 @@
 """Which EnvoyFilter patches a proxy gets, in istiod's order (pilot/pkg/model/envoyfilter.go).
 
 An EnvoyFilter in the root namespace applies to every proxy its workloadSelector selects, one in
-another namespace to that namespace's proxies; no selector selects all of them. Patches apply in
+another namespace to that namespace's proxies; no selector selects all of them. One with
+`targetRefs` applies only to the proxies of the Gateway API Gateways it names in its own namespace
+(their `gateway.networking.k8s.io/gateway-name` label), never to a proxy without it, as istiod's
+WorkloadPolicyMatcher decides (a root-namespace one is no exception). Patches apply in
 istiod's order: `priority`, then the root namespace's before the proxy namespace's, then age
 (creationTimestamp), then `name.namespace`, so the order is the same on every replica. Proxy-level conditions (`match.proxy`: version regex and
 metadata) are evaluated here, once per proxy and push; what remains to match (listener, route
@@ -11,11 +14,11 @@ a patch list to a resource is shared by every proxy given that list.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from pilot.config.networking.envoy_filter import EnvoyConfigObjectPatch, EnvoyFilter
-from pilot.model.labels import selects
+from pilot.model.labels import GATEWAY_API_GROUP, GATEWAY_NAME_LABEL, selects, targets_gateway_of
 from pilot.model.proxy import Proxy
 from pilot.model.store import ConfigKey, Entry
 
@@ -114,9 +117,13 @@ def select(by_namespace: Mapping[str, tuple[Entry[EnvoyFilter], ...]] | Mapping[
     for ns in dict.fromkeys((root_namespace, proxy.namespace)):
         for e in by_namespace.get(ns, ()):
             spec = e.obj.spec
-            sel = spec.workload_selector
-            if sel is not None and sel.labels and not selects(sel.labels, labels):
-                continue
+            if spec.target_refs:
+                if not targets_gateway_of(spec.target_refs, ns, proxy.namespace, labels):
+                    continue
+            else:
+                sel = spec.workload_selector
+                if sel is not None and sel.labels and not selects(sel.labels, labels):
+                    continue
             # istiod's order: priority, the root namespace's first, age, then name.namespace.
             order = (spec.priority, ns != root_namespace, e.obj.metadata.creation_timestamp,
                      f"{e.key.name}.{e.key.namespace}")
@@ -131,6 +138,20 @@ def select(by_namespace: Mapping[str, tuple[Entry[EnvoyFilter], ...]] | Mapping[
             if _proxy_matches(p, proxy, version):
                 out.append(PatchRef(e, i))
     return patch_set(tuple(out))
+
+
+def gateway_targets(e: Entry[EnvoyFilter]) -> frozenset[str] | None:
+    """The names of the Gateways an EnvoyFilter's targetRefs name (their proxies are all it can
+    select); None when it has no targetRefs (it selects by workloadSelector, or everything)."""
+    refs = e.obj.spec.target_refs
+    if not refs:
+        return None
+    return frozenset(r.name for r in refs if r.kind == "Gateway" and r.group == GATEWAY_API_GROUP)
+
+
+def gateway_name(proxy: Proxy) -> str | None:
+    """The Gateway API Gateway whose proxy this is (what targetRefs select on), if any."""
+    return proxy.labels.get(GATEWAY_NAME_LABEL)
 
 
 def metadata_keys(by_namespace: Mapping[str, tuple[Entry[EnvoyFilter], ...]]) -> tuple[str, ...]:
@@ -151,3 +172,20 @@ def _proxy_matches(p: EnvoyConfigObjectPatch, proxy: Proxy, version: str) -> boo
         return False
     meta = proxy.metadata
     return all(str(meta.get(k, "")) == v for k, v in m.metadata.items()) if m.metadata else True
+
+
+def waypoint_target_problems(by_namespace: Mapping[str, tuple[Entry[EnvoyFilter], ...]],
+                             waypoints: Iterable[tuple[str, str]]) -> list[dict]:
+    """EnvoyFilters whose targetRefs name a waypoint (a Gateway of class istio-waypoint): istiod
+    would patch it; waypoints here get no EnvoyFilter patches, so say so (/debug/push_status)
+    rather than leave the filter silently without effect. `waypoints`: (namespace, name)."""
+    known = set(waypoints)
+    out = []
+    for ns, entries in by_namespace.items():
+        for e in entries:
+            for name in sorted(gateway_targets(e) or ()):
+                if (ns, name) in known:
+                    out.append({"envoyFilter": f"EnvoyFilter/{ns}/{e.key.name}", "gateway": f"{ns}/{name}",
+                                "reason": "targetRefs names a waypoint; EnvoyFilter patches are not applied to "
+                                          "waypoints by this control plane, so it has no effect there"})
+    return out

@@ -2,7 +2,10 @@
 when present, else the file.
 
 An invalid ConfigMap is rejected with its reason and the last good MeshConfig stays in force, so
-a typo in the mesh config never takes the whole mesh down. Fields that are not applied (unknown,
+a typo in the mesh config never takes the whole mesh down. The ConfigMap's `meshNetworks` key
+(pilot/config/mesh_networks.py) is held beside it, refused and kept the same way; its version is
+part of the mesh version, so a change of the networks regenerates everything, as istiod's forced
+push on a networks change. Fields that are not applied (unknown,
 or istio fields declared unsupported) are tolerated as istiod tolerates them: logged once at
 warning when the MeshConfig in force starts naming them, and listed by `unsupported`.
 """
@@ -14,20 +17,21 @@ import hashlib
 from pilot import logging as plog
 from pilot.config.core import ConfigMap
 from pilot.config.mesh import MeshConfig, MeshConfigError, parse_mesh_config
+from pilot.config.mesh_networks import NO_MESH_NETWORKS, MeshNetworks, MeshNetworksError, parse_mesh_networks
 from pilot.config.validation import Rejection
 from pilot.model.revisions import suffix
 from pilot.model.store import ConfigKey, Store
 
 MESH_CONFIGMAP = "istio"
 MESH_KEY = "mesh"
-# Other keys istiod reads from the `istio` ConfigMap: multi-network gateways (not supported here).
-UNSUPPORTED_KEYS = ("meshNetworks",)
+NETWORKS_KEY = "meshNetworks"
 
 log = plog.get("mesh")
 
 
-def mesh_version(mesh: MeshConfig) -> str:
-    return hashlib.blake2b(mesh.model_dump_json().encode(), digest_size=6).hexdigest()
+def mesh_version(mesh: MeshConfig, networks: MeshNetworks = NO_MESH_NETWORKS) -> str:
+    text = mesh.model_dump_json() + (networks.model_dump_json() if networks.networks else "")
+    return hashlib.blake2b(text.encode(), digest_size=6).hexdigest()
 
 
 class MeshHolder:
@@ -37,6 +41,7 @@ class MeshHolder:
         # istiod's name: `istio`, or `istio-REV` for a named revision (bootstrap/mesh.go).
         self.configmap_name = MESH_CONFIGMAP + suffix(revision)
         self.current = file_mesh
+        self.networks = NO_MESH_NETWORKS
         self.version = mesh_version(file_mesh)
         self.source = "file"
         self.unsupported: tuple[str, ...] = ()
@@ -67,23 +72,23 @@ class MeshHolder:
         """Re-read the ConfigMap; return True when the MeshConfig in force changed."""
         entry = store.get(self.configmap_key, ConfigMap)
         if entry is None:
-            mesh, source = self.file_mesh, "file"
+            mesh, source, networks = self.file_mesh, "file", NO_MESH_NETWORKS
             unsupported = mesh.unsupported
             store.set_rejections("meshconfig", [])
         else:
             data = entry.obj.data
             try:
                 mesh = parse_mesh_config(data.get(MESH_KEY, ""))
+                networks = parse_mesh_networks(str(data.get(NETWORKS_KEY) or ""))
                 source = f"configmap {self.system_namespace}/{MESH_CONFIGMAP}"
                 store.set_rejections("meshconfig", [])
-            except MeshConfigError as e:
+            except (MeshConfigError, MeshNetworksError) as e:
                 store.set_rejections("meshconfig", [Rejection(
                     entry.source, "ConfigMap", self.system_namespace, MESH_CONFIGMAP, str(e))])
                 return False
-            unsupported = mesh.unsupported + tuple(f"(ConfigMap key) {k}" for k in UNSUPPORTED_KEYS
-                                                   if str(data.get(k) or "").strip())
-        version = mesh_version(mesh)
+            unsupported = mesh.unsupported
+        version = mesh_version(mesh, networks)
         changed = version != self.version
-        self.current, self.version, self.source = mesh, version, source
+        self.current, self.networks, self.version, self.source = mesh, networks, version, source
         self._note_unsupported(unsupported)
         return changed

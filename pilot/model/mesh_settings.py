@@ -20,9 +20,10 @@ class ClusterSettings:
     # MeshConfig localityLbSetting (None: disabled): DestinationRules without one inherit it.
     locality: LocalitySetting | None = ENABLED
     h2_upgrade: bool = False  # MeshConfig h2UpgradePolicy UPGRADE: HTTP ports talk HTTP/2 upstream
-    # ISTIO_DUAL_STACK and a proxy with both IP families (the generators put it in): DNS clusters
-    # resolve both (ALL, Happy Eyeballs), the inbound passthrough binds ::6 too.
-    dual_stack: bool = False
+    # The DNS clusters' dns_lookup_family for the proxy's IP families, istiod's
+    # SelectDNSLookupFamily (pilot.networking.clusters.dns_lookup_family): the generators put it
+    # in for DNS clusters only, so other clusters' keys stay those of every proxy.
+    dns_lookup_family: str = "V4_ONLY"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +77,9 @@ class ListenerSettings:
     # ISTIO_DUAL_STACK and a proxy with both IP families (the generators put it in): wildcard
     # listeners bind :: as an additional address beside 0.0.0.0.
     dual_stack: bool = False
+    # An iptables-mode sidecar whose addresses are all IPv6 (the generators put it in): wildcard
+    # listeners bind :: instead of 0.0.0.0 (istiod's wildcard for IPMode IPv6, `::_PORT` names).
+    ipv6_only: bool = False
     # HCMs carry the (empty) stateful session filter, for routes whose sessionPersistence configures
     # it: set by the generators only where such a route may be served (istiod adds the filter only
     # with PILOT_ENABLE_PERSISTENT_SESSION_FILTER; an empty one on every HCM was config for nothing).

@@ -35,7 +35,9 @@ class ProxyTraits:
     interception_mode: str
     generator: str  # "" for Envoy, "grpc" for proxyless gRPC clients
     mesh_tls: bool = False  # has a workload identity, hence certificates: gets mTLS config
-    # A router's Gateway API gateway (its gateway-name label): a waypoint's config is its own.
+    # The Gateway API Gateway it belongs to (its gateway-name label): a waypoint's config is its
+    # own, and istiod's policy attachment reads the label on any proxy (targetRefs select by it),
+    # so proxies of two Gateways never share a generated result, nor the reads recorded with it.
     gateway_name: str = ""
 
 
@@ -74,6 +76,11 @@ class Proxy:
         return str(self.metadata.get("INTERCEPTION_MODE") or "REDIRECT").upper()
 
     @property
+    def network(self) -> str:
+        """The network it is on: its NETWORK metadata (ISTIO_META_NETWORK), "" for none."""
+        return str(self.metadata.get("NETWORK") or "")
+
+    @property
     def generator(self) -> str:
         return str(self.metadata.get("GENERATOR") or "")
 
@@ -83,17 +90,30 @@ class Proxy:
         it has, (IPv4, IPv6), for auto-allocated ServiceEntry addresses; None when it does not."""
         if str(self.metadata.get("DNS_CAPTURE", "")).lower() != "true":
             return None
-        v6 = any(":" in a for a in self.ip_addresses)
-        v4 = any(":" not in a for a in self.ip_addresses) or not v6
-        return v4, v6
+        return self.ip_families
+
+    @property
+    def ip_families(self) -> tuple[bool, bool]:
+        """(IPv4, IPv6): the families of its addresses, istiod's IPMode (SupportsIPv4/IPv6). The
+        addresses are the agent's INSTANCE_IPS (every pod IP, comma-separated) when each is an
+        IP, else the node id's, as istiod picks them; none at all counts as IPv4 (AllIPv4 of
+        nothing is true)."""
+        meta = self.metadata.get("INSTANCE_IPS")
+        ips = [a.strip() for a in meta.split(",")] if isinstance(meta, str) and meta else []
+        if not ips or not all(_is_ip(a) for a in ips):
+            ips = list(self.ip_addresses)
+        v6 = any(":" in a for a in ips)
+        return any(":" not in a for a in ips) or not v6, v6
+
+    @property
+    def ip_mode(self) -> str:
+        """istiod's IPMode: "IPv4", "IPv6" or "Dual"."""
+        return {(True, False): "IPv4", (False, True): "IPv6"}.get(self.ip_families, "Dual")
 
     @property
     def dual_stack(self) -> bool:
-        """It has both an IPv4 and an IPv6 address: istiod's IPMode Dual, from the agent's
-        INSTANCE_IPS (every pod IP, comma-separated) or else the node id's IPs."""
-        meta = self.metadata.get("INSTANCE_IPS")
-        ips = [a.strip() for a in meta.split(",") if a.strip()] if isinstance(meta, str) and meta else self.ip_addresses
-        return any(":" in a for a in ips) and any(":" not in a for a in ips)
+        """It has both an IPv4 and an IPv6 address: istiod's IPMode Dual."""
+        return self.ip_families == (True, True)
 
     @property
     def is_grpc(self) -> bool:
@@ -107,11 +127,19 @@ class Proxy:
     def traits(self) -> ProxyTraits:
         return ProxyTraits(self.type, self.namespace, self.interception_mode, self.generator,
                            bool(self.identity) and not self.is_grpc,
-                           self.labels.get(GATEWAY_NAME_LABEL, "") if self.type == "router" else "")
+                           self.labels.get(GATEWAY_NAME_LABEL, ""))
 
     def mark_grpc(self) -> None:
         """grpcio clients rarely send GENERATOR metadata; a named host:port LDS request gives them away."""
         self.metadata = {**self.metadata, "GENERATOR": "grpc"}
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def parse_node_id(node_id: str) -> tuple[str, tuple[str, ...], str, str, str]:

@@ -6,15 +6,17 @@ that shares the services and replaces only the endpoint index.
 
 from __future__ import annotations
 
+import operator
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from pilot.config.core import EndpointSlice, Pod, Secret, Service
+from pilot.config.core import EndpointSlice, Namespace, Pod, Secret, Service
 from pilot.config.extensions import WasmPlugin
 from pilot.config.gateway_api import KubernetesGateway
 from pilot.config.mesh import MeshConfig
+from pilot.config.mesh_networks import NO_MESH_NETWORKS, MeshNetworks
 from pilot.config.networking import (
     DestinationRule,
     EnvoyFilter,
@@ -35,15 +37,17 @@ from pilot.model.gateways import GatewayIndex
 from pilot.model.ingress import NO_INGRESS, IngressResult
 from pilot.model.ingress import translate as translate_ingress
 from pilot.model.mesh_settings import DEFAULT_KNOBS, GenerationKnobs, MeshSettings
+from pilot.model.networks import NO_NETWORKS, NetworkIndex, build_index
 from pilot.model.push_proxy_plans import ProxyPlans
 from pilot.model.security_policies import JwksSnapshot, SecurityIndex, jwks_uri_host_port
 from pilot.model.services import (
     MeshService,
+    for_families,
     mesh_service,
     service_entry_services,
 )
 from pilot.model.sidecar_scope import ServiceView, scoped_view, select_sidecar
-from pilot.model.store import Entry, ObjT, Store
+from pilot.model.store import ConfigKey, Entry, ObjT, Store
 from pilot.model.telemetry import TelemetryIndex
 from pilot.model.traffic import TrafficIndex
 
@@ -100,6 +104,8 @@ class PushContext(ProxyPlans):
     # PILOT_ENABLE_IP_AUTOALLOCATE: (namespace, host) -> (IPv4, IPv6) of ServiceEntries without
     # addresses (pilot/model/auto_allocate.py), for proxies that capture DNS.
     auto_addresses: Mapping[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
+    # The mesh's networks: gateways and endpoint network defaults (pilot/model/networks.py).
+    networks: NetworkIndex = NO_NETWORKS
     # EnvoyFilters by namespace (their patches apply last, in pilot/xds/generators/envoy_filter.py).
     envoy_filters: Mapping[str, tuple[Entry[EnvoyFilter], ...]] = field(default_factory=dict)
     # The Deps being recorded (innermost last) while a result is generated: see `recording`.
@@ -110,7 +116,8 @@ class PushContext(ProxyPlans):
               previous: PushContext | None = None, jwks: JwksSnapshot | None = None,
               disabled_envoy_filters: frozenset = frozenset(),
               knobs: GenerationKnobs = DEFAULT_KNOBS, *,
-              k8s_select_workload_entries: bool = True) -> PushContext:
+              k8s_select_workload_entries: bool = True, mesh_networks: MeshNetworks = NO_MESH_NETWORKS,
+              system_namespace: str = "istio-system") -> PushContext:
         """Services whose Service object did not change are carried over from `previous` as the
         same objects, so cache keys built from them compare by identity, not field by field.
         `disabled_envoy_filters`: (key, revision) of EnvoyFilters left out because a proxy
@@ -120,7 +127,7 @@ class PushContext(ProxyPlans):
         def service(e: Entry[Service]) -> MeshService:
             prev = old.get(f"{e.key.name}.{e.key.namespace}.svc.{domain}")
             return prev if prev is not None and prev.revision == e.revision \
-                else mesh_service(e, domain, knobs.dual_stack)
+                else mesh_service(e, domain)
 
         kube = [service(e) for e in store.list(Service)]
         # A ServiceEntry host that is also a Kubernetes Service is that Service (istiod merges
@@ -133,13 +140,29 @@ class PushContext(ProxyPlans):
                     taken.add(se_svc.hostname)
                     entries.append(se_svc)
         services = tuple(sorted(kube + entries, key=lambda s: s.hostname))
-        by_host = MappingProxyType({s.hostname: s for s in services})
         settings = MeshSettings.of(mesh, knobs)
         if previous is not None and previous.settings == settings:
             settings = previous.settings
+        sniff = settings.listeners.sniff_outbound
+        # A push that changed no Service keeps the previous context's services tuple, host index
+        # and full view (a third of a context build at 1,000 services): the same service objects
+        # in the same order make the same view, and cache keys holding the tuple compare by identity.
+        kept = previous if previous is not None and previous.domain == domain \
+            and len(previous.services) == len(services) and all(map(operator.is_, previous.services, services)) \
+            else None
+        if kept is not None:
+            services, by_host = kept.services, kept.by_host
+        else:
+            by_host = MappingProxyType({s.hostname: s for s in services})
+        view_kept = kept is not None and kept.settings.listeners.sniff_outbound == sniff
         gateway_api = translate(store, domain, previous.gateway_api if previous is not None else None)
         ingress = translate_ingress(store, domain, mesh, knobs.ingress_namespace)
         service_entries = MappingProxyType({(e.key.namespace, e.key.name): e for e in store.list(ServiceEntry)})
+        networks = build_index(store.list(Service), mesh_networks,
+                               store.get(ConfigKey("Namespace", "", system_namespace), Namespace),
+                               knobs.cluster_id, domain)
+        if previous is not None and previous.networks == networks:
+            networks = previous.networks
         return cls(
             version=version,
             mesh=mesh,
@@ -154,7 +177,7 @@ class PushContext(ProxyPlans):
             sidecars=_by_namespace(store.list(Sidecar), oldest_first=True),
             service_entries=service_entries,
             workload_entries_by_ns=_by_namespace(store.list(WorkloadEntry)),
-            full_view=ServiceView.of(services, sniff=settings.listeners.sniff_outbound),
+            full_view=kept.full_view if kept is not None and view_kept else ServiceView.of(services, sniff=sniff),
             pods=_index_pods(store),
             gateways=GatewayIndex.build(store, domain, (*gateway_api.gateways, *ingress.gateways),
                                         (*gateway_api.virtual_services, *ingress.virtual_services),
@@ -170,6 +193,7 @@ class PushContext(ProxyPlans):
             k8s_select_workload_entries=k8s_select_workload_entries,
             auto_addresses=_auto_addresses(service_entries, knobs, previous),
             envoy_filters=MappingProxyType(ef.index(store.list(EnvoyFilter), disabled_envoy_filters)),
+            networks=networks,
         )
 
     def service(self, hostname: str) -> MeshService | None:
@@ -206,6 +230,11 @@ class PushContext(ProxyPlans):
         return self.gateways
 
     def gateway_secret(self, namespace: str, name: str) -> Entry[Secret] | None:
+        self._note(dep.secret(namespace, name))
+        return self.gateways.secret(namespace, name)
+
+    def wasm_pull_secret(self, namespace: str, name: str) -> Entry[Secret] | None:
+        """The Secret a WasmPlugin names as imagePullSecret (read, so its change reaches the proxy)."""
         self._note(dep.secret(namespace, name))
         return self.gateways.secret(namespace, name)
 
@@ -259,28 +288,46 @@ class PushContext(ProxyPlans):
             return None
         return select_sidecar(self.sidecars, namespace, labels, self.mesh.root_namespace)
 
-    def view(self, sidecar: Entry[Sidecar] | None, dns: tuple[bool, bool] | None = None) -> ServiceView:
+    def view(self, sidecar: Entry[Sidecar] | None, dns: tuple[bool, bool] | None = None,
+             families: tuple[bool, bool] = (True, False)) -> ServiceView:
         """What proxies under this Sidecar (None: no Sidecar) see; built once per push. `dns`:
         the proxy captures DNS, with (IPv4, IPv6) addresses: ServiceEntries without addresses
-        carry their auto-allocated ones (of those families), as istiod's GetAddressForProxy."""
+        carry their auto-allocated ones (of those families), as istiod's GetAddressForProxy.
+        `families`: the proxy's (IPv4, IPv6) address families; dual-stack Services show it the
+        cluster IPs of those (services.for_families), the same view for every family set
+        where no Service has an address to leave out."""
         if dns is not None and not (self.auto_addresses and any(dns)):
             dns = None
-        hit = self._views.get((sidecar, dns))
+        family_key = families if self._filters_addresses(families) else None
+        hit = self._views.get((sidecar, dns, family_key))
         if hit is None:
             deps = dep.Deps()
             services = self.services
             if dns is not None:
                 services = tuple(auto_allocate.with_addresses(s, self.auto_addresses, *dns) for s in services)
+            if family_key is not None:
+                every = self.settings.knobs.dual_stack and families == (True, True)
+                services = tuple(for_families(s, *families, every) for s in services)
             sniff = self.settings.listeners.sniff_outbound
             if sidecar is None:
                 deps.facets.add(dep.ALL_SERVICES)
-                view = self.full_view if dns is None else ServiceView.of(services, sniff=sniff)
+                view = self.full_view if dns is None and family_key is None else ServiceView.of(services, sniff=sniff)
             else:  # every service its egress hosts name, before or after a change
                 deps.scopes = [sidecar]
                 view = scoped_view(sidecar, services, sniff)
-            hit = self._views[(sidecar, dns)] = (view, deps)
+            hit = self._views[(sidecar, dns, family_key)] = (view, deps)
         self._note_child(hit[1])
         return hit[0]
+
+    def _filters_addresses(self, families: tuple[bool, bool]) -> bool:
+        """Whether a proxy of these families sees some Service with fewer addresses (once per push
+        and family set: a single-stack mesh never copies its services)."""
+        key = ("filters-addresses", families)
+        found = self._memo.get(key)
+        if found is None:
+            every = self.settings.knobs.dual_stack and families == (True, True)
+            found = self._memo[key] = any(for_families(s, *families, every) is not s for s in self.services)
+        return bool(found)
 
     def with_endpoints(self, store: Store, version: str) -> PushContext:
         return replace(self, version=version, slices=_index_slices(store), pods=_index_pods(store), _views={},

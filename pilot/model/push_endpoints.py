@@ -16,6 +16,7 @@ from pilot.model.ambient.index import AmbientInputs
 from pilot.model.labels import selects
 from pilot.model.mesh_settings import MeshSettings
 from pilot.model.mtls import spiffe_id
+from pilot.model.networks import NetworkIndex, NetworkView
 from pilot.model.proxy import Proxy
 from pilot.model.push_recording import RecordingMixin
 from pilot.model.services import (
@@ -46,6 +47,7 @@ class EndpointQueries(RecordingMixin):
     workload_entries_by_ns: Mapping[str, tuple[Entry[WorkloadEntry], ...]]
     ambient: AmbientInputs
     k8s_select_workload_entries: bool
+    networks: NetworkIndex
 
     def pods_of(self, slices: tuple[Entry[EndpointSlice], ...]) -> tuple[Entry[Pod], ...]:
         """The Pods behind these slices' endpoints (their labels decide subset membership)."""
@@ -140,6 +142,22 @@ class EndpointQueries(RecordingMixin):
                 for p in svc.ports[:1] for e in self.endpoints(svc, p.port))
         return hit
 
+    def dns_networks_in_use(self) -> bool:
+        """Does split-horizon reach some DNS cluster's own endpoints (the mesh has gateways and a
+        DNS ServiceEntry has endpoints on a network)? Only then is CDS per client network."""
+        if not self.networks.multi_network:
+            self._note(dep.NETWORKS)
+            return False
+        self._note(dep.NETWORKS, dep.ALL_SERVICES)
+        hit = self._memo.get("dns-networks")
+        if hit is None:
+            index = self.networks
+            hit = self._memo["dns-networks"] = any(
+                index.network_of(e.address, e.network)
+                for svc in self.services if svc.kind == "ServiceEntry" and svc.resolution in ("DNS", "DNS_ROUND_ROBIN")
+                for p in svc.ports for e in self.endpoints(svc, p.port))
+        return hit
+
     def locality_reads_labels(self) -> bool:
         """Does any setting in force rank endpoints by the client's labels (failoverPriority)?"""
         return self._locality_use()[1]
@@ -217,9 +235,12 @@ class EndpointQueries(RecordingMixin):
             if entry is None:
                 return ()
             pods = self.service_entry_pods(svc, entry)
-            return service_entry_endpoints(entry, sp, self.workload_entries(svc), (), pods, self.nodes_of(pods))
-        wes = self.service_workload_entries(svc)
-        return merge_endpoints(endpoints_for_port(self.service_slices(svc), sp), workload_entry_endpoints(sp, wes))
+            eps = service_entry_endpoints(entry, sp, self.workload_entries(svc), (), pods, self.nodes_of(pods))
+        else:
+            wes = self.service_workload_entries(svc)
+            eps = merge_endpoints(endpoints_for_port(self.service_slices(svc), sp), workload_entry_endpoints(sp, wes))
+        # Endpoints known only by their network (no address) exist for split-horizon EDS alone.
+        return eps if all(e.address for e in eps) else tuple(e for e in eps if e.address)
 
     def service_workload_entries(self, svc: MeshService) -> tuple[Entry[WorkloadEntry], ...]:
         """The WorkloadEntries a Kubernetes Service's selector picks in its namespace (istiod's
@@ -275,6 +296,16 @@ class EndpointQueries(RecordingMixin):
         """WorkloadEntries in the ServiceEntry's namespace (its workloadSelector picks among them)."""
         self._note(dep.workload_entries(svc.namespace))
         return self.workload_entries_by_ns.get(svc.namespace, ())
+
+    def network_view(self, proxy: Proxy, mtls: str = "auto") -> NetworkView | None:
+        """The client's view of the mesh's networks for one cluster (see pilot/model/networks.py),
+        None while no network gateway is known: then EDS reads nothing of the client's network
+        and every client shares bytes. Reads the gateways, the system namespace's network label and
+        MeshNetworks (one facet: their index), and the client's NETWORK metadata."""
+        self._note(dep.NETWORKS)
+        if not self.networks.multi_network:
+            return None
+        return NetworkView(self.networks, proxy.network, mtls)
 
     def endpoints_version(self, svc: MeshService) -> tuple[int, ...]:
         """Revisions of the slices behind a service: the EDS cache-key input."""

@@ -62,7 +62,11 @@ class ProxyPlans(EndpointQueries):
         """The EnvoyFilter patches for this proxy, in application order (once per proxy and push)."""
         root = self.mesh.root_namespace
         if self._rec:  # an EnvoyFilter of these namespaces may select it, before or after a change
-            self._rec[-1].facets.update((dep.envoy_filters(proxy.namespace), dep.envoy_filters(root)))
+            facets = self._rec[-1].facets
+            facets.update((dep.envoy_filters(proxy.namespace), dep.envoy_filters(root)))
+            gateway = ef.gateway_name(proxy)
+            if gateway is not None:  # and, a Gateway API Gateway's proxy, those targeting its Gateway
+                facets.add(dep.envoy_filters_for_gateway(proxy.namespace, gateway))
         if not self.envoy_filters:
             return ef.NO_PATCHES
         hit = self._memo.get(("envoy-patches", id(proxy)))

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 from pilot.config.security import AuthorizationPolicy, PeerAuthentication, RequestAuthentication
 from pilot.model.ext_authz import ResolvedExtAuthz
 from pilot.model.ext_authz import for_workload as ext_authz_for_workload
-from pilot.model.labels import selects
+from pilot.model.labels import selects, targets_gateway_of
 from pilot.model.store import Entry, ObjT, Store
 
 # The kinds that select workloads with `selector` (matchLabels).
@@ -310,9 +310,7 @@ def _selects(e: Entry[AuthorizationPolicy | RequestAuthentication], namespace: s
     refs = spec.target_references
     if not refs:
         return selects(_match_labels(e), labels)
-    gateway = labels.get(GATEWAY_NAME_LABEL)
-    return gateway is not None and e.key.namespace == namespace and any(
-        r.kind == "Gateway" and r.group == GATEWAY_API_GROUP and r.name == gateway for r in refs)
+    return targets_gateway_of(refs, e.key.namespace, namespace, labels)
 
 
 def peer_authentication_levels(peer_authentications: Mapping[str, tuple[Entry[PeerAuthentication], ...]], namespace: str,

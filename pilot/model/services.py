@@ -14,6 +14,7 @@ from pilot.model.protocol import Protocol, select_protocol
 from pilot.model.store import Entry
 
 TLS_MODE_LABEL = "security.istio.io/tlsMode"
+NETWORK_LABEL = "topology.istio.io/network"  # a workload's network (pilot/model/networks.py)
 LOCALITY_LABEL = "istio-locality"  # region.zone.subzone on a Pod (or a proxy), as istiod reads it
 REGION_LABEL, ZONE_LABEL, SUBZONE_LABEL = ("topology.kubernetes.io/region", "topology.kubernetes.io/zone",
                                            "topology.istio.io/subzone")
@@ -110,6 +111,11 @@ class EndpointAddress:
     # ISTIO_DUAL_STACK: the same Pod's address in the other family (its IPv6 EndpointSlice):
     # Envoy's `additional_addresses`, tried by Happy Eyeballs beside `address`.
     extra_addresses: tuple[str, ...] = ()
+    # The network its workload says it is on (a WorkloadEntry's `network`, else its
+    # topology.istio.io/network label); "" leaves it to the mesh's defaults (NetworkIndex.network_of).
+    # An endpoint without an address (a WorkloadEntry with only a `network`) is reached through
+    # that network's gateways or not at all.
+    network: str = ""
 
 
 def _with_topology(labels: dict[str, str] | None, locality: Locality) -> tuple[tuple[str, str], ...]:
@@ -126,14 +132,14 @@ def pod_locality(labels: dict[str, str] | None, node: Entry[Node] | None, zone: 
     return Locality.of_node(node) or Locality(zone=zone or "")
 
 
-def mesh_service(entry: Entry[Service], domain: str, dual_stack: bool = False) -> MeshService:
-    """`dual_stack` (ISTIO_DUAL_STACK): every `clusterIPs` address is the service's, as istiod
-    takes them; without, `clusterIP` alone."""
+def mesh_service(entry: Entry[Service], domain: str) -> MeshService:
+    """Every `clusterIPs` address is the service's (clusterIP first), as istiod takes them with
+    or without ISTIO_DUAL_STACK; each proxy sees those of its IP families (`for_families`)."""
     svc = entry.obj
     ns, name = svc.metadata.namespace, svc.metadata.name
     cluster_ip = svc.spec.cluster_ip if svc.spec.cluster_ip not in (None, "", "None") else None
     extra: tuple[str, ...] = ()
-    if dual_stack and cluster_ip is not None:
+    if cluster_ip is not None:
         extra = tuple(dict.fromkeys(a for a in svc.spec.cluster_ips if a not in ("", "None", cluster_ip)))
     ports = tuple(
         ServicePort(p.name, p.port, select_protocol(p.name, p.app_protocol, p.protocol), p.target_port)
@@ -145,6 +151,24 @@ def mesh_service(entry: Entry[Service], domain: str, dual_stack: bool = False) -
                            external_name=svc.spec.external_name.rstrip("."), mesh_external=True)
     return MeshService(f"{name}.{ns}.svc.{domain}", name, ns, cluster_ip, ports, entry.revision, selector=selector,
                        extra_addresses=extra)
+
+
+def for_families(svc: MeshService, ipv4: bool, ipv6: bool, every_family: bool) -> MeshService:
+    """A Kubernetes Service's cluster IPs as a proxy of those IP families sees them, istiod's
+    GetAllAddressesForProxy: all of them with `every_family` (ISTIO_DUAL_STACK and a dual-stack
+    proxy); else those of the proxy's family, and for a dual-stack proxy without the knob those
+    of the first address's family. With none of its family left a service keeps its first
+    address, the listener address istiod's GetAddressForProxy falls back to. ServiceEntries keep
+    theirs (istiod filters only Kubernetes cluster IPs). Unchanged services are returned as
+    they are: proxies of every family share them, and their cache keys."""
+    if svc.kind != "Service" or not svc.extra_addresses or every_family:
+        return svc
+    addresses = svc.addresses
+    v6 = (":" in addresses[0]) if ipv4 and ipv6 else ipv6
+    kept = tuple(a for a in addresses if (":" in a) == v6) or addresses[:1]
+    if kept == addresses:
+        return svc
+    return replace(svc, cluster_ip=kept[0], extra_addresses=kept[1:])
 
 
 def _slice_port(slice_: EndpointSlice, svc_port: ServicePort) -> int | None:
@@ -210,7 +234,8 @@ def endpoints_for_port(slices: tuple[Entry[EndpointSlice], ...], svc_port: Servi
                     continue
                 if pod_key is not None:
                     of_pod[pod_key] = len(out)
-                out.append(EndpointAddress(addr, port, locality, ep.is_ready, tls_mode, labels=ep_labels))
+                out.append(EndpointAddress(addr, port, locality, ep.is_ready, tls_mode, labels=ep_labels,
+                                           network=labels.get(NETWORK_LABEL, "") if labels else ""))
     out.sort(key=lambda e: (e.locality.label(), e.address, e.port))
     return tuple(out)
 
@@ -268,14 +293,15 @@ def service_entry_endpoints(entry: Entry[ServiceEntry], port: ServicePort,
                 workloads.append(we.obj.spec)
     out: list[EndpointAddress] = []
     for w in workloads:
-        if not w.address or w.address.startswith("unix://"):
+        if (not w.address and not w.network) or w.address.startswith("unix://"):
             continue
         if any(w.labels.get(k) != v for k, v in subset_labels):
             continue
         number = w.ports.get(port.name) or (port.target_port if isinstance(port.target_port, int) else None) or port.port
         locality = Locality.parse(w.locality)
         out.append(EndpointAddress(w.address, number, locality, True, w.labels.get(TLS_MODE_LABEL, ""),
-                                   w.weight or 1, _with_topology(w.labels, locality)))
+                                   w.weight or 1, _with_topology(w.labels, locality),
+                                   network=w.network or w.labels.get(NETWORK_LABEL, "")))
     if pods and spec.workload_selector is not None:
         by_node = {n.key.name: n for n in nodes}
         number = port.target_port if isinstance(port.target_port, int) else port.port
@@ -289,7 +315,8 @@ def service_entry_endpoints(entry: Entry[ServiceEntry], port: ServicePort,
             extra = tuple(dict.fromkeys(a.ip for a in status.pod_ips if a.ip and a.ip != status.pod_ip)) \
                 if dual_stack else ()
             out.append(EndpointAddress(status.pod_ip, number, locality, True, labels.get(TLS_MODE_LABEL, ""),
-                                       labels=_with_topology(labels, locality), extra_addresses=extra))
+                                       labels=_with_topology(labels, locality), extra_addresses=extra,
+                                       network=labels.get(NETWORK_LABEL, "")))
     return tuple(sorted(set(out), key=lambda e: (e.locality.label(), e.address, e.port)))
 
 
@@ -305,7 +332,7 @@ def workload_entry_endpoints(svc_port: ServicePort, entries: tuple[Entry[Workloa
     out: list[EndpointAddress] = []
     for e in entries:
         w = e.obj.spec
-        if not w.address or w.address.startswith("unix://") or not e.obj.is_healthy():
+        if (not w.address and not w.network) or w.address.startswith("unix://") or not e.obj.is_healthy():
             continue
         if any(w.labels.get(k) != v for k, v in subset_labels):
             continue
@@ -314,7 +341,8 @@ def workload_entry_endpoints(svc_port: ServicePort, entries: tuple[Entry[Workloa
             continue
         locality = Locality.parse(w.locality)
         out.append(EndpointAddress(w.address, port or number, locality, True, w.labels.get(TLS_MODE_LABEL, ""),
-                                   w.weight or 1, _with_topology(w.labels, locality)))
+                                   w.weight or 1, _with_topology(w.labels, locality),
+                                   network=w.network or w.labels.get(NETWORK_LABEL, "")))
     return tuple(out)
 
 
@@ -324,7 +352,9 @@ def merge_endpoints(*parts: tuple[EndpointAddress, ...]) -> tuple[EndpointAddres
     out: list[EndpointAddress] = []
     for part in parts:
         for ep in part:
-            if (ep.address, ep.port) not in seen:
+            if not ep.address:  # only a network (reached through its gateways): one each
+                out.append(ep)
+            elif (ep.address, ep.port) not in seen:
                 seen.add((ep.address, ep.port))
                 out.append(ep)
     out.sort(key=lambda e: (e.locality.label(), e.address, e.port))

@@ -31,11 +31,9 @@ from pilot.config.extension_providers import (
 from pilot.config.mesh import MeshConfig
 from pilot.config.proxy_tracing import ProxyTracing, parse_proxy_tracing
 from pilot.config.telemetry import AccessLogging, Telemetry, Tracing
-from pilot.model.labels import selects
+from pilot.model.labels import selects, targets_gateway_of
 from pilot.model.store import Entry, Store
 
-GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name"
-GATEWAY_API_GROUP = "gateway.networking.k8s.io"
 # istiod's PILOT_TRACE_SAMPLING default: the sampling when neither Telemetry nor ProxyConfig sets one.
 DEFAULT_TRACE_SAMPLING = 1.0
 
@@ -200,9 +198,9 @@ def _attaches(e: Entry[Telemetry], proxy: ProxyInfo) -> bool:
     refs = spec.target_references
     if not refs:
         return selects(spec.selector.match_labels if spec.selector else {}, proxy.labels)
-    gateway = proxy.labels.get(GATEWAY_NAME_LABEL)
-    return gateway is not None and any(r.kind == "Gateway" and r.group == GATEWAY_API_GROUP and r.name == gateway
-                                       for r in refs)
+    # applicable() only asks about the proxy's own namespace's Telemetries; the shared matcher
+    # keeps the same-namespace rule here too, so no caller can widen a targetRef past it.
+    return targets_gateway_of(refs, e.key.namespace, proxy.namespace, proxy.labels)
 
 
 def _is_namespace_wide(e: Entry[Telemetry]) -> bool:

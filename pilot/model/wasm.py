@@ -3,7 +3,9 @@ pilot/pkg/model/extensions.go and PushContext.WasmPluginsByListenerInfo), pure.
 
 Selection as istiod: the root namespace's plugins without selector reach every proxy; a
 namespace's plugins reach its proxies when their selector (or, for a gateway, a Gateway
-targetRef) selects the proxy. Order as istiod: by phase where the filter chain has a slot for it,
+targetRef) selects the proxy. A targetRef names a Gateway of the plugin's own namespace, so a root
+namespace plugin with targetRefs reaches only the root namespace's gateways (istiod's
+ShouldAttachPolicy; its one root-namespace exception, GatewayClass istio-waypoint, is for waypoints). Order as istiod: by phase where the filter chain has a slot for it,
 within a phase by priority (higher first), then oldest first, then namespace/name.
 """
 
@@ -13,12 +15,9 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pilot.config.extensions import WasmPlugin, is_local
-from pilot.model.labels import selects
+from pilot.config.extensions import WasmPlugin, fetch_url, is_local
+from pilot.model.labels import selects, targets_gateway_of
 from pilot.model.store import Entry
-
-GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name"
-GATEWAY_API_GROUP = "gateway.networking.k8s.io"
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,12 +26,14 @@ class WasmFilter:
 
     name: str  # "NS.NAME", the HTTP filter's and its ECDS resource's name, as istiod's
     phase: str
-    url: str  # file:///path, read by Envoy; http(s)://, fetched by the agent
-    sha256: str  # "" for file:// (refused there) or an unverified http(s) module
+    url: str  # file:///path, read by Envoy; http(s):// or oci:// (also for a URL without scheme), by the agent
+    sha256: str  # "" for file:// (refused there) or an unpinned module; for an image, its manifest digest
     pull_policy: str  # imagePullPolicy, for the agent ("UNSPECIFIED_POLICY" for file://)
-    # For Always: the plugin's revision, which the agent re-fetches on (istiod's
-    # WASM_PLUGIN_RESOURCE_VERSION); "" otherwise, so other plugins' resources stay the same bytes.
+    # When the agent may pull again (Always, or no policy and an image tagged :latest): the
+    # plugin's revision, which it re-fetches on (istiod's WASM_PLUGIN_RESOURCE_VERSION); ""
+    # otherwise, so a revision without a spec change leaves the resource's bytes alone.
     resource_version: str
+    pull_secret: str  # imagePullSecret: a Secret of the plugin's namespace ("" none)
     root_id: str
     config: str  # pluginConfig as JSON ("" when absent)
     fail_open: bool
@@ -52,6 +53,10 @@ class WasmFilter:
     def path(self) -> str:
         return self.url.partition("://")[2]
 
+    @property
+    def namespace(self) -> str:
+        return self.name.partition(".")[0]
+
 
 @dataclass(frozen=True, slots=True)
 class WasmPlan:
@@ -70,23 +75,24 @@ class WasmPlan:
 NO_WASM = WasmPlan()
 
 
-def _attaches(e: Entry[WasmPlugin], labels: Mapping[str, str]) -> bool:
+def _attaches(e: Entry[WasmPlugin], namespace: str, labels: Mapping[str, str]) -> bool:
     spec = e.obj.spec
     refs = spec.target_references
     if not refs:
         return selects(spec.selector.match_labels if spec.selector else {}, labels)
-    gateway = labels.get(GATEWAY_NAME_LABEL)
-    return gateway is not None and any(r.kind == "Gateway" and r.group == GATEWAY_API_GROUP and r.name == gateway
-                                       for r in refs)
+    return targets_gateway_of(refs, e.key.namespace, namespace, labels)
 
 
 def _filter(e: Entry[WasmPlugin], ports: frozenset[int]) -> WasmFilter:
     spec = e.obj.spec
     env = spec.vm_config.env if spec.vm_config else []
+    url = fetch_url(spec.url)
+    refetches = spec.image_pull_policy == "Always" or (
+        spec.image_pull_policy == "UNSPECIFIED_POLICY" and url.startswith("oci://") and url.endswith(":latest"))
     return WasmFilter(
-        name=f"{e.key.namespace}.{e.key.name}", phase=spec.phase, url=spec.url, sha256=spec.sha256,
+        name=f"{e.key.namespace}.{e.key.name}", phase=spec.phase, url=url, sha256=spec.sha256,
         pull_policy=spec.image_pull_policy, root_id=spec.plugin_name,
-        resource_version=str(e.revision) if spec.image_pull_policy == "Always" else "",
+        resource_version=str(e.revision) if refetches else "", pull_secret=spec.image_pull_secret,
         config=json.dumps(spec.plugin_config, sort_keys=True, separators=(",", ":"))
         if spec.plugin_config is not None else "",
         fail_open=spec.fail_strategy == "FAIL_OPEN",
@@ -118,9 +124,9 @@ def _modes(e: Entry[WasmPlugin]) -> tuple[frozenset[int] | None, frozenset[int] 
 
 def plan_for(by_namespace: Mapping[str, tuple[Entry[WasmPlugin], ...]], root_namespace: str, namespace: str,
              labels: Mapping[str, str]) -> WasmPlan:
-    chosen = [e for e in by_namespace.get(root_namespace, ()) if _attaches(e, labels)]
+    chosen = [e for e in by_namespace.get(root_namespace, ()) if _attaches(e, namespace, labels)]
     if namespace != root_namespace:
-        chosen += [e for e in by_namespace.get(namespace, ()) if _attaches(e, labels)]
+        chosen += [e for e in by_namespace.get(namespace, ()) if _attaches(e, namespace, labels)]
     if not chosen:
         return NO_WASM
     chosen.sort(key=lambda e: (-(e.obj.spec.priority or 0), e.obj.metadata.creation_timestamp,

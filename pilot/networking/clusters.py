@@ -11,6 +11,7 @@ from pilot.config.networking import DestinationRule
 from pilot.model.locality import LocalityLb, in_force
 from pilot.model.mesh_settings import ClusterSettings
 from pilot.model.mtls import MeshTls
+from pilot.model.networks import NetworkView
 from pilot.model.services import EndpointAddress, Locality, MeshService, ServicePort
 from pilot.model.store import Entry
 from pilot.networking import metadata, names, tls
@@ -29,16 +30,26 @@ from pilot.networking.traffic_policy import (
 _HTTP_OPTIONS_KEY = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
 
+def dns_lookup_family(families: tuple[bool, bool], dual_stack: bool) -> str:
+    """istiod's SelectDNSLookupFamily for a proxy with these (IPv4, IPv6) address families:
+    IPv6 only resolves AAAA (V6_ONLY); both, with ISTIO_DUAL_STACK, both (ALL: Envoy's Happy
+    Eyeballs picks); else A records only (V4_ONLY: IPv4, or both without the knob)."""
+    if families == (False, True):
+        return "V6_ONLY"
+    return "ALL" if dual_stack and families == (True, True) else "V4_ONLY"
+
+
 def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSettings,
                      destination_rule: Entry[DestinationRule] | None = None, subset: str = "",
                      dns_targets: tuple[EndpointAddress, ...] = (),
                      mesh_tls: MeshTls | None = None, locality_lb: LocalityLb | None = None,
-                     downstream_protocol: bool = False) -> cluster_pb2.Cluster:
+                     downstream_protocol: bool = False, network: NetworkView | None = None) -> cluster_pb2.Cluster:
     """`destination_rule` is the DestinationRule in force for this client (its traffic policy and,
     for a subset cluster, the subset's). ServiceEntries with DNS resolution resolve
     `dns_targets` in Envoy; with resolution NONE traffic goes where the client sent it.
     `mesh_tls`: Istio mTLS toward this cluster (see pilot.model.mtls), None for none.
     `locality_lb`: the client's locality load balancing of a DNS cluster's own endpoints.
+    `network`: the client's network, for a DNS cluster's own endpoints (split horizon).
     `downstream_protocol`: a sniffed port seen by a sidecar: requests go upstream in the HTTP
     version they arrived in (h2c stays HTTP/2), as istiod's setUseDownstreamProtocol.
     (Proxyless gRPC clients get pilot.networking.grpc.cluster instead.)"""
@@ -50,12 +61,11 @@ def outbound_cluster(svc: MeshService, port: ServicePort, settings: ClusterSetti
     )
     if svc.resolution in ("DNS", "DNS_ROUND_ROBIN"):
         c.type = cluster_pb2.Cluster.STRICT_DNS if svc.resolution == "DNS" else cluster_pb2.Cluster.LOGICAL_DNS
-        # ISTIO_DUAL_STACK for a dual-stack proxy: both families, Envoy's Happy Eyeballs picks (istiod's ALL).
-        c.dns_lookup_family = cluster_pb2.Cluster.ALL if settings.dual_stack else cluster_pb2.Cluster.V4_PREFERRED
+        c.dns_lookup_family = cluster_pb2.Cluster.DnsLookupFamily.Value(settings.dns_lookup_family)
         targets = dns_targets or (EndpointAddress(svc.external_name or svc.hostname, port.port, Locality(), True),)
         if svc.resolution == "DNS_ROUND_ROBIN":
             targets = targets[:1]  # LOGICAL_DNS takes exactly one host
-        c.load_assignment.CopyFrom(cluster_load_assignment(name, targets, locality_lb))
+        c.load_assignment.CopyFrom(cluster_load_assignment(name, targets, locality_lb, network))
     elif svc.resolution == "NONE":
         c.type = cluster_pb2.Cluster.ORIGINAL_DST
         c.lb_policy = cluster_pb2.Cluster.CLUSTER_PROVIDED
@@ -136,6 +146,25 @@ def blackhole_cluster(settings: ClusterSettings) -> cluster_pb2.Cluster:
         type=cluster_pb2.Cluster.STATIC,
         connect_timeout=duration(settings.connect_timeout_s),
     )
+
+
+def sni_dnat_cluster(svc: MeshService, port: ServicePort, settings: ClusterSettings,
+                     destination_rule: Entry[DestinationRule] | None = None, subset: str = "",
+                     dns_targets: tuple[EndpointAddress, ...] = ()) -> cluster_pb2.Cluster:
+    """A router's `outbound_.PORT_.SUBSET_.HOST` cluster (istiod's sni-dnat cluster): the
+    outbound cluster's discovery and traffic policy, with no TLS of its own, because an
+    AUTO_PASSTHROUGH server forwards the client's mTLS to it untouched."""
+    c = outbound_cluster(svc, port, settings, destination_rule, subset, dns_targets)
+    name = names.sni_dnat_cluster_name(port.port, svc.hostname, subset)
+    c.name = name
+    if c.type == cluster_pb2.Cluster.EDS:
+        c.eds_cluster_config.service_name = name
+    elif c.HasField("load_assignment"):
+        c.load_assignment.cluster_name = name
+    c.ClearField("transport_socket")
+    c.ClearField("transport_socket_matches")
+    c.typed_extension_protocol_options.pop(_HTTP_OPTIONS_KEY, None)  # raw TCP: no HTTP upstream
+    return c
 
 
 def passthrough_cluster(settings: ClusterSettings) -> cluster_pb2.Cluster:

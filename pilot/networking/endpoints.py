@@ -15,6 +15,7 @@ from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 from google.protobuf import struct_pb2, wrappers_pb2
 
 from pilot.model.locality import LocalityLb
+from pilot.model.networks import NetworkView, only_mtls, split_horizon
 from pilot.model.services import EndpointAddress, Locality
 from pilot.networking import locality as loc
 from pilot.networking.tls import TRANSPORT_SOCKET_MATCH
@@ -23,10 +24,19 @@ _MAX = 2**32 - 1
 
 
 def cluster_load_assignment(cluster_name: str, endpoints: tuple[EndpointAddress, ...],
-                            lb: LocalityLb | None = None) -> endpoint_pb2.ClusterLoadAssignment:
+                            lb: LocalityLb | None = None, view: NetworkView | None = None,
+                            sni_dnat: str = "") -> endpoint_pb2.ClusterLoadAssignment:
+    """`view`: the client's network (split-horizon EDS, pilot/model/networks.py), None when the
+    mesh has no network gateways. `sni_dnat`: for a router's `outbound_.PORT_.SUBSET_.HOST` cluster,
+    how the mesh sends to its endpoints (NetworkView.mtls): only those that take mTLS are offered."""
     by_locality: dict[Locality, list[EndpointAddress]] = defaultdict(list)
     for ep in endpoints:
-        by_locality[ep.locality].append(ep)
+        if ep.address or view is not None:  # address-less: only a gateway can stand in for it
+            by_locality[ep.locality].append(ep)
+    if view is not None:
+        by_locality = defaultdict(list, {k: split for k, v in by_locality.items() if (split := split_horizon(v, view))})
+    if sni_dnat:
+        by_locality = defaultdict(list, {k: kept for k, v in by_locality.items() if (kept := only_mtls(v, sni_dnat))})
     groups = [loc.Group(locality, by_locality[locality], sum(ep.weight for ep in by_locality[locality]))
               for locality in sorted(by_locality, key=Locality.label)]
     if lb is not None:

@@ -384,7 +384,9 @@ def _vhost_matches(ref: PatchRef, vh: route_components_pb2.VirtualHost) -> bool:
     rm = ref.patch.match.route_configuration
     if rm is None or rm.vhost is None:
         return True
-    return not rm.vhost.name or rm.vhost.name == vh.name
+    m = rm.vhost
+    # istiod's virtualHostMatch: the name, and a domain the virtual host lists (exactly).
+    return (not m.name or m.name == vh.name) and (not m.domain_name or m.domain_name in vh.domains)
 
 
 def _has_route_match(ref: PatchRef) -> bool:
@@ -507,3 +509,15 @@ def patch_cluster(c: cluster_pb2.Cluster, refs: Iterable[PatchRef]) -> cluster_p
 def _merge_socket(dst: Any, src: Any) -> None:
     if dst.HasField("typed_config") and src.HasField("typed_config"):
         dst.typed_config.CopyFrom(merge_any(dst.typed_config, src.typed_config))
+
+
+# --- bootstrap ----------------------------------------------------------------------------------
+def patch_bootstrap(bs: Any, refs: Iterable[PatchRef]) -> Any:
+    """istiod's BootstrapGenerator.applyPatches: each BOOTSTRAP MERGE in order (validation refuses
+    the other operations). istiod used plain proto.Merge here, which merges a Duration field by
+    field ("5s" over "0.5s" gives 5.5 s); the merge of the other patches replaces it, so a patch
+    gets what it wrote."""
+    for ref in refs:
+        if ref.patch.apply_to == "BOOTSTRAP" and ref.patch.patch.operation == "MERGE":
+            merge(bs, ref.patch.message)
+    return bs

@@ -30,7 +30,7 @@ from pilot.networking import metadata, sniffing, telemetry, tls, wasm
 from pilot.networking.clusters import use_downstream_protocol
 from pilot.networking.endpoints import cluster_load_assignment
 from pilot.networking.filters import access_logs, hcm_network_filter, router_filter, tcp_proxy_filter
-from pilot.networking.listeners import add_ipv6_wildcard
+from pilot.networking.listeners import add_ipv6_wildcard, wildcard
 from pilot.networking.policy_filters import TrustDomains, inbound_http_filters, inbound_network_filters
 from pilot.networking.protos import duration, pack
 from pilot.networking.tcp_routes import tls_inspector
@@ -90,14 +90,19 @@ def inbound_cluster(port: InboundPort, settings: ClusterSettings) -> cluster_pb2
     return c
 
 
-def inbound_passthrough_cluster(settings: ClusterSettings) -> cluster_pb2.Cluster:
-    """Connections to ports no service declares go to the app unchanged (original destination)."""
+def inbound_passthrough_cluster(settings: ClusterSettings, families: tuple[bool, bool] = (True, False)
+                                ) -> cluster_pb2.Cluster:
+    """Connections to ports no service declares go to the app unchanged (original destination),
+    from 127.0.0.6, the source iptables lets through; from ::6 for a proxy of (IPv4, IPv6)
+    `families` without IPv4, and from both for one with both (as istiod, with or without
+    ISTIO_DUAL_STACK)."""
     c = cluster_pb2.Cluster(name=INBOUND_PASSTHROUGH_CLUSTER, type=cluster_pb2.Cluster.ORIGINAL_DST,
                             lb_policy=cluster_pb2.Cluster.CLUSTER_PROVIDED,
                             connect_timeout=duration(settings.connect_timeout_s))
-    c.upstream_bind_config.source_address.address = INBOUND_PASSTHROUGH_BIND
+    c.upstream_bind_config.source_address.address = INBOUND_PASSTHROUGH_BIND if families[0] \
+        else INBOUND_PASSTHROUGH_BIND_V6
     c.upstream_bind_config.source_address.port_value = 0
-    if settings.dual_stack:
+    if families == (True, True):
         # Envoy picks the source of the upstream connection's family: IPv6 apps are reached from ::6.
         extra = c.upstream_bind_config.extra_source_addresses.add()
         extra.address.address = INBOUND_PASSTHROUGH_BIND_V6
@@ -226,7 +231,7 @@ def virtual_inbound_listener(ports: tuple[InboundPort, ...], mesh_tls: bool, set
     listener = listener_pb2.Listener(
         name=VIRTUAL_INBOUND_LISTENER,
         address=address_pb2.Address(socket_address=address_pb2.SocketAddress(
-            address="0.0.0.0", port_value=VIRTUAL_INBOUND_PORT)),
+            address=wildcard(settings), port_value=VIRTUAL_INBOUND_PORT)),
         traffic_direction=base_pb2.INBOUND,
         use_original_dst=wrappers_pb2.BoolValue(value=True),
     )

@@ -47,6 +47,11 @@ def add_ipv6_wildcard(listener: listener_pb2.Listener) -> None:
     extra.address.socket_address.port_value = port
 
 
+def wildcard(settings: ListenerSettings) -> str:
+    """The address wildcard listeners bind: `::` for an IPv6-only proxy, else 0.0.0.0."""
+    return WILDCARD_V6 if settings.ipv6_only else WILDCARD
+
+
 def _address(ip: str, port: int) -> address_pb2.Address:
     return address_pb2.Address(socket_address=address_pb2.SocketAddress(address=ip, port_value=port))
 
@@ -141,14 +146,16 @@ def unbound_outbound_listener(plan: PortPlan, settings: ListenerSettings,
                               domain: str = "cluster.local",
                               tcp_limits: tuple[TcpLimits, ...] = (),
                               client: Client = NO_CLIENT) -> listener_pb2.Listener:
-    """iptables mode: `0.0.0.0_PORT`, reached only through virtualOutbound's original destination."""
+    """iptables mode: `0.0.0.0_PORT` (IPv6-only proxies: `::_PORT`), reached only through
+    virtualOutbound's original destination."""
+    any_ip = wildcard(settings)
     listener = listener_pb2.Listener(
-        name=names.listener_name(WILDCARD, plan.port), address=_address(WILDCARD, plan.port),
+        name=names.listener_name(any_ip, plan.port), address=_address(any_ip, plan.port),
         bind_to_port=wrappers_pb2.BoolValue(value=False), traffic_direction=base_pb2.OUTBOUND)
     if settings.dual_stack:
         add_ipv6_wildcard(listener)  # IPv6 original destinations [::]:PORT land here too
     if plan.http and not plan.sniff:
-        listener.filter_chains.append(_hcm_chain(f"outbound_{WILDCARD}_{plan.port}", plan.port, settings))
+        listener.filter_chains.append(_hcm_chain(f"outbound_{any_ip}_{plan.port}", plan.port, settings))
         return listener
     if plan.sniff:
         # Envoy matches the destination address before the application protocol, so HTTP to a
@@ -156,7 +163,7 @@ def unbound_outbound_listener(plan: PortPlan, settings: ListenerSettings,
         # chain: one HTTP chain holds every such IP (one connection manager, not one per
         # service). Services without a cluster IP, and HTTP services, share one without.
         alpns = sniffing.plaintext_http_alpns(settings.http10)
-        stat = f"outbound_{WILDCARD}_{plan.port}"
+        stat = f"outbound_{any_ip}_{plan.port}"
         vips = sorted({a for s in plan.tcp_services if _sniffed(s, plan.port) for a in s.addresses})
         if vips:
             chain = sniffing.match_http(_hcm_chain(stat, plan.port, settings), alpns)
@@ -202,7 +209,7 @@ def virtual_outbound_listener(settings: ListenerSettings) -> listener_pb2.Listen
                 else names.PASSTHROUGH_CLUSTER)
     listener = listener_pb2.Listener(
         name=names.VIRTUAL_OUTBOUND_LISTENER,
-        address=_address(WILDCARD, names.VIRTUAL_OUTBOUND_PORT),
+        address=_address(wildcard(settings), names.VIRTUAL_OUTBOUND_PORT),
         use_original_dst=wrappers_pb2.BoolValue(value=True),
         traffic_direction=base_pb2.OUTBOUND,
     )

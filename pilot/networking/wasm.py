@@ -30,6 +30,7 @@ WASM_HTTP_TYPE = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
 RBAC_HTTP_TYPE = "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC"
 PULL_POLICY_ENV = "ISTIO_META_WASM_IMAGE_PULL_POLICY"  # istiod's names; read by pilot/agent/wasm.py
 RESOURCE_VERSION_ENV = "ISTIO_META_WASM_PLUGIN_RESOURCE_VERSION"
+PULL_SECRET_ENV = "ISTIO_META_WASM_IMAGE_PULL_SECRET"
 REMOTE_FETCH_TIMEOUT_S = 30  # istiod's
 
 
@@ -44,8 +45,10 @@ def wasm_filter(f: WasmFilter) -> hcm_pb2.HttpFilter:
         config_source=source, type_urls=[WASM_HTTP_TYPE, RBAC_HTTP_TYPE]))
 
 
-def extension_config(f: WasmFilter) -> extension_pb2.TypedExtensionConfig:
-    """The ECDS resource of a plugin (istiod's BuildHTTPWasmFilter)."""
+def extension_config(f: WasmFilter, pull_secret: str | None = None) -> extension_pb2.TypedExtensionConfig:
+    """The ECDS resource of a plugin (istiod's BuildHTTPWasmFilter). `pull_secret`, for a plugin
+    with imagePullSecret: the Secret's docker config JSON, "" when this proxy may not have it or
+    it is missing (the agent then fails the fetch, as istiod's empty value makes istio-agent do)."""
     vm = wasm_pb2.VmConfig(runtime=V8, vm_id=f.name)
     env_inline = dict(f.env_inline)
     if f.is_local:
@@ -62,6 +65,8 @@ def extension_config(f: WasmFilter) -> extension_pb2.TypedExtensionConfig:
             env_inline[PULL_POLICY_ENV] = f.pull_policy
         if f.resource_version:
             env_inline[RESOURCE_VERSION_ENV] = f.resource_version
+        if f.pull_secret:
+            env_inline[PULL_SECRET_ENV] = pull_secret or ""
     if f.env_host or env_inline:
         vm.environment_variables.host_env_keys.extend(f.env_host)
         vm.environment_variables.key_values.update(env_inline)

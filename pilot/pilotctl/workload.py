@@ -10,7 +10,8 @@ file and the cluster (the user's kubeconfig):
 - `root-cert.pem`: ConfigMap `istio-ca-root-cert` of the group's namespace;
 - `istio-token`: a TokenRequest for the group's service account, audience `istio-ca`;
 - `hosts`: `INGRESS_IP istiod[-REV].NS.svc` when --ingressIP is given (istioctl otherwise looks
-  up the east-west gateway's load balancer address; there is none here, so the file is empty).
+  up the `istio-eastwestgateway` Service's load balancer address; that lookup is not done here,
+  so the file is empty).
 """
 
 from __future__ import annotations

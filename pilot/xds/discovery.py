@@ -35,7 +35,7 @@ from pilot.xds.connection import Connection, WatchedResource
 from pilot.xds.debounce import Debouncer
 from pilot.xds.envoy_filter_status import EnvoyFilterStatus
 from pilot.xds.generated import Generated, GenerationMemo, Generator, Plan
-from pilot.xds.generators import authorization, cds, ecds, eds, lds, rds, sds, wds
+from pilot.xds.generators import authorization, bootstrap, cds, ecds, eds, lds, rds, sds, wds
 from pilot.xds.pace import Pace, Slots
 from pilot.xds.pushstatus import PushHistory, PushRecord
 
@@ -82,6 +82,7 @@ GENERATORS: dict[str, Generator] = {
     typeurls.EXTENSION_CONFIG: ecds.generate,
     typeurls.ADDRESS: wds.generate,
     typeurls.AUTHORIZATION: authorization.generate,
+    typeurls.BOOTSTRAP: bootstrap.generate,
 }
 
 # Types whose cold generation runs long enough to stall the loop (15-100 ms at 1,000 services),
@@ -101,6 +102,7 @@ class DiscoveryServer(AckNack):
         self.generated = GenerationMemo(GENERATORS, self.cache, {typeurls.ENDPOINT: eds.reads_no_proxy},
                                         record=features.record_dependencies, sliced=SLICED,
                                         proxy_inputs={typeurls.ENDPOINT: eds.proxy_inputs,
+                                                      typeurls.BOOTSTRAP: bootstrap.proxy_inputs,
                                                       typeurls.CLUSTER: eds.cds_proxy_inputs})
         self.connections: dict[str, Connection] = {}
         self.throttle = Slots(features.push_throttle)
@@ -183,7 +185,8 @@ class DiscoveryServer(AckNack):
         ctx = PushContext.build(self.store, self.mesh.current, self.mesh.version, self.domain, version, previous,
                                 self.jwks(), disabled_envoy_filters=frozenset(rejected),
                                 knobs=self.features.generation_knobs(),
-                                k8s_select_workload_entries=self.features.k8s_select_workload_entries)
+                                k8s_select_workload_entries=self.features.k8s_select_workload_entries,
+                                mesh_networks=self.mesh.networks, system_namespace=self.mesh.system_namespace)
         self._log_policy_problems(ctx, previous)
         for listener in self.context_listeners:
             listener(ctx)

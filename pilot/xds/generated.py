@@ -106,11 +106,11 @@ class GenerationMemo:
         telemetry = ctx.telemetry_plan(proxy) if not proxy.is_grpc else None
         # And the WasmPlugins that select it (also by labels).
         wasm = ctx.wasm_plan(proxy) if not proxy.is_grpc else None
-        # ISTIO_DUAL_STACK: a proxy with both IP families gets [::] listeners and DNS clusters
-        # resolving both (cds, lds, gateway); single-family ones of its namespace must not share.
-        dual = ctx.settings.knobs.dual_stack and proxy.dual_stack
+        # Its IP families: how DNS clusters resolve, which cluster IPs of dual-stack Services it
+        # sees, and (ISTIO_DUAL_STACK, both families) [::] listeners; others must not share.
+        families = proxy.ip_families
         key = (proxy.traits, scope, traffic.source_signature(labels), traffic.rule_signature(labels), own, telemetry,
-               wasm, dual)
+               wasm, families)
         self._proxy_keys[id(proxy)] = (proxy, proxy.metadata, key)
         return key
 

@@ -65,9 +65,8 @@ def plugin(url: str, sha256: str, extra: str = "") -> str:
         metadata: {{name: remote, namespace: istio-system}}
         spec:
           url: {url}
-          sha256: {sha256}
           phase: STATS
-        """) + textwrap.indent(textwrap.dedent(extra), "  ")
+        """) + (f"  sha256: {sha256}\n" if sha256 else "") + textwrap.indent(textwrap.dedent(extra), "  ")
 
 
 async def get(port: int) -> tuple[int, dict[str, str]] | None:
@@ -118,10 +117,14 @@ async def test_a_module_served_over_http_is_fetched_verified_and_its_fail_strate
             assert (await answer(200, "fetched")) is not None
             assert server.downloads == 1
 
-            # 3. Always: fetched again, the plugin having changed (its resource version).
-            cp.write("plugin.yaml", plugin(server.url, good, "imagePullPolicy: Always\n"))
+            # 3. Always, unpinned (as istio-agent, a module pinned by sha256 is never fetched
+            # again): fetched again, the plugin having changed (its resource version).
+            cp.write("plugin.yaml", plugin(server.url, "", "imagePullPolicy: Always\n"))
             await wait_for(lambda: server.downloads >= 2, timeout=30, message=f"refetched\n{a.log_tail()}")
             await wait_for(lambda: answer(200, "fetched"), timeout=30, message="still applied")
+            downloads = server.downloads
+            cp.write("plugin.yaml", plugin(server.url, "", "imagePullPolicy: Always\npluginConfig: {v: 3}\n"))
+            await wait_for(lambda: server.downloads > downloads, timeout=30, message="refetched on change")
 
             # 4. A sha256 the module does not have: FAIL_CLOSE (the default) denies every request.
             cp.write("plugin.yaml", plugin(server.url, wrong))

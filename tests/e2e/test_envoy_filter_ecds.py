@@ -95,6 +95,12 @@ async def test_an_extension_config_added_by_envoy_filter_is_served_over_ecds(tmp
         dump = await envoy.config_dump(resource="ecds_filters")
         names = [c["ecds_filter"]["name"] for c in dump.get("configs", [])]
         assert names == ["my-lua"], dump
+        # The control plane's own dump of what it sends this proxy lists the same extension config
+        # as Envoy's does (istioctl proxy-config compares the two).
+        sent = await cp.debug(f"/debug/config_dump?proxyID={sidecar_node_id('app-1')}")
+        ecds = next(c for c in sent["configs"] if c["@type"].endswith("EcdsConfigDump"))
+        assert [c["ecds_filter"]["name"] for c in ecds["ecds_filters"]] == ["my-lua"], ecds
+        assert "envoy_on_response" in json.dumps(ecds)
         listeners = json.dumps(await envoy.config_dump(resource="dynamic_listeners"))
         assert "config_discovery" in listeners and "inline_code" not in listeners  # only the reference
 

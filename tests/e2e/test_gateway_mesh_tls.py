@@ -1,6 +1,7 @@
 """Gateway servers that use the mesh's own TLS, through a router Envoy run by pilot-agent:
 ISTIO_MUTUAL (clients must present a certificate from the mesh CA) and AUTO_PASSTHROUGH (mesh
-connections routed by their `outbound_.PORT_.SUBSET_.HOST` SNI without being terminated)."""
+connections routed by their `outbound_.PORT_.SUBSET_.HOST` SNI without being terminated, to
+endpoints that take mTLS only)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,16 @@ def gateway_yaml(mutual_port: int, passthrough_port: int) -> str:
           gateways: [{NS}/eastwest]
           http: [{{route: [{{destination: {{host: plain.default.svc.cluster.local}}}}]}}]
         """)
+
+
+ISTIO_MUTUAL_SECURE = """\
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: secure, namespace: default}
+spec:
+  host: secure.default.svc.cluster.local
+  trafficPolicy: {tls: {mode: ISTIO_MUTUAL}}
+"""
 
 
 async def https_get(port: int, ctx: ssl.SSLContext, sni: str) -> tuple[bytes, bytes]:
@@ -117,11 +128,28 @@ async def test_istio_mutual_and_auto_passthrough_servers(tmp_path):
                 body = b""
             assert not body.startswith(b"HTTP/1.1 200"), "served a client without a mesh certificate"
 
-            # AUTO_PASSTHROUGH: the SNI names the cluster; TLS reaches the backend untouched.
+            # AUTO_PASSTHROUGH: the SNI names the router's sni-dnat cluster, which offers only
+            # endpoints the mesh sends mTLS to (istiod's rule: the gateway cannot tell mTLS from
+            # other TLS). `secure` has no sidecar label: nothing is offered, the connection drops.
             backend_client = ssl.create_default_context(cadata=backend_ca.cert_pem.decode())
             backend_client.check_hostname = False
             sni = f"outbound_.{secure_port}_._.secure.default.svc.cluster.local"
-            der, body = await https_get(passthrough_port, backend_client, sni)
+            try:
+                _, body = await https_get(passthrough_port, backend_client, sni)
+            except (OSError, ssl.SSLError, ValueError, TimeoutError):
+                body = b""
+            assert not body.startswith(b"HTTP/1.1 200"), "a non-mTLS endpoint was offered through AUTO_PASSTHROUGH"
+            # A DestinationRule sending ISTIO_MUTUAL makes it an mTLS endpoint: then the TLS
+            # reaches the backend untouched.
+            cp.write("dr.yaml", ISTIO_MUTUAL_SECURE)
+
+            async def passed_through():
+                try:
+                    got = await https_get(passthrough_port, backend_client, sni)
+                except (OSError, ssl.SSLError, ValueError, TimeoutError):
+                    return None
+                return got if got[1].startswith(b"HTTP/1.1 200") else None
+            der, body = await wait_for(passed_through, timeout=20, message=f"AUTO_PASSTHROUGH\n{router.log_tail()}")
             assert body.startswith(b"HTTP/1.1 200") and b'"name": "secure"' in body
             assert x509.load_der_x509_certificate(der).serial_number == backend_cert.serial
     finally:

@@ -148,15 +148,15 @@ async def test_a_wasm_plugin_adds_a_response_header_in_phase_and_priority_order(
 
 async def test_unsupported_wasm_plugin_fields_are_refused_with_their_path(tmp_path):
     cp = ControlPlane(tmp_path)
-    cp.write("oci.yaml", textwrap.dedent("""\
+    cp.write("signed.yaml", textwrap.dedent("""\
         apiVersion: extensions.istio.io/v1alpha1
         kind: WasmPlugin
-        metadata: {name: oci, namespace: default}
-        spec: {url: "oci://ghcr.io/example/plugin:1"}
+        metadata: {name: signed, namespace: default}
+        spec: {url: "oci://ghcr.io/example/plugin:1", verificationKey: "-----BEGIN PUBLIC KEY-----"}
         """))
     try:
         await cp.start()
-        await wait_for(lambda: "oci:// is not supported" in cp.log_tail(200), timeout=30,
+        await wait_for(lambda: "istio-agent verifies no image signature" in cp.log_tail(200), timeout=30,
                        message=f"refusal logged\n{cp.log_tail()}")
     finally:
         await cp.stop()

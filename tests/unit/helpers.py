@@ -106,7 +106,8 @@ class World:
     def ctx(self) -> PushContext:
         self._seq += 1
         self.mesh.refresh(self.store)
-        return PushContext.build(self.store, self.mesh.current, self.mesh.version, DOMAIN, f"v{self._seq}")
+        return PushContext.build(self.store, self.mesh.current, self.mesh.version, DOMAIN, f"v{self._seq}",
+                                 mesh_networks=self.mesh.networks, system_namespace=SYSTEM_NS)
 
     # One call per xDS type, returning name -> CachedResource.
     def cds(self, p: Proxy, ctx: PushContext | None = None, names: set[str] | None = None) -> dict[str, CachedResource]:

@@ -163,8 +163,16 @@ def service_entry(name: str, spec: dict, ns: str = "default") -> dict:
     return _istio("ServiceEntry", name, ns, spec)
 
 
-def workload_entry(name: str, address: str, labels: dict, sa: str, ns: str = "default") -> dict:
-    return _istio("WorkloadEntry", name, ns, {"address": address, "labels": labels, "serviceAccount": sa})
+def workload_entry(name: str, address: str, labels: dict, sa: str, ns: str = "default", network: str = "") -> dict:
+    spec = {"address": address, "labels": labels, "serviceAccount": sa, **({"network": network} if network else {})}
+    return _istio("WorkloadEntry", name, ns, spec)
+
+
+def _gateway_service(network: str, address: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": _meta("eastwest", SYSTEM_NS, labels={"topology.istio.io/network": network}),
+            "spec": {"type": "LoadBalancer", "clusterIP": "10.96.0.98", "ports": [{"name": "tls", "port": 15443}]},
+            "status": {"loadBalancer": {"ingress": [{"ip": address}]}}}
 
 
 def node(name: str, zone: str) -> dict:
@@ -172,10 +180,13 @@ def node(name: str, zone: str) -> dict:
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
 
 
-def envoy_filter(name: str, ns: str, patches: list[dict], selector: dict | None = None, priority: int = 0) -> dict:
+def envoy_filter(name: str, ns: str, patches: list[dict], selector: dict | None = None, priority: int = 0,
+                 gateways: tuple[str, ...] = ()) -> dict:
     spec: dict = {"configPatches": patches, "priority": priority}
     if selector is not None:
         spec["workloadSelector"] = {"labels": selector}
+    if gateways:  # targetRefs to Gateway API Gateways of the namespace
+        spec["targetRefs"] = [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": g} for g in gateways]
     return {"apiVersion": "networking.istio.io/v1alpha3", "kind": "EnvoyFilter", "metadata": _meta(name, ns),
             "spec": spec}
 
@@ -535,7 +546,9 @@ def slots() -> dict[str, list[dict | None]]:
         "we/db-2": [None, workload_entry("db-2", "10.2.0.3", {"app": "db"}, "db")],
         # A WorkloadEntry the Kubernetes Service ratings selects (PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES)
         "we/ratings-vm": [None, workload_entry("ratings-vm", "10.2.0.9", {"app": "ratings"}, "ratings-vm"),
-                          workload_entry("ratings-vm", "10.2.0.9", {"app": "ratings"}, "ratings-legacy")],
+                          workload_entry("ratings-vm", "10.2.0.9", {"app": "ratings"}, "ratings-legacy"),
+                          workload_entry("ratings-vm", "10.2.0.9", {"app": "ratings", "security.istio.io/tlsMode": "istio"},
+                                         "ratings-vm", network="net-b")],
         # A Pod the ServiceEntry's workloadSelector picks (istiod selects Pods too)
         "pod/db-pod": [None, pod("db-pod", "10.1.0.30", {"app": "db"}, "db-pod"),
                        pod("db-pod", "10.1.0.30", {"app": "other"}, "db-pod")],
@@ -550,6 +563,13 @@ def slots() -> dict[str, list[dict | None]]:
             None,
             envoy_filter("mesh", SYSTEM_NS, [_timeout("6s", context="SIDECAR_OUTBOUND"), _ROUTE_HEADER], priority=5),
             envoy_filter("mesh", SYSTEM_NS, [_LUA], selector={"istio": "ingressgateway"}),
+        ],
+        # targetRefs: the Gateway API Gateway's router only (then another Gateway, then a selector)
+        "ef/gateway-api": [
+            None,
+            envoy_filter("web", SYSTEM_NS, [_LUA, _ROUTE_HEADER, _timeout("7s", context="GATEWAY")], gateways=("web",)),
+            envoy_filter("web", SYSTEM_NS, [_LUA], gateways=("other", "waypoint")),
+            envoy_filter("web", SYSTEM_NS, [_timeout("8s")], selector={"gateway.networking.k8s.io/gateway-name": "web"}),
         ],
         "ra/reviews": [
             None,
@@ -601,6 +621,16 @@ def slots() -> dict[str, list[dict | None]]:
              "metadata": _meta("waypoint", "shop", labels={"gateway.istio.io/managed": "istio.io-mesh-controller"}),
              "spec": {"clusterIP": "10.96.0.99", "ports": [{"name": "mesh", "port": 15008}]}},
         ],
+        # Multi-network: an east-west gateway Service (labelled with the network it reaches), the
+        # system namespace's network, a WorkloadEntry on another network (see we/ratings-vm)
+        "svc/eastwest": [
+            None,
+            _gateway_service("net-b", "192.0.2.1"),
+            _gateway_service("net-b", "192.0.2.2"),
+            _gateway_service("net-c", "192.0.2.1"),
+            _gateway_service("net-a", "192.0.2.3"),  # with ns/system: every unlabelled endpoint is net-a's
+        ],
+        "ns/system": [None, namespace(SYSTEM_NS, {"topology.istio.io/network": "net-a"})],
         # Namespaces (ambient enrolment, waypoint use) and the mesh
         "ns/shop": [
             namespace("shop", {}),

@@ -104,8 +104,8 @@ def test_node_metadata_as_istio_agent_sends_it():
     labels = 'version="v1"\npod-template-hash="5b7f9c8d6d"\nnote="a \\"quoted\\" value"\n'
     md, warnings = node_metadata(cfg, labels, 'sidecar.istio.io/status="{}"\n')
     assert md["NAMESPACE"] == "bookinfo"  # the agent's own knowledge wins over ISTIO_META_
-    assert (md["NAME"], md["SERVICE_ACCOUNT"], md["INSTANCE_IPS"]) == ("reviews-v1-5b7f9c8d6d-abcde", "reviews",
-                                                                       "10.1.2.3")
+    assert (md["NAME"], md["SERVICE_ACCOUNT"]) == ("reviews-v1-5b7f9c8d6d-abcde", "reviews")
+    assert md["INSTANCE_IPS"].split(",")[0] == "10.1.2.3"  # INSTANCE_IP first, then the host's others
     assert md["CLUSTER_ID"] == "east" and md["INTERCEPTION_MODE"] == "NONE"
     # The labels file (downward API) over ISTIO_METAJSON_LABELS, without pod-template-hash.
     assert md["LABELS"] == {"app": "reviews", "version": "v1", "note": 'a "quoted" value'}
@@ -177,3 +177,84 @@ def test_renewal_at_the_grace_period_with_jitter():
     latest = renewal_delay(secret, 0.5, 0.01, now, rand=lambda: 0.0)  # 0.49
     assert earliest == pytest.approx(43200 - 864) and latest == pytest.approx(43200 + 864)
     assert renewal_delay(secret, 0.5, 0.01, now + 50000) == 0  # overdue: at once
+
+
+def _host_addresses(skip: frozenset[str] = frozenset()) -> list[str]:
+    """What psutil sees: the addresses of interfaces that are up and not loopback, less link-local."""
+    import ipaddress
+
+    import psutil
+
+    stats = psutil.net_if_stats()
+    out = []
+    for name, addrs in psutil.net_if_addrs().items():
+        st = stats.get(name)
+        if name in skip or st is None or not st.isup or "loopback" in st.flags.split(","):
+            continue
+        for a in addrs:
+            if a.family.name in ("AF_INET", "AF_INET6"):
+                ip = ipaddress.ip_address(a.address.split("%")[0])
+                if not (ip.is_link_local or ip.is_loopback):
+                    out.append(str(ip))
+    return out
+
+
+def test_instance_ips_are_every_address_of_the_host_instance_ip_first():
+    """As istio-agent: INSTANCE_IP, then the addresses of every interface that is up (not
+    loopback or link-local), so a dual-stack pod's sidecar reports both families."""
+    cfg, _ = load()
+    md, _ = node_metadata(cfg)
+    ips = md["INSTANCE_IPS"].split(",")
+    assert ips[0] == "10.1.2.3" and cfg.node_id.split("~")[1] == "10.1.2.3"
+    host = _host_addresses()
+    want = sorted(set(host) - {"10.1.2.3"}) if host else ["127.0.0.1", "::1"]  # istio-agent's fallback
+    assert sorted(ips[1:]) == sorted(want)
+    # Its own address is listed once.
+    if host:
+        again, _ = load({"INSTANCE_IP": host[0]})
+        assert again.instance_ips[0] == host[0] and again.instance_ips.count(host[0]) == 1
+
+
+def test_exclude_interfaces_annotation_leaves_their_addresses_out():
+    """traffic.sidecar.istio.io/excludeInterfaces (the pod annotations file), as istio-agent;
+    with no address left, 127.0.0.1 and ::1 (istio-agent's fallback)."""
+    import psutil
+
+    names = sorted(n for n, st in psutil.net_if_stats().items() if "loopback" not in st.flags.split(","))
+    if not _host_addresses():
+        pytest.skip("no non-loopback interface with an address here")
+    files = {config.POD_ANNOTATIONS_PATH: f'{config.EXCLUDE_INTERFACES_ANNOTATION}="{names[0]}"\n'}
+    cfg, _ = config.load(proxy_type="sidecar", env=BASE_ENV, overrides={}, find_envoy=config.find_envoy,
+                         read_file=lambda p: files.get(p, ""))
+    rest = sorted(set(_host_addresses(frozenset({names[0]}))) - {"10.1.2.3"}) or ["127.0.0.1", "::1"]
+    assert sorted(cfg.instance_ips[1:]) == sorted(rest)
+    files[config.POD_ANNOTATIONS_PATH] = f'{config.EXCLUDE_INTERFACES_ANNOTATION}="{",".join(names)}"\n'
+    cfg, _ = config.load(proxy_type="sidecar", env=BASE_ENV, overrides={}, find_envoy=config.find_envoy,
+                         read_file=lambda p: files.get(p, ""))
+    assert cfg.instance_ips == ("10.1.2.3", "127.0.0.1", "::1")
+
+
+def test_a_dual_stack_pods_metadata_makes_a_dual_stack_proxy():
+    """What istiod reads of INSTANCE_IPS: both families, whatever the node id's one IP."""
+    from pilot.model.proxy import Proxy
+
+    cfg, _ = config.load(proxy_type="sidecar", env=BASE_ENV, overrides={}, find_envoy=config.find_envoy,
+                         read_file=lambda p: "", host_ips=lambda _skip: ["10.1.2.3", "fd00:1::3"])
+    md, _ = node_metadata(cfg)
+    assert md["INSTANCE_IPS"] == "10.1.2.3,fd00:1::3"
+    p = Proxy(cfg.node_id, "sidecar", ("10.1.2.3",), cfg.pod_name, cfg.pod_namespace, "cluster.local", metadata=md)
+    assert p.ip_families == (True, True)
+
+
+@pytest.mark.parametrize(("ips", "dual_stack", "want"), [
+    (["10.1.2.3"], "true", "V4_ONLY"), (["10.1.2.3", "fd00:1::3"], "false", "V4_ONLY"),
+    (["10.1.2.3", "fd00:1::3"], "true", "ALL"), (["fd00:1::3"], "false", "V6_ONLY")])
+def test_the_bootstraps_dns_cluster_resolves_the_pods_families(ips, dual_stack, want):
+    """istio-agent's bootstrap DNSLookupFamily for the tracer's STRICT_DNS cluster."""
+    env = {**BASE_ENV, "INSTANCE_IP": ips[0], "ISTIO_DUAL_STACK": dual_stack,
+           "PROXY_CONFIG": json.dumps({"tracing": {"zipkin": {"address": "zipkin.istio-system:9411"}}})}
+    cfg, _ = config.load(proxy_type="sidecar", env=env, overrides={}, find_envoy=config.find_envoy,
+                         read_file=lambda p: "", host_ips=lambda _skip: ips)
+    md, _ = node_metadata(cfg)
+    (zipkin,) = [c for c in envoy_bootstrap(cfg, md)["static_resources"]["clusters"] if c["name"] == "zipkin"]
+    assert zipkin["type"] == "STRICT_DNS" and zipkin["dns_lookup_family"] == want

@@ -46,7 +46,7 @@ def ecds(url: str, fail_open: bool) -> discovery_pb2.DiscoveryResponse:
 
 async def test_an_unreachable_module_becomes_deny_all_or_allow_all_rbac(tmp_path):
     url = f"http://127.0.0.1:{free_port()}/p.wasm"  # nothing listens there
-    cache = ModuleCache(str(tmp_path))
+    cache = ModuleCache(str(tmp_path), http_attempts=1)  # retries: tests/unit/test_agent_wasm_fetch.py
     for fail_open in (False, True):
         data = await rewrite_response(ecds(url, fail_open).SerializeToString(), False, cache)
         got = discovery_pb2.DiscoveryResponse.FromString(data)
@@ -69,7 +69,7 @@ async def test_a_response_without_remote_modules_is_forwarded_byte_for_byte(tmp_
     assert await rewrite_response(data, False, ModuleCache(str(tmp_path))) is data
 
 
-async def test_always_fetches_again_when_the_plugins_resource_version_changes_only(tmp_path):
+async def test_always_fetches_again_when_the_plugins_resource_version_changes_only_unless_pinned(tmp_path):
     from aiohttp import web
     module = b"\x00asm\x01\x00\x00\x00"
     app = web.Application()
@@ -81,13 +81,13 @@ async def test_always_fetches_again_when_the_plugins_resource_version_changes_on
     runner, port = await serve(app)
     cache = ModuleCache(str(tmp_path))
 
-    async def push(version: str | None) -> str:
+    async def push(version: str | None, pinned: bool = False) -> str:
         response = ecds(f"http://127.0.0.1:{port}/m.wasm", False)
         tec = extension_pb2.TypedExtensionConfig()
         response.resources[0].Unpack(tec)
         filt = http_wasm_pb2.Wasm()
         tec.typed_config.Unpack(filt)
-        filt.config.vm_config.code.remote.sha256 = hashlib.sha256(module).hexdigest()
+        filt.config.vm_config.code.remote.sha256 = hashlib.sha256(module).hexdigest() if pinned else ""
         env = filt.config.vm_config.environment_variables.key_values
         if version is not None:
             env["ISTIO_META_WASM_PLUGIN_RESOURCE_VERSION"] = version
@@ -109,5 +109,11 @@ async def test_always_fetches_again_when_the_plugins_resource_version_changes_on
         await push(None)
         await push(None)
         assert cache.fetches == 4  # no version to compare (another control plane): every time
+        # As istio-agent: a module pinned by sha256 is the same module whatever the policy.
+        assert await push("7", pinned=True) == path and await push("8", pinned=True) == path
+        assert cache.fetches == 4
+        text = cache.metrics.render()
+        assert 'istio_agent_wasm_remote_fetch_count{result="success"} 4' in text
+        assert "istio_agent_wasm_cache_entries 1" in text
     finally:
         await runner.cleanup()

@@ -138,12 +138,6 @@ def test_a_type_url_never_imports_a_module_outside_the_proto_packages():
     assert "this" not in sys.modules  # (importing it would print the Zen of Python)
 
 
-def test_bootstrap_is_refused_with_the_reason():
-    with pytest.raises(Exception) as err:
-        parse_object(envoy_filter("bad", [{"applyTo": "BOOTSTRAP", "patch": {"operation": "MERGE", "value": {}}}]))
-    assert "applyTo BOOTSTRAP is not supported" in str(err.value) and "pilot-agent" in str(err.value)
-
-
 def test_extension_config_patches_are_add_only_and_need_a_name_and_a_typed_config():
     lua = "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua"
 

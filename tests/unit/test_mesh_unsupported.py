@@ -67,14 +67,15 @@ def test_the_holder_warns_once_per_change_of_what_is_ignored() -> None:
     with capture_logs() as logs:
         holder = MeshHolder(parse_mesh_config("enableEnvoyAccessLogService: true\n"), "istio-system")
         holder.refresh(store)  # same file mesh: no second warning
-        store.apply(configmap("enableEnvoyAccessLogService: true\n", meshNetworks="networks: {}"))
+        store.apply(configmap("enableEnvoyAccessLogService: true\ndisableEnvoyListenerLog: true\n",
+                              meshNetworks="networks: {}"))
         holder.refresh(store)
         holder.refresh(store)
         store.apply(configmap("trustDomain: x\n"))
         holder.refresh(store)
     warnings = [e for e in logs if e["log_level"] == "warning"]
     assert [w["fields"] for w in warnings] == [["enableEnvoyAccessLogService"],
-                                               ["enableEnvoyAccessLogService", "(ConfigMap key) meshNetworks"]]
+                                               ["disableEnvoyListenerLog", "enableEnvoyAccessLogService"]]
     assert holder.unsupported == () and holder.current.trust_domain == "x"
 
 

@@ -220,7 +220,6 @@ CASES: list[tuple[str, dict, Callable[[dict], object], tuple[str, ...]]] = [
     ("exportTo ~ and others", DNS_SERVICE_ENTRY, lambda s: s.update(exportTo=["~", "."]), ("spec.exportTo", "no one (~)")),
     # WorkloadEntry
     ("no address", WORKLOAD_ENTRY, lambda s: s.update(address=""), ("spec", "address is required")),
-    ("network (not generated)", WORKLOAD_ENTRY, lambda s: s.update(network="vm-net"), ("spec.network", "not supported")),
     ("bad address", WORKLOAD_ENTRY, lambda s: s.update(address="not an address"), ("address", "not a valid FQDN or an IP")),
     ("unix endpoint with ports", WORKLOAD_ENTRY,
      lambda s: s.update(address="unix:///var/run/a.sock"), ("must not include ports",)),

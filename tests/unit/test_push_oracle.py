@@ -69,10 +69,13 @@ def _proxy(
     generator: str | None = None,
     identity: str = "",
     locality: Locality = NO_LOCALITY,
+    network: str = "",
 ) -> Proxy:
     node_id = f"{ptype}~{ip}~{pod}.{ns}~{ns}.svc.{DOMAIN}"
     t, ips, p, namespace, domain = parse_node_id(node_id)
     meta = {"NAMESPACE": ns, "LABELS": labels, "INTERCEPTION_MODE": interception}
+    if network:
+        meta["NETWORK"] = network
     if generator:
         meta["GENERATOR"] = generator
     return Proxy(node_id, t, ips, p, namespace, domain, f"{pod}.{ns}", meta, identity=identity, node_locality=locality)
@@ -97,6 +100,7 @@ def proxies() -> list[Proxy]:
             pp,
             interception="REDIRECT",
             identity=_sa("default", "productpage"),
+            network="net-a",
         ),
         _proxy(
             "sidecar",
@@ -116,6 +120,7 @@ def proxies() -> list[Proxy]:
             {"app": "details"},
             interception="REDIRECT",
             identity=_sa("shop", "details"),
+            network="net-b",
         ),
         _proxy("sidecar", "shop", "cart-1", "10.1.0.9", {"app": "cart"}),
         _proxy("router", SYSTEM_NS, "ingress-1", "10.1.1.1", {"istio": "ingressgateway"}),
@@ -219,7 +224,8 @@ def grpc_requested(p: Proxy, type_url: str, got) -> frozenset[str] | None:
 def expected_config(store: Store, mesh: MeshHolder, plist: list[Proxy]):
     """Per proxy and type: (requested names, name -> resource), from the generators directly."""
     mesh.refresh(store)
-    ctx = PushContext.build(store, mesh.current, mesh.version, DOMAIN, "oracle")
+    ctx = PushContext.build(store, mesh.current, mesh.version, DOMAIN, "oracle", mesh_networks=mesh.networks,
+                            system_namespace=mesh.system_namespace)
     cache = XdsCache()
     out = []
     for p in plist:

@@ -226,6 +226,22 @@ def test_a_workload_telemetry_rebuilds_only_the_workloads_it_selects(world: Worl
     assert c1["0.0.0.0_9080"] is c0["0.0.0.0_9080"]  # served from the cache, not rebuilt
 
 
+def test_a_gateway_targetref_names_a_gateway_of_the_telemetrys_own_namespace_only(world: World) -> None:
+    """istiod's ShouldAttachPolicy: a targetRef names a Gateway of the Telemetry's namespace; the
+    root namespace's Telemetry naming `ingress` does not reach another namespace's `ingress`."""
+    gw = {"kind": "Gateway", "group": "gateway.networking.k8s.io", "name": "ingress"}
+    label = {"gateway.networking.k8s.io/gateway-name": "ingress"}
+    in_root, in_shop = labelled(label, namespace=SYSTEM_NS, ptype="router"), labelled(label, namespace="shop",
+                                                                                     ptype="router")
+    world.apply(telemetry("root-gw", SYSTEM_NS, {"targetRefs": [gw], "accessLogging": [{"disabled": True}]}))
+    ctx = world.ctx()
+    assert ctx.telemetry_plan(in_root).origins == ("Telemetry/istio-system/root-gw",)
+    assert ctx.telemetry_plan(in_shop).origins == ()
+    world.apply(telemetry("shop-gw", "shop", {"targetRefs": [gw], "accessLogging": [{"disabled": True}]}))
+    assert world.ctx().telemetry_plan(in_shop).origins == ("Telemetry/shop/shop-gw",)
+    assert world.ctx().telemetry_plan(labelled({"app": "ingress"}, namespace="shop")).origins == ()
+
+
 def test_a_telemetry_for_waypoints_is_reported_not_dropped(world: World) -> None:
     world.apply(telemetry("wp", "default", {"targetRefs": [{"kind": "Service", "group": "", "name": "reviews"}],
                                             "accessLogging": [{"providers": [{"name": "envoy"}]}]}))

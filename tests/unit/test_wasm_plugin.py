@@ -15,10 +15,11 @@ def doc(spec: dict, name: str = "p", namespace: str = "default", created: str = 
 
 
 @pytest.mark.parametrize(("spec", "reason"), [
-    ({"url": "oci://ghcr.io/x/y:1"}, "oci:// is not supported"),
-    ({"url": "ghcr.io/x/y:1"}, "oci:// is not supported"),
+    ({"url": "oci://"}, "needs a registry and repository"),
+    ({"url": "oci://ghcr.io/x/y:1", "verificationKey": "-----BEGIN PUBLIC KEY-----"},
+     "istio-agent verifies no image signature"),
     ({"url": "https:///p.wasm"}, "https:// needs a host"),
-    ({"url": "https://example.com/p.wasm", "imagePullSecret": "creds"}, "imagePullSecret"),
+    ({"url": "https://example.com/p.wasm", "imagePullSecret": "creds"}, "imagePullSecret: only used to pull OCI"),
     ({"url": "file://relative.wasm"}, "absolute path"),
     ({"url": "file:///p.wasm", "sha256": "ab" * 32}, "sha256: not supported"),
     ({"url": "file:///p.wasm", "type": "NETWORK"}, "NETWORK is not supported"),
@@ -92,3 +93,62 @@ def test_phases_take_istiods_slots_around_authentication_and_authorization():
     assert [f.name for f in insert(chain, plan.server, 8080)] == [
         "default.authn", "envoy.filters.http.jwt_authn", "default.authz", "envoy.filters.http.rbac",
         "default.stats", "default.late", "envoy.filters.http.router"]
+
+
+def test_a_pull_secret_reaches_only_proven_proxies_of_the_plugins_namespace():
+    import base64
+    import dataclasses
+
+    from envoy.config.core.v3 import extension_pb2
+    from envoy.extensions.filters.http.wasm.v3 import wasm_pb2 as http_wasm_pb2
+    from google.protobuf import any_pb2
+
+    from pilot.xds.generators import ecds
+    from tests.unit.helpers import World, proxy
+
+    config = '{"auths": {"registry.example.com": {"auth": "cHVsbGVyOnMzY3JldA=="}}}'
+
+    def secret(namespace: str, stype: str = "kubernetes.io/dockerconfigjson") -> dict:
+        return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "regcred", "namespace": namespace},
+                "type": stype, "data": {".dockerconfigjson": base64.b64encode(config.encode()).decode()}}
+
+    w = World()
+    w.apply(doc({"url": "registry.example.com/wasm/p:1", "imagePullSecret": "regcred"}, "p", "shop"),
+            doc({"url": "oci://registry.example.com/wasm/q:1", "imagePullSecret": "regcred"}, "q", "istio-system"),
+            secret("shop"), secret("istio-system"))
+
+    def env(p, name: str) -> dict[str, str]:
+        (res,) = ecds.generate(w.ctx(), p, frozenset({name}), w.cache)
+        tec = extension_pb2.TypedExtensionConfig.FromString(any_pb2.Any.FromString(res.any_bytes).value)
+        filt = http_wasm_pb2.Wasm()
+        tec.typed_config.Unpack(filt)
+        assert filt.config.vm_config.code.remote.http_uri.uri.startswith("oci://registry.example.com/wasm/")
+        return dict(filt.config.vm_config.environment_variables.key_values)
+
+    proven = dataclasses.replace(proxy("shop"), identity="spiffe://cluster.local/ns/shop/sa/default")
+    assert env(proven, "shop.p")["ISTIO_META_WASM_IMAGE_PULL_SECRET"] == config
+    # Not proven (plaintext xDS): the variable is there, empty, so the agent fails the pull.
+    assert env(proxy("shop"), "shop.p")["ISTIO_META_WASM_IMAGE_PULL_SECRET"] == ""
+    # A root-namespace plugin reaches every proxy; its Secret does not leave istio-system.
+    assert env(proven, "istio-system.q")["ISTIO_META_WASM_IMAGE_PULL_SECRET"] == ""
+    gateway = dataclasses.replace(proxy("istio-system", ptype="router"),
+                                  identity="spiffe://cluster.local/ns/istio-system/sa/gw")
+    assert env(gateway, "istio-system.q")["ISTIO_META_WASM_IMAGE_PULL_SECRET"] == config
+    # Only a docker config Secret is one (another type keeps no such key at all).
+    w.apply(secret("shop", "Opaque"))
+    assert env(proven, "shop.p")["ISTIO_META_WASM_IMAGE_PULL_SECRET"] == ""
+
+
+def test_a_gateway_targetref_names_a_gateway_of_the_plugins_own_namespace_only():
+    """istiod's ShouldAttachPolicy: a targetRef has no namespace of its own, so a root namespace
+    plugin naming Gateway `ingress` is for the root namespace's `ingress`, not every namespace's."""
+    gw = {"kind": "Gateway", "group": "gateway.networking.k8s.io", "name": "ingress"}
+    root = entry({"url": "file:///r.wasm", "targetRefs": [gw]}, "r", "istio-system", "2026-01-01T00:00:00Z", 1)
+    local = entry({"url": "file:///l.wasm", "targetRefs": [gw]}, "l", "shop", "2026-01-02T00:00:00Z", 2)
+    index = {"istio-system": (root,), "shop": (local,)}
+    ingress = {"gateway.networking.k8s.io/gateway-name": "ingress"}
+    assert [f.name for f in plan_for(index, "istio-system", "shop", ingress).client] == ["shop.l"]
+    assert [f.name for f in plan_for(index, "istio-system", "istio-system", ingress).client] == ["istio-system.r"]
+    assert plan_for(index, "istio-system", "other", ingress).client == ()
+    # Nor does a targetRef ever select a sidecar that merely shares the namespace.
+    assert plan_for(index, "istio-system", "shop", {"app": "ingress"}).client == ()

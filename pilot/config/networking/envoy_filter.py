@@ -11,7 +11,8 @@ generation never parses a Struct per proxy, and its identity is stable while the
 Where this is stricter than istiod, on purpose: an unknown field in a value is refused (istiod
 only warns, its strict pass being a warning); operations istiod accepts but never performs (an
 insert into clusters, ADD of a route configuration, REPLACE outside filters and virtual hosts)
-are refused; `targetRefs` is refused (see EnvoyFilterSpec).
+are refused; of `targetRefs`, only the kind istiod ever attaches to a proxy we patch (a Gateway
+API Gateway of the filter's namespace) is accepted (see EnvoyFilterSpec).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+from envoy.config.bootstrap.v3 import bootstrap_pb2
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import extension_pb2
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
@@ -28,11 +30,12 @@ from envoy.config.route.v3 import route_components_pb2, route_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
 from google.protobuf import descriptor_pool, json_format
 from google.protobuf.message import Message
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from pilot.config.base import K8sObject, StrictModel, Unsupported
+from pilot.config.base import UNSUPPORTED_MARK, K8sObject, StrictModel, refused_because
 from pilot.config.networking.common import NetworkingWorkloadSelector
 from pilot.config.networking.validation import _fail, validate_regex
+from pilot.config.security.common import PolicyTargetReference
 
 ApplyTo = Literal["LISTENER", "FILTER_CHAIN", "NETWORK_FILTER", "HTTP_FILTER", "ROUTE_CONFIGURATION",
                   "VIRTUAL_HOST", "HTTP_ROUTE", "CLUSTER", "LISTENER_FILTER", "EXTENSION_CONFIG", "BOOTSTRAP"]
@@ -51,6 +54,7 @@ VALUE_TYPES: dict[str, type[Message]] = {
     "CLUSTER": cluster_pb2.Cluster,
     "LISTENER_FILTER": listener_components_pb2.ListenerFilter,
     "EXTENSION_CONFIG": extension_pb2.TypedExtensionConfig,
+    "BOOTSTRAP": bootstrap_pb2.Bootstrap,
 }
 HCM = "envoy.filters.network.http_connection_manager"
 # The insert operations exist only for ordered lists, REPLACE only where istiod implements it;
@@ -59,6 +63,19 @@ _INSERTS = {"INSERT_BEFORE", "INSERT_AFTER", "INSERT_FIRST"}
 _ORDERED = {"LISTENER_FILTER", "NETWORK_FILTER", "HTTP_FILTER", "HTTP_ROUTE"}
 _LISTENER_KINDS = {"LISTENER", "FILTER_CHAIN", "NETWORK_FILTER", "HTTP_FILTER", "LISTENER_FILTER"}
 _ROUTE_KINDS = {"ROUTE_CONFIGURATION", "VIRTUAL_HOST", "HTTP_ROUTE"}
+GATEWAY_API_GROUP = "gateway.networking.k8s.io"
+
+# Fields istiod's API documents and its generation never reads (pilot/pkg/networking/core/envoyfilter
+# has no reference to them): accepted there and without effect, refused here saying so.
+_PORT_NAME = ("istiod does not implement it (the API marks listener portName \"Not implemented\"); "
+              "match the listener by portNumber or name")
+_FILTER_CLASS = ("istiod never reads filterClass (an added filter is not placed relative to the authn, "
+                 "authz or stats filters); place it with INSERT_BEFORE, INSERT_AFTER or INSERT_FIRST and a "
+                 "filter match")
+ListenerPortName = Annotated[Any, refused_because(_PORT_NAME),
+                             Field(json_schema_extra={UNSUPPORTED_MARK: True}, description=_PORT_NAME)]
+FilterClass = Annotated[Any, refused_because(_FILTER_CLASS),
+                        Field(json_schema_extra={UNSUPPORTED_MARK: True}, description=_FILTER_CLASS)]
 
 
 class SubFilterMatch(StrictModel):
@@ -81,7 +98,7 @@ class FilterChainMatch(StrictModel):
 
 class ListenerMatch(StrictModel):
     port_number: int = Field(default=0, ge=0, le=65535)
-    port_name: Unsupported = None  # istiod documents it as not implemented
+    port_name: ListenerPortName = None
     filter_chain: FilterChainMatch | None = None
     listener_filter: str = ""
     name: str = ""
@@ -95,7 +112,8 @@ class RouteMatch(StrictModel):
 class VirtualHostMatch(StrictModel):
     name: str = ""
     route: RouteMatch | None = None
-    domain_name: Unsupported = None
+    # istiod: the virtual host's `domains` list holds it (exactly; no wildcard matching).
+    domain_name: str = ""
 
 
 class RouteConfigurationMatch(StrictModel):
@@ -138,11 +156,12 @@ class EnvoyConfigObjectMatch(StrictModel):
 class Patch(StrictModel):
     operation: Operation
     value: dict[str, Any] | None = None
-    filter_class: Unsupported = None  # ordering relative to Istio's authn/authz/stats filters
+    filter_class: FilterClass = None
 
 
 class EnvoyConfigObjectPatch(StrictModel):
-    apply_to: ApplyTo
+    apply_to: ApplyTo = Field(description="BOOTSTRAP (MERGE only, not `node`) reaches Envoy when pilot-agent "
+                                          "runs with BOOTSTRAP_XDS_AGENT=true, at its next start")
     match: EnvoyConfigObjectMatch = Field(default_factory=EnvoyConfigObjectMatch)
     patch: Patch
 
@@ -167,10 +186,16 @@ class EnvoyConfigObjectPatch(StrictModel):
         if to == "EXTENSION_CONFIG" and op != "ADD":
             _fail(f"Envoy filter: applyTo EXTENSION_CONFIG supports ADD only, not {op}")
         if to == "BOOTSTRAP":
-            # istiod applies these to the bootstrap istio-agent fetches over xDS
-            # (envoy.config.bootstrap.v3.Bootstrap); pilot-agent writes its bootstrap locally.
-            _fail("Envoy filter: applyTo BOOTSTRAP is not supported: pilot-agent writes the Envoy bootstrap "
-                  "itself and does not fetch it from the control plane, so the patch could not reach Envoy")
+            # Merged into the bootstrap pilot-agent fetches over xDS (BOOTSTRAP_XDS_AGENT; see
+            # pilot/networking/envoy_filters.py patch_bootstrap): istiod accepted the other
+            # operations and counted them as errors, never applying them.
+            if op != "MERGE":
+                _fail(f"Envoy filter: applyTo BOOTSTRAP supports MERGE only, not {op}")
+            if isinstance(self.patch.value, dict) and "node" in self.patch.value:
+                # The node is the agent's identity (its certificate, its metadata): a merged id
+                # or namespace would make Envoy speak for another workload.
+                _fail("Envoy filter: a BOOTSTRAP patch cannot change `node`: it is the proxy's identity, "
+                      "written by pilot-agent")
         fm = m.listener.filter_chain.filter if m.listener is not None and m.listener.filter_chain else None
         if fm is not None:  # istiod's rules for filter and sub-filter matches
             if not fm.name:
@@ -213,7 +238,7 @@ class EnvoyConfigObjectPatch(StrictModel):
         # names must be known to this process's pool too (config dumps render them as JSON).
         super().__setstate__(state)
         if self.patch.value is not None:
-            _load_types(self.patch.value)
+            load_types(self.patch.value)
 
     @property
     def message(self) -> Message | None:
@@ -224,13 +249,58 @@ class EnvoyConfigObjectPatch(StrictModel):
         return self._version
 
 
+def target_ref_problems(refs: list[PolicyTargetReference]) -> list[str]:
+    """What istiod's EnvoyFilter selection (WorkloadPolicyMatcher.ShouldAttachPolicy, given a
+    proxy and no services) can attach, and the CRD's rules (kind and name required, no namespace).
+    istiod accepts any kind and matches only some; a kind it never attaches, or attaches only to
+    proxies that get no patches here, would be accepted and never applied: refused, saying why."""
+    errs = []
+    for i, r in enumerate(refs):
+        at = f"targetRefs[{i}]"
+        group = "" if r.group in ("", "core") else r.group
+        if not r.kind:
+            errs.append(f"{at}.kind: required")
+        if not r.name:
+            errs.append(f"{at}.name: required")
+        if r.namespace:
+            errs.append(f"{at}.namespace: cross namespace referencing is not currently supported")
+        if (group, r.kind) == (GATEWAY_API_GROUP, "Gateway") or not r.kind:
+            continue
+        if (group, r.kind) == (GATEWAY_API_GROUP, "GatewayClass"):
+            errs.append(f"{at}: kind GatewayClass is not supported: istiod attaches it only to waypoints "
+                        "(istio-waypoint, from the root namespace), and waypoints get no EnvoyFilter patches here")
+        elif (group, r.kind) in (("", "Service"), ("networking.istio.io", "ServiceEntry")):
+            errs.append(f"{at}: kind {r.kind} is not supported: istiod selects EnvoyFilters per proxy without "
+                        "its services, so a Service or ServiceEntry target never attaches (it would do nothing)")
+        else:
+            errs.append(f"{at}: kind {r.group or 'core'}/{r.kind} is not supported: an EnvoyFilter attaches to "
+                        f"a {GATEWAY_API_GROUP} Gateway of its namespace")
+    return errs
+
+
 class EnvoyFilterSpec(StrictModel):
     workload_selector: NetworkingWorkloadSelector | None = None
-    # istiod 1.30 accepts targetRefs but never matches such a filter (its getMatchedEnvoyFilters
-    # skips them): accepted and never applied would be a silent drop, so it is refused.
-    target_refs: Unsupported = None
+    # A Gateway API Gateway of this namespace: its proxies (gateway-name label), and nothing else
+    # (istiod's ShouldAttachPolicy: targetRefs never select a proxy without its gateway-name label).
+    target_refs: list[PolicyTargetReference] = Field(
+        default_factory=list, max_length=16,
+        description="kind Gateway (gateway.networking.k8s.io) of the filter's namespace: that Gateway's proxies; "
+                    "GatewayClass, Service, ServiceEntry and other kinds are refused with the reason")
     config_patches: list[EnvoyConfigObjectPatch] = Field(default_factory=list)  # empty: valid, no effect
     priority: int = 0
+
+    @field_validator("target_refs")
+    @classmethod
+    def _refs(cls, refs: list[PolicyTargetReference]) -> list[PolicyTargetReference]:
+        if errs := target_ref_problems(refs):
+            _fail(errs)
+        return refs
+
+    @model_validator(mode="after")
+    def _one_of(self) -> EnvoyFilterSpec:
+        if self.workload_selector is not None and self.target_refs:
+            _fail("only one of targetRefs or workloadSelector can be set")  # the CRD's oneof rule
+        return self
 
 
 class EnvoyFilter(K8sObject):
@@ -247,7 +317,7 @@ def to_message(apply_to: str, value: dict[str, Any]) -> Message:
     """The patch value as the message `apply_to` names, as istiod's JSON-to-proto does: every
     `@type` is resolved in the protobuf descriptor pool (the xds-protos modules of its package are
     imported on first use); an unknown type or field is a refusal with the parser's reason."""
-    _load_types(value)
+    load_types(value)
     msg = VALUE_TYPES[apply_to]()
     try:
         json_format.ParseDict(value, msg)
@@ -259,16 +329,16 @@ def to_message(apply_to: str, value: dict[str, Any]) -> Message:
     return msg
 
 
-def _load_types(value: Any) -> None:
+def load_types(value: Any) -> None:
     if isinstance(value, dict):
         t = value.get("@type")
         if isinstance(t, str):
             ensure_type(t)
         for v in value.values():
-            _load_types(v)
+            load_types(v)
     elif isinstance(value, list):
         for v in value:
-            _load_types(v)
+            load_types(v)
 
 
 _loaded: set[str] = set()

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from pilot.config.base import K8sObject, Model, StrictModel, Unsupported
+from pilot.config.base import K8sObject, Model, StrictModel
 from pilot.config.networking.common import UNIX_PREFIX, NetworkingWorkloadSelector
 from pilot.config.networking.validation import (
     _HTTP_PROTOCOLS,
@@ -33,9 +33,9 @@ class WorkloadEntrySpec(StrictModel):
     address: str = ""
     ports: dict[str, int] = Field(default_factory=dict)
     labels: Labels = Field(default_factory=dict)
-    # Multi-network routing (reaching other networks through east-west gateways, dropping
-    # endpoints no gateway reaches) is not generated: refused rather than treated as local.
-    network: Unsupported = None
+    # The network it is on: clients of other networks reach it through that network's gateways
+    # (pilot/model/networks.py); with no address, only through them.
+    network: str = ""
     locality: str = ""
     weight: int | None = Field(default=None, ge=0, le=4294967295)  # the EDS load_balancing_weight; 0: 1
     service_account: str = ""

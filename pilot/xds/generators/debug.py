@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING
 
 import grpc
 from envoy.admin.v3 import config_dump_pb2, config_dump_shared_pb2
-from envoy.config.core.v3 import base_pb2
+from envoy.config.core.v3 import base_pb2, extension_pb2
+from envoy.extensions.filters.http.wasm.v3 import wasm_pb2 as http_wasm_pb2
 from envoy.extensions.transport_sockets.tls.v3 import secret_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 from envoy.service.status.v3 import csds_pb2
@@ -32,6 +33,7 @@ from google.protobuf import any_pb2, struct_pb2, timestamp_pb2
 
 from pilot import logging as plog
 from pilot import version
+from pilot.networking.wasm import PULL_SECRET_ENV, WASM_HTTP_TYPE
 from pilot.security import spiffe
 from pilot.xds import typeurls
 
@@ -148,6 +150,25 @@ def _redacted(any_bytes: bytes) -> any_pb2.Any:
     return a
 
 
+REDACTED = "<Redacted>"  # istiod's word for a pull secret in its debug dump
+
+
+def _redacted_ecds(any_bytes: bytes) -> any_pb2.Any:
+    """An extension config as istiod dumps it: a WasmPlugin's image pull secret replaced."""
+    a = any_pb2.Any.FromString(any_bytes)
+    tec = extension_pb2.TypedExtensionConfig()
+    if not a.Unpack(tec) or tec.typed_config.type_url != WASM_HTTP_TYPE:
+        return a
+    filt = http_wasm_pb2.Wasm()
+    tec.typed_config.Unpack(filt)
+    env = filt.config.vm_config.environment_variables.key_values
+    if PULL_SECRET_ENV not in env:
+        return a
+    env[PULL_SECRET_ENV] = REDACTED
+    tec.typed_config.Pack(filt)
+    return _pack(tec)
+
+
 def config_dump(
     server: DiscoveryServer, conn: Connection, include_eds: bool = False
 ) -> config_dump_pb2.ConfigDump:
@@ -157,7 +178,8 @@ def config_dump(
     ctx = server.push_context
     version_ = ctx.version
     held: dict[str, list[tuple[str, bytes]]] = {}
-    for type_url in (typeurls.CLUSTER, typeurls.LISTENER, typeurls.ROUTE, typeurls.SECRET, typeurls.ENDPOINT):
+    for type_url in (typeurls.CLUSTER, typeurls.LISTENER, typeurls.ROUTE, typeurls.SECRET, typeurls.ENDPOINT,
+                     typeurls.EXTENSION_CONFIG):
         w = conn.watched.get(type_url)
         if w is None or (type_url == typeurls.ENDPOINT and not include_eds):
             continue
@@ -219,7 +241,12 @@ def config_dump(
         _pack(s.ScopedRoutesConfigDump()),
         _pack(routes),
         _pack(secrets),
-        _pack(s.EcdsConfigDump()),
+        # The filter configurations the proxy subscribed to over ECDS (WasmPlugins, EnvoyFilter
+        # EXTENSION_CONFIG), as Envoy's own dump lists them under `ecds_filters`.
+        _pack(s.EcdsConfigDump(ecds_filters=[
+            s.EcdsConfigDump.EcdsFilterConfig(version_info=version_, ecds_filter=_redacted_ecds(b))
+            for _, b in held.get(typeurls.EXTENSION_CONFIG, ())
+        ])),
     ]
     return config_dump_pb2.ConfigDump(configs=configs)
 

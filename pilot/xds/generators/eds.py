@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Hashable, Iterator
+from dataclasses import replace
 
 from envoy.config.endpoint.v3 import endpoint_pb2
 
 from pilot.config.core import EndpointSlice, Node, Pod
 from pilot.config.networking import DestinationRule, ServiceEntry, WorkloadEntry
 from pilot.model.locality import LocalityLb, in_force
+from pilot.model.mtls import MeshTls, client_mesh_tls
+from pilot.model.networks import NetworkView
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
 from pilot.model.services import (
+    MeshService,
     ServicePort,
     endpoints_for_port,
     merge_endpoints,
@@ -31,34 +35,44 @@ def build_cla(cluster_name: str, port: ServicePort, slices: tuple[Entry[Endpoint
               subset_labels: tuple[tuple[str, str], ...] = (), pods: tuple[Entry[Pod], ...] = (),
               nodes: tuple[Entry[Node], ...] = (), lb: LocalityLb | None = None,
               workload_entries: tuple[Entry[WorkloadEntry], ...] = (),
-              unhealthy: bool = False, dual_stack: bool = False) -> endpoint_pb2.ClusterLoadAssignment:
+              unhealthy: bool = False, dual_stack: bool = False, view: NetworkView | None = None,
+              sni_dnat: str = "") -> endpoint_pb2.ClusterLoadAssignment:
     eps = endpoints_for_port(slices, port, subset_labels, pods, nodes, unhealthy, dual_stack)
     if workload_entries:  # a Kubernetes Service selecting WorkloadEntries (PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES)
         eps = merge_endpoints(eps, workload_entry_endpoints(port, workload_entries, subset_labels))
-    return endpoints.cluster_load_assignment(cluster_name, eps, lb)
+    return endpoints.cluster_load_assignment(cluster_name, eps, lb, view, sni_dnat)
 
 
 def build_service_entry_cla(cluster_name: str, port: ServicePort, service_entry: Entry[ServiceEntry],
                             workload_entries: tuple[Entry[WorkloadEntry], ...], subset_labels: tuple[tuple[str, str], ...] = (),
                             lb: LocalityLb | None = None, pods: tuple[Entry[Pod], ...] = (),
-                            nodes: tuple[Entry[Node], ...] = (), dual_stack: bool = False
+                            nodes: tuple[Entry[Node], ...] = (), dual_stack: bool = False,
+                            view: NetworkView | None = None, sni_dnat: str = "",
                             ) -> endpoint_pb2.ClusterLoadAssignment:
     return endpoints.cluster_load_assignment(cluster_name, service_entry_endpoints(
-        service_entry, port, workload_entries, subset_labels, pods, nodes, dual_stack), lb)
+        service_entry, port, workload_entries, subset_labels, pods, nodes, dual_stack), lb, view, sni_dnat)
 
 
 def proxy_inputs(ctx: PushContext, proxy: Proxy) -> Hashable | None:
     """What of a proxy EDS reads beyond its traits: its locality (and where it came from: the
     reads recorded are those of the proxy that generated a shared output) and labels, only
-    while locality load balancing can apply somewhere (otherwise every proxy shares one output)."""
+    while locality load balancing can apply somewhere; its network, only while the mesh has
+    network gateways (otherwise every proxy shares one output)."""
+    network = ctx.network_view(proxy) is not None
     if not ctx.locality_lb_in_use():
-        return None
-    return (ctx.proxy_locality_source(proxy), tuple(sorted(proxy.labels.items())) if ctx.locality_reads_labels() else None)
+        return ("network", proxy.network) if network else None
+    return (ctx.proxy_locality_source(proxy), tuple(sorted(proxy.labels.items())) if ctx.locality_reads_labels() else None,
+            proxy.network if network else None)
 
 
 def cds_proxy_inputs(ctx: PushContext, proxy: Proxy) -> Hashable | None:
-    """CDS reads the client's locality only for DNS clusters whose endpoints have localities."""
-    return ctx.proxy_locality_source(proxy) if ctx.dns_locality_in_use() else None
+    """CDS reads the client's locality only for DNS clusters whose endpoints have localities,
+    and its network only for DNS clusters with endpoints on a network (split horizon)."""
+    local = ctx.proxy_locality_source(proxy) if ctx.dns_locality_in_use() else None
+    network = proxy.network if ctx.dns_networks_in_use() else None
+    if network is None:
+        return local
+    return (local, ("network", network))
 
 
 def locality_lb(ctx: PushContext, proxy: Proxy, dr: Entry[DestinationRule] | None, subset: str,
@@ -89,7 +103,8 @@ def reads_no_proxy(requested: frozenset[str] | None) -> bool:
     found = _NO_SUBSETS.get(requested)
     if found is None:
         found = _NO_SUBSETS[requested] = not any(
-            (p := names.parse_cluster_name(n)) is not None and p[0] == "outbound" and p[2] for n in requested)
+            ((p := names.parse_cluster_name(n)) is not None and p[0] == "outbound" and p[2])
+            or n.startswith(names.SNI_DNAT_PREFIX) for n in requested)
     return found
 
 
@@ -122,6 +137,9 @@ def resources(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
 def _load_assignment(ctx: PushContext, proxy: Proxy, name: str, cache: XdsCache,
                      local: bool = False) -> CachedResource | None:
     parsed = names.parse_cluster_name(name)
+    sni_dnat = parsed is None and name.startswith(names.SNI_DNAT_PREFIX)
+    if sni_dnat:
+        parsed = names.parse_sni_dnat_name(name)
     if parsed is None or parsed[0] != "outbound":
         return waypoint.load_assignment(ctx, name, cache)  # a waypoint's inbound-vip cluster
     _, port_number, subset, host = parsed
@@ -134,8 +152,14 @@ def _load_assignment(ctx: PushContext, proxy: Proxy, name: str, cache: XdsCache,
     # rule's locality settings too: read for every cluster while any could apply.
     dr = None
     labels: tuple[tuple[str, str], ...] = ()
-    if subset or local:
+    # Split-horizon EDS (the mesh has network gateways): the client's network, and whether the
+    # cluster sends mTLS (the DestinationRule's tls, else auto mTLS): only mTLS crosses a gateway.
+    view = ctx.network_view(proxy)
+    if subset or local or view is not None or sni_dnat:
         dr = ctx.destination_rule(host, proxy.namespace, svc.namespace, proxy.labels)
+    mtls = _mtls_mode(ctx, proxy, svc, port_number, dr, subset, sni_dnat) if view is not None or sni_dnat else ""
+    if view is not None:
+        view = replace(view, mtls=mtls)
     if subset:
         spec = next((s for s in dr.obj.spec.subsets if s.name == subset), None) if dr else None
         if spec is None or dr is None:
@@ -152,7 +176,8 @@ def _load_assignment(ctx: PushContext, proxy: Proxy, name: str, cache: XdsCache,
         origins = (svc.origin, *(f"WorkloadEntry/{w.key.namespace}/{w.key.name}" for w in wes),
                    *(f"Pod/{p.key.namespace}/{p.key.name}" for p in se_pods), *dr_origin)
         return cache.resource(ENDPOINT, name, build_service_entry_cla, name, port, se, wes, labels, lb,
-                              se_pods, ctx.nodes_of(se_pods), ctx.settings.knobs.dual_stack, origins=origins)
+                              se_pods, ctx.nodes_of(se_pods), ctx.settings.knobs.dual_stack, view,
+                              mtls if sni_dnat else "", origins=origins)
     slices = ctx.service_slices(svc)
     # PILOT_SEND_UNHEALTHY_ENDPOINTS (not-ready endpoints too, marked UNHEALTHY) and ISTIO_DUAL_STACK
     # (one endpoint per Pod with both families' addresses): arguments, so part of the cache key.
@@ -165,4 +190,29 @@ def _load_assignment(ctx: PushContext, proxy: Proxy, name: str, cache: XdsCache,
                *(f"Pod/{p.key.namespace}/{p.key.name}" for p in pods),
                *(f"WorkloadEntry/{w.key.namespace}/{w.key.name}" for w in wes), *dr_origin)
     return cache.resource(ENDPOINT, name, build_cla, name, port, slices, labels, pods, nodes, lb, wes,
-                          knobs.send_unhealthy_endpoints, knobs.dual_stack, origins=origins)
+                          knobs.send_unhealthy_endpoints, knobs.dual_stack, view, mtls if sni_dnat else "",
+                          origins=origins)
+
+
+def _mtls_mode(ctx: PushContext, proxy: Proxy, svc: MeshService, port: int, dr: Entry[DestinationRule] | None,
+               subset: str, sni_dnat: bool = False) -> str:
+    """How the client's cluster sends to these endpoints (what cds builds; istiod's mtlsChecker
+    asks the same of the DestinationRule and PeerAuthentication): "always" (ISTIO_MUTUAL),
+    "auto" (auto mTLS: endpoints whose tlsMode is istio), "never" (plaintext or other TLS, or a
+    client without a mesh identity; for a router's sni-dnat cluster, what the mesh's clients send)."""
+    if (not sni_dnat and not proxy.traits.mesh_tls) or svc.external_name:
+        return "never"
+    tls = effective_policy(dr.obj.spec, subset, port)["tls"] if dr is not None else None
+    if svc.kind == "ServiceEntry":
+        entry = ctx.service_entry(svc)
+        eds = svc.resolution == "STATIC" and entry is not None and entry.obj.spec.location == "MESH_INTERNAL"
+    else:
+        eds = True
+    return mode_of(client_mesh_tls(dr_tls_mode=tls.mode if tls is not None else None,
+                                   auto_mtls=ctx.mesh.enable_auto_mtls, eds_cluster=eds,
+                                   destination_mtls_disabled=ctx.destination_mtls_disabled(svc, port), sans=()))
+
+
+def mode_of(mesh_tls: MeshTls | None) -> str:
+    """A cluster's mesh TLS as NetworkView.mtls."""
+    return "never" if mesh_tls is None else "auto" if mesh_tls.auto else "always"

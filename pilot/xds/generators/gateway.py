@@ -6,8 +6,8 @@ selected set; the VirtualServices bound to each server are filtered by the route
 (exportTo). Cache keys are the builders' arguments: the listener plan (every chain, SNI name,
 TLS setting and destination), or for routes the Gateway and VirtualService Entries (hashed by
 key and revision), the destination services they name, the retry default and the hash policies.
-CDS and EDS need nothing router-specific (cds.py only ignores Sidecar scoping for routers, as
-istiod does).
+CDS adds a router's sni-dnat clusters (`sni_dnat_targets`) and otherwise ignores Sidecar scoping
+for routers, as istiod does; EDS offers those clusters only endpoints that take mTLS.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pilot.model.gateway_api.internal import has_session
 from pilot.model.gateways import GatewayView, config_origins, host_matches
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
+from pilot.model.services import MeshService, ServicePort
 from pilot.networking import gateway, names, routes
 from pilot.networking.tls import outbound_sni
 from pilot.xds.cache import CachedResource, XdsCache
@@ -117,7 +118,13 @@ def num_trusted_proxies(ctx: PushContext, proxy: Proxy) -> int:
 
 def _sni_clusters(ctx: PushContext, proxy: Proxy, ref) -> tuple[tuple[str, str], ...]:
     """AUTO_PASSTHROUGH: every (cluster, SNI) of the services the server's hosts match, subsets
-    included, as sidecars name them when they call those clusters with mTLS."""
+    included, as sidecars name them when they call those clusters with mTLS. The cluster is the
+    router's sni-dnat one, named as the SNI (istiod's): it forwards the TLS untouched."""
+    return tuple((names.sni_dnat_cluster_name(port.port, svc.hostname, subset),
+                  outbound_sni(port.port, subset, svc.hostname)) for svc, port, subset in _sni_targets(ctx, proxy, ref))
+
+
+def _sni_targets(ctx: PushContext, proxy: Proxy, ref) -> list[tuple[MeshService, ServicePort, str]]:
     out = []
     for svc in ctx.all_services():
         if not any(h.namespace in ("*", svc.namespace) and host_matches(h.host, svc.hostname) for h in ref.hosts):
@@ -128,9 +135,22 @@ def _sni_clusters(ctx: PushContext, proxy: Proxy, ref) -> tuple[tuple[str, str],
             if port.protocol.value == "UDP":
                 continue
             for subset in ("", *subsets):
-                out.append((names.outbound_cluster_name(port.port, svc.hostname, subset),
-                            outbound_sni(port.port, subset, svc.hostname)))
-    return tuple(out)
+                out.append((svc, port, subset))
+    return out
+
+
+def sni_dnat_targets(ctx: PushContext, proxy: Proxy) -> list[tuple[MeshService, ServicePort, str]]:
+    """The (service, port, subset) of every sni-dnat cluster the router's AUTO_PASSTHROUGH
+    servers forward to (CDS builds them; istiod's buildOutboundSniDnatClusters)."""
+    if not is_gateway(proxy):
+        return []
+    seen: dict[tuple[str, int, str], tuple[MeshService, ServicePort, str]] = {}
+    for pv in _view(ctx, proxy).ports:
+        for ref in pv.servers:
+            if pv.kind == "tls" and ref.auto_passthrough:
+                for svc, port, subset in _sni_targets(ctx, proxy, ref):
+                    seen.setdefault((svc.hostname, port.port, subset), (svc, port, subset))
+    return [seen[k] for k in sorted(seen)]
 
 
 def route_configs(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,

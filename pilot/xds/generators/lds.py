@@ -75,7 +75,7 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
     if proxy.is_grpc:
         return grpc.listeners(ctx, proxy, requested, cache)
     sidecar = ctx.sidecar_for(proxy.namespace, proxy.labels)
-    view = ctx.view(sidecar, proxy.dns_capture)
+    view = ctx.view(sidecar, proxy.dns_capture, proxy.ip_families)
     plans = view.port_plans
     settings = ctx.settings.listeners
     if view.registry_only is not None and view.registry_only != settings.registry_only:
@@ -97,8 +97,12 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         # ISTIO_DUAL_STACK: wildcard listeners take IPv6 too (in their cache keys via the settings).
         settings = replace(settings, dual_stack=True)
         server_settings = replace(server_settings, dual_stack=True)
-    telemetry_origins = plan_t.origins + plan_w.origins
     mode = proxy.interception_mode
+    if mode != "NONE" and proxy.ip_families == (False, True):
+        # An IPv6-only proxy's wildcard listeners bind :: (NONE-mode listeners bind addresses of their own).
+        settings = replace(settings, ipv6_only=True)
+        server_settings = replace(server_settings, ipv6_only=True)
+    telemetry_origins = plan_t.origins + plan_w.origins
     out: list[CachedResource] = []
     if mode != "NONE":
         out.append(cache.resource(LISTENER, names.VIRTUAL_OUTBOUND_LISTENER,
@@ -117,7 +121,7 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
         elif plan.port != names.VIRTUAL_OUTBOUND_PORT:
             # (0.0.0.0:15001 is virtualOutbound's own address: Envoy rejects the whole LDS update
             # for a second listener there. Traffic to such a port takes the fallback.)
-            out.append(cache.resource(LISTENER, names.listener_name(listeners.WILDCARD, plan.port),
+            out.append(cache.resource(LISTENER, names.listener_name(listeners.wildcard(settings), plan.port),
                                       listeners.unbound_outbound_listener, plan, settings, vss, ctx.domain,
                                       limits, client,
                                       origins=_origins(plan, view.by_port) + _sidecar_origin(sidecar)

@@ -30,7 +30,7 @@ def generate(ctx: PushContext, proxy: Proxy, requested: frozenset[str] | None,
             continue
         port = int(name)
         sidecar = ctx.sidecar_for(proxy.namespace, proxy.labels)
-        view = ctx.view(sidecar, proxy.dns_capture)
+        view = ctx.view(sidecar, proxy.dns_capture, proxy.ip_families)
         settings = ctx.settings.routes
         if view.registry_only is not None and view.registry_only != settings.registry_only:
             settings = replace(settings, registry_only=view.registry_only)  # the Sidecar's policy wins

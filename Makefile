@@ -47,6 +47,12 @@ backends: $(STAMP)
 envoy: $(STAMP)
 	$(BIN)/envoy -c examples/envoy-sidecar.yaml --use-dynamic-base-id --concurrency 1
 
+## Two pytest-xdist workers: a serial run keeps about one of two cores busy (e2e tests wait on Envoy
+## and the control plane), so a second worker fills the other. Each module runs whole, in order, on
+## one worker (loadfile): module-scoped fixtures are set up once, and a module's tests never run
+## against each other (only the conformance test binds fixed ports, 80/443). PYTEST_ARGS= runs serially.
+PYTEST_ARGS ?= -n 2 --dist loadfile
+
 test: $(STAMP) $(BROWSER_STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 

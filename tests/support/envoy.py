@@ -189,6 +189,9 @@ class Envoy:
             # its hot-restart domain socket.
             "--use-dynamic-base-id",
             "--concurrency", "1",
+            # Envoy writes access logs and --log-path out every 10 s by default; tests wait for
+            # a line to appear, so that interval would be dead time in each such wait.
+            "--file-flush-interval-msec", "100",
             "--admin-address-path", str(admin_path),
             "--log-path", str(self.log_path),
             "-l", self.log_level,

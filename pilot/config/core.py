@@ -76,7 +76,8 @@ class Service(K8sObject):
     kind: Literal["Service"] = "Service"
     spec: ServiceSpec = Field(default_factory=ServiceSpec)
     # Its load balancer addresses: Ingress status (the ingress Service's), and a network
-    # gateway's addresses (pilot/model/networks.py), so a status update is a change (a push).
+    # gateway's addresses (pilot/model/networks.py): the Store keeps a status update, and only a
+    # gateway's pushes (pilot/model/events.py).
     status: ServiceStatus = Field(default_factory=ServiceStatus,
                                   description="load balancer addresses: Ingress status, network gateways")
 

@@ -8,7 +8,9 @@ against what each proxy's generated config read.
 
 from __future__ import annotations
 
-from pilot.config.core import ConfigMap, EndpointSlice
+from collections.abc import Callable
+
+from pilot.config.core import ConfigMap, EndpointSlice, Service
 from pilot.model import push_request as reasons
 from pilot.model.credentials import CA_KEYS
 from pilot.model.push_context import CONTEXT_KINDS, ENDPOINT_KINDS
@@ -19,15 +21,34 @@ from pilot.model.store import ConfigKey, Event
 SERVICE_ENDPOINTS = "ServiceEndpoints"
 
 
-def push_request_for(events: list[Event], mesh_configmap: ConfigKey) -> PushRequest | None:
+def _never(_svc: Service) -> bool:
+    return False
+
+
+def push_request_for(events: list[Event], mesh_configmap: ConfigKey,
+                     status_matters: Callable[[Service], bool] = _never) -> PushRequest | None:
     """None when no index of the PushContext reads what changed (ConfigMaps other than the mesh's
-    that hold no CA bundle, kinds kept for the registry only)."""
+    that hold no CA bundle, kinds kept for the registry only, a Service's status when it is no
+    network gateway: `status_matters` says which are, pilot/model/networks.py)."""
     req: PushRequest | None = None
     for ev in events:
+        if _status_only(ev) and not any(status_matters(e.obj) for e in (ev.old, ev.new)
+                                        if e is not None and isinstance(e.obj, Service)):
+            continue
         r = _one(ev, mesh_configmap)
         if r is not None:
             req = r if req is None else req.merge(r)
     return req
+
+
+def _status_only(ev: Event) -> bool:
+    """A Service update that changed only its status (a load balancer address). The Store keeps
+    it (Ingress status and network gateways read it) but only a gateway's changes generated config."""
+    if ev.op != "update" or ev.old is None or ev.new is None:
+        return False
+    old, new = ev.old.obj, ev.new.obj
+    return isinstance(old, Service) and isinstance(new, Service) and old.status != new.status \
+        and old.spec_equal(new.model_copy(update={"status": old.status}))
 
 
 def _one(ev: Event, mesh_configmap: ConfigKey) -> PushRequest | None:

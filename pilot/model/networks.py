@@ -161,6 +161,16 @@ def build_index(services: Iterable[Entry[Service]], mesh_networks: MeshNetworks 
     return NetworkIndex(tuple(sorted(gateways)), cluster_id, system_network, registry_network, tuple(cidrs))
 
 
+def may_be_gateway(svc: Service, mesh_networks: MeshNetworks, domain: str = "cluster.local") -> bool:
+    """Whether build_index could read this Service's status (its load balancer addresses):
+    labelled as a network's gateway, or named by a meshNetworks gateway's registryServiceName.
+    Other Services' status changes generate nothing (pilot/model/events.py pushes none)."""
+    if svc.metadata.labels.get(NETWORK_LABEL):
+        return True
+    fqdn = f"{svc.metadata.name}.{svc.metadata.namespace}.svc.{domain}"
+    return any(gw.registry_service_name == fqdn for net in mesh_networks.networks.values() for gw in net.gateways)
+
+
 def _gateway_port(svc: Service) -> int:
     text = svc.metadata.labels.get(GATEWAY_PORT_LABEL, "")
     if text:

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from pilot import logging as plog
+from pilot.config.core import Service
 from pilot.features import Features
 from pilot.loop_lag import LagSamples
 from pilot.metrics import Metrics
@@ -23,6 +24,7 @@ from pilot.model.ambient.index import AMBIENT_INPUT_KINDS
 from pilot.model.dependencies import Deps, Matcher, Scope
 from pilot.model.events import SERVICE_ENDPOINTS, push_request_for
 from pilot.model.mesh import MeshHolder
+from pilot.model.networks import may_be_gateway
 from pilot.model.proxy import Proxy, shown
 from pilot.model.push_context import PushContext
 from pilot.model.push_request import PushRequest
@@ -161,9 +163,13 @@ class DiscoveryServer(AckNack):
                 self.metrics.registry_events.labels(registry_type, ev.op).inc()
             else:
                 self.metrics.config_events.labels(ev.key.kind, ev.op).inc()
-        req = push_request_for(events, self.mesh.configmap_key)
+        req = push_request_for(events, self.mesh.configmap_key, self.reads_status_of)
         if req is not None:
             self.debouncer.enqueue(req)
+
+    def reads_status_of(self, svc: Service) -> bool:
+        """Whether generated config reads this Service's status: only a network gateway's."""
+        return may_be_gateway(svc, self.mesh.networks, self.domain)
 
     def _next_version(self) -> str:
         self._seq += 1

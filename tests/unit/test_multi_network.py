@@ -248,8 +248,44 @@ async def test_a_gateway_change_pushes_the_clients_eds() -> None:
     await subscribe(server, conn, {T.CLUSTER: None, T.ENDPOINT: frozenset({REVIEWS}), T.LISTENER: None})
     gw["status"]["loadBalancer"]["ingress"] = [{"ip": GW_A}]
     ev = world.store.apply(parse_object(gw), source="test")
-    server.push(push_request_for([ev], world.mesh.configmap_key))
+    req = push_request_for([ev], world.mesh.configmap_key, server.reads_status_of)
+    assert req is not None, "a gateway's status-only update is a change"
+    server.push(req)
     assert T.ENDPOINT in pushed(server, conn), "the gateway moved: the client's EDS must follow"
+
+
+def test_only_a_gateways_status_update_is_a_push(world: World) -> None:
+    """A load balancer address changes generated config only for a network gateway: other
+    Services' status-only updates are kept by the Store but push nothing (istiod's
+    serviceUpdateNeedsPush); a gateway's, labelled or named by meshNetworks, is a full push."""
+    server = DiscoveryServer(world.store, world.mesh, Features.from_env({}))
+
+    def status_update(name: str, labels: dict, ip: str) -> list:
+        svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": SYSTEM_NS, "labels": labels},
+               "spec": {"type": "LoadBalancer", "ports": [{"name": "tls", "port": 15443}]},
+               "status": {"loadBalancer": {"ingress": [{"ip": ip}]}}}
+        ev = world.store.apply(parse_object(svc), source="test")
+        assert ev is not None, "the Store keeps a status-only update"
+        return [ev]
+
+    def request(name: str, labels: dict):
+        status_update(name, labels, GW_A)
+        return push_request_for(status_update(name, labels, GW_B), world.mesh.configmap_key, server.reads_status_of)
+
+    assert request("web-lb", {"app": "web"}) is None
+    labelled = request("eastwest", {"topology.istio.io/network": "net-b"})
+    assert labelled is not None and labelled.full
+    world.apply(mesh_networks({"net-b": {"endpoints": [{"fromRegistry": "Kubernetes"}], "gateways": [
+        {"registryServiceName": f"named.{SYSTEM_NS}.svc.cluster.local", "port": 15443}]}}))
+    world.mesh.refresh(world.store)
+    named = request("named", {})
+    assert named is not None and named.full
+    # A spec change of any Service is still a push.
+    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web-lb", "namespace": SYSTEM_NS},
+           "spec": {"type": "LoadBalancer", "ports": [{"name": "http", "port": 80}]}}
+    ev = world.store.apply(parse_object(svc), source="test")
+    assert ev is not None
+    assert push_request_for([ev], world.mesh.configmap_key, server.reads_status_of) is not None
 
 
 def test_a_client_without_a_mesh_identity_cannot_cross(world: World) -> None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from pilot import logging as plog
 from pilot.config.core import Namespace, Service
 from pilot.config.mesh_networks import NO_MESH_NETWORKS, MeshNetworks
+from pilot.config.networking.validation import is_ip
 from pilot.model.services import EndpointAddress
 from pilot.model.store import Entry
 
@@ -127,7 +128,7 @@ def build_index(services: Iterable[Entry[Service]], mesh_networks: MeshNetworks 
             registry_network = name
         for gw in net.gateways:
             if gw.address:
-                if _is_ip(gw.address):
+                if is_ip(gw.address):
                     gateways.add(NetworkGateway(gw.address, gw.port, name))
                 else:
                     log.warning("meshNetworks gateway address is not an IP; hostnames are not resolved, left out",
@@ -153,7 +154,7 @@ def build_index(services: Iterable[Entry[Service]], mesh_networks: MeshNetworks 
         addresses = [i.ip for i in svc.status.load_balancer.ingress if i.ip] if svc.spec.type == "LoadBalancer" else []
         addresses += list(svc.spec.external_ips)
         for a in dict.fromkeys(addresses):
-            if not _is_ip(a):
+            if not is_ip(a):
                 continue
             for network, port in wanted:
                 gateways.add(NetworkGateway(a, port, network, cluster_id))
@@ -180,14 +181,6 @@ def _gateway_port(svc: Service) -> int:
             log.warning("bad gateway port label; using the default", label=GATEWAY_PORT_LABEL, value=text,
                         service=f"{svc.metadata.namespace}/{svc.metadata.name}", default=DEFAULT_GATEWAY_PORT)
     return DEFAULT_GATEWAY_PORT
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
 
 
 @dataclass(frozen=True, slots=True)

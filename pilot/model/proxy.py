@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from google.protobuf import json_format
 
+from pilot.config.networking.validation import is_ip
 from pilot.model.services import LOCALITY_LABEL, NO_LOCALITY, Locality
 
 PROXY_TYPES = ("sidecar", "router", "ztunnel")
@@ -100,7 +101,7 @@ class Proxy:
         nothing is true)."""
         meta = self.metadata.get("INSTANCE_IPS")
         ips = [a.strip() for a in meta.split(",")] if isinstance(meta, str) and meta else []
-        if not ips or not all(_is_ip(a) for a in ips):
+        if not ips or not all(is_ip(a) for a in ips):
             ips = list(self.ip_addresses)
         v6 = any(":" in a for a in ips)
         return any(":" not in a for a in ips) or not v6, v6
@@ -132,14 +133,6 @@ class Proxy:
     def mark_grpc(self) -> None:
         """grpcio clients rarely send GENERATOR metadata; a named host:port LDS request gives them away."""
         self.metadata = {**self.metadata, "GENERATOR": "grpc"}
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
 
 
 def parse_node_id(node_id: str) -> tuple[str, tuple[str, ...], str, str, str]:

@@ -29,6 +29,15 @@ def _has_ipv6_loopback() -> bool:
 
 
 @pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopback (::1) on this machine")
+async def _both_bound_addresses(envoy: Envoy) -> tuple[dict, dict]:
+    """The socket addresses Envoy bound for its only listener: the main one and the one extra."""
+    code, text = await envoy.admin_get("/listeners?format=json")
+    assert code == 200, text
+    (mine,) = json.loads(text)["listener_statuses"]
+    (v6,) = [a["socket_address"] for a in mine["additional_local_addresses"]]
+    return mine["local_address"]["socket_address"], v6
+
+
 async def test_virtual_outbound_accepts_ipv4_and_ipv6(tmp_path):
     w = world()
     # REGISTRY_ONLY: the fallback chain is the BlackHoleCluster, so a direct connection (no
@@ -48,11 +57,7 @@ async def test_virtual_outbound_accepts_ipv4_and_ipv6(tmp_path):
     async with Envoy() as envoy:
         await envoy.start(config, tmp_path)
         await envoy.wait_ready()
-        code, text = await envoy.admin_get("/listeners?format=json")
-        assert code == 200, text
-        (mine,) = json.loads(text)["listener_statuses"]
-        v4 = mine["local_address"]["socket_address"]
-        (v6,) = [a["socket_address"] for a in mine["additional_local_addresses"]]
+        v4, v6 = await _both_bound_addresses(envoy)
         assert (v4["address"], v6["address"]) == ("0.0.0.0", "::")
         for host, port in (("127.0.0.1", v4["port_value"]), ("::1", v6["port_value"])):
             reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 5)
@@ -217,11 +222,7 @@ async def test_a_dual_stack_none_mode_sidecars_listener_binds_both_loopbacks(tmp
     async with Envoy() as envoy:
         await envoy.start(config, tmp_path)
         await envoy.wait_ready()
-        code, text = await envoy.admin_get("/listeners?format=json")
-        assert code == 200, text
-        (mine,) = json.loads(text)["listener_statuses"]
-        v4 = mine["local_address"]["socket_address"]
-        (v6,) = [a["socket_address"] for a in mine["additional_local_addresses"]]
+        v4, v6 = await _both_bound_addresses(envoy)
         assert (v4["address"], v6["address"]) == ("127.0.0.1", "::1")
         for host, port in (("127.0.0.1", v4["port_value"]), ("::1", v6["port_value"])):
             _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 5)

@@ -223,6 +223,33 @@ def test_remove_add_and_replace(world):
     assert "envoy.filters.http.cors" not in http_filters(world.lds(p)[name])
 
 
+def test_insert_after_and_replace_keep_the_order_they_name(world):
+    """INSERT_AFTER goes right after the filter it names, REPLACE takes that filter's place, and
+    neither happens when the named filter is absent (istiod's insertAfterFunc / replaceFunc)."""
+    p = proxy()
+
+    def at(sub: str, op: str, name: str, type_url: str) -> dict:
+        return {"applyTo": "HTTP_FILTER", "match": {"listener": {"filterChain": {"filter": {
+            "name": HCM_NAME, "subFilter": {"name": sub}}}}},
+            "patch": {"operation": op, "value": {"name": name, "typed_config": {"@type": type_url}}}}
+
+    cors = "type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors"
+    fault = "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault"
+    world.apply(envoy_filter("ops", [
+        {"applyTo": "HTTP_FILTER", "match": {"listener": {"filterChain": {"filter": {"name": HCM_NAME}}}},
+         "patch": {"operation": "INSERT_FIRST", "value": {"name": "first.cors", "typed_config": {"@type": cors}}}},
+        at("first.cors", "INSERT_AFTER", "after.fault", fault),
+        at("first.cors", "REPLACE", "replaced.cors", cors),
+        at("not.there", "INSERT_AFTER", "never.inserted", fault),
+        at("not.there", "REPLACE", "never.replaced", cors),
+    ]))
+    name = next(n for n in world.lds(p) if n.endswith("_9080"))
+    filters = http_filters(world.lds(p)[name])
+    assert filters[:2] == ["replaced.cors", "after.fault"], filters
+    assert "first.cors" not in filters and filters[-1] == ROUTER
+    assert not {"never.inserted", "never.replaced"} & set(filters)
+
+
 def test_route_configuration_virtual_host_and_route_patches(world):
     p = proxy()
     world.apply(envoy_filter("routes", [

@@ -81,6 +81,41 @@ REMOVE_LUA = textwrap.dedent(f"""\
     """)
 
 
+def _lua(code: str) -> str:
+    return ('{"@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua", '
+            f'"inlineCode": {json.dumps(code)}}}')
+
+
+ADD_REPLACED = "function envoy_on_response(h)\n  h:headers():add('x-envoy-filter', 'replaced')\nend\n"
+# REPLACE the Lua filter with one whose header says so, and INSERT_AFTER it a second filter.
+REPLACE_AND_INSERT_AFTER = textwrap.dedent(f"""\
+    apiVersion: networking.istio.io/v1alpha3
+    kind: EnvoyFilter
+    metadata: {{name: replace-lua, namespace: istio-system}}
+    spec:
+      priority: 10
+      configPatches:
+      - applyTo: HTTP_FILTER
+        match:
+          listener:
+            filterChain:
+              filter: {{name: {HCM}, subFilter: {{name: envoy.filters.http.lua}}}}
+        patch:
+          operation: INSERT_AFTER
+          value: {{name: after-lua, typed_config: {_lua("function envoy_on_response(h) end")}}}
+      - applyTo: HTTP_FILTER
+        match:
+          listener:
+            filterChain:
+              filter: {{name: {HCM}, subFilter: {{name: envoy.filters.http.lua}}}}
+        patch:
+          operation: REPLACE
+          value:
+            name: envoy.filters.http.lua
+            typed_config: {_lua(ADD_REPLACED)}
+    """)
+
+
 async def call(port: int) -> tuple[int, str | None]:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as s, \
             s.get(f"http://127.0.0.1:{port}/", headers={"Host": fqdn("alpha")}) as r:
@@ -157,6 +192,16 @@ async def test_envoy_filter_operations_with_a_real_envoy(tmp_path, delta):
         assert "envoy.filters.http.lua" not in (await listener_http_filters(envoy, port) or [])
         cp.remove("remove.yaml")
         await wait_for(lambda: answered("lua"), 20, message="lua back")
+
+        # REPLACE: the replacement's header on real responses; INSERT_AFTER: right after it.
+        cp.write("replace.yaml", REPLACE_AND_INSERT_AFTER)
+        await wait_for(lambda: answered("replaced"), 20, message=f"lua replaced\n{cp.log_tail(10)}")
+        filters = await listener_http_filters(envoy, port)
+        assert filters is not None and filters.count("envoy.filters.http.lua") == 1, filters
+        lua = filters.index("envoy.filters.http.lua")
+        assert filters[lua + 1:lua + 3] == ["after-lua", "envoy.filters.http.router"], filters
+        cp.remove("replace.yaml")
+        await wait_for(lambda: answered("lua"), 20, message="the original lua back")
 
         # A typed_config of a type no installed proto defines: refused at validation, in
         # /debug/configz with the object and the reason; nothing else changes.

@@ -3,8 +3,9 @@ answers through the server's own respond/push path, and the scope each push queu
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
+from pilot.model.push_request import PushRequest
 from pilot.xds import typeurls as T
 from pilot.xds.connection import Connection, WatchedResource
 from pilot.xds.discovery import DiscoveryServer
@@ -48,3 +49,35 @@ def pushed(server: DiscoveryServer, conn: Connection) -> Mapping[str, frozenset[
             else {T.ENDPOINT: server._eds_subset(conn, req), T.ADDRESS: None, T.AUTHORIZATION: None}
         )
     return req.scope
+
+
+class HandPushes:
+    """Pushes started by hand: the server's debouncer only collects the requests its Store events
+    make, and `push` merges them, pushes, and hands each connection the response it queued."""
+
+    def __init__(self, server: DiscoveryServer) -> None:
+        self.server = server
+        self.requests: list[PushRequest] = []
+        server.debouncer.enqueue = self.requests.append  # type: ignore[method-assign]
+
+    async def push(self, conns: list[Connection]) -> tuple[set[str], set[str]]:
+        """(pod names the push scoped, pod names that were sent bytes)."""
+        req = self.requests[0]
+        for r in self.requests[1:]:
+            req = req.merge(r)
+        self.requests.clear()
+        self.server.push(req)
+        scopes = {c.proxy.pod_name: pushed(self.server, c) for c in conns}
+        sent: set[str] = set()
+        for conn in conns:
+            r = conn.take_push()
+            if r is not None:
+                await self.server.push_connection(conn, r, _recording(sent, conn.proxy.pod_name))
+        return {n for n, s in scopes.items() if s != {}}, sent
+
+
+def _recording(sent: set[str], name: str) -> Callable[[bytes], Awaitable[None]]:
+    async def send(body: bytes) -> None:
+        sent.add(name)
+
+    return send

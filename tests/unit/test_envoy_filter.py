@@ -31,7 +31,7 @@ from pilot.xds.discovery import GENERATORS, DiscoveryServer
 from pilot.xds.generated import GenerationMemo
 from pilot.xds.typeurls import CLUSTER, LISTENER
 from tests.fakes.apiserver import FakeApiServer
-from tests.support.scoping import pushed, subscribe
+from tests.support.scoping import HandPushes, subscribe
 from tests.support.wait import wait_for
 
 from .helpers import World, endpoint_slice, proxy, service
@@ -539,8 +539,7 @@ async def test_an_envoy_filter_change_is_sent_exactly_to_the_proxies_it_selects_
     proxy); of those, only the proxies whose bytes change get a response."""
     world.mesh.refresh(world.store)
     server = DiscoveryServer(world.store, world.mesh, Features.from_env({}))
-    server.debouncer.enqueue = lambda req: requests.append(req)  # pushes are started by hand
-    requests: list = []
+    hand = HandPushes(server)
     server.rebuild()
     a = labelled({"app": "a"}, pod_name="a1")
     b = labelled({"app": "b"}, pod_name="b1")
@@ -549,29 +548,11 @@ async def test_an_envoy_filter_change_is_sent_exactly_to_the_proxies_it_selects_
     for conn in conns:
         server.register(conn)
         await subscribe(server, conn, {CLUSTER: None})
-    requests.clear()
-
-    sent: dict[str, int] = {}
-
-    def sender(conn):
-        async def send(body: bytes) -> None:
-            sent[conn.proxy.pod_name] = sent.get(conn.proxy.pod_name, 0) + 1
-        return send
+    hand.requests.clear()
 
     async def step(*docs):
-        sent.clear()
         world.apply(*docs)
-        req = requests[0]
-        for r in requests[1:]:
-            req = req.merge(r)
-        requests.clear()
-        server.push(req)
-        scopes = {c.proxy.pod_name: pushed(server, c) for c in conns}
-        for conn in conns:
-            r = conn.take_push()
-            if r is not None:
-                await server.push_connection(conn, r, sender(conn))
-        return {n for n, s in scopes.items() if s != {}}, set(sent)
+        return await hand.push(conns)
 
     scoped, got = await step(envoy_filter("sel", [connect_timeout("3s")], selector={"app": "a"}))
     assert scoped == {"a1", "b1"} and got == {"a1"}

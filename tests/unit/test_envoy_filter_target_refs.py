@@ -17,7 +17,7 @@ from pilot.model.store import ConfigKey
 from pilot.xds.connection import Connection
 from pilot.xds.discovery import DiscoveryServer
 from pilot.xds.typeurls import CLUSTER
-from tests.support.scoping import pushed, subscribe
+from tests.support.scoping import HandPushes, pushed, subscribe
 
 from .helpers import World, endpoint_slice, proxy, service
 from .test_envoy_filter import REVIEWS, REVIEWS_CLUSTER, envoy_filter, labelled
@@ -185,8 +185,7 @@ def test_a_target_refs_filter_change_meets_only_its_gateways_recorded_reads(worl
 async def test_a_target_refs_filter_change_is_pushed_to_exactly_the_gateways_it_selects_or_selected(world):
     world.mesh.refresh(world.store)
     server = DiscoveryServer(world.store, world.mesh, Features.from_env({}))
-    requests: list = []
-    server.debouncer.enqueue = lambda req: requests.append(req)  # pushes are started by hand
+    hand = HandPushes(server)
     server.rebuild()
     proxies = [gateway_proxy("web", pod="web-1"), gateway_proxy("shop", pod="shop-1"),
                gateway_proxy("web", namespace="other", pod="web-other"), labelled({"app": "a"}, pod_name="a1")]
@@ -194,30 +193,13 @@ async def test_a_target_refs_filter_change_is_pushed_to_exactly_the_gateways_it_
     for conn in conns:
         server.register(conn)
         await subscribe(server, conn, {CLUSTER: None})
-    requests.clear()
-    sent: set[str] = set()
-
-    def sender(conn):
-        async def send(body: bytes) -> None:
-            sent.add(conn.proxy.pod_name)
-        return send
+    hand.requests.clear()
 
     async def step(*docs, remove: ConfigKey | None = None):
-        sent.clear()
         if remove is not None:
             world.store.delete(remove)
         world.apply(*docs)
-        req = requests[0]
-        for r in requests[1:]:
-            req = req.merge(r)
-        requests.clear()
-        server.push(req)
-        scopes = {c.proxy.pod_name: pushed(server, c) for c in conns}
-        for conn in conns:
-            r = conn.take_push()
-            if r is not None:
-                await server.push_connection(conn, r, sender(conn))
-        return {n for n, s in scopes.items() if s != {}}, set(sent)
+        return await hand.push(conns)
 
     # Exactly the Gateway's proxies: not the sidecar, the other Gateway, nor web of another namespace.
     assert await step(targeting("gw", [timeout("3s")], [gateway_ref("web")])) == ({"web-1"}, {"web-1"})

@@ -15,12 +15,16 @@ process (the load generator and the floor are left alone) and writes, at exit:
 - `rss`: once a second, [wall time, RSS MB].
 - `callbacks` (only with PILOT_BENCH_DIAG_CALLBACKS=1, it costs ~1 us per callback): every
   event-loop callback over 12 ms as [wall time, task or callback name, wall ms, thread CPU ms].
+- `iterations` (with PILOT_BENCH_DIAG_CALLBACKS=1 too): every loop iteration whose callbacks
+  took over 12 ms together, as [wall time, total ms, callbacks run, the five names that took
+  longest in it as [name, count, ms]]: lag made of many short callbacks, which `callbacks` misses.
 
 PILOT_BENCH_GC_THRESHOLDS=A,B,C replaces the server's own `gc.set_threshold` call (experiments).
 """
 
 from __future__ import annotations
 
+import asyncio.base_events
 import asyncio.events
 import atexit
 import contextlib
@@ -38,6 +42,7 @@ _gc: list[list] = []
 _pushes: list[list] = []
 _rss: list[list] = []
 _callbacks: list[list] = []
+_iterations: list[list] = []
 _started = [0.0, 0.0]
 
 
@@ -91,31 +96,67 @@ def _sampler() -> None:
         _rss.append([round(time.time(), 1), round(rss, 1)])
 
 
+def _name(handle) -> str:  # type: ignore[no-untyped-def]
+    cb = handle._callback
+    owner = getattr(cb, "__self__", None)
+    name = getattr(cb, "__qualname__", repr(cb))
+    if owner is not None and hasattr(owner, "get_coro"):
+        coro = owner.get_coro()
+        name = f"{owner.get_name().split('-')[0][:24]}:{getattr(coro, '__qualname__', '?')}"
+        # Where the task resumes: the innermost coroutine it awaits, and its line.
+        inner, where, depth = coro, None, 0
+        while inner is not None and depth < 40:
+            frame = getattr(inner, "cr_frame", None) or getattr(inner, "gi_frame", None)
+            if frame is not None:
+                where = f"{getattr(inner, '__qualname__', '?')}:{frame.f_lineno}"
+            inner = getattr(inner, "cr_await", None) or getattr(inner, "gi_yieldfrom", None)
+            depth += 1
+        if where is not None:
+            name += f" @{where}"
+    return name[:140]
+
+
 def _timed_callbacks() -> None:
     run = asyncio.events.Handle._run
+    run_once = asyncio.base_events.BaseEventLoop._run_once
     main = threading.main_thread()
+    iteration: dict[str, list] = {}  # name -> [count, ms] for the callbacks of the current iteration
+    total = [0.0, 0]
 
     def timed(self):  # type: ignore[no-untyped-def]
+        name = _name(self) if threading.current_thread() is main else ""
         t0, c0 = time.perf_counter(), time.thread_time()
         try:
             return run(self)
         finally:
             ms = (time.perf_counter() - t0) * 1000
-            if ms > 12 and threading.current_thread() is main:
-                cb = self._callback
-                owner = getattr(cb, "__self__", None)
-                name = getattr(cb, "__qualname__", repr(cb))
-                if owner is not None and hasattr(owner, "get_coro"):
-                    name = f"{owner.get_name()}:{getattr(owner.get_coro(), '__qualname__', '?')}"
-                _callbacks.append([round(time.time(), 3), name[:100], round(ms, 1),
-                                   round((time.thread_time() - c0) * 1000, 1)])
+            if name:
+                entry = iteration.setdefault(name, [0, 0.0])
+                entry[0] += 1
+                entry[1] += ms
+                total[0] += ms
+                total[1] += 1
+                if ms > 12:
+                    _callbacks.append([round(time.time(), 3), name, round(ms, 1),
+                                       round((time.thread_time() - c0) * 1000, 1)])
+
+    def timed_once(self):  # type: ignore[no-untyped-def]
+        if total[0] > 12:
+            top = sorted(iteration.items(), key=lambda kv: -kv[1][1])[:5]
+            _iterations.append([round(time.time(), 3), round(total[0], 1), total[1],
+                                [[n, c, round(ms, 1)] for n, (c, ms) in top]])
+        iteration.clear()
+        total[0], total[1] = 0.0, 0
+        return run_once(self)
 
     asyncio.events.Handle._run = timed  # type: ignore[method-assign]
+    asyncio.base_events.BaseEventLoop._run_once = timed_once  # type: ignore[method-assign]
 
 
 def _dump() -> None:
     with open(OUT or os.devnull, "w") as f:
-        json.dump({"gc": _gc, "pushes": _pushes, "rss": _rss, "callbacks": _callbacks}, f)
+        json.dump({"gc": _gc, "pushes": _pushes, "rss": _rss, "callbacks": _callbacks,
+                   "iterations": _iterations}, f)
 
 
 if ACTIVE:

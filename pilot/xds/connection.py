@@ -14,6 +14,7 @@ from types import MappingProxyType
 from pilot.model.proxy import Proxy
 from pilot.model.push_request import PushRequest
 from pilot.xds.cache import CachedResource
+from pilot.xds.identity_memo import IdentityMemo
 
 
 @dataclass
@@ -35,7 +36,8 @@ NOTHING_HELD: Mapping[str, str] = MappingProxyType({})  # one shared "holds noth
 # identity, and indexes derived from it are built once. Keyed by an equal copy, so an entry goes
 # when the last stream using that set lets go of it.
 _SHARED_NAMES: weakref.WeakValueDictionary[frozenset[str], frozenset[str]] = weakref.WeakValueDictionary()
-_BY_HOST: weakref.WeakKeyDictionary[frozenset[str], dict[str, tuple[str, ...]]] = weakref.WeakKeyDictionary()
+# By identity (pilot/xds/identity_memo.py): by equality, every lookup would compare the sets.
+_BY_HOST: IdentityMemo[frozenset[str], dict[str, tuple[str, ...]]] = IdentityMemo()
 
 
 def shared_names(names: Iterable[str]) -> frozenset[str]:
@@ -55,7 +57,7 @@ def names_by_host(names: frozenset[str]) -> dict[str, tuple[str, ...]]:
         grouped: dict[str, list[str]] = {}
         for n in names:
             grouped.setdefault(n.rpartition("|")[2], []).append(n)
-        index = _BY_HOST[names] = {h: tuple(v) for h, v in grouped.items()}
+        index = _BY_HOST.put(names, {h: tuple(v) for h, v in grouped.items()})
     return index
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Hashable, Iterator
 from dataclasses import replace
 
@@ -28,6 +27,7 @@ from pilot.networking import endpoints, names
 from pilot.networking.traffic_policy import effective_policy
 from pilot.xds.cache import CachedResource, XdsCache
 from pilot.xds.generators import waypoint
+from pilot.xds.identity_memo import IdentityMemo
 from pilot.xds.typeurls import ENDPOINT
 
 
@@ -90,7 +90,7 @@ def locality_lb(ctx: PushContext, proxy: Proxy, dr: Entry[DestinationRule] | Non
     return LocalityLb(setting, client, client_labels)
 
 
-_NO_SUBSETS: weakref.WeakKeyDictionary[frozenset[str], bool] = weakref.WeakKeyDictionary()
+_NO_SUBSETS: IdentityMemo[frozenset[str], bool] = IdentityMemo()
 
 
 def reads_no_proxy(requested: frozenset[str] | None) -> bool:
@@ -102,9 +102,9 @@ def reads_no_proxy(requested: frozenset[str] | None) -> bool:
         return True
     found = _NO_SUBSETS.get(requested)
     if found is None:
-        found = _NO_SUBSETS[requested] = not any(
+        found = _NO_SUBSETS.put(requested, not any(
             ((p := names.parse_cluster_name(n)) is not None and p[0] == "outbound" and p[2])
-            or n.startswith(names.SNI_DNAT_PREFIX) for n in requested)
+            or n.startswith(names.SNI_DNAT_PREFIX) for n in requested))
     return found
 
 

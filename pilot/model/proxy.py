@@ -125,9 +125,13 @@ class Proxy:
         return str(self.metadata.get("ISTIO_VERSION") or "")
 
     @property
+    def mesh_tls(self) -> bool:
+        """ProxyTraits.mesh_tls, without building the traits (asked per proxy and push)."""
+        return bool(self.identity) and not self.is_grpc
+
+    @property
     def traits(self) -> ProxyTraits:
-        return ProxyTraits(self.type, self.namespace, self.interception_mode, self.generator,
-                           bool(self.identity) and not self.is_grpc,
+        return ProxyTraits(self.type, self.namespace, self.interception_mode, self.generator, self.mesh_tls,
                            self.labels.get(GATEWAY_NAME_LABEL, ""))
 
     def mark_grpc(self) -> None:

@@ -93,7 +93,7 @@ class ProxyPlans(EndpointQueries):
         identity and without a Sidecar `ingress` serves nothing inbound: it gets the one empty
         plan at once (the common case of plaintext proxies costs no per-proxy work)."""
         labels = proxy.labels
-        mesh_tls = proxy.traits.mesh_tls
+        mesh_tls = proxy.mesh_tls
         sidecar = self.sidecar_for(proxy.namespace, labels)
         if not mesh_tls and (sidecar is None or not sidecar.obj.spec.ingress):
             return NO_INBOUND

@@ -59,6 +59,21 @@ ReadsNoProxy = Callable[[frozenset[str] | None], bool]
 ProxyInputs = Callable[[PushContext, Proxy], Hashable | None]
 
 
+class Key:
+    """A memo key: the one object per distinct `parts` in a context (GenerationMemo._intern), so
+    it hashes and compares by identity, in C, however deep its parts are. The dict lookups a
+    push makes per stream and type (outputs being generated, outputs made) then cost no hashing
+    of a tuple (tuples keep no hash) nor of the dataclasses nested in a proxy key."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: tuple) -> None:
+        self.parts = parts
+
+    def __repr__(self) -> str:
+        return f"Key{self.parts!r}"
+
+
 class GenerationMemo:
     def __init__(self, generators: Mapping[str, Generator], cache: XdsCache,
                  reads_no_proxy: Mapping[str, ReadsNoProxy] | None = None, record: bool = True,
@@ -67,20 +82,29 @@ class GenerationMemo:
         self.generators = generators
         # Per type, optionally: the same output a resource at a time, for agenerate().
         self.sliced = dict(sliced or {})
-        self._running: dict[Hashable, tuple[PushContext, asyncio.Future]] = {}
+        self._running: dict[Key, tuple[PushContext, asyncio.Future]] = {}
         # Record what each generated output read, once per output (proxies sharing it share it).
         self.record = record
         self.cache = cache
         self.reads_no_proxy = dict(reads_no_proxy or {})
         self.proxy_inputs = dict(proxy_inputs or {})
         self._version: str | None = None
-        self._memo: dict[Hashable, Generated] = {}
+        self._memo: dict[Key, Generated] = {}
         self._plans: dict[Hashable, tuple[Mapping, Generated, Plan]] = {}
-        self._proxy_keys: dict[int, tuple[Proxy, Mapping, Hashable]] = {}
+        self._proxy_keys: dict[int, tuple[Proxy, Mapping, Key]] = {}
+        self._interned: dict[tuple, Key] = {}
         self.hits = 0
         self.misses = 0
 
-    def _proxy_key(self, ctx: PushContext, proxy: Proxy) -> Hashable:
+    def _intern(self, parts: tuple) -> Key:
+        """The one Key of these parts in this context (the table goes with the context: a Key
+        is never looked up in a later context's memo)."""
+        key = self._interned.get(parts)
+        if key is None:
+            key = self._interned[parts] = Key(parts)
+        return key
+
+    def _proxy_key(self, ctx: PushContext, proxy: Proxy) -> Key:
         """Generators read nothing of a proxy but its traits, the Sidecar that scopes it (for a
         router: the Gateways its labels select), which sourceLabels matches and DestinationRule
         workloadSelectors its labels meet and,
@@ -93,9 +117,10 @@ class GenerationMemo:
         if hit is not None and hit[0] is proxy and hit[1] is proxy.metadata:
             return hit[2]
         labels = proxy.labels
+        grpc = proxy.is_grpc
         scope = (ctx.gateways.select(labels) if proxy.type == "router"
                  else ctx.sidecar_for(proxy.namespace, labels))
-        if proxy.is_grpc:
+        if grpc:
             own = None
         elif proxy.type == "sidecar":
             own = ctx.inbound_plan(proxy)
@@ -103,14 +128,14 @@ class GenerationMemo:
             own = ctx.gateway_port_map(proxy)
         traffic = ctx.traffic
         # What its Telemetries make it log and trace (workload-level ones select by labels).
-        telemetry = ctx.telemetry_plan(proxy) if not proxy.is_grpc else None
+        telemetry = ctx.telemetry_plan(proxy) if not grpc else None
         # And the WasmPlugins that select it (also by labels).
-        wasm = ctx.wasm_plan(proxy) if not proxy.is_grpc else None
+        wasm = ctx.wasm_plan(proxy) if not grpc else None
         # Its IP families: how DNS clusters resolve, which cluster IPs of dual-stack Services it
         # sees, and (ISTIO_DUAL_STACK, both families) [::] listeners; others must not share.
         families = proxy.ip_families
-        key = (proxy.traits, scope, traffic.source_signature(labels), traffic.rule_signature(labels), own, telemetry,
-               wasm, families)
+        key = self._intern((proxy.traits, scope, traffic.source_signature(labels), traffic.rule_signature(labels),
+                            own, telemetry, wasm, families))
         self._proxy_keys[id(proxy)] = (proxy, proxy.metadata, key)
         return key
 
@@ -119,19 +144,25 @@ class GenerationMemo:
             self._memo = {}
             self._plans = {}
             self._proxy_keys = {}
+            self._interned = {}
             self._version = ctx.version
 
-    def _key(self, ctx: PushContext, type_url: str, proxy: Proxy, requested: frozenset[str] | None) -> Hashable:
+    def _key(self, ctx: PushContext, type_url: str, proxy: Proxy, requested: frozenset[str] | None) -> Key:
+        """Called once per stream and type in a push: the parts are cheap to hash (the proxy key,
+        the shared name set and the patch set keep their hashes), and the Key made of them is
+        looked up twice (outputs being generated, outputs made) by identity."""
         inputs = self.proxy_inputs.get(type_url)
         extra = inputs(ctx, proxy) if inputs is not None else None
         independent = self.reads_no_proxy.get(type_url) if extra is None else None
-        proxy_key = None if independent is not None and independent(requested) else self._proxy_key(ctx, proxy)
-        if proxy.is_grpc and type_url == LISTENER:
+        proxy_key: Hashable = None if independent is not None and independent(requested) \
+            else self._proxy_key(ctx, proxy)
+        if type_url == LISTENER and proxy.is_grpc:
             # A gRPC server's inbound listeners read its addresses and labels (grpc_server_inputs).
             proxy_key = (proxy_key, grpc_server_inputs(proxy, requested))
         # EnvoyFilter patches of this type only: a filter of listeners splits no one's clusters.
-        key = (type_url, proxy_key, requested, None if proxy_key is None else patches_for(ctx, proxy, type_url))
-        return key if extra is None else (*key, extra)
+        patches = None if proxy_key is None else patches_for(ctx, proxy, type_url)
+        return self._intern((type_url, proxy_key, requested, patches) if extra is None
+                            else (type_url, proxy_key, requested, patches, extra))
 
     def generate(self, ctx: PushContext, type_url: str, proxy: Proxy,
                  requested: frozenset[str] | None) -> Generated:
@@ -214,14 +245,16 @@ class GenerationMemo:
                 return Generated(tuple(made), deps=deps)
             await asyncio.sleep(0)  # the rest of the loop runs; then this generation goes on
 
-    def plan(self, held: Mapping[str, str], generated: Generated, force: frozenset[str], **mode: bool) -> Plan:
+    def plan(self, held: Mapping[str, str], generated: Generated, force: frozenset[str], *, delta: bool,
+             complete: bool, partial: bool, always: bool) -> Plan:
         """`plan_response`, shared by every proxy that holds the same map and gets the same
         output in this push: a full push to a thousand identical sidecars plans once."""
-        key = (id(held), id(generated), force, *sorted(mode.items()))
+        key = (id(held), id(generated), force, delta, complete, partial, always)
         hit = self._plans.get(key)
         if hit is not None and hit[0] is held and hit[1] is generated:
             return hit[2]
-        result = plan_response(held, generated, force, **mode)
+        result = plan_response(held, generated, force, delta=delta, complete=complete, partial=partial,
+                               always=always)
         self._plans[key] = (held, generated, result)  # the references keep both ids from being reused
         return result
 

@@ -128,3 +128,41 @@ async def test_a_long_generation_yields_to_the_loop_and_is_shared_by_streams_ask
     assert set(named) == names
     facets = {f for d in named.values() for f in d.facets}
     assert ("host", HOST) in facets and ("host", "details.default.svc.cluster.local") not in facets
+
+
+def test_equal_traits_share_one_output_and_plan_and_labels_or_names_that_matter_split_them():
+    """Through the server's memo (every per-type input it keys on): sidecars with equal traits
+    get the one output and the one plan object; a proxy whose labels a Sidecar selects, or a
+    different set of EDS names, gets its own; a new context shares again (its keys are its own)."""
+    from pilot.features import Features
+    from pilot.xds.discovery import DiscoveryServer
+    from pilot.xds.typeurls import CLUSTER
+
+    w = World()
+    w.apply(service("reviews"), service("ratings", cluster_ip="10.96.0.21"),
+            {"apiVersion": "networking.istio.io/v1", "kind": "Sidecar", "metadata": {"name": "narrow", "namespace": "default"},
+             "spec": {"workloadSelector": {"labels": {"app": "narrow"}},
+                      "egress": [{"hosts": ["./reviews.default.svc.cluster.local"]}]}})
+    memo = DiscoveryServer(w.store, w.mesh, Features.from_env({})).generated
+
+    def labelled(pod: str, ip: str, app: str):
+        p = proxy("default", pod_name=pod, ip=ip)
+        p.metadata["LABELS"] = {"app": app}
+        return p
+
+    a, b, narrow = labelled("a", "10.0.0.1", "wide"), labelled("b", "10.0.0.2", "wide"), labelled("c", "10.0.0.3", "narrow")
+    held: dict[str, str] = {}
+
+    def plan(generated):
+        return memo.plan(held, generated, frozenset(), delta=False, complete=True, partial=False, always=False)
+
+    for ctx in (w.ctx(), w.ctx()):
+        cds_a, cds_b, cds_narrow = (memo.generate(ctx, CLUSTER, p, None) for p in (a, b, narrow))
+        assert cds_a is cds_b and plan(cds_a) is plan(cds_b)
+        assert cds_narrow is not cds_a and plan(cds_narrow) is not plan(cds_a)
+        assert PLAIN in cds_narrow.versions() and "outbound|9080||ratings.default.svc.cluster.local" \
+            in cds_a.versions().keys() - cds_narrow.versions().keys()
+        one, two = frozenset({PLAIN}), frozenset({PLAIN, "outbound|9080||ratings.default.svc.cluster.local"})
+        assert memo.generate(ctx, ENDPOINT, a, one) is memo.generate(ctx, ENDPOINT, b, frozenset({PLAIN}))
+        assert memo.generate(ctx, ENDPOINT, a, one) is not memo.generate(ctx, ENDPOINT, b, two)
+        assert len(memo.generate(ctx, ENDPOINT, b, two).resources) == 2

@@ -89,7 +89,7 @@ GENERATORS: dict[str, Generator] = {
 
 # Types whose cold generation runs long enough to stall the loop (15-100 ms at 1,000 services),
 # generated a resource at a time so that GenerationMemo.agenerate can yield between slices.
-SLICED = {typeurls.CLUSTER: cds.sliced, typeurls.ENDPOINT: eds.resources}
+SLICED = {typeurls.CLUSTER: cds.sliced, typeurls.ENDPOINT: eds.resources, typeurls.ROUTE: rds.sliced}
 
 
 class DiscoveryServer(AckNack):

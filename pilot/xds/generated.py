@@ -47,8 +47,9 @@ Generator = Callable[[PushContext, Proxy, frozenset[str] | None, XdsCache], list
 
 
 # The same, one resource at a time (a generator function): agenerate() yields to the event loop
-# between resources once a slice has run SLICE seconds.
-Sliced = Callable[[PushContext, Proxy, frozenset[str] | None, XdsCache], Iterator[CachedResource]]
+# between resources once a slice has run SLICE seconds. A None is a point within one resource
+# where it may yield too (a route configuration of a thousand virtual hosts).
+Sliced = Callable[[PushContext, Proxy, frozenset[str] | None, XdsCache], Iterator[CachedResource | None]]
 SLICE = 0.005
 
 # Per type, optionally: whether a request's output leaves the proxy unread (then the memo key
@@ -211,7 +212,8 @@ class GenerationMemo:
                 ctx.resume_recording(held)
             try:
                 for res in it:
-                    made.append(res)
+                    if res is not None:
+                        made.append(res)
                     if time.perf_counter() >= until:
                         finished = False
                         break

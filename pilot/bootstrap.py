@@ -32,7 +32,7 @@ from pilot.model.mesh import MeshHolder
 from pilot.model.push_request import PushRequest
 from pilot.model.store import ConfigKey, Store
 from pilot.security import authn
-from pilot.security.ca_errors import CAError
+from pilot.security.ca_errors import CAError, CAStorageError
 from pilot.security.jwks import JwksResolver
 from pilot.security.node_auth import NodeAuthorizer
 from pilot.security.secret_access import SecretAccess
@@ -50,10 +50,8 @@ from pilot.xds.ads import AdsService
 from pilot.xds.discovery import DiscoveryServer
 from pilot.xds.state_metrics import StateCollector
 
-if TYPE_CHECKING:
-    # Imported where they start (see docs/performance.md, Round 7): the CA, its servers and the
-    # webhook need `cryptography` (~10 MB of RSS), the injector and the gateway deployer jinja2
-    # and the injection templates (~3.5 MB), and file mode without --secureGRPCAddr uses none.
+if TYPE_CHECKING:  # imported where they start: file mode without --secureGRPCAddr uses none of
+    # them, and they cost ~14 MB of RSS (cryptography; jinja2 and the injection templates).
     from pilot.gateway_deploy.controller import DeploymentController
     from pilot.gateway_deploy.render import Inputs as GatewayInputs
     from pilot.inject.config import InjectorConfigHolder
@@ -241,16 +239,9 @@ class ControlPlane:
         Secret istio-ca-secret (Kubernetes mode) or in PILOT_SELF_SIGNED_CA_DIR (file mode)."""
         if not self.opts.secure_grpc_addr and self.kube is None:
             return
-        from pilot.security.ca import (
-            PLUGGED_IN,
-            CAOptions,
-            CAStorageError,
-            CertificateAuthority,
-            DirectoryStorage,
-            KubeSecrets,
-            KubeSecretStorage,
-        )
+        from pilot.security.ca import PLUGGED_IN, CAOptions, CertificateAuthority
         from pilot.security.ca_reload import watch_plugged_in_ca
+        from pilot.security.ca_storage import DirectoryStorage, KubeSecrets, KubeSecretStorage
 
         try:
             options = CAOptions.from_env(trust_domain=self.mesh.peek(self.store).trust_domain)

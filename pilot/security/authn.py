@@ -47,9 +47,9 @@ from pilot.sources.kube.rbac import Rule
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
-# `cryptography` (~10 MB of RSS) is imported where certificates, keys and signatures are handled,
-# not here: file mode without the secure port never checks a caller (see docs/performance.md
-# "Round 7"), and a module already imported costs only a dictionary lookup to import again.
+# `cryptography` (~10 MB of RSS) is imported by the functions that read certificates and keys or
+# check signatures, not here: file mode needs it only with the secure port, JWT_RULE or a JWKS
+# to read (docs/performance.md, Round 7); imported once, it costs a dictionary lookup per call.
 
 log = plog.get("authn")
 

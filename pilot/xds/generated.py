@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from pilot.model.dependencies import Deps
@@ -63,8 +63,14 @@ class GenerationMemo:
     def __init__(self, generators: Mapping[str, Generator], cache: XdsCache,
                  reads_no_proxy: Mapping[str, ReadsNoProxy] | None = None, record: bool = True,
                  sliced: Mapping[str, Sliced] | None = None,
-                 proxy_inputs: Mapping[str, ProxyInputs] | None = None) -> None:
+                 proxy_inputs: Mapping[str, ProxyInputs] | None = None,
+                 turn: Callable[[], Awaitable[None]] | None = None) -> None:
         self.generators = generators
+        # Awaited whenever agenerate resumes after waiting (pilot/xds/pace.py's turn): the
+        # work that follows, a slice or a stream's response, keeps to the loop's budget. A
+        # hundred streams woken at once by the output they waited for would otherwise each
+        # plan and write a response in one iteration (30 ms and more).
+        self.turn = turn
         # Per type, optionally: the same output a resource at a time, for agenerate().
         self.sliced = dict(sliced or {})
         self._running: dict[Hashable, tuple[PushContext, asyncio.Future]] = {}
@@ -165,6 +171,8 @@ class GenerationMemo:
         key = self._key(ctx, type_url, proxy, requested)
         while (running := self._running.get(key)) is not None and running[0] is ctx:
             await asyncio.wait([running[1]])  # raises only if this task is cancelled
+            if self.turn is not None:
+                await self.turn()
             if not running[1].cancelled():
                 self.hits += 1
                 return running[1].result()
@@ -213,6 +221,8 @@ class GenerationMemo:
             if finished:
                 return Generated(tuple(made), deps=deps)
             await asyncio.sleep(0)  # the rest of the loop runs; then this generation goes on
+            if self.turn is not None:
+                await self.turn()
 
     def plan(self, held: Mapping[str, str], generated: Generated, force: frozenset[str], **mode: bool) -> Plan:
         """`plan_response`, shared by every proxy that holds the same map and gets the same

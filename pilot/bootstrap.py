@@ -11,6 +11,7 @@ import signal
 import socket
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 from aiohttp import web
@@ -22,15 +23,8 @@ from pilot.cli import Options
 from pilot.config.core import Service
 from pilot.config.mesh import MeshConfig, MeshConfigError, parse_mesh_config
 from pilot.config.networking.proxy_config import ProxyConfig
-from pilot.gateway_deploy.controller import DeploymentController
-from pilot.gateway_deploy.render import Inputs as GatewayInputs
 from pilot.http.debug_xds import http_view
 from pilot.http.server import build_app
-from pilot.inject.config import InjectorConfigHolder
-from pilot.inject.handler import add_routes as add_inject_routes
-from pilot.inject.metrics import InjectionMetrics
-from pilot.inject.review import InjectionContext
-from pilot.inject.store import configmap_name, follow_configmap, namespace_labels
 from pilot.loop_lag import lag_metrics, sample_lag
 from pilot.model import push_request as push_reasons
 from pilot.model.ingress import service_addresses
@@ -38,18 +32,7 @@ from pilot.model.mesh import MeshHolder
 from pilot.model.push_request import PushRequest
 from pilot.model.store import ConfigKey, Store
 from pilot.security import authn
-from pilot.security.ca import (
-    PLUGGED_IN,
-    CAError,
-    CAOptions,
-    CAStorageError,
-    CertificateAuthority,
-    DirectoryStorage,
-    KubeSecrets,
-    KubeSecretStorage,
-)
-from pilot.security.ca_reload import watch_plugged_in_ca
-from pilot.security.ca_server import SecureServer, istiod_dns_names
+from pilot.security.ca_errors import CAError, CAStorageError
 from pilot.security.jwks import JwksResolver
 from pilot.security.node_auth import NodeAuthorizer
 from pilot.security.secret_access import SecretAccess
@@ -63,10 +46,18 @@ from pilot.sources.kube.tags import TagWatcher
 from pilot.sources.kube.writers import RootCertWriter
 from pilot.status.view import GatewayStatusView
 from pilot.webhook.ca_bundle import CABundleWriter, InjectorBundleWriter
-from pilot.webhook.server import WebhookServer
 from pilot.xds.ads import AdsService
 from pilot.xds.discovery import DiscoveryServer
 from pilot.xds.state_metrics import StateCollector
+
+if TYPE_CHECKING:  # imported where they start: file mode without --secureGRPCAddr uses none of
+    # them, and they cost ~14 MB of RSS (cryptography; jinja2 and the injection templates).
+    from pilot.gateway_deploy.controller import DeploymentController
+    from pilot.gateway_deploy.render import Inputs as GatewayInputs
+    from pilot.inject.config import InjectorConfigHolder
+    from pilot.security.ca import CertificateAuthority
+    from pilot.security.ca_server import SecureServer
+    from pilot.webhook.server import WebhookServer
 
 log = plog.get("bootstrap")
 
@@ -248,6 +239,10 @@ class ControlPlane:
         Secret istio-ca-secret (Kubernetes mode) or in PILOT_SELF_SIGNED_CA_DIR (file mode)."""
         if not self.opts.secure_grpc_addr and self.kube is None:
             return
+        from pilot.security.ca import PLUGGED_IN, CAOptions, CertificateAuthority
+        from pilot.security.ca_reload import watch_plugged_in_ca
+        from pilot.security.ca_storage import DirectoryStorage, KubeSecrets, KubeSecretStorage
+
         try:
             options = CAOptions.from_env(trust_domain=self.mesh.peek(self.store).trust_domain)
         except ValueError as e:
@@ -303,6 +298,8 @@ class ControlPlane:
         addr = split_addr(self.opts.secure_grpc_addr)
         if addr is None or self.ca is None:
             return
+        from pilot.security.ca_server import SecureServer, istiod_dns_names
+
         chain = authn.build(jwt_rules=self.jwt_rules, kube=self.kube, token_audiences=self.features.token_audiences)
         ns = self.features.pod_namespace
         self.secure = SecureServer(
@@ -325,6 +322,9 @@ class ControlPlane:
             if addr is not None:
                 log.info("no CA in this mode (--secureGRPCAddr is empty): not serving the webhook port")
             return
+        from pilot.security.ca_server import istiod_dns_names
+        from pilot.webhook.server import WebhookServer
+
         ns = self.features.pod_namespace
         self.webhook = WebhookServer(self.ca, istiod_dns_names(ns, self.opts.domain, self.features.revision),
                                      registry=self.discovery.metrics.registry, mount=[self._injector()])
@@ -337,6 +337,12 @@ class ControlPlane:
     def _injector(self) -> Callable[[web.Application], None]:
         """The sidecar injector (/inject on the webhook port): its template and values from the
         `istio-sidecar-injector[-REV]` ConfigMap as it changes, Namespace labels from the Store."""
+        from pilot.inject.config import InjectorConfigHolder
+        from pilot.inject.handler import add_routes as add_inject_routes
+        from pilot.inject.metrics import InjectionMetrics
+        from pilot.inject.review import InjectionContext
+        from pilot.inject.store import follow_configmap, namespace_labels
+
         holder = self.injector_config = InjectorConfigHolder()
         follow_configmap(self.store, holder, namespace=self.features.pod_namespace, revision=self.features.revision)
         ctx = InjectionContext.from_env(
@@ -358,6 +364,8 @@ class ControlPlane:
         return out
 
     def _gateway_inputs(self) -> GatewayInputs:
+        from pilot.gateway_deploy.render import Inputs as GatewayInputs
+
         values = self.injector_config.current.values if self.injector_config is not None else {}
         # The Store's MeshConfig, not the last pushed one: a mesh ConfigMap change redeploys at once.
         return GatewayInputs(revision=self.features.revision, values=values,
@@ -400,6 +408,9 @@ class ControlPlane:
             self.ca_bundle_writer = CABundleWriter(self.kube, self.features.pod_namespace, self.features.revision,
                                                    self.ca.root_cert_pem)
         if self.tag_watcher is not None:
+            from pilot.gateway_deploy.controller import DeploymentController
+            from pilot.inject.store import configmap_name
+
             deployer = self.gateway_deployer = DeploymentController(
                 self.kube, self.store, self.tag_watcher.current, self._gateway_inputs,
                 resync_keys=frozenset({self.mesh.configmap_key, ConfigKey(

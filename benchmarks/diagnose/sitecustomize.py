@@ -16,8 +16,10 @@ process (the load generator and the floor are left alone) and writes, at exit:
 - `callbacks` (only with PILOT_BENCH_DIAG_CALLBACKS=1, it costs ~1 us per callback): every
   event-loop callback over 12 ms as [wall time, task or callback name, wall ms, thread CPU ms].
 - `iterations` (with PILOT_BENCH_DIAG_CALLBACKS=1 too): every loop iteration whose callbacks
-  took over 12 ms together, as [wall time, total ms, callbacks run, the five names that took
-  longest in it as [name, count, ms]]: lag made of many short callbacks, which `callbacks` misses.
+  took over 12 ms together, as [wall time, total ms, callbacks run, ms of steps that took a
+  stream turn (pilot/xds/pace.py), the five names that took longest in it as [name, count, ms]]:
+  lag made of many short callbacks, which `callbacks` misses. `iteration_ms`: how many
+  iterations took each whole number of ms (all of them, from start to exit).
 
 PILOT_BENCH_GC_THRESHOLDS=A,B,C replaces the server's own `gc.set_threshold` call (experiments).
 """
@@ -43,6 +45,8 @@ _pushes: list[list] = []
 _rss: list[list] = []
 _callbacks: list[list] = []
 _iterations: list[list] = []
+_iteration_ms: dict[int, int] = {}
+_turned = [False]  # the running step took a turn (set by the wrapped Pace.turn)
 _started = [0.0, 0.0]
 
 
@@ -121,10 +125,11 @@ def _timed_callbacks() -> None:
     run_once = asyncio.base_events.BaseEventLoop._run_once
     main = threading.main_thread()
     iteration: dict[str, list] = {}  # name -> [count, ms] for the callbacks of the current iteration
-    total = [0.0, 0]
+    total = [0.0, 0, 0.0]  # ms, callbacks, ms of turned steps
 
     def timed(self):  # type: ignore[no-untyped-def]
         name = _name(self) if threading.current_thread() is main else ""
+        _turned[0] = False
         t0, c0 = time.perf_counter(), time.thread_time()
         try:
             return run(self)
@@ -136,18 +141,47 @@ def _timed_callbacks() -> None:
                 entry[1] += ms
                 total[0] += ms
                 total[1] += 1
+                if _turned[0]:
+                    total[2] += ms
+                else:
+                    name = "(no turn) " + name
+                entry = iteration.setdefault(name, [0, 0.0])
+                entry[0] += 1
+                entry[1] += ms
                 if ms > 12:
                     _callbacks.append([round(time.time(), 3), name, round(ms, 1),
                                        round((time.thread_time() - c0) * 1000, 1)])
 
     def timed_once(self):  # type: ignore[no-untyped-def]
+        if total[1]:
+            bucket = int(total[0])
+            _iteration_ms[bucket] = _iteration_ms.get(bucket, 0) + 1
         if total[0] > 12:
             top = sorted(iteration.items(), key=lambda kv: -kv[1][1])[:5]
-            _iterations.append([round(time.time(), 3), round(total[0], 1), total[1],
+            _iterations.append([round(time.time(), 3), round(total[0], 1), total[1], round(total[2], 1),
                                 [[n, c, round(ms, 1)] for n, (c, ms) in top]])
         iteration.clear()
-        total[0], total[1] = 0.0, 0
+        total[0], total[1], total[2] = 0.0, 0, 0.0
         return run_once(self)
+
+    def wrap_turn() -> bool:
+        mod = sys.modules.get("pilot.xds.pace")
+        if mod is None:
+            return False
+        turn = mod.Pace.turn
+
+        async def turned(self):  # type: ignore[no-untyped-def]
+            await turn(self)
+            _turned[0] = True  # in the step that resumes (or never left) the turn
+
+        mod.Pace.turn = turned
+        return True
+
+    def wrap_turn_later() -> None:
+        while not wrap_turn():
+            time.sleep(0.05)
+
+    threading.Thread(target=wrap_turn_later, name="diag-turn", daemon=True).start()
 
     asyncio.events.Handle._run = timed  # type: ignore[method-assign]
     asyncio.base_events.BaseEventLoop._run_once = timed_once  # type: ignore[method-assign]
@@ -156,7 +190,8 @@ def _timed_callbacks() -> None:
 def _dump() -> None:
     with open(OUT or os.devnull, "w") as f:
         json.dump({"gc": _gc, "pushes": _pushes, "rss": _rss, "callbacks": _callbacks,
-                   "iterations": _iterations}, f)
+                   "iterations": _iterations,
+                   "iteration_ms": _iteration_ms}, f)
 
 
 if ACTIVE:

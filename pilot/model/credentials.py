@@ -19,9 +19,6 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-
 CERT_KEYS = (("tls.crt", "tls.key"), ("cert", "key"))
 # How generated config names a Secret for SDS, as istiod: `kubernetes://NAME` (chain and key),
 # `kubernetes://NAME-cacert` (its CA bundle, or that of a Secret named NAME-cacert).
@@ -119,6 +116,11 @@ def key_pair_problem(data: dict[str, str]) -> str:
 
 
 def _key_pair_problem(data: dict[str, str]) -> str:
+    # Here, not at the top: the config model is loaded in every mode, `cryptography` (~10 MB of
+    # RSS) only needed once a Gateway API listener names a Secret.
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
     try:
         pair = certificate_and_key(data)
     except CredentialError as e:

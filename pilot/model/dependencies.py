@@ -162,7 +162,7 @@ def kind(k: str) -> tuple:
 class Deps:
     """What one generated result read. Mutable only while it is being recorded."""
 
-    __slots__ = ("children", "facets", "named", "scopes")
+    __slots__ = ("_flat", "children", "facets", "named", "scopes")
 
     def __init__(self) -> None:
         # Made per generated result and, for EDS, per resource: the lists start empty as ().
@@ -171,6 +171,28 @@ class Deps:
         self.scopes: list[Entry[Sidecar]] | tuple[()] = ()  # Sidecars whose egress it evaluated over every service
         # Per resource name, for types pushed resource by resource (EDS): name -> its Deps.
         self.named: dict[str, Deps] | None = None
+        self._flat: tuple[set[tuple], tuple[Entry[Sidecar], ...]] | None = None
+
+    def flattened(self) -> tuple[set[tuple], tuple[Entry[Sidecar], ...]]:
+        """The facets and Sidecar scopes of this result and every memoized sub-result it used,
+        in one set and one tuple. Worked out once, when first matched: a result is matched only
+        once it is held, and recording into it is over by then. A change meets a result when it
+        meets any part of it, so this answers what walking the children would (a namespace's
+        CDS has a child per service: a thousand calls per result, per push, walked again)."""
+        flat = self._flat
+        if flat is None:
+            if not self.children:
+                flat = (self.facets, tuple(self.scopes))
+            else:
+                facets = set(self.facets)
+                scopes = list(self.scopes)
+                for child in self.children:
+                    child_facets, child_scopes = child.flattened()
+                    facets |= child_facets
+                    scopes.extend(sc for sc in child_scopes if sc not in scopes)
+                flat = (facets, tuple(scopes))
+            self._flat = flat
+        return flat
 
     def add_child(self, child: Deps) -> None:
         children = self.children
@@ -410,10 +432,10 @@ class Matcher:
         hit = self._seen.get(id(d))
         if hit is not None and hit[0] is d:
             return hit[1]
-        out = (not d.facets.isdisjoint(self.change.facets)
-               or (self._wild and any(f[0] in self._wild for f in d.facets))
-               or any(self._scope(s) for s in d.scopes)
-               or any(self.meets(c) for c in d.children))
+        facets, scopes = d.flattened()
+        out = (not facets.isdisjoint(self.change.facets)
+               or (self._wild and any(f[0] in self._wild for f in facets))
+               or any(self._scope(s) for s in scopes))
         self._seen[id(d)] = (d, out)
         return out
 

@@ -36,18 +36,20 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
-from cryptography import x509
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
-from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
 from pilot import logging as plog
 from pilot.security import spiffe
 from pilot.sources.kube.rbac import Rule
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
+# `cryptography` (~10 MB of RSS) is imported by the functions that read certificates and keys or
+# check signatures, not here: file mode needs it only with the secure port, JWT_RULE or a JWKS
+# to read (docs/performance.md, Round 7); imported once, it costs a dictionary lookup per call.
 
 log = plog.get("authn")
 
@@ -155,6 +157,8 @@ class ClientCertAuthenticator:
     def from_der(self, der: bytes | None, now: float | None = None) -> Caller:
         if not der:
             raise AuthenticationError("no client certificate was presented")
+        from cryptography import x509
+
         try:
             cert = x509.load_der_x509_certificate(der)
         except ValueError as e:
@@ -235,10 +239,9 @@ class KubeJWTAuthenticator:
 
 # ---------------------------------------------------------------------------------------- JWTs
 
-_HASHES: dict[str, type[hashes.SHA256 | hashes.SHA384 | hashes.SHA512]] = {
-    "256": hashes.SHA256, "384": hashes.SHA384, "512": hashes.SHA512}
-_EC_CURVES = {"ES256": ("P-256", ec.SECP256R1), "ES384": ("P-384", ec.SECP384R1),
-              "ES512": ("P-521", ec.SECP521R1)}
+# By name in cryptography's `hashes` and `ec` modules, looked up once they are imported.
+_HASHES = {"256": "SHA256", "384": "SHA384", "512": "SHA512"}
+_EC_CURVES = {"ES256": ("P-256", "SECP256R1"), "ES384": ("P-384", "SECP384R1"), "ES512": ("P-521", "SECP521R1")}
 _CURVE_BY_NAME = {crv: cls for crv, cls in _EC_CURVES.values()}
 SUPPORTED_ALGS = frozenset({"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512"})
 
@@ -266,12 +269,14 @@ class Jwk:
     key: rsa.RSAPublicKey | ec.EllipticCurvePublicKey
 
     def accepts(self, alg: str) -> bool:
+        from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
         if self.alg and self.alg != alg:
             return False
         if alg[:2] in ("RS", "PS"):
             return isinstance(self.key, rsa.RSAPublicKey)
         _crv, cls = _EC_CURVES[alg]
-        return isinstance(self.key, ec.EllipticCurvePublicKey) and isinstance(self.key.curve, cls)
+        return isinstance(self.key, ec.EllipticCurvePublicKey) and isinstance(self.key.curve, getattr(ec, cls))
 
 
 def parse_jwks(doc: Any, what: str = "JWKS") -> list[Jwk]:
@@ -284,6 +289,8 @@ def parse_jwks(doc: Any, what: str = "JWKS") -> list[Jwk]:
             raise ValueError(f"{what} is not JSON: {e}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("keys"), list):
         raise ValueError(f'{what} must be an object with a "keys" list')  # noqa: TRY004
+    from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
     out = []
     for i, k in enumerate(doc["keys"]):
         where = f"{what} key {i}" + (f" (kid {k.get('kid')!r})" if isinstance(k, dict) and k.get("kid") else "")
@@ -302,7 +309,7 @@ def parse_jwks(doc: Any, what: str = "JWKS") -> list[Jwk]:
                 if curve is None:
                     raise ValueError(f"unsupported curve {k.get('crv')!r} (P-256, P-384, P-521)")
                 key = ec.EllipticCurvePublicNumbers(_b64url_int(k.get("x"), "x"), _b64url_int(k.get("y"), "y"),
-                                                    curve()).public_key()
+                                                    getattr(ec, curve)()).public_key()
             else:
                 continue  # oct, OKP...: not accepted for signatures here
         except ValueError as e:
@@ -412,7 +419,12 @@ def verify_signature(jwt: Jwt, keys: Sequence[Jwk]) -> None:
     candidates = [k for k in keys if k.accepts(alg) and (kid is None or k.kid is None or k.kid == kid)]
     if not candidates:
         raise AuthenticationError(f"no key of the issuer matches the token (kid {kid!r}, alg {alg})")
-    h = _HASHES[alg[2:]]()
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
+    from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
+
+    h = getattr(hashes, _HASHES[alg[2:]])()
     sig = jwt.signature
     for k in candidates:
         key = k.key  # of the algorithm's family (k.accepts(alg))

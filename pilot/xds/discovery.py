@@ -89,7 +89,7 @@ GENERATORS: dict[str, Generator] = {
 
 # Types whose cold generation runs long enough to stall the loop (15-100 ms at 1,000 services),
 # generated a resource at a time so that GenerationMemo.agenerate can yield between slices.
-SLICED = {typeurls.CLUSTER: cds.sliced, typeurls.ENDPOINT: eds.resources}
+SLICED = {typeurls.CLUSTER: cds.sliced, typeurls.ENDPOINT: eds.resources, typeurls.ROUTE: rds.sliced}
 
 
 class DiscoveryServer(AckNack):
@@ -101,14 +101,15 @@ class DiscoveryServer(AckNack):
         self.domain = domain
         self.metrics = metrics or Metrics()
         self.cache = XdsCache(features.xds_cache_size)
+        self.pace = Pace()  # stream work per loop iteration, bounded (pilot/xds/pace.py)
         self.generated = GenerationMemo(GENERATORS, self.cache, {typeurls.ENDPOINT: eds.reads_no_proxy},
                                         record=features.record_dependencies, sliced=SLICED,
                                         proxy_inputs={typeurls.ENDPOINT: eds.proxy_inputs,
                                                       typeurls.BOOTSTRAP: bootstrap.proxy_inputs,
-                                                      typeurls.CLUSTER: eds.cds_proxy_inputs})
+                                                      typeurls.CLUSTER: eds.cds_proxy_inputs},
+                                        turn=self.pace.turn)
         self.connections: dict[str, Connection] = {}
         self.throttle = Slots(features.push_throttle)
-        self.pace = Pace()  # stream work per loop iteration, bounded (pilot/xds/pace.py)
         self.debouncer = Debouncer(features.debounce_after, features.debounce_max,
                                    features.enable_eds_debounce, self._debounced_push)
         self.history = PushHistory()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from pilot.model.dependencies import Deps
@@ -47,8 +47,9 @@ Generator = Callable[[PushContext, Proxy, frozenset[str] | None, XdsCache], list
 
 
 # The same, one resource at a time (a generator function): agenerate() yields to the event loop
-# between resources once a slice has run SLICE seconds.
-Sliced = Callable[[PushContext, Proxy, frozenset[str] | None, XdsCache], Iterator[CachedResource]]
+# between resources once a slice has run SLICE seconds. A None is a point within one resource
+# where it may yield too (a route configuration of a thousand virtual hosts).
+Sliced = Callable[[PushContext, Proxy, frozenset[str] | None, XdsCache], Iterator[CachedResource | None]]
 SLICE = 0.005
 
 # Per type, optionally: whether a request's output leaves the proxy unread (then the memo key
@@ -78,8 +79,14 @@ class GenerationMemo:
     def __init__(self, generators: Mapping[str, Generator], cache: XdsCache,
                  reads_no_proxy: Mapping[str, ReadsNoProxy] | None = None, record: bool = True,
                  sliced: Mapping[str, Sliced] | None = None,
-                 proxy_inputs: Mapping[str, ProxyInputs] | None = None) -> None:
+                 proxy_inputs: Mapping[str, ProxyInputs] | None = None,
+                 turn: Callable[[], Awaitable[None]] | None = None) -> None:
         self.generators = generators
+        # Awaited whenever agenerate resumes after waiting (pilot/xds/pace.py's turn): the
+        # work that follows, a slice or a stream's response, keeps to the loop's budget. A
+        # hundred streams woken at once by the output they waited for would otherwise each
+        # plan and write a response in one iteration (30 ms and more).
+        self.turn = turn
         # Per type, optionally: the same output a resource at a time, for agenerate().
         self.sliced = dict(sliced or {})
         self._running: dict[Key, tuple[PushContext, asyncio.Future]] = {}
@@ -196,6 +203,8 @@ class GenerationMemo:
         key = self._key(ctx, type_url, proxy, requested)
         while (running := self._running.get(key)) is not None and running[0] is ctx:
             await asyncio.wait([running[1]])  # raises only if this task is cancelled
+            if self.turn is not None:
+                await self.turn()
             if not running[1].cancelled():
                 self.hits += 1
                 return running[1].result()
@@ -234,7 +243,8 @@ class GenerationMemo:
                 ctx.resume_recording(held)
             try:
                 for res in it:
-                    made.append(res)
+                    if res is not None:
+                        made.append(res)
                     if time.perf_counter() >= until:
                         finished = False
                         break
@@ -244,6 +254,8 @@ class GenerationMemo:
             if finished:
                 return Generated(tuple(made), deps=deps)
             await asyncio.sleep(0)  # the rest of the loop runs; then this generation goes on
+            if self.turn is not None:
+                await self.turn()
 
     def plan(self, held: Mapping[str, str], generated: Generated, force: frozenset[str], *, delta: bool,
              complete: bool, partial: bool, always: bool) -> Plan:

@@ -25,9 +25,11 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 class ControlPlane:
     def __init__(self, tmpdir: str | os.PathLike, *, env: dict[str, str] | None = None,
                  mesh_config: str | None = None, extra_args: list[str] | None = None,
-                 kubeconfig: str | None = None, name: str = "control-plane", secure_grpc: bool = False) -> None:
+                 kubeconfig: str | None = None, name: str = "control-plane", secure_grpc: bool = False,
+                 python_path: list[str] | None = None) -> None:
         """File mode by default; with `kubeconfig`, Kubernetes mode (no --configDir). `secure_grpc`
-        serves TLS xDS + the CA (--secureGRPCAddr) on a free port, read back as "secure_grpc"."""
+        serves TLS xDS + the CA (--secureGRPCAddr) on a free port, read back as "secure_grpc".
+        `python_path` goes before the repository on the process's PYTHONPATH (test hooks)."""
         self.workdir = Path(tmpdir) / name
         self.kubeconfig = kubeconfig
         self.config_dir = self.workdir / "config"
@@ -36,6 +38,7 @@ class ControlPlane:
         self.mesh_config = mesh_config
         self.extra_args = list(extra_args or [])
         self.secure_grpc = secure_grpc
+        self.python_path = list(python_path or [])
         self.proc: asyncio.subprocess.Process | None = None
         self.ports: dict[str, int] = {}
         self.log_path = self.workdir / "pilot.log"
@@ -66,7 +69,7 @@ class ControlPlane:
                 "--httpsAddr", "127.0.0.1:0",
                 "--portsFile", str(ports_file),
                 *self.extra_args]
-        env = {**os.environ, **self.env, "PYTHONPATH": str(REPO_ROOT)}
+        env = {**os.environ, **self.env, "PYTHONPATH": os.pathsep.join([*self.python_path, str(REPO_ROOT)])}
         self._log = open(self.log_path, "ab")  # noqa: SIM115, ASYNC230 - lives as long as the process; local disk
         self.proc = await asyncio.create_subprocess_exec(*args, stdout=self._log, stderr=self._log, env=env,
                                                          cwd=str(self.workdir))

@@ -5,15 +5,18 @@ differ between them: EDS without subsets is the same for every namespace; a subs
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 
 from envoy.config.endpoint.v3 import endpoint_pb2
 
+from pilot.features import Features
 from pilot.xds.cache import CachedResource
-from pilot.xds.discovery import GENERATORS
+from pilot.xds.discovery import GENERATORS, DiscoveryServer
 from pilot.xds.generated import GenerationMemo
 from pilot.xds.generators import eds
-from pilot.xds.typeurls import ENDPOINT
+from pilot.xds.pace import Pace
+from pilot.xds.typeurls import CLUSTER, ENDPOINT
 
 from .helpers import World, proxy, service
 
@@ -134,10 +137,6 @@ def test_equal_traits_share_one_output_and_plan_and_labels_or_names_that_matter_
     """Through the server's memo (every per-type input it keys on): sidecars with equal traits
     get the one output and the one plan object; a proxy whose labels a Sidecar selects, or a
     different set of EDS names, gets its own; a new context shares again (its keys are its own)."""
-    from pilot.features import Features
-    from pilot.xds.discovery import DiscoveryServer
-    from pilot.xds.typeurls import CLUSTER
-
     w = World()
     w.apply(service("reviews"), service("ratings", cluster_ip="10.96.0.21"),
             {"apiVersion": "networking.istio.io/v1", "kind": "Sidecar", "metadata": {"name": "narrow", "namespace": "default"},
@@ -166,3 +165,49 @@ def test_equal_traits_share_one_output_and_plan_and_labels_or_names_that_matter_
         assert memo.generate(ctx, ENDPOINT, a, one) is memo.generate(ctx, ENDPOINT, b, frozenset({PLAIN}))
         assert memo.generate(ctx, ENDPOINT, a, one) is not memo.generate(ctx, ENDPOINT, b, two)
         assert len(memo.generate(ctx, ENDPOINT, b, two).resources) == 2
+
+
+async def test_streams_woken_by_an_output_they_waited_for_take_turns_before_their_own_work():
+    """A hundred streams of one namespace wait for the output the first of them generates; once
+    it is there, each plans and writes its response (here 0.5 ms of CPU). With the server's turns
+    (pilot/xds/pace.py) they share the loop's budget instead of all running in one iteration."""
+    def slow_eds(ctx, proxy, requested, cache):
+        for name in sorted(requested):
+            _busy(0.001)
+            yield CachedResource.from_message(name, endpoint_pb2.ClusterLoadAssignment(cluster_name=name), ENDPOINT)
+
+    names = frozenset(f"outbound|9080||n{i}.default.svc.cluster.local" for i in range(20))
+
+    async def held_longest(turn) -> float:
+        w = world()
+        ctx = w.ctx()
+        memo = GenerationMemo(GENERATORS, w.cache, {ENDPOINT: eds.reads_no_proxy}, sliced={ENDPOINT: slow_eds},
+                              turn=turn)
+        ticks: list[float] = []
+        stop = False
+
+        async def ticker():
+            while not stop:
+                ticks.append(time.process_time())
+                await asyncio.sleep(0)
+
+        async def stream(i: int):
+            out = await memo.agenerate(ctx, ENDPOINT, proxy("default", pod_name=f"p{i}"), names)
+            _busy(0.0005)  # its response: plan, frame, write
+            return out
+
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        start = time.process_time()
+        outs = await asyncio.gather(*(stream(i) for i in range(100)))
+        end = time.process_time()
+        stop = True
+        await task
+        assert all(o is outs[0] for o in outs), "one output for the namespace"
+        during = [start, *(t for t in ticks if start <= t <= end), end]
+        return max(b - a for a, b in itertools.pairwise(during))
+
+    paced = await held_longest(Pace(budget=0.005).turn)
+    assert paced < 0.025, f"the loop was held {paced * 1000:.0f} ms (CPU) at once"
+    unpaced = await held_longest(None)  # without turns: all hundred responses in one iteration
+    assert unpaced > 0.04, unpaced

@@ -105,6 +105,17 @@ def test_cached_resource_fields_and_version() -> None:
     assert (d.resources[0].name, d.resources[0].version) == ("a", r.version)
 
 
+def test_any_bytes_are_what_protobuf_writes_for_the_any() -> None:
+    """The Any around each resource is framed by hand: byte for byte protobuf's own, so versions
+    (a hash of these bytes) stay the same across releases and replicas."""
+    big = endpoint_pb2.ClusterLoadAssignment(cluster_name="big")
+    for i in range(3000):
+        big.endpoints.add().lb_endpoints.add().endpoint.address.socket_address.address = f"10.0.{i // 250}.{i % 250}"
+    for msg, type_url in ((_cluster("a"), CLUSTER), (cluster_pb2.Cluster(), CLUSTER), (big, ENDPOINT)):
+        want = any_pb2.Any(type_url=type_url, value=msg.SerializeToString(deterministic=True))
+        assert CachedResource.from_message("x", msg, type_url).any_bytes == want.SerializeToString(deterministic=True)
+
+
 def test_large_resource_length_prefix() -> None:
     """Lengths above 127 and 16383 bytes need multi-byte varints."""
     cla = endpoint_pb2.ClusterLoadAssignment(cluster_name="big")

@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
-from kubernetes_asyncio import client, config
 
 from pilot import __version__
+
+if TYPE_CHECKING:
+    from kubernetes_asyncio import client
 
 REQUEST_TIMEOUT = 30.0  # seconds, for every non-watch request
 
@@ -43,6 +45,10 @@ def in_cluster() -> bool:
 
 
 async def load_api_client(kubeconfig: str | None, identity: str = "") -> client.ApiClient:
+    # Imported here, where Kubernetes mode begins: its generated API and ~850 model modules are
+    # ~30 MB of RSS that file mode never uses (tests/unit/test_file_mode_imports.py).
+    from kubernetes_asyncio import client, config
+
     cfg = client.Configuration()
     if kubeconfig:
         await config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)

@@ -1,4 +1,4 @@
-"""Server CPU per full push, build against build (docs/performance.md, round 7).
+"""Server CPU per full push, build against build (docs/performance.md, round 8).
 
     python -m benchmarks.diagnose.push_cpu --tree /tmp/base --tree $PWD --runs 2 --pushes 12
 

@@ -6,6 +6,8 @@ is gRPC's own per-stream share, and `per_proxy_kb_beyond_floor` what our server 
 
 from __future__ import annotations
 
+import time
+
 from benchmarks import stats
 from benchmarks.options import Options
 from benchmarks.scenarios.harness import CpuWindow, Harness, floor_memory
@@ -19,9 +21,13 @@ async def run(opts: Options) -> dict:
         last = None
         for total in (opts.proxies, 2 * opts.proxies):
             connected = steps[-1]["proxies"]
+            began = time.time()
             last = await h.connect_all(lg, total - connected, start=connected)
+            # The step's own lag, read before the probe: its full collection (benchmarks/heapprobe)
+            # stalls the server's loop too, and the scenario's `loop_lag_ms` includes it.
+            lag = await h.server.loop_lag(began)
             steps.append({"proxies": total, "rss_mb": h.server.rss_mb(), "heap": await h.server.heap(),
-                          "synced_ms": stats.summary(last["synced_ms"])})
+                          "synced_ms": stats.summary(last["synced_ms"]), "loop_lag_ms": lag})
         window.close()
         lg_stats = await lg.stats()
         p = max(1, opts.proxies)
@@ -48,6 +54,7 @@ async def run(opts: Options) -> dict:
             floor_in_use_per_proxy_kb=floor["in_use_per_proxy_kb"],
             floor_peak_rss_mb=floor["peak_rss_mb"],
             steps=steps,
+            connect_loop_lag_ms=[s["loop_lag_ms"] for s in steps[1:]],
             convergence_ms=stats.summary(last["synced_ms"]) if last else stats.summary([]),
             proxies_acked=last["synced"] if last else 0,
             server_cpu_s=window.cpu,

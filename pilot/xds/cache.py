@@ -7,7 +7,7 @@ values), so an input the key forgot cannot exist: the builder sees nothing else.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Generator, Hashable
+from collections.abc import Callable, Generator, Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,9 +22,14 @@ class CachedResource:
     name: str
     version: str  # content hash: equal bytes, equal version, on every replica
     any_bytes: bytes  # serialised google.protobuf.Any
-    sotw_field: bytes  # framed as DiscoveryResponse.resources
-    delta_field: bytes  # framed as DeltaDiscoveryResponse.resources (a Resource message)
+    # The framing around any_bytes as DiscoveryResponse.resources and as
+    # DeltaDiscoveryResponse.resources (a Resource message: name, version, the Any, aliases).
+    # Only the few bytes around it are kept: a framed copy per protocol would hold each
+    # resource three times (a port's route configuration is half a megabyte).
+    sotw_prefix: bytes
+    delta_prefix: bytes
     origins: tuple[str, ...] = field(default=())  # config objects it was built from, for debugging
+    delta_suffix: bytes = b""
 
     @classmethod
     def from_message(cls, name: str, msg: Message, type_url: str, origins: tuple[str, ...] = ()) -> CachedResource:
@@ -34,17 +39,43 @@ class CachedResource:
         # 1-2 ms for a route configuration of a thousand virtual hosts.
         any_bytes = wire.string_field(1, type_url) + (wire.length_field(2, value) if value else b"")
         version = hashlib.blake2b(any_bytes, digest_size=8).hexdigest()
-        resource = b"".join((wire.string_field(wire.RESOURCE_NAME, name),
-                             wire.string_field(wire.RESOURCE_VERSION, version),
-                             wire.length_field(wire.RESOURCE_ANY, any_bytes)))
-        return cls(name, version, any_bytes, wire.length_field(wire.SOTW_RESOURCES, any_bytes),
-                   wire.length_field(wire.DELTA_RESOURCES, resource), origins)
+        return cls(name, version, any_bytes, wire.length_prefix(wire.SOTW_RESOURCES, len(any_bytes)),
+                   delta_prefix(name, version, len(any_bytes)), origins)
+
+    @property
+    def sotw_field(self) -> bytes:
+        """This resource framed as DiscoveryResponse.resources (see framed() for many)."""
+        return self.sotw_prefix + self.any_bytes
+
+    @property
+    def delta_field(self) -> bytes:
+        return self.delta_prefix + self.any_bytes + self.delta_suffix
 
     def message(self, cls: type[Message]) -> Message:
         a = any_pb2.Any.FromString(self.any_bytes)
         m = cls()
         a.Unpack(m)
         return m
+
+
+def delta_prefix(name: str, version: str, any_size: int, suffix_size: int = 0) -> bytes:
+    """What precedes the Any in a DeltaDiscoveryResponse.resources entry: the Resource's framing,
+    its name and version, and the Any's tag and length (`suffix_size` bytes follow the Any)."""
+    head = b"".join((wire.string_field(wire.RESOURCE_NAME, name), wire.string_field(wire.RESOURCE_VERSION, version),
+                     wire.length_prefix(wire.RESOURCE_ANY, any_size)))
+    return wire.length_prefix(wire.DELTA_RESOURCES, len(head) + any_size + suffix_size) + head
+
+
+def framed(resources: Iterable[CachedResource], delta: bool) -> bytes:
+    """The resources framed for a SotW or a delta response, in one copy of their bytes."""
+    parts: list[bytes] = []
+    if delta:
+        for r in resources:
+            parts += (r.delta_prefix, r.any_bytes, r.delta_suffix)
+    else:
+        for r in resources:
+            parts += (r.sotw_prefix, r.any_bytes)
+    return b"".join(parts)
 
 
 class XdsCache:

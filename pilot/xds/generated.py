@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pilot.model.dependencies import Deps
 from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
-from pilot.xds.cache import CachedResource, XdsCache
+from pilot.xds.cache import CachedResource, XdsCache, framed
 from pilot.xds.generators.envoy_filter import patches_for
 from pilot.xds.generators.grpc import server_inputs as grpc_server_inputs
 from pilot.xds.typeurls import LISTENER
@@ -39,7 +39,7 @@ class Generated:
 
     def sotw_fields(self) -> bytes:
         if self._sotw_fields is None:
-            self._sotw_fields = b"".join(r.sotw_field for r in self.resources)
+            self._sotw_fields = framed(self.resources, delta=False)
         return self._sotw_fields
 
 
@@ -301,13 +301,13 @@ def plan_response(held: Mapping[str, str], generated: Generated, force: frozense
             removed = tuple(n for n in held if n not in desired)
             if always:
                 removed += tuple(n for n in generated.absent if n not in held)
-            return Plan(out, b"".join(r.delta_field for r in out), removed, desired, changed,
+            return Plan(out, framed(out, delta=True), removed, desired, changed,
                         not out and not removed)
         unchanged = not changed and (not complete or held.keys() == desired.keys())
         return Plan(generated.resources, generated.sotw_fields(), (), desired, changed, unchanged)
     # Named resources (EDS, RDS): send only what changed; a subset push (partial) leaves the rest.
     out = tuple(r for r in generated.resources if r.name in changed)
-    fields = b"".join((r.delta_field if delta else r.sotw_field) for r in out)
+    fields = framed(out, delta)
     removed = () if partial or not delta else tuple(n for n in held if n not in desired)
     if not out and not removed:
         # Nothing to send: the proxy keeps what it holds (see DiscoveryServer._send).

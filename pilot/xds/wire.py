@@ -28,6 +28,11 @@ def length_field(number: int, payload: bytes) -> bytes:
     return _varint((number << 3) | _LEN) + _varint(len(payload)) + payload
 
 
+def length_prefix(number: int, size: int) -> bytes:
+    """The tag and length of a length-delimited field of `size` bytes: what precedes its payload."""
+    return _varint((number << 3) | _LEN) + _varint(size)
+
+
 def string_field(number: int, text: str) -> bytes:
     return length_field(number, text.encode()) if text else b""
 

@@ -8,7 +8,8 @@ from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf import any_pb2
 
 from pilot.xds import wire
-from pilot.xds.cache import CachedResource, XdsCache
+from pilot.xds.cache import CachedResource, XdsCache, framed
+from pilot.xds.generators.wds import with_aliases
 from pilot.xds.typeurls import CLUSTER, ENDPOINT
 
 
@@ -158,3 +159,17 @@ def test_delta_response_with_control_plane() -> None:
     cp = discovery_pb2.DeltaDiscoveryResponse(control_plane={"identifier": "istiod-1"}).SerializeToString()
     body = wire.delta_response("v", [], CLUSTER, [], "n", control_plane=cp)
     assert discovery_pb2.DeltaDiscoveryResponse.FromString(body).control_plane.identifier == "istiod-1"
+
+
+def test_framed_resources_decode_as_responses_and_keep_one_copy_of_each_resource() -> None:
+    """A cached resource keeps its Any once and only the framing around it per protocol; a
+    response's resources decode the same either way, delta aliases included."""
+    resources = [CachedResource.from_message(f"c{i}", _cluster(f"c{i}", i + 1), CLUSTER) for i in range(3)]
+    assert all(len(r.sotw_prefix) < 8 and len(r.delta_prefix) < 64 for r in resources)
+    sotw = discovery_pb2.DiscoveryResponse.FromString(framed(resources, delta=False))
+    assert [bytes(a.SerializeToString(deterministic=True)) for a in sotw.resources] == [r.any_bytes for r in resources]
+    aliased = with_aliases(resources[1], ("alias-a", "alias-b"))
+    delta = discovery_pb2.DeltaDiscoveryResponse.FromString(framed([resources[0], aliased], delta=True))
+    assert [(r.name, r.version, list(r.aliases)) for r in delta.resources] == [
+        ("c0", resources[0].version, []), ("c1", resources[1].version, ["alias-a", "alias-b"])]
+    assert delta.resources[1].resource.SerializeToString(deterministic=True) == resources[1].any_bytes

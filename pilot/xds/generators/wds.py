@@ -16,7 +16,7 @@ from pilot.model.proxy import Proxy
 from pilot.model.push_context import PushContext
 from pilot.networking.ztunnel_wds import service_address, workload_address
 from pilot.xds import wire
-from pilot.xds.cache import CachedResource, XdsCache
+from pilot.xds.cache import CachedResource, XdsCache, delta_prefix
 from pilot.xds.typeurls import ADDRESS
 
 RESOURCE_ALIASES = 4  # envoy.service.discovery.v3.Resource.aliases
@@ -63,9 +63,7 @@ def with_aliases(res: CachedResource, aliases: tuple[str, ...]) -> CachedResourc
     object itself (identity), so it is rebuilt only when the content is."""
     if not aliases:
         return res
-    body = b"".join((wire.string_field(wire.RESOURCE_NAME, res.name),
-                     wire.string_field(wire.RESOURCE_VERSION, res.version),
-                     wire.length_field(wire.RESOURCE_ANY, res.any_bytes),
-                     *(wire.string_field(RESOURCE_ALIASES, a) for a in aliases)))
-    return CachedResource(res.name, res.version, res.any_bytes, res.sotw_field,
-                          wire.length_field(wire.DELTA_RESOURCES, body), res.origins)
+    suffix = b"".join(wire.string_field(RESOURCE_ALIASES, a) for a in aliases)
+    return CachedResource(res.name, res.version, res.any_bytes, res.sotw_prefix,
+                          delta_prefix(res.name, res.version, len(res.any_bytes), len(suffix)), res.origins,
+                          suffix)

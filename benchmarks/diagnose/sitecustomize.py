@@ -136,9 +136,6 @@ def _timed_callbacks() -> None:
         finally:
             ms = (time.perf_counter() - t0) * 1000
             if name:
-                entry = iteration.setdefault(name, [0, 0.0])
-                entry[0] += 1
-                entry[1] += ms
                 total[0] += ms
                 total[1] += 1
                 if _turned[0]:
@@ -168,13 +165,15 @@ def _timed_callbacks() -> None:
         mod = sys.modules.get("pilot.xds.pace")
         if mod is None:
             return False
-        turn = mod.Pace.turn
+        spend = mod.Pace._spend  # every step a turn lets run passes here, however turn() was bound
 
-        async def turned(self):  # type: ignore[no-untyped-def]
-            await turn(self)
-            _turned[0] = True  # in the step that resumes (or never left) the turn
+        def spent(self, now):  # type: ignore[no-untyped-def]
+            ran = spend(self, now)
+            if ran:
+                _turned[0] = True  # in the step that took (or resumed from) the turn
+            return ran
 
-        mod.Pace.turn = turned
+        mod.Pace._spend = spent
         return True
 
     def wrap_turn_later() -> None:

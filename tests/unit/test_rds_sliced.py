@@ -57,7 +57,7 @@ def test_sliced_routes_are_generate_s_routes_with_and_without_patches():
     assert bytes_of(rds.sliced(ctx, sidecar, frozenset({"9080"}), XdsCache())) == patched
 
 
-def _busy_ticks(ticks: list[float], stop: list[bool]):
+def _ticker(ticks: list[float], stop: list[bool]):
     async def ticker():
         while not stop[0]:
             ticks.append(time.process_time())
@@ -73,7 +73,7 @@ async def test_a_cold_route_configuration_of_a_thousand_services_yields_to_the_l
         memo = GenerationMemo(GENERATORS, XdsCache(), {}, sliced=sliced, turn=Pace().turn)
         ticks: list[float] = []
         stop = [False]
-        task = asyncio.create_task(_busy_ticks(ticks, stop))
+        task = asyncio.create_task(_ticker(ticks, stop))
         await asyncio.sleep(0)
         # What is measured is the generation's slicing, not the test process's collector (with
         # the default thresholds a full collection of this process alone takes 10 ms and more;
